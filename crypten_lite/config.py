@@ -1,0 +1,152 @@
+"""Configuration: one frozen dataclass read from the environment, a TOML file and overrides.
+
+Environment variables (DESIGN.md section 6), all optional except where a session needs them:
+
+================================  ==============================================================
+``CRYPTEN_LITE_RANK``             this party's rank, 0..world_size-1
+``CRYPTEN_LITE_WORLD_SIZE``       number of computing parties
+``CRYPTEN_LITE_PARTIES``          comma-separated ``host:port`` of every party, in rank order
+``CRYPTEN_LITE_DEALER``           ``host:port`` of the dealer service
+``CRYPTEN_LITE_PROVIDER``         ``dealer`` (default) or ``tfp`` (insecure, tests only)
+``CRYPTEN_LITE_TLS_DIR``          folder made by ``crypten-lite certs``; absent = plaintext
+``CRYPTEN_LITE_TIMEOUT``          seconds any single wait may take (default 60)
+``CRYPTEN_LITE_PRECISION``        fractional bits of the fixed-point encoding (default 16)
+``CRYPTEN_LITE_SESSION``          session identifier shared by all parties (default "default")
+``CRYPTEN_LITE_BIND``             address this party's server binds to (default: its host)
+``CRYPTEN_LITE_CONFIG``           a TOML file with the same keys in lower case (``rank = 0``...)
+================================  ==============================================================
+
+Precedence: explicit overrides > environment > TOML file > defaults.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import os
+import tomllib
+from typing import Any, Iterator, Mapping
+
+from .errors import ConfigError
+
+PROVIDERS = ("dealer", "tfp")
+PREFIX = "CRYPTEN_LITE_"
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """Settings of one party in one session (immutable; use :func:`override` to change)."""
+
+    rank: int = 0
+    world_size: int = 1
+    parties: tuple[str, ...] = ()
+    dealer: str = ""
+    provider: str = "dealer"
+    tls_dir: str = ""
+    timeout: float = 60.0
+    precision: int = 16
+    session: str = "default"
+    bind: str = ""
+    # Truncation after fixed-point products between 2 parties: "local" (SecureML, no
+    # communication, tiny documented failure probability) or "exact" (dealer-assisted, 1 round).
+    truncation: str = "local"
+    # Largest message a party accepts from a peer, in bytes (bounded memory under attack).
+    max_message_bytes: int = 1 << 31
+
+    def __post_init__(self) -> None:
+        if self.world_size < 1:
+            raise ConfigError(f"world_size must be >= 1, got {self.world_size}")
+        if not 0 <= self.rank < self.world_size:
+            raise ConfigError(
+                f"rank {self.rank} is out of range for world_size {self.world_size}; "
+                "set CRYPTEN_LITE_RANK to 0..world_size-1")
+        if self.parties and len(self.parties) != self.world_size:
+            raise ConfigError(
+                f"CRYPTEN_LITE_PARTIES lists {len(self.parties)} addresses but world_size is "
+                f"{self.world_size}; give one host:port per party, in rank order")
+        for address in self.parties + ((self.dealer,) if self.dealer else ()):
+            _check_address(address)
+        if self.provider not in PROVIDERS:
+            raise ConfigError(f"provider must be one of {PROVIDERS}, got {self.provider!r}")
+        if not 0 <= self.precision <= 30:
+            raise ConfigError(f"precision must be 0..30 fractional bits, got {self.precision}")
+        if self.timeout <= 0:
+            raise ConfigError(f"timeout must be positive seconds, got {self.timeout}")
+        if self.truncation not in ("local", "exact"):
+            raise ConfigError(f"truncation must be 'local' or 'exact', got {self.truncation!r}")
+
+    def digest(self) -> str:
+        """Hash of the settings every party must share (checked in the handshake)."""
+        shared = f"ring=64;precision={self.precision};provider={self.provider};" \
+                 f"world_size={self.world_size};truncation={self.truncation};tls={bool(self.tls_dir)}"
+        return hashlib.sha256(shared.encode()).hexdigest()[:16]
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> "Config":
+        """Read the configuration (overrides > environment > CRYPTEN_LITE_CONFIG file)."""
+        env = os.environ if env is None else env
+        values: dict[str, Any] = {}
+        path = env.get(PREFIX + "CONFIG")
+        if path:
+            try:
+                with open(path, "rb") as f:
+                    values.update(tomllib.load(f))
+            except (OSError, tomllib.TOMLDecodeError) as e:
+                raise ConfigError(f"cannot read CRYPTEN_LITE_CONFIG file {path!r}: {e}") from e
+        for field in dataclasses.fields(cls):
+            key = PREFIX + field.name.upper()
+            if key in env and env[key] != "":
+                values[field.name] = env[key]
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        unknown = set(values) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise ConfigError(f"unknown configuration keys {sorted(unknown)}")
+        return cls(**{k: _coerce(k, v) for k, v in values.items()})
+
+
+def _check_address(address: str) -> None:
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"address {address!r} is not host:port (e.g. 10.0.0.2:50051)")
+
+
+def _coerce(name: str, value: Any) -> Any:
+    try:
+        if name in ("rank", "world_size", "precision", "max_message_bytes"):
+            return int(value)
+        if name == "timeout":
+            return float(value)
+        if name == "parties":
+            if isinstance(value, str):
+                return tuple(a.strip() for a in value.split(",") if a.strip())
+            return tuple(value)
+        return str(value)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"configuration value {name}={value!r} is not valid: {e}") from e
+
+
+_current: Config | None = None
+
+
+def get() -> Config:
+    """The active configuration (the session's, else one read from the environment)."""
+    return _current if _current is not None else Config.from_env()
+
+
+def set_current(config: Config | None) -> None:
+    """Install `config` as the active configuration (used by init/uninit)."""
+    global _current
+    _current = config
+
+
+@contextlib.contextmanager
+def override(**changes: Any) -> Iterator[Config]:
+    """Temporarily replace fields of the active configuration (tests)."""
+    global _current
+    saved = _current
+    _current = dataclasses.replace(get(), **changes)
+    try:
+        yield _current
+    finally:
+        _current = saved

@@ -1,0 +1,133 @@
+"""Cryptographic randomness: AES-256-CTR PRG, X25519 seed agreement, zero-sharing.
+
+Every share and mask in crypten_lite comes from :class:`PRG` (AES-CTR from `cryptography`),
+never from torch.Generator, `random` or numpy.random.
+
+Stream separation: a PRG is keyed by a 32-byte seed; each draw names a 12-byte nonce made
+of a 4-byte domain tag and an 8-byte counter, and AES-CTR runs the remaining 4 bytes as the
+block counter (up to 64 GiB per draw). Parties that share a seed and draw in the same order
+obtain the same values, which is how pairwise zero-sharings and dealer-derived shares work.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import struct
+
+import torch
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+SEED_BYTES = 32
+
+
+def fresh_seed() -> bytes:
+    """A new uniformly random 32-byte seed from the operating system's CSPRNG."""
+    return os.urandom(SEED_BYTES)
+
+
+def random_bytes(seed: bytes, nonce: bytes, n: int) -> bytes:
+    """`n` pseudo-random bytes: AES-256-CTR keystream under `seed` starting at block `nonce`."""
+    if len(nonce) != 12:
+        raise ValueError("nonce must be 12 bytes")
+    encryptor = Cipher(algorithms.AES(seed), modes.CTR(nonce + b"\x00" * 4)).encryptor()
+    return encryptor.update(bytes(n)) + encryptor.finalize()
+
+
+def ring_from_bytes(data: bytes | bytearray, shape: tuple[int, ...]) -> torch.Tensor:
+    """Interpret little-endian bytes as an int64 tensor of `shape` (one copy)."""
+    numel = 1
+    for s in shape:
+        numel *= s
+    if numel == 0:
+        return torch.zeros(shape, dtype=torch.int64)
+    return torch.frombuffer(bytearray(data), dtype=torch.int64, count=numel).view(shape)
+
+
+class PRG:
+    """A seeded stream of uniform ring elements; draws are separated by (domain, counter).
+
+    The counter advances on every draw, so two parties holding the same seed and drawing the
+    same shapes in the same order obtain identical tensors.
+    """
+
+    def __init__(self, seed: bytes, domain: int = 0):
+        if len(seed) != SEED_BYTES:
+            raise ValueError(f"seed must be {SEED_BYTES} bytes")
+        self._seed = seed
+        self._domain = domain
+        self.counter = 0
+
+    def __repr__(self) -> str:  # never show the seed
+        return f"PRG(domain={self._domain}, counter={self.counter})"
+
+    def draw(self, shape: tuple[int, ...] | torch.Size, counter: int | None = None) -> torch.Tensor:
+        """Uniform int64 tensor of `shape`; uses and advances the internal counter by default."""
+        if counter is None:
+            counter = self.counter
+            self.counter += 1
+        shape = tuple(shape)
+        numel = 1
+        for s in shape:
+            numel *= s
+        nonce = struct.pack("<IQ", self._domain, counter)
+        return ring_from_bytes(random_bytes(self._seed, nonce, 8 * numel), shape)
+
+    def draw_bits(self, shape: tuple[int, ...] | torch.Size, counter: int | None = None) -> torch.Tensor:
+        """Uniform {0,1} int64 tensor of `shape` (the low bit of each ring element)."""
+        return self.draw(shape, counter) & 1
+
+
+def derive_key(secret: bytes, info: str) -> bytes:
+    """HKDF-SHA256 of a shared secret into a 32-byte seed bound to `info`."""
+    return HKDF(algorithm=hashes.SHA256(), length=SEED_BYTES, salt=None,
+                info=info.encode()).derive(secret)
+
+
+class KeyPair:
+    """Ephemeral X25519 key pair of one endpoint for one session."""
+
+    def __init__(self) -> None:
+        self._private = X25519PrivateKey.generate()
+        self.public_bytes = self._private.public_key().public_bytes(
+            serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+
+    def __repr__(self) -> str:
+        return "KeyPair(X25519)"
+
+    def shared_seed(self, peer_public: bytes, info: str) -> bytes:
+        """Seed agreed with the peer owning `peer_public` (X25519 + HKDF, bound to `info`)."""
+        if len(peer_public) != 32:
+            raise ValueError("peer public key must be 32 bytes")
+        secret = self._private.exchange(X25519PublicKey.from_public_bytes(peer_public))
+        return derive_key(secret, info)
+
+
+def pair_info(session: str, a: int | str, b: int | str) -> str:
+    """HKDF info string for the seed between endpoints `a` and `b` (order-independent)."""
+    lo, hi = sorted((str(a), str(b)))
+    return f"crypten_lite/v1/{session}/{lo}-{hi}"
+
+
+def zero_share(pair_prgs: dict[int, PRG], rank: int, shape: tuple[int, ...]) -> torch.Tensor:
+    """This party's share of a pseudo-random zero-sharing (PRZS).
+
+    For every pair i < j, both draw r_ij from their common seed; i adds it and j subtracts it,
+    so the shares of all parties sum to zero while each share alone is uniform.
+    """
+    share = torch.zeros(tuple(shape), dtype=torch.int64)
+    for peer in sorted(pair_prgs):
+        r = pair_prgs[peer].draw(shape)
+        if rank < peer:
+            share += r
+        else:
+            share -= r
+    return share
+
+
+def digest(data: bytes) -> str:
+    """Short SHA-256 digest for logs (safe to print: reveals nothing useful about `data`)."""
+    return hashlib.sha256(data).hexdigest()[:12]
