@@ -1,0 +1,195 @@
+"""Mutual TLS for the gRPC transport and the dealer: loading certificates, credentials, identity.
+
+Identities. Every certificate made by ``crypten-lite certs`` names exactly one principal in its
+Subject common name (CN): ``party0``, ``party1``, ... for the computing parties and ``dealer``
+for the dealer. The same names are DNS entries of the certificate's SubjectAltName.
+
+A TLS folder (``CRYPTEN_LITE_TLS_DIR``) holds::
+
+    ca.pem                  the CA certificate every party trusts (the only root)
+    ca.key                  the CA key (only needed to issue certificates; keep it offline)
+    party{r}.pem / .key     certificate and key of party r
+    dealer.pem / .key       certificate and key of the dealer
+
+How a connection is authenticated, both ways:
+
+1. The server requires a client certificate signed by the CA (:func:`server_credentials`).
+2. The client trusts only the CA and checks that the server's certificate is issued *for the
+   identity it means to reach*, not for the address it dials (:func:`channel_options` sets
+   ``grpc.ssl_target_name_override``), so ``10.0.0.7:50051`` must present ``party1``.
+3. The CA only proves that the peer is *some* member; the servicer then checks *which*:
+   a peer that claims rank r in its messages must present ``party{r}``
+   (:func:`peer_identity`, :func:`check_peer`).
+
+Without TLS (no ``CRYPTEN_LITE_TLS_DIR``), :func:`peer_identity` returns ``None``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+
+import grpc
+
+from ..errors import CommunicationError, ConfigError
+
+DEALER_IDENTITY = "dealer"
+CA_CERT = "ca.pem"
+CA_KEY = "ca.key"
+CERTS_HINT = "run `crypten-lite certs --parties N --out DIR` and point CRYPTEN_LITE_TLS_DIR at DIR"
+
+# Substrings of gRPC's error details that mean the TLS handshake, not the network, failed.
+_HANDSHAKE_MARKERS = ("ssl", "tls", "handshake", "certificate", "verification", "tsi_")
+
+
+def party_identity(rank: int) -> str:
+    """The certificate identity (Subject CN) of party `rank`: ``party{rank}``."""
+    if rank < 0:
+        raise ConfigError(f"a party rank is >= 0, got {rank}")
+    return f"party{rank}"
+
+
+def cert_file(tls_dir: str | pathlib.Path, identity: str) -> pathlib.Path:
+    """Path of the certificate of `identity` (``party0``, ``dealer``...) in `tls_dir`."""
+    return pathlib.Path(tls_dir) / f"{identity}.pem"
+
+
+def key_file(tls_dir: str | pathlib.Path, identity: str) -> pathlib.Path:
+    """Path of the private key of `identity` in `tls_dir`."""
+    return pathlib.Path(tls_dir) / f"{identity}.key"
+
+
+@dataclasses.dataclass(frozen=True)
+class TlsMaterial:
+    """PEM bytes one principal needs for mutual TLS: the CA, its own certificate and key."""
+
+    identity: str
+    ca: bytes
+    cert: bytes
+    key: bytes = dataclasses.field(repr=False)  # never print a private key
+
+
+def load(tls_dir: str | pathlib.Path, identity: str) -> TlsMaterial:
+    """Read ``ca.pem``, ``{identity}.pem`` and ``{identity}.key`` from `tls_dir`.
+
+    Raises :class:`ConfigError` naming the first missing or unreadable file.
+    """
+    paths = {
+        "ca": pathlib.Path(tls_dir) / CA_CERT,
+        "cert": cert_file(tls_dir, identity),
+        "key": key_file(tls_dir, identity),
+    }
+    contents: dict[str, bytes] = {}
+    for part, path in paths.items():
+        try:
+            contents[part] = path.read_bytes()
+        except FileNotFoundError as e:
+            raise ConfigError(
+                f"TLS file {str(path)!r} for {identity} is missing; {CERTS_HINT}") from e
+        except OSError as e:
+            raise ConfigError(f"cannot read TLS file {str(path)!r} for {identity}: {e}") from e
+        if b"-----BEGIN " not in contents[part]:
+            raise ConfigError(
+                f"TLS file {str(path)!r} for {identity} is not PEM; {CERTS_HINT}")
+    return TlsMaterial(identity=identity, **contents)
+
+
+def server_credentials(material: TlsMaterial) -> grpc.ServerCredentials:
+    """Server side: present `material`'s certificate; accept only clients certified by the CA."""
+    return grpc.ssl_server_credentials(
+        [(material.key, material.cert)],
+        root_certificates=material.ca,
+        require_client_auth=True,
+    )
+
+
+def channel_credentials(material: TlsMaterial) -> grpc.ChannelCredentials:
+    """Client side: trust only the CA; present `material`'s certificate to the server."""
+    return grpc.ssl_channel_credentials(
+        root_certificates=material.ca,
+        private_key=material.key,
+        certificate_chain=material.cert,
+    )
+
+
+def channel_options(target_identity: str) -> list[tuple[str, str]]:
+    """gRPC channel options that make the client verify the server as `target_identity`.
+
+    The server's certificate must then name `target_identity` (``party1``, ``dealer``)
+    whatever address is dialed, so IPs, NAT and DNS aliases cannot redirect a party.
+    Pass them with :func:`channel_credentials` to ``grpc.secure_channel``.
+    """
+    return [("grpc.ssl_target_name_override", target_identity)]
+
+
+def peer_identity(context: grpc.ServicerContext) -> str | None:
+    """The CN of the peer's verified client certificate, or ``None`` without mutual TLS."""
+    names = context.auth_context().get("x509_common_name") or []
+    if len(names) != 1:
+        return None
+    name = names[0]
+    return name.decode("utf-8", "replace") if isinstance(name, bytes) else str(name)
+
+
+def check_peer(context: grpc.ServicerContext, expected: str) -> None:
+    """Abort the RPC with PERMISSION_DENIED unless the peer's certificate names `expected`.
+
+    Call it in a servicer when TLS is on, e.g. ``check_peer(context, party_identity(src))``
+    for a peer that claims rank ``src``. ``context.abort`` raises, so nothing after it runs.
+    """
+    actual = peer_identity(context)
+    if actual != expected:
+        presented = "no client certificate" if actual is None else f"a certificate for {actual!r}"
+        context.abort(
+            grpc.StatusCode.PERMISSION_DENIED,
+            f"peer claims to be {expected!r} but presented {presented}; "
+            "refusing the connection (each party must use its own party{rank} certificate)")
+
+
+def is_handshake_failure(error: grpc.RpcError) -> bool:
+    """Whether a call failed because this client refused the server in the TLS handshake
+    (unknown CA, wrong identity, plaintext server)."""
+    return _classify(error) == "handshake"
+
+
+def explain(error: grpc.RpcError, peer: str, address: str) -> CommunicationError:
+    """A :class:`CommunicationError` that says what to do about a failed call to `peer`.
+
+    gRPC reports most TLS problems as ``failed to connect to all addresses``; this names the
+    likely cause. Raise the result ``from error``.
+    """
+    details = _details(error)
+    kind = _classify(error)
+    if kind == "handshake":
+        message = (
+            f"TLS handshake with {peer} at {address} failed: {details}. Both sides must use "
+            f"certificates from the same CA, and the server at {address} must present the "
+            f"{peer!r} certificate; {CERTS_HINT} (once, then copy the folder to every host)")
+    elif kind == "closed":
+        # With TLS 1.3 the client finishes its side of the handshake before the server checks
+        # the client certificate, so a refusal by the server arrives as a closed socket.
+        message = (
+            f"{peer} at {address} closed the connection: {details}. It probably refused "
+            "this party's certificate (certificates from another CA?) or this party spoke "
+            "plaintext to a TLS server; set CRYPTEN_LITE_TLS_DIR to the same certificate "
+            f"folder on every host ({CERTS_HINT})")
+    else:
+        code = error.code() if isinstance(error, grpc.Call) else None
+        name = code.name if code is not None else "error"
+        message = f"call to {peer} at {address} failed ({name}): {details}"
+    return CommunicationError(message, peer=peer)
+
+
+def _details(error: grpc.RpcError) -> str:
+    return (error.details() if isinstance(error, grpc.Call) else None) or str(error)
+
+
+def _classify(error: grpc.RpcError) -> str:
+    if not isinstance(error, grpc.Call) or error.code() != grpc.StatusCode.UNAVAILABLE:
+        return "other"
+    details = _details(error).lower()
+    if any(marker in details for marker in _HANDSHAKE_MARKERS):
+        return "handshake"
+    if "socket closed" in details or "connection reset" in details:
+        return "closed"
+    return "other"
