@@ -1,0 +1,163 @@
+"""Static checks of the docker deployment (docker-compose.yml, Dockerfile), no docker needed.
+
+If the compose-spec JSON schema is vendored at tests/data/compose-spec.json, the file is also
+validated against it; the structural checks below hold either way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+import re
+
+import pytest
+
+import compose_env
+from crypten_lite.config import PREFIX, Config
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+COMPOSE_FILE = REPO / "docker-compose.yml"
+DOCKERFILE = REPO / "Dockerfile"
+SCHEMA = REPO / "tests" / "data" / "compose-spec.json"
+DOCUMENTED_KEYS = {PREFIX + f.name.upper() for f in dataclasses.fields(Config)} | {
+    PREFIX + "CONFIG"}
+PARTY = re.compile(r"party(\d+)")
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict:
+    return compose_env.load(COMPOSE_FILE)
+
+
+@pytest.fixture(scope="module")
+def services() -> dict[str, compose_env.Service]:
+    return compose_env.services(COMPOSE_FILE)
+
+
+@pytest.fixture(scope="module")
+def parties(services: dict[str, compose_env.Service]) -> dict[int, str]:
+    """``{rank: service name}`` of the computing parties."""
+    found = {int(m.group(1)): name for name in services if (m := PARTY.fullmatch(name))}
+    assert len(found) >= 2, f"need at least two party services, found {sorted(services)}"
+    return found
+
+
+def test_schema(compose: dict) -> None:
+    if not SCHEMA.exists():
+        pytest.skip(f"{SCHEMA.relative_to(REPO)} is not vendored; structural checks only")
+    jsonschema = pytest.importorskip("jsonschema")
+    jsonschema.validate(compose, json.loads(SCHEMA.read_text()))
+
+
+def test_required_services_share_one_image(compose: dict, parties: dict[int, str]) -> None:
+    specs = compose["services"]
+    assert {"certs", "dealer"} <= set(specs)
+    images = {(spec.get("image"), str(spec.get("build"))) for spec in specs.values()}
+    assert len(images) == 1, f"every service must run the same image, got {images}"
+    assert specs["certs"].get("build") is not None
+
+
+def test_environment_uses_documented_keys_only(services: dict[str, compose_env.Service]) -> None:
+    for name, service in services.items():
+        unknown = set(service.environment) - DOCUMENTED_KEYS
+        assert not unknown, f"service {name} sets undocumented variables {sorted(unknown)}"
+
+
+def test_parties_agree_on_the_session(services: dict[str, compose_env.Service],
+                                      parties: dict[int, str]) -> None:
+    world_size = len(parties)
+    assert sorted(parties) == list(range(world_size)), "ranks must be 0..N-1"
+    party_lists = set()
+    for rank, name in parties.items():
+        env = services[name].environment
+        assert env["CRYPTEN_LITE_RANK"] == str(rank), f"{name} must have rank {rank}"
+        party_lists.add(env["CRYPTEN_LITE_PARTIES"])
+        config = Config.from_env(env)  # the project's own validation
+        assert config.provider == "dealer", "compose must not use the insecure TFP provider"
+        assert config.tls_dir == "/certs"
+    assert len(party_lists) == 1, f"parties disagree on CRYPTEN_LITE_PARTIES: {party_lists}"
+    addresses = party_lists.pop().split(",")
+    assert [a.rpartition(":")[0] for a in addresses] == [parties[r] for r in range(world_size)]
+
+    for name, service in services.items():
+        env = service.environment
+        if "CRYPTEN_LITE_WORLD_SIZE" in env:
+            assert env["CRYPTEN_LITE_WORLD_SIZE"] == str(world_size), name
+        for key in ("CRYPTEN_LITE_DEALER", "CRYPTEN_LITE_SESSION", "CRYPTEN_LITE_TLS_DIR"):
+            if name != "certs":
+                assert env.get(key) == services["dealer"].environment[key], (name, key)
+    assert services["dealer"].environment["CRYPTEN_LITE_DEALER"].startswith("dealer:")
+
+
+def test_certificates_cover_every_party(compose: dict, services: dict[str, compose_env.Service],
+                                        parties: dict[int, str]) -> None:
+    command = services["certs"].command
+    assert command[0] == "certs"
+    assert command[command.index("--parties") + 1] == str(len(parties))
+    assert command[command.index("--out") + 1] == "/certs"
+    assert "certs" in compose.get("volumes", {})
+    for name, spec in compose["services"].items():
+        mounts = spec.get("volumes", [])
+        assert any(m.split(":")[:2] == ["certs", "/certs"] for m in mounts), name
+        if name != "certs":
+            assert "certs:/certs:ro" in mounts, f"{name} needs the certificates read-only"
+
+
+def test_health_checks_and_start_order(services: dict[str, compose_env.Service],
+                                       parties: dict[int, str]) -> None:
+    checks = compose_env.healthchecks(COMPOSE_FILE)
+    listen = {"dealer": services["dealer"].environment["CRYPTEN_LITE_DEALER"]}
+    addresses = services[parties[0]].environment["CRYPTEN_LITE_PARTIES"].split(",")
+    listen.update({parties[r]: address for r, address in enumerate(addresses)})
+    for name, address in listen.items():
+        assert checks.get(name) == ["crypten-lite", "health", "--target", address], name
+
+    depends = compose_env.dependencies(COMPOSE_FILE)
+    assert depends["dealer"] == {"certs": "service_completed_successfully"}
+    for name in parties.values():
+        assert depends[name] == {"certs": "service_completed_successfully",
+                                 "dealer": "service_healthy"}
+    order = compose_env.start_order(COMPOSE_FILE)
+    assert order[:2] == ["certs", "dealer"] and set(order[2:]) == set(parties.values())
+
+
+def test_commands(services: dict[str, compose_env.Service], parties: dict[int, str]) -> None:
+    assert services["dealer"].argv == ["crypten-lite", "dealer"]
+    commands = {tuple(services[name].command) for name in parties.values()}
+    assert len(commands) == 1, f"every party must run the same program, got {commands}"
+    assert commands.pop()[0] == "party"
+
+
+def test_party_script_exists(services: dict[str, compose_env.Service]) -> None:
+    script = services["party0"].command[1]  # the image has the repository's examples/
+    assert (REPO / script).is_file(), f"the parties run {script}, which does not exist"
+
+
+def test_dockerfile() -> None:
+    text = DOCKERFILE.read_text()
+    assert re.search(r"^FROM python:3\.11-slim$", text, re.M)
+    assert f'ENTRYPOINT {json.dumps(list(compose_env.ENTRYPOINT))}' in text
+    assert 'CMD ["party"]' in text
+    assert re.search(r"^COPY examples \./examples$", text, re.M)
+    assert re.search(r"^USER (?!root)", text, re.M), "run unprivileged"
+
+
+def test_compose_env_parses_other_syntaxes(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "compose.yml"
+    path.write_text(
+        "services:\n"
+        "  a:\n"
+        "    command: party 'my script.py'\n"
+        "    environment: [CRYPTEN_LITE_RANK=1, CRYPTEN_LITE_TLS_DIR]\n"
+        "    depends_on: [b]\n"
+        "  b:\n"
+        "    healthcheck: {test: [CMD-SHELL, crypten-lite health --target b:1]}\n")
+    assert compose_env.services(path)["a"] == (
+        ["party", "my script.py"], {"CRYPTEN_LITE_RANK": "1", "CRYPTEN_LITE_TLS_DIR": ""})
+    assert compose_env.start_order(path) == ["b", "a"]
+    assert compose_env.healthchecks(path) == {
+        "b": ["/bin/sh", "-c", "crypten-lite health --target b:1"]}
+    path.write_text("services:\n  a:\n    environment: {X: '${HOME}'}\n")
+    with pytest.raises(ValueError, match="interpolation"):
+        compose_env.services(path)
