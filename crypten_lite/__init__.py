@@ -1,0 +1,79 @@
+"""crypten_lite: private machine learning by secure multiparty computation, PyTorch-style.
+
+    import crypten_lite
+    crypten_lite.init()
+    x = crypten_lite.cryptensor(torch.tensor([1.0, 2.0]), src=0)
+    print((x * x).get_plain_text())
+
+Layers, from the bottom (a layer never imports one above it): config/errors, encoding/random,
+comm, provider, session, mpc, cryptensor, autograd, nn/optim, quantized, cli.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from . import comm
+from .config import Config
+from .cryptensor import CrypTensor, cat, enable_grad, is_grad_enabled, no_grad, stack
+from .errors import (CommunicationError, ConfigError, CryptenLiteError, NotInitializedError,
+                     ProtocolError, UnsupportedError)
+from .session import is_initialized
+from .session import init as _init
+from .session import uninit
+
+__version__ = "0.1.0"
+
+
+def init(config: Config | None = None, **overrides) -> None:
+    """Join the session described by the CRYPTEN_LITE_* environment (or `config`)."""
+    _init(config, **overrides)
+    _load_extensions()
+
+
+def get_rank() -> int:
+    """This party's rank."""
+    return comm.get().rank
+
+
+def get_world_size() -> int:
+    """Number of computing parties."""
+    return comm.get().world_size
+
+
+def cryptensor(tensor=None, src: int = 0, precision: int | None = None, requires_grad: bool = False,
+               names: Sequence[str | None] | None = None, ptype=None) -> CrypTensor:
+    """Secret-share `tensor`, held by party `src` (other parties may pass None)."""
+    if tensor is not None and not isinstance(tensor, torch.Tensor):
+        tensor = torch.as_tensor(tensor)
+    out = CrypTensor.from_plain(tensor, src=src, precision=precision, requires_grad=requires_grad,
+                                names=names)
+    return out
+
+
+_EXTENSIONS_LOADED = False
+
+
+def _load_extensions() -> None:
+    """Import the modules that add methods to CrypTensor (comparisons, functions, names)."""
+    global _EXTENSIONS_LOADED
+    if _EXTENSIONS_LOADED:
+        return
+    import importlib
+    for name in ("crypten_lite.functions",):
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if e.name != name:
+                raise
+    _EXTENSIONS_LOADED = True
+
+
+__all__ = [
+    "init", "uninit", "is_initialized", "get_rank", "get_world_size", "cryptensor", "CrypTensor",
+    "cat", "stack", "no_grad", "enable_grad", "is_grad_enabled", "comm", "Config",
+    "CryptenLiteError", "ConfigError", "CommunicationError", "ProtocolError", "UnsupportedError",
+    "NotInitializedError",
+]

@@ -64,8 +64,13 @@ class PRG:
     def __repr__(self) -> str:  # never show the seed
         return f"PRG(domain={self._domain}, counter={self.counter})"
 
-    def draw(self, shape: tuple[int, ...] | torch.Size, counter: int | None = None) -> torch.Tensor:
-        """Uniform int64 tensor of `shape`; uses and advances the internal counter by default."""
+    def draw(self, shape: tuple[int, ...] | torch.Size, counter: int | None = None,
+             domain: int | None = None) -> torch.Tensor:
+        """Uniform int64 tensor of `shape`.
+
+        Without `counter`, uses and advances the internal counter; with it, draws the stream
+        (domain, counter) without touching the internal state (dealer-derived values).
+        """
         if counter is None:
             counter = self.counter
             self.counter += 1
@@ -73,12 +78,8 @@ class PRG:
         numel = 1
         for s in shape:
             numel *= s
-        nonce = struct.pack("<IQ", self._domain, counter)
+        nonce = struct.pack("<IQ", self._domain if domain is None else domain, counter)
         return ring_from_bytes(random_bytes(self._seed, nonce, 8 * numel), shape)
-
-    def draw_bits(self, shape: tuple[int, ...] | torch.Size, counter: int | None = None) -> torch.Tensor:
-        """Uniform {0,1} int64 tensor of `shape` (the low bit of each ring element)."""
-        return self.draw(shape, counter) & 1
 
 
 def derive_key(secret: bytes, info: str) -> bytes:

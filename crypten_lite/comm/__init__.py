@@ -1,0 +1,32 @@
+"""Communication layer: the Communicator interface and its transports (gRPC, in-process).
+
+Only this package imports grpc or the generated protobuf modules.
+"""
+
+from __future__ import annotations
+
+from ..errors import NotInitializedError
+from .communicator import Communicator
+
+_current: Communicator | None = None
+
+
+def get() -> Communicator:
+    """The active Communicator of this party (after crypten_lite.init())."""
+    if _current is None:
+        raise NotInitializedError("no active session: call crypten_lite.init() first "
+                                  "(or run under crypten-lite launch / run_multiprocess)")
+    return _current
+
+
+def set_current(comm: Communicator | None) -> None:
+    """Install the active Communicator (init/uninit)."""
+    global _current
+    _current = comm
+
+
+def is_set() -> bool:
+    return _current is not None
+
+
+__all__ = ["Communicator", "get", "set_current", "is_set"]

@@ -1,0 +1,144 @@
+"""The Communicator interface: point-to-point and collective operations on tensors.
+
+Every protocol talks to its peers only through this interface, which also keeps the exact
+statistics the tests assert: `rounds` (one per collective or send; a protocol that opens
+several values at once must pack them in one call), `bytes_sent` / `bytes_received` (tensor
+payload only), `messages` (sent), and `seconds` spent inside communication calls.
+"""
+
+from __future__ import annotations
+
+import abc
+import time
+from typing import Sequence
+
+import torch
+
+from ..errors import CommunicationError
+
+REDUCE_OPS = {
+    "sum": lambda a, b: a + b,
+    "xor": lambda a, b: a ^ b,
+}
+
+
+def payload_bytes(tensor: torch.Tensor) -> int:
+    """Bytes a tensor occupies on the wire (raw elements, no framing)."""
+    return tensor.numel() * tensor.element_size()
+
+
+class Communicator(abc.ABC):
+    """Messages between the `world_size` parties of one session; subclasses move the bytes."""
+
+    rank: int
+    world_size: int
+
+    def __init__(self, rank: int, world_size: int):
+        self.rank = rank
+        self.world_size = world_size
+        self.reset_communication_stats()
+
+    # -- transport primitives, implemented by subclasses ---------------------------------
+    @abc.abstractmethod
+    def _send(self, tensor: torch.Tensor, dst: int) -> None:
+        """Queue `tensor` for party `dst` (must not block on the receiver)."""
+
+    @abc.abstractmethod
+    def _recv(self, src: int) -> torch.Tensor:
+        """Next message from `src`, waiting at most the configured timeout."""
+
+    def close(self) -> None:
+        """Release the transport (idempotent)."""
+
+    # -- statistics ------------------------------------------------------------------------
+    def get_communication_stats(self) -> dict[str, float]:
+        """Counters since the last reset: rounds, bytes_sent, bytes_received, messages, seconds."""
+        return dict(self._stats)
+
+    def reset_communication_stats(self) -> None:
+        """Set every counter to zero."""
+        self._stats = {"rounds": 0, "bytes_sent": 0, "bytes_received": 0, "messages": 0,
+                       "seconds": 0.0}
+
+    def _count_send(self, tensor: torch.Tensor) -> None:
+        self._stats["bytes_sent"] += payload_bytes(tensor)
+        self._stats["messages"] += 1
+
+    def _timed_recv(self, src: int) -> torch.Tensor:
+        start = time.perf_counter()
+        try:
+            tensor = self._recv(src)
+        finally:
+            self._stats["seconds"] += time.perf_counter() - start
+        self._stats["bytes_received"] += payload_bytes(tensor)
+        return tensor
+
+    def _check_peer(self, peer: int, what: str) -> None:
+        if not isinstance(peer, int) or not 0 <= peer < self.world_size or peer == self.rank:
+            raise CommunicationError(
+                f"party {self.rank}: {what} {peer} is not another party of world_size "
+                f"{self.world_size}", peer=peer)
+
+    # -- public API ---------------------------------------------------------------------
+    def send(self, tensor: torch.Tensor, dst: int) -> None:
+        """Send `tensor` to party `dst` (one round)."""
+        self._check_peer(dst, "destination")
+        self._stats["rounds"] += 1
+        self._count_send(tensor)
+        self._send(tensor, dst)
+
+    def recv(self, src: int) -> torch.Tensor:
+        """Receive the next tensor sent by party `src`."""
+        self._check_peer(src, "source")
+        return self._timed_recv(src)
+
+    def exchange(self, outgoing: dict[int, torch.Tensor], sources: Sequence[int]) -> dict[int, torch.Tensor]:
+        """Send each `outgoing[dst]` and receive one tensor from each of `sources`: one round."""
+        self._stats["rounds"] += 1
+        for dst, tensor in outgoing.items():
+            self._check_peer(dst, "destination")
+            self._count_send(tensor)
+            self._send(tensor, dst)
+        return {src: self._timed_recv(src) for src in sources}
+
+    def peers(self) -> list[int]:
+        """Ranks of every other party."""
+        return [r for r in range(self.world_size) if r != self.rank]
+
+    def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        """Every party's tensor, in rank order (one round)."""
+        got = self.exchange({p: tensor for p in self.peers()}, self.peers())
+        got[self.rank] = tensor
+        return [got[r] for r in range(self.world_size)]
+
+    def gather(self, tensor: torch.Tensor, dst: int) -> list[torch.Tensor] | None:
+        """Every party's tensor at `dst` (rank order), None elsewhere (one round)."""
+        if self.rank == dst:
+            got = self.exchange({}, self.peers())
+            got[self.rank] = tensor
+            return [got[r] for r in range(self.world_size)]
+        self.exchange({dst: tensor}, [])
+        return None
+
+    def broadcast(self, tensor: torch.Tensor | None, src: int) -> torch.Tensor:
+        """`src`'s tensor at every party (one round)."""
+        if self.rank == src:
+            if tensor is None:
+                raise CommunicationError(f"party {self.rank}: broadcast source has no tensor")
+            self.exchange({p: tensor for p in self.peers()}, [])
+            return tensor
+        return self.exchange({}, [src])[src]
+
+    def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
+        """Sum (or xor) of every party's tensor, at every party (one round)."""
+        if op not in REDUCE_OPS:
+            raise ValueError(f"all_reduce op must be one of {sorted(REDUCE_OPS)}, got {op!r}")
+        parts = self.all_gather(tensor)
+        out = parts[0].clone()
+        for part in parts[1:]:
+            out = REDUCE_OPS[op](out, part)
+        return out
+
+    def barrier(self) -> None:
+        """Wait until every party reaches this point (one round, one byte each)."""
+        self.all_gather(torch.zeros(1, dtype=torch.uint8))

@@ -1,0 +1,365 @@
+"""gRPC transport: one server per party, one long-lived client stream to every peer.
+
+Protocol (see protos/crypten_lite.proto):
+
+1. Every party starts a `Party` server (plus the standard gRPC health service) on its address.
+2. Every party calls `Handshake` on every peer, retrying with backoff until the timeout (peers
+   may start in any order). Both sides check protocol version, session, world size, claimed
+   rank (against the TLS certificate's identity when TLS is on) and configuration digest,
+   and exchange ephemeral X25519 keys: the pairwise seed is HKDF(X25519(sk_i, pk_j)).
+3. Every party opens one `Stream` to every peer. The first frame of a stream carries an HMAC
+   of the stream's identity under the pairwise seed, so frames injected by anybody else are
+   refused even without TLS. Messages are split in chunks of CHUNK_BYTES and matched at the
+   receiver by (src, seq), never by arrival order.
+4. A stream that ends without the closing frame marks the peer dead: every wait on it raises
+   CommunicationError at once (otherwise after CRYPTEN_LITE_TIMEOUT at the latest).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import hmac
+import logging
+import queue
+import threading
+import time
+from typing import Iterator
+
+import grpc
+import torch
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from .._proto import crypten_lite_pb2 as pb
+from .._proto import crypten_lite_pb2_grpc as pb_grpc
+from ..config import Config
+from ..errors import CommunicationError, ConfigError
+from ..random import KeyPair, pair_info
+from . import serde
+from .communicator import Communicator
+from .mailbox import Mailbox
+
+log = logging.getLogger("crypten_lite.comm")
+
+PROTOCOL_VERSION = 1
+CHUNK_BYTES = 1 << 22
+MAX_FRAME_BYTES = CHUNK_BYTES + (1 << 16)
+BYE_SEQ = (1 << 64) - 1
+OPEN_SEQ = (1 << 64) - 2
+GRPC_OPTIONS = [
+    ("grpc.max_receive_message_length", MAX_FRAME_BYTES),
+    ("grpc.max_send_message_length", MAX_FRAME_BYTES),
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+    ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+    ("grpc.so_reuseport", 0),
+]
+
+
+def make_hello(config: Config, rank: int, public_key: bytes) -> pb.Hello:
+    """This endpoint's Hello for the session described by `config`."""
+    return pb.Hello(protocol_version=PROTOCOL_VERSION, session=config.session,
+                    world_size=config.world_size, rank=rank,
+                    config_digest=config.digest(), public_key=public_key)
+
+
+def check_hello(mine: pb.Hello, theirs: pb.Hello, identity: str | None, dealer: bool = False) -> str:
+    """Why `theirs` is refused by an endpoint whose own Hello is `mine` ('' if accepted)."""
+    if theirs.protocol_version != mine.protocol_version:
+        return (f"protocol version {theirs.protocol_version} != {mine.protocol_version}: "
+                "run the same crypten_lite version everywhere")
+    if theirs.session != mine.session:
+        return f"session {theirs.session!r} != {mine.session!r}: set the same CRYPTEN_LITE_SESSION"
+    if theirs.world_size != mine.world_size:
+        return (f"world size {theirs.world_size} != {mine.world_size}: "
+                "set the same CRYPTEN_LITE_WORLD_SIZE everywhere")
+    if theirs.config_digest != mine.config_digest:
+        return ("configuration digest differs (precision, provider, truncation or TLS): "
+                "use the same CRYPTEN_LITE_* settings on every party")
+    limit = theirs.world_size if not dealer else mine.world_size
+    if not 0 <= theirs.rank < limit or (not dealer and theirs.rank == mine.rank):
+        return f"claimed rank {theirs.rank} is invalid here"
+    if identity is not None and identity != f"party{theirs.rank}":
+        return f"certificate identity {identity!r} does not match claimed rank {theirs.rank}"
+    if len(theirs.public_key) != 32:
+        return "malformed public key"
+    return ""
+
+
+def stream_token(seed: bytes, session: str, src: int, dst: int) -> bytes:
+    """HMAC proving a stream from `src` to `dst` comes from the holder of their pair seed."""
+    return hmac.new(seed, f"stream/{session}/{src}->{dst}".encode(), hashlib.sha256).digest()
+
+
+class TlsContext:
+    """TLS material of one endpoint, or plaintext when `tls_dir` is empty."""
+
+    def __init__(self, tls_dir: str, identity: str):
+        self.enabled = bool(tls_dir)
+        if self.enabled:
+            from . import tls
+            self._tls = tls
+            self.material = tls.load(tls_dir, identity)
+
+    def add_port(self, server: grpc.Server, address: str) -> int:
+        if self.enabled:
+            return server.add_secure_port(address, self._tls.server_credentials(self.material))
+        return server.add_insecure_port(address)
+
+    def channel(self, address: str, identity: str) -> grpc.Channel:
+        if self.enabled:
+            options = GRPC_OPTIONS + list(self._tls.channel_options(identity))
+            return grpc.secure_channel(address, self._tls.channel_credentials(self.material), options)
+        return grpc.insecure_channel(address, GRPC_OPTIONS)
+
+    def peer_identity(self, context: grpc.ServicerContext) -> str | None:
+        return self._tls.peer_identity(context) if self.enabled else None
+
+
+def start_server(address: str, tls: TlsContext, register, what: str) -> grpc.Server:
+    """A gRPC server with health checking bound to `address`; clear error if the port is taken."""
+    server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=32), options=GRPC_OPTIONS)
+    register(server)
+    health_servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    try:
+        port = tls.add_port(server, address)
+    except RuntimeError as e:
+        port = 0
+        cause: Exception | None = e
+    else:
+        cause = None
+    if port == 0:
+        raise ConfigError(f"{what} cannot listen on {address}: the port is in use or the address "
+                          "is not local; pick a free port or stop the other process") from cause
+    server.start()
+    health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    return server
+
+
+def handshake(stub, hello: pb.Hello, timeout: float, target: str, who: str) -> pb.Hello:
+    """Call Handshake on `target`, retrying with backoff until `timeout`; returns its Hello."""
+    deadline = time.monotonic() + timeout
+    delay = 0.05
+    last = ""
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise CommunicationError(
+                f"{who} is unreachable at {target} after {timeout:g} s ({last}); check the address "
+                "in CRYPTEN_LITE_PARTIES / CRYPTEN_LITE_DEALER and that the process is running",
+                peer=target)
+        try:
+            reply = stub.Handshake(hello, timeout=min(remaining, 5.0))
+        except grpc.RpcError as e:
+            code = e.code()
+            last = f"{code.name}: {e.details()}"
+            if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+                delay = min(delay * 2, 1.0)
+                continue
+            raise CommunicationError(f"{who} at {target} refused the connection: {last}", peer=target) from e
+        if reply.error:
+            raise ConfigError(f"{who} at {target} refused this party: {reply.error}")
+        return reply.hello
+
+
+class _PartyServicer(pb_grpc.PartyServicer):
+    """Thin glue: validates frames and delivers whole messages to the mailbox."""
+
+    def __init__(self, comm: "GrpcCommunicator"):
+        self.comm = comm
+
+    def Handshake(self, request, context):
+        identity = self.comm.tls.peer_identity(context)
+        error = check_hello(self.comm.hello, request, identity)
+        if error:
+            log.warning("party %d refused a handshake: %s", self.comm.rank, error)
+        return pb.HelloReply(hello=self.comm.hello, error=error)
+
+    def Stream(self, request_iterator, context):
+        comm = self.comm
+        src: int | None = None
+        closed = False
+        frames = 0
+        partial: dict[int, tuple[pb.Frame, list[bytes], int]] = {}
+        try:
+            for frame in request_iterator:
+                frames += 1
+                if src is None:
+                    src = self._open(frame, context)
+                    continue
+                if frame.seq == BYE_SEQ:
+                    closed = True
+                    break
+                self._accept(src, frame, partial)
+        except CommunicationError as e:
+            if src is None:  # an unauthenticated stream: refuse it, touch nothing else
+                context.abort(grpc.StatusCode.PERMISSION_DENIED, str(e))
+            comm.mailbox.fail(src, f"sent an invalid message: {e}")
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        finally:
+            if src is not None and not closed:
+                comm.mailbox.fail(src, "connection lost")
+        return pb.StreamAck(frames=frames)
+
+    def _open(self, frame: pb.Frame, context) -> int:
+        comm = self.comm
+        src = frame.src
+        if frame.session != comm.config.session or frame.seq != OPEN_SEQ:
+            raise CommunicationError("stream does not start with a valid opening frame")
+        # A peer may open its stream before this party has finished its own handshakes.
+        comm.seeds_ready.wait(comm.config.timeout)
+        if not 0 <= src < comm.world_size or src == comm.rank or src not in comm.pair_seeds:
+            raise CommunicationError(f"stream from unknown party {src}")
+        identity = comm.tls.peer_identity(context)
+        if identity is not None and identity != f"party{src}":
+            raise CommunicationError(f"certificate {identity!r} cannot open a stream as party {src}")
+        expected = stream_token(comm.pair_seeds[src], comm.config.session, src, comm.rank)
+        if not hmac.compare_digest(frame.data, expected):
+            raise CommunicationError(f"stream claiming party {src} failed authentication")
+        return src
+
+    def _accept(self, src: int, frame: pb.Frame, partial: dict) -> None:
+        if frame.src != src or frame.session != self.comm.config.session:
+            raise CommunicationError("frame changes sender or session within a stream")
+        shape = tuple(frame.shape)
+        nbytes = serde.check_header(frame.dtype, shape, self.comm.config.max_message_bytes)
+        expected_chunks = max(1, -(-nbytes // CHUNK_BYTES))
+        if frame.num_chunks != expected_chunks or frame.chunk >= expected_chunks:
+            raise CommunicationError(f"inconsistent chunking in message {frame.seq}")
+        if frame.chunk == 0:
+            if frame.seq in partial:
+                raise CommunicationError(f"duplicate message {frame.seq}")
+            partial[frame.seq] = (frame, [], 0)
+        if frame.seq not in partial:
+            raise CommunicationError(f"chunk of unknown message {frame.seq}")
+        first, chunks, size = partial[frame.seq]
+        if frame.chunk != len(chunks) or frame.dtype != first.dtype or tuple(first.shape) != shape:
+            raise CommunicationError(f"inconsistent chunk in message {frame.seq}")
+        chunks.append(frame.data)
+        size += len(frame.data)
+        if size > nbytes:
+            raise CommunicationError(f"message {frame.seq} is longer than its shape")
+        partial[frame.seq] = (first, chunks, size)
+        if len(chunks) == expected_chunks:
+            del partial[frame.seq]
+            data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            self.comm.mailbox.put(src, frame.seq, serde.from_bytes(frame.dtype, shape, data))
+
+
+class _Outbox:
+    """The long-lived stream to one peer, fed from a queue (sending never waits for the peer)."""
+
+    def __init__(self, comm: "GrpcCommunicator", peer: int, stub):
+        self.peer = peer
+        self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.seq = 0
+        self.failed = ""
+        token = stream_token(comm.pair_seeds[peer], comm.config.session, comm.rank, peer)
+        self.queue.put([pb.Frame(session=comm.config.session, src=comm.rank, seq=OPEN_SEQ, data=token)])
+        self.call = stub.Stream.future(self._frames())
+        self.call.add_done_callback(lambda f: self._done(comm, f))
+
+    def _frames(self) -> Iterator[pb.Frame]:
+        while True:
+            batch = self.queue.get()
+            if batch is None:
+                return
+            yield from batch
+
+    def _done(self, comm: "GrpcCommunicator", future) -> None:
+        if future.cancelled() or future.exception() is not None:
+            err = future.exception()
+            detail = err.code().name if isinstance(err, grpc.RpcError) else "cancelled"
+            self.failed = f"stream to it failed: {detail}"
+            comm.mailbox.fail(self.peer, self.failed)
+
+    def send(self, session: str, src: int, tensor: torch.Tensor) -> None:
+        if self.failed:
+            raise CommunicationError(f"party {src}: cannot send to party {self.peer} ({self.failed})",
+                                     peer=self.peer)
+        dtype, shape, data = serde.to_bytes(tensor)
+        n = max(1, -(-len(data) // CHUNK_BYTES))
+        frames = [pb.Frame(session=session, src=src, seq=self.seq, dtype=dtype, shape=shape,
+                           chunk=i, num_chunks=n, data=bytes(data[i * CHUNK_BYTES:(i + 1) * CHUNK_BYTES]))
+                  for i in range(n)]
+        self.seq += 1
+        self.queue.put(frames)
+
+    def close(self, session: str, src: int, timeout: float) -> None:
+        self.queue.put([pb.Frame(session=session, src=src, seq=BYE_SEQ)])
+        self.queue.put(None)
+        try:
+            self.call.result(timeout=timeout)
+        except (grpc.RpcError, grpc.FutureTimeoutError, concurrent.futures.CancelledError):
+            self.call.cancel()
+
+
+class GrpcCommunicator(Communicator):
+    """Communicator over gRPC between the parties listed in `config.parties`."""
+
+    def __init__(self, config: Config, keypair: KeyPair | None = None):
+        super().__init__(config.rank, config.world_size)
+        if len(config.parties) != config.world_size:
+            raise ConfigError("CRYPTEN_LITE_PARTIES must list one host:port per party, in rank order")
+        self.config = config
+        self.keypair = keypair or KeyPair()
+        self.tls = TlsContext(config.tls_dir, f"party{config.rank}")
+        self.hello = make_hello(config, config.rank, self.keypair.public_bytes)
+        self.mailbox = Mailbox(config.rank, config.world_size, config.timeout)
+        self.pair_seeds: dict[int, bytes] = {}
+        self.seeds_ready = threading.Event()
+        self._closed = False
+        self._lock = threading.Lock()
+        own = config.parties[config.rank]
+        bind = config.bind or own
+        if ":" not in bind:
+            bind = f"{bind}:{own.rpartition(':')[2]}"
+        self.server = start_server(bind, self.tls,
+                                   lambda s: pb_grpc.add_PartyServicer_to_server(_PartyServicer(self), s),
+                                   f"party {config.rank}")
+        try:
+            self._connect()
+        except BaseException:
+            self.server.stop(grace=None)
+            raise
+
+    def _connect(self) -> None:
+        self.channels = {p: self.tls.channel(self.config.parties[p], f"party{p}") for p in self.peers()}
+        stubs = {p: pb_grpc.PartyStub(ch) for p, ch in self.channels.items()}
+
+        def greet(peer: int) -> tuple[int, bytes]:
+            theirs = handshake(stubs[peer], self.hello, self.config.timeout,
+                               self.config.parties[peer], f"party {peer}")
+            error = check_hello(self.hello, theirs, None)
+            if error or theirs.rank != peer:
+                raise ConfigError(f"party at {self.config.parties[peer]} is not a valid party {peer}: "
+                                  f"{error or f'it claims rank {theirs.rank}'}; check CRYPTEN_LITE_PARTIES")
+            info = pair_info(self.config.session, self.rank, peer)
+            return peer, self.keypair.shared_seed(theirs.public_key, info)
+
+        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(stubs))) as pool:
+            for peer, seed in pool.map(greet, self.peers()):
+                self.pair_seeds[peer] = seed
+        self.seeds_ready.set()
+        self.outboxes = {p: _Outbox(self, p, stubs[p]) for p in self.peers()}
+
+    def _send(self, tensor: torch.Tensor, dst: int) -> None:
+        self.outboxes[dst].send(self.config.session, self.rank, tensor)
+
+    def _recv(self, src: int) -> torch.Tensor:
+        return self.mailbox.take(src)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        for outbox in getattr(self, "outboxes", {}).values():
+            outbox.close(self.config.session, self.rank, timeout=min(5.0, self.config.timeout))
+        for channel in getattr(self, "channels", {}).values():
+            channel.close()
+        self.server.stop(grace=1.0).wait(2.0)

@@ -1,0 +1,58 @@
+"""Tensor <-> raw bytes with an explicit dtype name and shape (symmetric helpers, no pickle).
+
+Only the dtypes in DTYPES travel; anything else, or a length that does not match the
+shape, is refused with a CommunicationError.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..errors import CommunicationError
+
+DTYPES: dict[str, torch.dtype] = {
+    "int64": torch.int64,
+    "int32": torch.int32,
+    "int16": torch.int16,
+    "int8": torch.int8,
+    "uint8": torch.uint8,
+    "bool": torch.bool,
+    "float64": torch.float64,
+    "float32": torch.float32,
+}
+NAMES = {v: k for k, v in DTYPES.items()}
+MAX_DIMS = 16
+
+
+def to_bytes(tensor: torch.Tensor) -> tuple[str, tuple[int, ...], memoryview]:
+    """(dtype name, shape, little-endian bytes) of a CPU tensor."""
+    if tensor.dtype not in NAMES:
+        raise CommunicationError(f"cannot send tensors of dtype {tensor.dtype}")
+    t = tensor.detach().contiguous().cpu()
+    data = memoryview(t.numpy()).cast("B") if t.numel() else memoryview(b"")
+    return NAMES[t.dtype], tuple(t.shape), data
+
+
+def check_header(dtype: str, shape: tuple[int, ...], max_bytes: int) -> int:
+    """Validate a received header; returns the expected payload length in bytes."""
+    if dtype not in DTYPES:
+        raise CommunicationError(f"unknown dtype {dtype!r} in message")
+    if len(shape) > MAX_DIMS or any(s < 0 for s in shape):
+        raise CommunicationError(f"invalid shape {tuple(shape)} in message")
+    nbytes = math.prod(shape) * torch.empty(0, dtype=DTYPES[dtype]).element_size()
+    if nbytes > max_bytes:
+        raise CommunicationError(f"message of {nbytes} bytes exceeds the limit of {max_bytes}")
+    return nbytes
+
+
+def from_bytes(dtype: str, shape: tuple[int, ...], data: bytes | bytearray) -> torch.Tensor:
+    """Tensor from a validated header and its payload (one copy at most)."""
+    nbytes = check_header(dtype, shape, len(data))
+    if nbytes != len(data):
+        raise CommunicationError(f"payload of {len(data)} bytes does not match shape {tuple(shape)}")
+    if nbytes == 0:
+        return torch.zeros(shape, dtype=DTYPES[dtype])
+    buffer = data if isinstance(data, bytearray) else bytearray(data)
+    return torch.frombuffer(buffer, dtype=DTYPES[dtype]).view(shape)

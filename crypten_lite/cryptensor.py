@@ -1,0 +1,752 @@
+"""CrypTensor: the user-facing secret-shared tensor.
+
+A CrypTensor holds this party's additive share (int64 ring elements) of a tensor, its
+fixed-point `precision` (0 for integer and bool tensors), its logical `dtype`, optional
+dimension `names`, and autograd state. Protocols live in `crypten_lite.mpc`; this class
+decides scales, dtypes and names, and records the autograd graph.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from . import encoding
+from .errors import ProtocolError, UnsupportedError
+from .mpc import beaver as beaver_mod
+from .mpc import primitives
+from .mpc.truncation import truncate
+from .session import current
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def default_precision() -> int:
+    return current().config.precision
+
+
+def logical_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float dtypes stay (float16/bfloat16 become float32); integers -> int64; bool stays."""
+    if dtype in (torch.float16, torch.bfloat16):
+        return torch.float32
+    if dtype.is_floating_point:
+        return dtype
+    if dtype == torch.bool:
+        return torch.bool
+    return torch.int64
+
+
+def _is_float(dtype: torch.dtype) -> bool:
+    return dtype.is_floating_point
+
+
+class _GradMode:
+    enabled = True
+
+
+class no_grad:
+    """Context manager (and decorator) disabling autograd recording, like torch.no_grad."""
+
+    def __enter__(self):
+        self._prev = _GradMode.enabled
+        _GradMode.enabled = False
+
+    def __exit__(self, *exc):
+        _GradMode.enabled = self._prev
+
+    def __call__(self, fn):
+        def wrapper(*args, **kwargs):
+            with self.__class__():
+                return fn(*args, **kwargs)
+        return wrapper
+
+
+class enable_grad(no_grad):
+    """Context manager re-enabling autograd recording inside no_grad."""
+
+    def __enter__(self):
+        self._prev = _GradMode.enabled
+        _GradMode.enabled = True
+
+
+def is_grad_enabled() -> bool:
+    return _GradMode.enabled
+
+
+class CrypTensor:
+    """A secret-shared tensor (arithmetic sharing over Z_2^64 with fixed-point encoding)."""
+
+    __array_priority__ = 1000
+
+    def __init__(self, share: torch.Tensor, precision: int, dtype: torch.dtype = torch.float32,
+                 names: tuple | None = None, requires_grad: bool = False):
+        self.share = share
+        self.precision = precision
+        self.dtype = dtype
+        self._names = names if names is None or any(n is not None for n in names) else None
+        self.requires_grad = requires_grad
+        self.grad: CrypTensor | None = None
+        self.grad_fn = None  # autograd node (crypten_lite.autograd)
+
+    # ----------------------------------------------------------------- construction / reveal
+    @classmethod
+    def from_plain(cls, tensor: torch.Tensor | None, src: int = 0, precision: int | None = None,
+                   requires_grad: bool = False, names: Sequence[str | None] | None = None) -> "CrypTensor":
+        """Secret-share `tensor` held by party `src` (other parties may pass None)."""
+        s = current()
+        if tensor is not None and not isinstance(tensor, torch.Tensor):
+            tensor = torch.as_tensor(tensor)
+        shape, src_dtype = primitives.announce(tensor, src)
+        dtype = logical_dtype(src_dtype)
+        prec = (precision if precision is not None else s.config.precision) if _is_float(dtype) else 0
+        encoded = encoding.encode(tensor, prec) if s.rank == src else None
+        if encoded is not None and encoded.shape != shape:
+            encoded = encoded.reshape(shape)
+        out = cls(primitives.share(encoded, src, shape), prec, dtype, requires_grad=requires_grad)
+        if names is not None:
+            out = out.refine_names(*names) if hasattr(out, "refine_names") else out
+        return out
+
+    @classmethod
+    def _public(cls, tensor: torch.Tensor, precision: int, dtype: torch.dtype) -> "CrypTensor":
+        """A 'sharing' of a public value: rank 0 holds it, everybody else zero."""
+        encoded = encoding.encode(tensor, precision)
+        share = encoded if current().rank == 0 else torch.zeros_like(encoded)
+        return cls(share, precision, dtype)
+
+    def get_plain_text(self, dst: int | None = None, named: bool = False):
+        """Reveal the value (to every party, or only to party `dst`; others get None)."""
+        value = primitives.open_(self.share, dst)
+        if value is None:
+            return None
+        plain = encoding.decode(value, self.precision, self.dtype)
+        if named:
+            return plain, self.names
+        return plain
+
+    def reveal(self, dst: int | None = None):
+        """Alias of get_plain_text (CrypTen name)."""
+        return self.get_plain_text(dst)
+
+    def _new(self, share: torch.Tensor, precision: int | None = None, dtype: torch.dtype | None = None,
+             names: tuple | None = None) -> "CrypTensor":
+        return CrypTensor(share, self.precision if precision is None else precision,
+                          self.dtype if dtype is None else dtype, names)
+
+    # ----------------------------------------------------------------------- properties
+    @property
+    def shape(self) -> torch.Size:
+        return self.share.shape
+
+    def size(self, dim: int | str | None = None):
+        if dim is None:
+            return self.share.shape
+        return self.share.shape[self._dim(dim)]
+
+    def dim(self) -> int:
+        return self.share.dim()
+
+    ndim = property(dim)
+
+    def numel(self) -> int:
+        return self.share.numel()
+
+    def nelement(self) -> int:
+        return self.share.numel()
+
+    def __len__(self) -> int:
+        return len(self.share)
+
+    @property
+    def names(self) -> tuple:
+        return self._names if self._names is not None else (None,) * self.dim()
+
+    @property
+    def is_floating_point(self) -> bool:
+        return _is_float(self.dtype)
+
+    def _dim(self, dim):
+        if isinstance(dim, str):
+            from . import names as names_mod
+            return names_mod.resolve_dim(self._names, dim)
+        return dim
+
+    def __bool__(self):
+        raise ProtocolError("a CrypTensor is secret and cannot be used as a Python bool; "
+                            "reveal it with get_plain_text() first, or use crypten_lite.where()")
+
+    __nonzero__ = __bool__
+
+    def __repr__(self) -> str:
+        names = f", names={self._names}" if self._names else ""
+        grad = ", requires_grad=True" if self.requires_grad else ""
+        return f"CrypTensor(shape={tuple(self.shape)}, dtype={self.dtype}{names}{grad}, encrypted=True)"
+
+    def __hash__(self):
+        return id(self)
+
+    def clone(self) -> "CrypTensor":
+        return _record(self._new(self.share.clone(), names=self._names), "clone", (self,))
+
+    def detach(self) -> "CrypTensor":
+        return self._new(self.share, names=self._names)
+
+    def requires_grad_(self, flag: bool = True) -> "CrypTensor":
+        self.requires_grad = flag
+        return self
+
+    # ------------------------------------------------------------------- scale helpers
+    def _rescaled(self, precision: int, dtype: torch.dtype) -> torch.Tensor:
+        """Share at a higher precision (local, exact)."""
+        if precision < self.precision:
+            return truncate(self.share, self.precision - precision)
+        return self.share << (precision - self.precision) if precision != self.precision else self.share
+
+    def _encode_public(self, other, target_dtype: torch.dtype) -> tuple[torch.Tensor, int]:
+        """Encode a public operand: integers at scale 1, floats at the session precision."""
+        t = torch.as_tensor(other)
+        if _is_float(t.dtype):
+            if _is_float(target_dtype) and torch.equal(t, torch.round(t)) and t.abs().max() < 2 ** 40 if t.numel() else False:
+                return encoding.encode(t.long(), 0), 0
+            prec = self.precision if _is_float(self.dtype) else default_precision()
+            return encoding.encode(t, prec), prec
+        return encoding.encode(t, 0), 0
+
+    def _result_dtype(self, other) -> torch.dtype:
+        return result_type(self, other)
+
+    def _target_precision(self, dtype: torch.dtype, other: "CrypTensor | None" = None) -> int:
+        if not _is_float(dtype):
+            return 0
+        precs = [self.precision if _is_float(self.dtype) else 0]
+        if other is not None and _is_float(other.dtype):
+            precs.append(other.precision)
+        p = max(precs)
+        return p if p > 0 else default_precision()
+
+    # ------------------------------------------------------------------ arithmetic
+    def add(self, other) -> "CrypTensor":
+        """self + other (private or public)."""
+        return self._add(other, 1)
+
+    def sub(self, other) -> "CrypTensor":
+        return self._add(other, -1)
+
+    def _add(self, other, sign: int) -> "CrypTensor":
+        dtype = self._arith_dtype(other)
+        if isinstance(other, CrypTensor):
+            prec = self._target_precision(dtype, other)
+            share = self._rescaled(prec, dtype) + sign * other._rescaled(prec, dtype)
+            names = _unify(self, other)
+            return _record(self._new(share, prec, dtype, names), "add" if sign > 0 else "sub", (self, other))
+        prec = self._target_precision(dtype)
+        encoded = encoding.encode(torch.as_tensor(other), prec)
+        share = self._rescaled(prec, dtype)
+        if current().rank == 0:
+            share = share + sign * encoded
+        else:
+            share = share + torch.zeros_like(encoded)  # broadcast like torch
+        names = _unify(self, other)
+        return _record(self._new(share, prec, dtype, names), "add" if sign > 0 else "sub", (self, other))
+
+    def _arith_dtype(self, other) -> torch.dtype:
+        dtype = self._result_dtype(other)
+        if dtype == torch.bool:  # bool + bool is bool in torch only for logical ops; keep int
+            dtype = torch.int64
+        return dtype
+
+    def neg(self) -> "CrypTensor":
+        dtype = torch.int64 if self.dtype == torch.bool else self.dtype
+        return _record(self._new(-self.share, dtype=dtype, names=self._names), "neg", (self,))
+
+    def mul(self, other) -> "CrypTensor":
+        """Elementwise product; private x private uses one Beaver round."""
+        dtype = self._arith_dtype(other)
+        target = self._target_precision(dtype, other if isinstance(other, CrypTensor) else None)
+        if isinstance(other, CrypTensor):
+            share = beaver_mod.beaver("mul", self.share, other.share)
+            prec = self.precision + other.precision
+        else:
+            encoded, pprec = self._encode_public(other, dtype)
+            share = self.share * encoded
+            prec = self.precision + pprec
+        share = self._fit(share, prec, target)
+        return _record(self._new(share, target, dtype, _unify(self, other)), "mul", (self, other))
+
+    def _fit(self, share: torch.Tensor, prec: int, target: int) -> torch.Tensor:
+        if prec > target:
+            return truncate(share, prec - target)
+        if prec < target:
+            return share << (target - prec)
+        return share
+
+    def square(self) -> "CrypTensor":
+        dtype = torch.int64 if self.dtype == torch.bool else self.dtype
+        share = self._fit(beaver_mod.square(self.share), 2 * self.precision, self.precision)
+        return _record(self._new(share, dtype=dtype, names=self._names), "square", (self,))
+
+    def div(self, other, rounding_mode: str | None = None) -> "CrypTensor":
+        """Division by a public scalar or tensor (private divisors: see reciprocal)."""
+        if isinstance(other, CrypTensor):
+            if hasattr(self, "_div_private"):
+                return self._div_private(other)
+            raise UnsupportedError("division by a private tensor needs crypten_lite's reciprocal")
+        if rounding_mode is not None:
+            raise UnsupportedError("div with rounding_mode is not supported on CrypTensors")
+        divisor = torch.as_tensor(other, dtype=torch.float64)
+        if (divisor == 0).any():
+            raise ProtocolError("division by zero (public divisor contains 0)")
+        x = self if _is_float(self.dtype) else self.float()
+        # Encode 1/d with extra bits so that a large divisor keeps ~precision significant bits.
+        extra = max(0, int(math.ceil(math.log2(float(divisor.abs().max())))) + 1)
+        p = x.precision + extra
+        share = truncate(x.share * encoding.encode(1.0 / divisor, p), p)
+        out = x._new(share, names=_unify(x, other))
+        return _record(out, "div", (self, other))
+
+    truediv = div
+
+    def matmul(self, other) -> "CrypTensor":
+        """Matrix product (batched, vector cases like torch.matmul)."""
+        return self._bilinear("matmul", other, ())
+
+    def _bilinear(self, op: str, other, params: Sequence[int], public_fn: Callable | None = None,
+                  swap: bool = False) -> "CrypTensor":
+        from .provider.correlations import TRIPLE_OPS
+        fn = TRIPLE_OPS[op]
+        if isinstance(other, CrypTensor):
+            dtype = self._arith_dtype(other)
+            target = self._target_precision(dtype, other)
+            share = beaver_mod.beaver(op, self.share, other.share, params)
+            prec = self.precision + other.precision
+        else:
+            dtype = self._arith_dtype(other)
+            target = self._target_precision(dtype)
+            encoded, pprec = self._encode_public(other, dtype)
+            share = fn(encoded, self.share, params) if swap else fn(self.share, encoded, params)
+            prec = self.precision + pprec
+        out = self._new(self._fit(share, prec, target), target, dtype)
+        return out
+
+    def dot(self, other) -> "CrypTensor":
+        return self.mul(other).sum()
+
+    def outer(self, other) -> "CrypTensor":
+        return self.unsqueeze(1).mul(other.unsqueeze(0) if isinstance(other, CrypTensor)
+                                     else torch.as_tensor(other).unsqueeze(0))
+
+    def conv1d(self, weight, bias=None, stride=1, padding=0, dilation=1, groups=1) -> "CrypTensor":
+        params = (*_tuple(stride, 1), *_tuple(padding, 1), *_tuple(dilation, 1), groups)
+        out = self._bilinear("conv1d", weight, params)
+        out = _record(out, "conv1d", (self, weight), stride=stride, padding=padding,
+                      dilation=dilation, groups=groups)
+        return out if bias is None else out.add(_bias_view(bias, 1))
+
+    def conv2d(self, weight, bias=None, stride=1, padding=0, dilation=1, groups=1) -> "CrypTensor":
+        params = (*_tuple(stride, 2), *_tuple(padding, 2), *_tuple(dilation, 2), groups)
+        out = self._bilinear("conv2d", weight, params)
+        out = _record(out, "conv2d", (self, weight), stride=stride, padding=padding,
+                      dilation=dilation, groups=groups)
+        return out if bias is None else out.add(_bias_view(bias, 2))
+
+    def conv_transpose2d(self, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1,
+                         dilation=1) -> "CrypTensor":
+        params = (*_tuple(stride, 2), *_tuple(padding, 2), *_tuple(output_padding, 2), groups,
+                  *_tuple(dilation, 2))
+        out = self._bilinear("conv_transpose2d", weight, params)
+        out = _record(out, "conv_transpose2d", (self, weight), stride=stride, padding=padding,
+                      output_padding=output_padding, groups=groups, dilation=dilation)
+        return out if bias is None else out.add(_bias_view(bias, 2))
+
+    # ------------------------------------------------------------------ reductions
+    def sum(self, dim=None, keepdim: bool = False) -> "CrypTensor":
+        if dim is None:
+            out = self._new(self.share.sum(), names=None)
+        else:
+            d = self._dims(dim)
+            out = self._new(self.share.sum(d, keepdim=keepdim), names=_reduce_names(self, d, keepdim))
+        if self.dtype == torch.bool:
+            out.dtype = torch.int64
+        return _record(out, "sum", (self,), dim=dim, keepdim=keepdim)
+
+    def mean(self, dim=None, keepdim: bool = False) -> "CrypTensor":
+        total = self.sum(dim, keepdim)
+        count = self.numel() // max(1, total.numel()) if dim is not None or True else 1
+        if dim is None:
+            count = self.numel()
+        return total.div(count) if _is_float(total.dtype) else total.float().div(count)
+
+    def cumsum(self, dim) -> "CrypTensor":
+        d = self._dim(dim)
+        return _record(self._new(self.share.cumsum(d), names=self._names), "cumsum", (self,), dim=d)
+
+    def _dims(self, dim):
+        if isinstance(dim, (tuple, list)):
+            return tuple(self._dim(d) for d in dim)
+        return self._dim(dim)
+
+    # ------------------------------------------------------------------ dtype conversion
+    def float(self) -> "CrypTensor":
+        return self.to(torch.float32)
+
+    def double(self) -> "CrypTensor":
+        return self.to(torch.float64)
+
+    def long(self) -> "CrypTensor":
+        return self.to(torch.int64)
+
+    def int(self) -> "CrypTensor":
+        return self.to(torch.int64)
+
+    def to(self, dtype=None, *args, **kwargs) -> "CrypTensor":
+        """Convert the logical dtype (float -> int truncates toward zero, like torch)."""
+        if not isinstance(dtype, torch.dtype):
+            return self  # device moves are no-ops on CPU shares
+        target = logical_dtype(dtype)
+        if target == self.dtype:
+            return self
+        if _is_float(target):
+            prec = default_precision() if not _is_float(self.dtype) else self.precision
+            out = self._new(self._rescaled(prec, target), prec, target, self._names)
+        elif target == torch.bool:
+            if hasattr(self, "ne"):
+                return self.ne(0)
+            raise UnsupportedError("conversion to bool needs comparisons")
+        elif _is_float(self.dtype):
+            if hasattr(self, "_trunc_toward_zero"):
+                out = self._trunc_toward_zero()
+            else:
+                out = self._new(truncate(self.share, self.precision), 0, torch.int64, self._names)
+        else:
+            out = self._new(self.share, 0, target, self._names)
+        return _record(out, "to", (self,), dtype=dtype)
+
+    type = to
+
+    # ------------------------------------------------------------------ shape ops
+    def _shape_op(self, name: str, fn: Callable[[torch.Tensor], torch.Tensor], names=None,
+                  **saved) -> "CrypTensor":
+        out = self._new(fn(self.share), names=names)
+        return _record(out, name, (self,), **saved)
+
+    def reshape(self, *shape) -> "CrypTensor":
+        shape = _shape_arg(shape)
+        return self._shape_op("reshape", lambda t: t.reshape(shape), input_shape=self.shape)
+
+    def view(self, *shape) -> "CrypTensor":
+        shape = _shape_arg(shape)
+        return self._shape_op("reshape", lambda t: t.reshape(shape), input_shape=self.shape)
+
+    def view_as(self, other) -> "CrypTensor":
+        return self.view(other.shape)
+
+    def reshape_as(self, other) -> "CrypTensor":
+        return self.reshape(other.shape)
+
+    def flatten(self, start_dim=0, end_dim=-1, *args) -> "CrypTensor":
+        if isinstance(start_dim, (list, tuple)) and hasattr(self, "_named_flatten"):
+            return self._named_flatten(start_dim, end_dim)
+        s, e = self._dim(start_dim), self._dim(end_dim)
+        return self._shape_op("reshape", lambda t: t.flatten(s, e), input_shape=self.shape,
+                              names=_names_call("flatten", self, s, e))
+
+    def transpose(self, dim0, dim1) -> "CrypTensor":
+        d0, d1 = self._dim(dim0), self._dim(dim1)
+        return self._shape_op("transpose", lambda t: t.transpose(d0, d1), dim0=d0, dim1=d1,
+                              names=_names_call("transpose", self, d0, d1))
+
+    def t(self) -> "CrypTensor":
+        if self.dim() < 2:
+            return self
+        return self.transpose(0, 1)
+
+    @property
+    def T(self) -> "CrypTensor":
+        return self.permute(*reversed(range(self.dim())))
+
+    def permute(self, *dims) -> "CrypTensor":
+        dims = tuple(self._dim(d) for d in _shape_arg(dims))
+        return self._shape_op("permute", lambda t: t.permute(dims), dims=dims,
+                              names=_names_call("permute", self, dims))
+
+    def squeeze(self, dim=None) -> "CrypTensor":
+        d = None if dim is None else self._dim(dim)
+        fn = (lambda t: t.squeeze()) if d is None else (lambda t: t.squeeze(d))
+        return self._shape_op("reshape", fn, input_shape=self.shape,
+                              names=_names_call("squeeze", self, d, tuple(self.shape)))
+
+    def unsqueeze(self, dim) -> "CrypTensor":
+        return self._shape_op("reshape", lambda t: t.unsqueeze(dim), input_shape=self.shape,
+                              names=_names_call("unsqueeze", self, dim))
+
+    def expand(self, *sizes) -> "CrypTensor":
+        sizes = _shape_arg(sizes)
+        return self._shape_op("expand", lambda t: t.expand(sizes), input_shape=self.shape,
+                              names=_names_call("expand", self, len(sizes)))
+
+    def expand_as(self, other) -> "CrypTensor":
+        return self.expand(other.shape)
+
+    def repeat(self, *sizes) -> "CrypTensor":
+        sizes = _shape_arg(sizes)
+        return self._shape_op("repeat", lambda t: t.repeat(sizes), input_shape=self.shape, sizes=sizes)
+
+    def narrow(self, dim, start: int, length: int) -> "CrypTensor":
+        d = self._dim(dim)
+        return self._shape_op("narrow", lambda t: t.narrow(d, start, length), dim=d, start=start,
+                              input_shape=self.shape, names=self._names)
+
+    def __getitem__(self, index) -> "CrypTensor":
+        index = _plain_index(index)
+        return self._shape_op("getitem", lambda t: t[index], index=index, input_shape=self.shape,
+                              names=_names_call("index", self, index))
+
+    def __setitem__(self, index, value) -> None:
+        index = _plain_index(index)
+        if isinstance(value, CrypTensor):
+            v = value._rescaled(self.precision, self.dtype)
+        else:
+            encoded = encoding.encode(torch.as_tensor(value), self.precision)
+            v = encoded if current().rank == 0 else torch.zeros_like(encoded)
+        self.share = self.share.clone()
+        self.share[index] = v
+
+    def split(self, split_size, dim=0) -> tuple["CrypTensor", ...]:
+        d = self._dim(dim)
+        sizes = [t.shape[d] for t in self.share.split(split_size, d)]
+        out, start = [], 0
+        for n in sizes:
+            out.append(self.narrow(d, start, n))
+            start += n
+        return tuple(out)
+
+    def chunk(self, chunks: int, dim=0) -> tuple["CrypTensor", ...]:
+        d = self._dim(dim)
+        size = -(-self.shape[d] // chunks)
+        return self.split(size, d)
+
+    def unbind(self, dim=0) -> tuple["CrypTensor", ...]:
+        d = self._dim(dim)
+        return tuple(self.select(d, i) for i in range(self.shape[d]))
+
+    def select(self, dim, index: int) -> "CrypTensor":
+        d = self._dim(dim)
+        idx = (slice(None),) * d + (index,)
+        return self[idx]
+
+    def pad(self, pad: Sequence[int], mode: str = "constant", value: float = 0.0) -> "CrypTensor":
+        if mode != "constant":
+            out = self._shape_op("pad", lambda t: F.pad(t, pad, mode=mode), pad=tuple(pad), mode=mode,
+                                 names=self._names)
+            return out
+        if value == 0:
+            return self._shape_op("pad", lambda t: F.pad(t, pad), pad=tuple(pad), mode=mode,
+                                  names=self._names)
+        ones = torch.ones(self.shape, dtype=torch.int64)
+        mask = F.pad(ones, pad, value=0)
+        out = self._shape_op("pad", lambda t: F.pad(t, pad), pad=tuple(pad), mode=mode, names=self._names)
+        fill = (1 - mask).to(torch.float64) * value
+        return out.add(fill)
+
+    def gather(self, dim, index: torch.Tensor) -> "CrypTensor":
+        d = self._dim(dim)
+        return self._shape_op("gather", lambda t: t.gather(d, index), dim=d, index=index,
+                              input_shape=self.shape, names=self._names)
+
+    def roll(self, shifts, dims=None) -> "CrypTensor":
+        return self._shape_op("roll", lambda t: t.roll(shifts, dims), shifts=shifts, dims=dims,
+                              names=self._names)
+
+    def flip(self, dims) -> "CrypTensor":
+        return self._shape_op("flip", lambda t: t.flip(dims), dims=dims, names=self._names)
+
+    def contiguous(self) -> "CrypTensor":
+        return self
+
+    def cpu(self) -> "CrypTensor":
+        return self
+
+    # ------------------------------------------------------------------ operators
+    __add__ = add
+    __radd__ = add
+    __sub__ = sub
+    __mul__ = mul
+    __rmul__ = mul
+    __matmul__ = matmul
+    __truediv__ = div
+    __neg__ = neg
+
+    def __rsub__(self, other):
+        return self.neg().add(other)
+
+    def __rmatmul__(self, other):
+        return self._bilinear("matmul", other, (), swap=True)
+
+    def __rtruediv__(self, other):
+        if hasattr(self, "reciprocal"):
+            return self.reciprocal().mul(other)
+        raise UnsupportedError("division by a private tensor needs crypten_lite's reciprocal")
+
+    def __iadd__(self, other):
+        return self.add(other)
+
+    def __isub__(self, other):
+        return self.sub(other)
+
+    def __imul__(self, other):
+        return self.mul(other)
+
+    def __itruediv__(self, other):
+        return self.div(other)
+
+    def __pow__(self, exponent):
+        if hasattr(self, "pow"):
+            return self.pow(exponent)
+        if isinstance(exponent, int) and exponent == 2:
+            return self.square()
+        raise UnsupportedError("pow needs crypten_lite's nonlinear functions")
+
+    def add_(self, other):
+        return self._inplace(self.add(other))
+
+    def sub_(self, other):
+        return self._inplace(self.sub(other))
+
+    def mul_(self, other):
+        return self._inplace(self.mul(other))
+
+    def div_(self, other):
+        return self._inplace(self.div(other))
+
+    def neg_(self):
+        return self._inplace(self.neg())
+
+    def _inplace(self, result: "CrypTensor") -> "CrypTensor":
+        self.share, self.precision, self.dtype = result.share, result.precision, result.dtype
+        self._names, self.grad_fn = result._names, result.grad_fn
+        self.requires_grad = self.requires_grad or result.requires_grad
+        return self
+
+    def copy_(self, other: "CrypTensor") -> "CrypTensor":
+        self.share = other._rescaled(self.precision, self.dtype).clone()
+        return self
+
+    def set_(self, other: "CrypTensor") -> "CrypTensor":
+        self.share, self.precision, self.dtype = other.share, other.precision, other.dtype
+        return self
+
+    # ------------------------------------------------------------------ torch interop
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        from .torch_functions import TORCH_FUNCTIONS
+        impl = TORCH_FUNCTIONS.get(func)
+        if impl is None:
+            name = getattr(func, "__name__", str(func))
+            raise UnsupportedError(f"torch.{name} is not supported on CrypTensors; use the "
+                                   "CrypTensor method of the same name or see crypten_lite's docs")
+        return impl(*args, **kwargs)
+
+
+# ---------------------------------------------------------------------------- helpers
+def _dtype_probe(x):
+    """A stand-in with x's dtype category and dimensionality for torch.result_type."""
+    if isinstance(x, CrypTensor):
+        return torch.zeros(() if x.dim() == 0 else (1,), dtype=x.dtype)
+    if isinstance(x, torch.Tensor):
+        return torch.zeros(() if x.dim() == 0 else (1,), dtype=x.dtype)
+    if isinstance(x, (bool, int, float)):
+        return x
+    return torch.as_tensor(x)
+
+
+def result_type(a, b) -> torch.dtype:
+    """Logical dtype of a binary op on a and b, following torch.result_type exactly."""
+    return logical_dtype(torch.result_type(_dtype_probe(a), _dtype_probe(b)))
+
+
+def _tuple(v, n: int) -> tuple[int, ...]:
+    return tuple(v) if isinstance(v, (tuple, list)) else (v,) * n
+
+
+def _shape_arg(shape) -> tuple:
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list, torch.Size)):
+        return tuple(shape[0])
+    return tuple(shape)
+
+
+def _bias_view(bias, spatial: int):
+    if isinstance(bias, CrypTensor):
+        return bias.reshape(-1, *([1] * spatial))
+    return torch.as_tensor(bias).reshape(-1, *([1] * spatial))
+
+
+def _plain_index(index):
+    if isinstance(index, CrypTensor):
+        raise UnsupportedError("indexing by a private tensor is not supported; use where() or a "
+                               "one-hot product instead")
+    return index
+
+
+def _names_call(rule: str, x: CrypTensor, *args):
+    if x._names is None:
+        return None
+    from . import names as names_mod
+    fn = getattr(names_mod, rule, None)
+    if fn is None:
+        return None
+    return fn(x._names, *args)
+
+
+def _reduce_names(x: CrypTensor, dims, keepdim: bool):
+    if x._names is None:
+        return None
+    from . import names as names_mod
+    return names_mod.reduce(x._names, dims, keepdim)
+
+
+def _unify(a, b):
+    an = a._names if isinstance(a, CrypTensor) else None
+    bn = b._names if isinstance(b, CrypTensor) else None
+    if an is None and bn is None:
+        return None
+    from . import names as names_mod
+    return names_mod.unify(a.names if isinstance(a, CrypTensor) else None,
+                           b.names if isinstance(b, CrypTensor) else None)
+
+
+def _record(out: CrypTensor, op: str, inputs: tuple, **saved: Any) -> CrypTensor:
+    """Attach an autograd node to `out` when grad mode is on and an input requires grad."""
+    if _GradMode.enabled and any(isinstance(i, CrypTensor) and i.requires_grad for i in inputs):
+        from .autograd import Node
+        out.grad_fn = Node(op, inputs, saved, out)
+        out.requires_grad = True
+    return out
+
+
+def cat(tensors: Sequence[CrypTensor], dim=0) -> CrypTensor:
+    """Concatenate CrypTensors along `dim` (public tensors are encoded and mixed in)."""
+    tensors = [t if isinstance(t, CrypTensor) else None for t in tensors]
+    ref = tensors[0]
+    d = ref._dim(dim)
+    dtype = ref.dtype
+    for t in tensors[1:]:
+        dtype = torch.promote_types(dtype, t.dtype)
+    prec = max(t.precision for t in tensors) if _is_float(dtype) else 0
+    if _is_float(dtype) and prec == 0:
+        prec = default_precision()
+    share = torch.cat([t._rescaled(prec, dtype) for t in tensors], d)
+    names = None
+    if any(t._names is not None for t in tensors):
+        from . import names as names_mod
+        names = names_mod.cat([t.names for t in tensors], d)
+    out = CrypTensor(share, prec, dtype, names)
+    return _record(out, "cat", tuple(tensors), dim=d, sizes=[t.shape[d] for t in tensors])
+
+
+def stack(tensors: Sequence[CrypTensor], dim=0) -> CrypTensor:
+    """Stack CrypTensors along a new dimension `dim`."""
+    return cat([t.unsqueeze(dim) for t in tensors], dim)

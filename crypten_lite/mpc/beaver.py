@@ -1,0 +1,49 @@
+"""Beaver multiplication for every bilinear op: mul, matmul, conv1d/2d, conv_transpose2d.
+
+Protocol (a la [Bea91]); x, y shared, op bilinear:
+
+1. Get a triple ([a], [b], [c = op(a, b)]) from the provider, a of x's shape, b of y's.
+2. Open e = x - a and d = y - b together: ONE round, each party sends |x| + |y| ring elements
+   to every peer (2 parties, mul of n: 16n bytes sent per party).
+3. [z] = [c] + op(e, [b]) + op([a], d) + op(e, d), the public term added by rank 0 only.
+
+Square uses a pair ([a], [a^2]): open e = x - a (one value), [x^2] = [c] + 2e[a] + e^2.
+The result is at the sum of the operands' scales; the caller truncates.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from ..provider.correlations import TRIPLE_OPS
+from ..session import current
+from .primitives import open_, open_many
+
+
+def beaver(op: str, x: torch.Tensor, y: torch.Tensor, params: Sequence[int] = ()) -> torch.Tensor:
+    """Shares of op(x, y) from shares of x and y (one round)."""
+    s = current()
+    fn = TRIPLE_OPS[op]
+    triple = s.provider.get("triple", [x.shape, y.shape], op, params)
+    a, b = triple[0], triple[1]
+    e, d = open_many([x - a, y - b])
+    c = triple.corrected()[2]
+    z = c + fn(e, b, params) + fn(a, d, params)
+    if s.rank == 0:
+        z += fn(e, d, params)
+    return z
+
+
+def square(x: torch.Tensor) -> torch.Tensor:
+    """Shares of x * x (one round, one opened value)."""
+    s = current()
+    pair = s.provider.get("square", [x.shape])
+    a = pair[0]
+    e = open_(x - a)
+    c = pair.corrected()[1]
+    z = c + 2 * e * a
+    if s.rank == 0:
+        z += e * e
+    return z

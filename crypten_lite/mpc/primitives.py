@@ -1,0 +1,95 @@
+"""Sharing, opening and zero-sharing of int64 ring tensors (additive shares mod 2^64).
+
+1. share(x, src): every party draws a pseudo-random zero-sharing z_i (PRZS, pairwise seeds);
+   `src` adds its encoded value. No traffic beyond the shape announcement.
+2. open(shares): one round; every party sends its share to every other and sums.
+3. open_many: several independent openings in ONE message (one round).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..errors import ProtocolError
+from ..random import zero_share
+from ..session import current
+
+
+def przs(shape) -> torch.Tensor:
+    """This party's share of a pseudo-random sharing of zero."""
+    s = current()
+    return zero_share(s.pair_prgs, s.rank, tuple(shape))
+
+
+def share(encoded: torch.Tensor | None, src: int, shape) -> torch.Tensor:
+    """This party's share of `encoded` (held by `src`; None elsewhere)."""
+    s = current()
+    out = przs(shape)
+    if s.rank == src:
+        out += encoded
+    return out
+
+
+def open_many(shares: list[torch.Tensor], dst: int | None = None) -> list[torch.Tensor] | None:
+    """Reveal several shared tensors in one round (to all, or only to `dst`)."""
+    comm = current().comm
+    flat = torch.cat([t.reshape(-1) for t in shares]) if len(shares) > 1 else shares[0].reshape(-1)
+    if dst is None:
+        parts = comm.all_gather(flat)
+    else:
+        parts = comm.gather(flat, dst)
+        if parts is None:
+            return None
+    total = parts[0].clone()
+    for p in parts[1:]:
+        total += p
+    out, offset = [], 0
+    for t in shares:
+        out.append(total[offset:offset + t.numel()].view(t.shape))
+        offset += t.numel()
+    return out
+
+
+def open_(share_: torch.Tensor, dst: int | None = None) -> torch.Tensor | None:
+    """Reveal one shared tensor (one round)."""
+    got = open_many([share_], dst)
+    return None if got is None else got[0]
+
+
+def open_xor(share_: torch.Tensor) -> torch.Tensor:
+    """Reveal a binary (xor) shared tensor to every party (one round)."""
+    return current().comm.all_reduce(share_, op="xor")
+
+
+DTYPE_CODES = {torch.float32: 0, torch.float64: 1, torch.int64: 2, torch.bool: 3, torch.float16: 4,
+               torch.bfloat16: 5, torch.int32: 6, torch.int16: 7, torch.int8: 8, torch.uint8: 9}
+CODES_DTYPE = {v: k for k, v in DTYPE_CODES.items()}
+
+
+def announce(tensor: torch.Tensor | None, src: int) -> tuple[tuple[int, ...], torch.dtype]:
+    """`src` tells every party the shape and dtype of its input (a one-way message).
+
+    Every other party checks what it passed (if anything) against the announcement, so that
+    a shape mismatch at sharing time is a clear error on every party.
+    """
+    s = current()
+    if not 0 <= src < s.world_size:
+        raise ProtocolError(f"src={src} is out of range: ranks are 0..{s.world_size - 1}")
+    if s.rank == src:
+        if tensor is None:
+            raise ProtocolError(f"party {src} is the source but passed no tensor to share")
+        header = torch.tensor([DTYPE_CODES.get(tensor.dtype, 0), tensor.dim(), *tensor.shape],
+                              dtype=torch.int64)
+    else:
+        header = None
+    header = s.comm.broadcast(header, src)
+    shape = tuple(int(v) for v in header[2:2 + int(header[1])])
+    dtype = CODES_DTYPE[int(header[0])]
+    if tensor is not None and s.rank != src and tuple(tensor.shape) != shape:
+        raise ProtocolError(f"party {s.rank} passed shape {tuple(tensor.shape)} but the source "
+                            f"party {src} shares shape {shape}; pass None or the same shape")
+    if math.prod(shape) > (1 << 31):
+        raise ProtocolError(f"tensor of shape {shape} is too large to share")
+    return shape, dtype

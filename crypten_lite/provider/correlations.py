@@ -1,0 +1,129 @@
+"""Correlated randomness derived from seeds: the math shared by the dealer and the parties.
+
+Every party i holds a seed s_i with the dealer. For request number k, party i derives each
+component of its share as PRG(s_i).draw(shape, counter=k, domain=component). The dealer,
+knowing every s_i, reconstructs the random values, computes the correlated value and sends
+rank 0 the single correcting share that makes the shares sum (or xor) to it. So dealer
+traffic is one share per correlated value, sent to one party (DESIGN.md section 5).
+
+Kinds (x = sum of arithmetic shares, ^ = xor of binary shares):
+
+* ``triple``        a, b uniform; c = op(a, b)                         correction: c_0
+* ``square``        a uniform; c = a * a                                correction: c_0
+* ``bit``           r in {0,1}: binary shares rb (xor), arithmetic ra   correction: ra_0
+* ``binary_triple`` a, b uniform words; c = a & b (xor shares)          correction: c_0
+* ``trunc``         r uniform; rt = r >> bits (logical); m = msb(r)     corrections: rt_0, m_0
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from ..errors import ProtocolError, UnsupportedError
+from ..random import PRG
+
+CORRECTING_RANK = 0
+
+
+def _conv_params(p: Sequence[int], dims: int) -> dict:
+    return {"stride": tuple(p[0:dims]), "padding": tuple(p[dims:2 * dims]),
+            "dilation": tuple(p[2 * dims:3 * dims]), "groups": p[3 * dims]}
+
+
+def _conv_transpose2d(a, b, p):
+    return F.conv_transpose2d(a, b, stride=tuple(p[0:2]), padding=tuple(p[2:4]),
+                              output_padding=tuple(p[4:6]), dilation=tuple(p[6:8]), groups=p[8])
+
+
+# The bilinear operations a Beaver triple can serve; params are integers only.
+TRIPLE_OPS: dict[str, Callable[[torch.Tensor, torch.Tensor, Sequence[int]], torch.Tensor]] = {
+    "mul": lambda a, b, p: a * b,
+    "matmul": lambda a, b, p: torch.matmul(a, b),
+    "conv1d": lambda a, b, p: F.conv1d(a, b, **_conv_params(p, 1)),
+    "conv2d": lambda a, b, p: F.conv2d(a, b, **_conv_params(p, 2)),
+    "conv_transpose2d": _conv_transpose2d,
+}
+
+# Number of seeded components per kind (domain 0..n-1) and of corrections sent to rank 0.
+COMPONENTS = {"triple": 3, "square": 2, "bit": 2, "binary_triple": 3, "trunc": 3}
+CORRECTIONS = {"triple": 1, "square": 1, "bit": 1, "binary_triple": 1, "trunc": 2}
+
+
+def triple_shape(op: str, a_shape, b_shape, params) -> tuple[int, ...]:
+    """Shape of op(a, b) without computing it (meta tensors)."""
+    if op not in TRIPLE_OPS:
+        raise UnsupportedError(f"no Beaver triple for op {op!r}; supported: {sorted(TRIPLE_OPS)}")
+    a = torch.empty(a_shape, dtype=torch.float32, device="meta")
+    b = torch.empty(b_shape, dtype=torch.float32, device="meta")
+    try:
+        return tuple(TRIPLE_OPS[op](a, b, params).shape)
+    except RuntimeError as e:
+        raise ProtocolError(f"{op} of shapes {tuple(a_shape)} and {tuple(b_shape)}: {e}") from e
+
+
+def component_shapes(kind: str, op: str, shapes, params) -> list[tuple[int, ...]]:
+    """Shapes of the seeded components of a request."""
+    if kind == "triple":
+        return [tuple(shapes[0]), tuple(shapes[1]), triple_shape(op, shapes[0], shapes[1], params)]
+    if kind in ("square", "bit", "trunc", "binary_triple"):
+        return [tuple(shapes[0])] * COMPONENTS[kind]
+    raise UnsupportedError(f"unknown correlation kind {kind!r}")
+
+
+def derive(seed: bytes, counter: int, kind: str, op: str, shapes, params) -> list[torch.Tensor]:
+    """Every seeded component of request `counter` for the holder of `seed`."""
+    prg = PRG(seed)
+    out = [prg.draw(shape, counter=counter, domain=j)
+           for j, shape in enumerate(component_shapes(kind, op, shapes, params))]
+    if kind == "bit":
+        out[0] &= 1
+    return out
+
+
+def corrections(seeds: dict[int, bytes], counter: int, kind: str, op: str, shapes, params) -> list[torch.Tensor]:
+    """The dealer's side: rank 0's correcting shares (rank 0's own seeded values replaced)."""
+    world = sorted(seeds)
+    parts = {r: derive(seeds[r], counter, kind, op, shapes, params) for r in world}
+    others = [r for r in world if r != CORRECTING_RANK]
+
+    def arith_sum(j: int, ranks) -> torch.Tensor:
+        out = torch.zeros_like(parts[world[0]][j])
+        for r in ranks:
+            out += parts[r][j]
+        return out
+
+    def xor_sum(j: int, ranks) -> torch.Tensor:
+        out = torch.zeros_like(parts[world[0]][j])
+        for r in ranks:
+            out ^= parts[r][j]
+        return out
+
+    if kind == "triple":
+        c = TRIPLE_OPS[op](arith_sum(0, world), arith_sum(1, world), params)
+        return [c - arith_sum(2, others)]
+    if kind == "square":
+        a = arith_sum(0, world)
+        return [a * a - arith_sum(1, others)]
+    if kind == "bit":
+        r = xor_sum(0, world)
+        return [r - arith_sum(1, others)]
+    if kind == "binary_triple":
+        c = xor_sum(0, world) & xor_sum(1, world)
+        return [c ^ xor_sum(2, others)]
+    if kind == "trunc":
+        bits = params[0]
+        r = arith_sum(0, world)
+        rt = logical_shift(r, bits)
+        msb = logical_shift(r, 63)
+        return [rt - arith_sum(1, others), msb - arith_sum(2, others)]
+    raise UnsupportedError(f"unknown correlation kind {kind!r}")
+
+
+def logical_shift(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """x >> bits treating int64 as unsigned 64-bit."""
+    if bits == 0:
+        return x.clone()
+    return (x >> bits) & ((1 << (64 - bits)) - 1)

@@ -1,0 +1,106 @@
+"""The party's session: configuration, communicator, provider and pairwise PRGs.
+
+`crypten_lite.init()` builds one from the environment; `uninit()` tears it down. Nothing
+happens at import time.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+from dataclasses import dataclass, field
+
+from . import comm as comm_module
+from . import config as config_module
+from .comm.communicator import Communicator
+from .config import Config
+from .errors import ConfigError, NotInitializedError
+from .provider import Provider
+from .random import PRG
+
+log = logging.getLogger("crypten_lite")
+
+
+@dataclass
+class Session:
+    """Everything a party needs to run protocols."""
+
+    config: Config
+    comm: Communicator
+    provider: Provider
+    pair_prgs: dict[int, PRG] = field(default_factory=dict)
+
+    @property
+    def rank(self) -> int:
+        return self.comm.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.comm.world_size
+
+    def close(self) -> None:
+        try:
+            self.provider.close()
+        finally:
+            self.comm.close()
+
+
+_session: Session | None = None
+
+
+def current() -> Session:
+    """The active session; raises NotInitializedError with what to do otherwise."""
+    if _session is None:
+        raise NotInitializedError(
+            "crypten_lite is not initialized: call crypten_lite.init() first, and start the "
+            "script with `crypten-lite launch -n 2 script.py` (or set CRYPTEN_LITE_* variables)")
+    return _session
+
+
+def is_initialized() -> bool:
+    return _session is not None
+
+
+def install(session: Session) -> None:
+    global _session
+    _session = session
+    comm_module.set_current(session.comm)
+    config_module.set_current(session.config)
+
+
+def init(config: Config | None = None, **overrides) -> Session:
+    """Join the session described by `config` (default: the CRYPTEN_LITE_* environment)."""
+    from .comm.grpc_comm import GrpcCommunicator
+    from .provider import make as make_provider
+
+    global _session
+    if _session is not None:
+        log.warning("crypten_lite.init() called twice; keeping the existing session")
+        return _session
+    config = config or Config.from_env(**overrides)
+    if config.world_size < 2:
+        raise ConfigError(
+            "crypten_lite needs at least 2 parties: set CRYPTEN_LITE_WORLD_SIZE and "
+            "CRYPTEN_LITE_PARTIES, or start the script with `crypten-lite launch -n 2 script.py`")
+    comm = GrpcCommunicator(config)
+    try:
+        provider = make_provider(config)
+    except BaseException:
+        comm.close()
+        raise
+    session = Session(config, comm, provider,
+                      {p: PRG(seed) for p, seed in comm.pair_seeds.items()})
+    install(session)
+    atexit.register(uninit)
+    return session
+
+
+def uninit() -> None:
+    """Leave the session and release its transport (idempotent)."""
+    global _session
+    if _session is None:
+        return
+    session, _session = _session, None
+    comm_module.set_current(None)
+    config_module.set_current(None)
+    session.close()
