@@ -29,7 +29,8 @@ Errors are :class:`NamedDimError`; messages name the op, the dims and both name 
 from __future__ import annotations
 
 import re
-from typing import Any, Callable, Iterable, Mapping, NamedTuple, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, NamedTuple
 
 import torch
 
@@ -107,7 +108,12 @@ def normalize(names: Iterable[Name] | str | None, ndim: int) -> MaybeNames:
     """
     if names is None:
         return None
-    items = (names,) if isinstance(names, str) else tuple(names)
+    if isinstance(names, str):
+        items: tuple[Any, ...] = (names,)
+    elif isinstance(names, Iterable):
+        items = tuple(names)
+    else:
+        raise NamedDimError(f"names must be None or a sequence of str / None, got {names!r}")
     if len(items) != ndim:
         raise NamedDimError(
             f"names {items!r} has {len(items)} entries but the tensor has {ndim} dims; "
@@ -180,15 +186,6 @@ def resolve_dims(names: Names, dims: Dim | Sequence[Dim], op: str = "resolve_dim
 # Unify (binary broadcasting ops)
 # --------------------------------------------------------------------------------------------
 
-def _unify_name(a: Name, b: Name) -> Name | bool:
-    """The more specific of two matching names; False if they do not match."""
-    if a is None:
-        return b
-    if b is None or a == b:
-        return a
-    return False
-
-
 def _check_misaligned(name: Name, names: Names, other: Names, action: str) -> None:
     if name is not None and name in other:
         raise NamedDimError(
@@ -210,13 +207,12 @@ def unify(a: Names, b: Names, action: str = "broadcast") -> Names:
     for k in range(1, size + 1):
         x = a[-k] if k <= len(a) else None
         y = b[-k] if k <= len(b) else None
-        unified = _unify_name(x, y)
-        if unified is False:
+        if x is not None and y is not None and x != y:
             raise NamedDimError(
                 f"Error when attempting to {action} dims {_fmt(a)} and dims {_fmt(b)}: dim "
                 f"{x!r} and dim {y!r} are at the same position from the right but do not "
                 "match; rename one of them or align them with align_as / align_to")
-        out[-k] = unified  # type: ignore[assignment]
+        out[-k] = y if x is None else x  # the more specific of two matching names
         if x is None or y is None:
             _check_misaligned(x, a, b, action)
             _check_misaligned(y, b, a, action)

@@ -162,6 +162,7 @@ def test_errors_are_crypten_lite_and_runtime_errors():
     (lambda: N.normalize(("1x",), 1), "invalid dim name"),
     (lambda: N.normalize(("a-b",), 1), "invalid dim name"),
     (lambda: N.normalize((3,), 1), "invalid dim name"),
+    (lambda: N.normalize(3, 1), "sequence of str"),
     (lambda: N.rename(NCHW, "A", W="B"), "not both"),
     (lambda: N.rename(NCHW, X="Y"), "'X' does not exist"),
     (lambda: N.rename(NCHW, W="N"), "more than once"),
