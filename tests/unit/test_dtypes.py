@@ -40,6 +40,8 @@ def _operands() -> list[tuple[Operand, Any]]:
 
 OPERANDS = _operands()
 PAIRS = list(itertools.product(OPERANDS, OPERANDS))
+# A CrypTensor op always has a tensor operand: no scalar-with-scalar pairs.
+TENSOR_PAIRS = [p for p in PAIRS if p[0][0].kind != "scalar" or p[1][0].kind != "scalar"]
 
 
 def _pair_id(pair: tuple[tuple[Operand, Any], tuple[Operand, Any]]) -> str:
@@ -117,11 +119,9 @@ TORCH_OPS: dict[str, Callable[[Any, Any], Any]] = {
 
 
 @pytest.mark.parametrize("op", sorted(TORCH_OPS))
-@pytest.mark.parametrize("pair", PAIRS, ids=_pair_id)
+@pytest.mark.parametrize("pair", TENSOR_PAIRS, ids=_pair_id)
 def test_promote_op_matches_torch(op, pair):
     (a, a_value), (b, b_value) = pair
-    if not isinstance(a_value, torch.Tensor) and not isinstance(b_value, torch.Tensor):
-        pytest.skip("a CrypTensor op always has a tensor operand")
     try:
         expected = TORCH_OPS[op](a_value, b_value).dtype
     except RuntimeError:
