@@ -1,0 +1,245 @@
+"""The integer program that a quantized PyTorch model is converted into.
+
+A :class:`QuantizedProgram` is a straight-line list of :class:`Node` s. Every value is an
+integer tensor with a public affine meaning (:class:`ValueInfo`):
+
+* ``quant``: an int8/uint8 activation, ``real = (v - zero_point) * scale``;
+* ``fixed``: a fixed-point number, ``real = v * 2**-frac_bits`` (float segments of a graph,
+  dynamic-quantized Linear).
+
+Everything in a node's ``attrs`` is public: shapes, scales, zero points, integer multipliers,
+shifts, clamp bounds and the bit bounds that let an MPC backend use short comparisons.
+Everything in ``weights`` is a model parameter (int8 weights minus their zero point, biases
+already scaled to the accumulator) and stays secret in MPC. The op names are the keys of
+:data:`OPS`; :mod:`crypten_lite.quantized.executor` has one function per op.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from crypten_lite.errors import UnsupportedError
+
+QUANT = "quant"
+FIXED = "fixed"
+
+# One line per op: what it computes, in the integer domain. Adding an op means a line here,
+# a builder in lowering.py and an executor function in executor.py.
+OPS: dict[str, str] = {
+    "input": "x -> the data owner's input, quantized (quant) or scaled by 2**frac_bits (fixed)",
+    "conv2d": "rescale(conv2d(x - in_zero_point, weight)) (+ bias inside the rescale)",
+    "linear": "rescale((x - in_zero_point) @ weight) (+ bias inside the rescale)",
+    "requantize": "rescale(x - in_zero_point): change scale / zero point / quant<->fixed",
+    "add": "rescale(sum_i (x_i - zero_points[i]) * multipliers[i])",
+    "mul": "rescale((x0 - zero_points[0]) * (x1 - zero_points[1])), secret * secret",
+    "cat": "concatenate inputs (all with the same ValueInfo) along dim",
+    "clamp": "clamp(x, lo, hi); relu / relu6 / hardtanh",
+    "hardswish": "rescale(x' * clamp(x' * 2**k + c3, 0, c6)), x' = x - in_zero_point",
+    "max_pool2d": "max over windows (padding never wins)",
+    "avg_pool2d": "rescale(sum_pool2d(x - in_zero_point)); per-position divisor in rescale",
+    "reshape": "reshape; dim 0 (batch) is kept as -1",
+    "permute": "permute dims",
+    "upsample_nearest2d": "index_select(dim 2, index_h) then index_select(dim 3, index_w)",
+}
+
+ROUNDINGS = ("half_up", "half_even")
+
+
+def bits_for(lo: int, hi: int) -> int:
+    """Smallest ``b >= 0`` such that ``-2**b <= lo`` and ``hi < 2**b``."""
+    b = 0
+    while lo < -(1 << b) or hi >= (1 << b):
+        b += 1
+    return b
+
+
+@dataclass(frozen=True)
+class ValueInfo:
+    """Public meaning and bounds of an integer tensor.
+
+    ``real = (v - zero_point) * scale``; a fixed value has ``zero_point == 0`` and
+    ``scale == 2**-frac_bits``. ``lo <= v <= hi`` holds for every element and every input
+    (a sound bound derived from the dtype ranges and the weights, not from data). ``shape``
+    is the shape traced with the example input (dim 0 is the batch).
+    """
+
+    kind: str
+    scale: float
+    zero_point: int
+    lo: int
+    hi: int
+    shape: tuple[int, ...] = ()
+
+    @property
+    def bits(self) -> int:
+        """Bits of the bound: ``-2**bits <= v < 2**bits``."""
+        return bits_for(self.lo, self.hi)
+
+    @property
+    def frac_bits(self) -> int:
+        """Fractional bits of a fixed value."""
+        if self.kind != FIXED:
+            raise ValueError("frac_bits is only defined for fixed values")
+        return -round(torch.tensor(self.scale, dtype=torch.float64).log2().item())
+
+    def with_bounds(self, lo: int, hi: int) -> "ValueInfo":
+        """The same meaning with other bounds."""
+        return ValueInfo(self.kind, self.scale, self.zero_point, lo, hi, self.shape)
+
+    def with_shape(self, shape: tuple[int, ...]) -> "ValueInfo":
+        """The same meaning with another traced shape."""
+        return ValueInfo(self.kind, self.scale, self.zero_point, self.lo, self.hi, shape)
+
+    def same_meaning(self, other: "ValueInfo") -> bool:
+        """True when both describe the same integers (bounds and shape aside)."""
+        return (self.kind, self.scale, self.zero_point) == (
+            other.kind,
+            other.scale,
+            other.zero_point,
+        )
+
+    def to_real(self, v: torch.Tensor) -> torch.Tensor:
+        """Dequantize plaintext integers (float64)."""
+        return (v.to(torch.float64) - self.zero_point) * self.scale
+
+    def describe(self) -> str:
+        """Short text for :meth:`QuantizedProgram.describe`."""
+        if self.kind == QUANT:
+            meaning = f"quant(scale={self.scale:.6g}, zp={self.zero_point})"
+        else:
+            meaning = f"fixed(frac_bits={self.frac_bits})"
+        return f"{meaning} in [{self.lo}, {self.hi}] {list(self.shape)}"
+
+
+@dataclass(frozen=True)
+class Rescale:
+    """``y = clamp(round((v * multiplier + bias) / 2**shift) + offset, lo, hi)``.
+
+    ``multiplier`` is a public int or an int64 tensor that broadcasts against the value
+    without its batch dim (per-channel ``(C, 1, 1)`` for conv, ``(C,)`` for linear,
+    per-position ``(Ho, Wo)`` for pooling). The bias is a secret weight of the node, already
+    in units of ``2**-shift`` output steps. ``in_bits`` bounds ``v * multiplier + bias`` and
+    ``out_bits`` the rounded value plus offset (before the clamp), both as in
+    :func:`bits_for`. ``rounding`` is ``"half_up"`` (``floor(t + 1/2)``) when no exact tie
+    can occur, else ``"half_even"`` as torch's ``nearbyint``. ``lo`` / ``hi`` are None when
+    the bound already holds.
+    """
+
+    multiplier: int | torch.Tensor
+    shift: int
+    offset: int
+    lo: int | None
+    hi: int | None
+    in_bits: int
+    out_bits: int
+    rounding: str = "half_up"
+
+    def describe(self) -> str:
+        """Short text for :meth:`QuantizedProgram.describe`."""
+        m = self.multiplier
+        if isinstance(m, torch.Tensor):
+            flat = m.flatten().tolist()
+            m = f"{flat[:3]}{'...' if len(flat) > 3 else ''}({len(flat)})"
+        clamp = f" clamp[{self.lo}, {self.hi}]" if (self.lo, self.hi) != (None, None) else ""
+        return (
+            f"*{m} >>{self.shift} ({self.rounding}, {self.in_bits}b) +{self.offset}"
+            f"{clamp} ({self.out_bits}b)"
+        )
+
+
+@dataclass
+class Node:
+    """One step of a program: ``name = op(*inputs; attrs, weights)``.
+
+    ``source`` names the torch module / graph node it came from (for errors and
+    :func:`~crypten_lite.quantized.executor.compare_layers`).
+    """
+
+    op: str
+    name: str
+    inputs: tuple[str, ...]
+    out: ValueInfo
+    attrs: dict[str, Any] = field(default_factory=dict)
+    weights: dict[str, torch.Tensor] = field(default_factory=dict)
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if self.op not in OPS:
+            raise UnsupportedError(
+                f"IR op {self.op!r} (from {self.source!r}) is not in crypten_lite.quantized.ir.OPS"
+            )
+        for key, w in self.weights.items():
+            if w.dtype != torch.int64:
+                raise ValueError(f"weight {key!r} of node {self.name!r} must be int64, got {w.dtype}")
+
+    def describe(self) -> str:
+        """One line: output, op, inputs, attributes, output meaning."""
+        parts = []
+        for key, val in self.attrs.items():
+            if isinstance(val, Rescale):
+                parts.append(f"rescale: {val.describe()}")
+            elif isinstance(val, torch.Tensor):
+                parts.append(f"{key}=tensor{list(val.shape)}")
+            else:
+                parts.append(f"{key}={val}")
+        weights = ", ".join(f"{k}:int{list(w.shape)}" for k, w in self.weights.items())
+        head = f"%{self.name} = {self.op}({', '.join('%' + i for i in self.inputs)})"
+        return (
+            f"{head} {{{'; '.join(parts)}}}"
+            + (f" weights[{weights}]" if weights else "")
+            + f" -> {self.out.describe()}"
+            + (f"  # {self.source}" if self.source else "")
+        )
+
+
+@dataclass
+class QuantizedProgram:
+    """A converted model: nodes in execution order, one input node, one output value.
+
+    ``sources`` maps a torch graph node name to ``(value name, ValueInfo)``: where that torch
+    value lives in the program and how its integers are read.
+    """
+
+    nodes: list[Node]
+    output: str
+    sources: dict[str, tuple[str, ValueInfo]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        defined: set[str] = set()
+        for node in self.nodes:
+            missing = [i for i in node.inputs if i not in defined]
+            if missing:
+                raise ValueError(f"node {node.name!r} uses undefined values {missing}")
+            if node.name in defined:
+                raise ValueError(f"value {node.name!r} is defined twice")
+            defined.add(node.name)
+        if not self.nodes or self.nodes[0].op != "input":
+            raise ValueError("a program starts with its input node")
+        if self.output not in defined:
+            raise ValueError(f"output {self.output!r} is not defined")
+
+    @property
+    def input(self) -> Node:
+        """The input node."""
+        return self.nodes[0]
+
+    @property
+    def output_info(self) -> ValueInfo:
+        """Meaning of the output integers."""
+        return self.node(self.output).out
+
+    def node(self, name: str) -> Node:
+        """The node that defines value ``name``."""
+        for node in self.nodes:
+            if node.name == name:
+                return node
+        raise KeyError(name)
+
+    def describe(self) -> str:
+        """Human-readable listing, one node a line."""
+        lines = [node.describe() for node in self.nodes]
+        lines.append(f"return %{self.output}")
+        return "\n".join(lines)

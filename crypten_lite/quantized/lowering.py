@@ -1,0 +1,439 @@
+"""Build IR nodes: one method per layer kind, independent of how the model was written.
+
+:class:`ProgramBuilder` receives values (:class:`Val`: an IR value name and its public
+:class:`~crypten_lite.quantized.ir.ValueInfo`), int weights (:class:`QWeight`) and an output
+:class:`Target` (the scale / zero point / clamp range the result must have), and emits
+nodes whose public constants (multipliers, shifts, clamp bounds, bit bounds, rounding) are
+all worked out here, so that execution is mechanical.
+
+Every layer computes ``round(real_result / s_y) + z_y`` exactly in integers, where
+``real_result`` is the layer's real-valued function of the dequantized inputs. Two
+references of torch differ only in how they round the public ratio:
+
+* ``"fbgemm"`` (eager and FX quantized modules): torch's fbgemm / x86 kernels compute
+  ``M = float32(float32(s_x * s_w) / s_y)`` and ``B = float32(b / float32(s_x * s_w))`` and
+  then ``lrintf((acc + B) * M)``; we take ``M`` exactly (24-bit mantissa) and ``B * m``
+  rounded to an integer in units of ``2**-shift``;
+* ``"exact"`` (PT2E, which simulates ``Q(f(DQ(x)))`` in float): the ratio in double, the
+  bias as ``round(b / s_y * 2**shift)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from fractions import Fraction
+from typing import Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from crypten_lite.errors import UnsupportedError
+from crypten_lite.quantized.ir import FIXED, QUANT, Node, QuantizedProgram, Rescale, ValueInfo, bits_for
+from crypten_lite.quantized.requant import (
+    fit_multipliers,
+    plan_clamp,
+    product_bounds,
+    rescale_bounds,
+    tie_possible_sum,
+)
+
+# hardswish computes clamp(x + 3, 0, 6) with 2**-12 of a quantization step of resolution:
+# fine enough that the threshold never moves a result, small enough to keep x * t short.
+HARDSWISH_FRAC_BITS = 12
+
+
+@dataclass(frozen=True)
+class Val:
+    """An IR value: its name in the program and its public meaning."""
+
+    name: str
+    info: ValueInfo
+
+
+@dataclass(frozen=True)
+class QWeight:
+    """An int8 weight: ``real = values * scales[c]`` along dim 0 (zero point removed)."""
+
+    values: torch.Tensor  # int64, shape (O, ...)
+    scales: torch.Tensor  # float64, shape (O,)
+
+    @staticmethod
+    def from_qtensor(q: torch.Tensor) -> "QWeight":
+        """From a torch quantized tensor (per-tensor or per-channel along dim 0)."""
+        ints = q.int_repr().to(torch.int64)
+        out = ints.shape[0]
+        if q.qscheme() in (torch.per_tensor_affine, torch.per_tensor_symmetric):
+            return QWeight(ints - q.q_zero_point(), torch.full((out,), q.q_scale(), dtype=torch.float64))
+        if q.qscheme() in (torch.per_channel_affine, torch.per_channel_symmetric):
+            if q.q_per_channel_axis() != 0:
+                raise UnsupportedError("per-channel weights must be quantized along dim 0")
+            zp = q.q_per_channel_zero_points().to(torch.int64)
+            shape = (out,) + (1,) * (ints.dim() - 1)
+            return QWeight(ints - zp.reshape(shape), q.q_per_channel_scales().to(torch.float64))
+        raise UnsupportedError(f"weight quantization scheme {q.qscheme()} is not supported")
+
+    def acc_ranges(self, lo: int, hi: int) -> list[tuple[int, int]]:
+        """Per output channel, the range of ``sum(w * x)`` for ``x`` in ``[lo, hi]``."""
+        w = self.values.reshape(self.values.shape[0], -1)
+        pos, neg = w.clamp(min=0).sum(1), w.clamp(max=0).sum(1)
+        return [
+            (int(p) * lo + int(n) * hi, int(p) * hi + int(n) * lo)
+            for p, n in zip(pos.tolist(), neg.tolist())
+        ]
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a layer's output must be: a quantization (with its clamp range) or fixed point.
+
+    ``act_lo`` / ``act_hi`` are real-valued bounds of a fused activation (ReLU: 0, None;
+    ReLU6: 0, 6); they become integer clamp bounds by quantizing them.
+    """
+
+    kind: str
+    scale: float
+    zero_point: int
+    qmin: int | None = None
+    qmax: int | None = None
+    act_lo: float | None = None
+    act_hi: float | None = None
+
+    @staticmethod
+    def quant(scale: float, zero_point: int, qmin: int, qmax: int) -> "Target":
+        """An int8-style quantization target."""
+        return Target(QUANT, float(scale), int(zero_point), int(qmin), int(qmax))
+
+    @staticmethod
+    def fixed(frac_bits: int) -> "Target":
+        """A fixed-point target with ``frac_bits`` fractional bits."""
+        return Target(FIXED, 2.0**-frac_bits, 0)
+
+    def with_activation(self, lo: float | None, hi: float | None) -> "Target":
+        """Intersect with a real-valued clamp range."""
+        if lo is not None and self.act_lo is not None:
+            lo = max(lo, self.act_lo)
+        if hi is not None and self.act_hi is not None:
+            hi = min(hi, self.act_hi)
+        return replace(
+            self,
+            act_lo=self.act_lo if lo is None else lo,
+            act_hi=self.act_hi if hi is None else hi,
+        )
+
+    def plain(self) -> "Target":
+        """The same target without the activation."""
+        return replace(self, act_lo=None, act_hi=None)
+
+    def quantize(self, real: float) -> int:
+        """``round(real / scale) + zero_point`` (half to even, as torch), within range."""
+        q = int(np.rint(real / self.scale)) + self.zero_point
+        if self.kind == QUANT:
+            q = min(max(q, self.qmin), self.qmax)
+        return q
+
+    def clamp_ints(self) -> tuple[int | None, int | None]:
+        """Integer clamp bounds: the dtype range intersected with the activation."""
+        lo, hi = (self.qmin, self.qmax) if self.kind == QUANT else (None, None)
+        if self.act_lo is not None:
+            q = self.quantize(self.act_lo)
+            lo = q if lo is None else max(lo, q)
+        if self.act_hi is not None:
+            q = self.quantize(self.act_hi)
+            hi = q if hi is None else min(hi, q)
+        return lo, hi
+
+    def matches(self, info: ValueInfo) -> bool:
+        """True when ``info`` has this target's meaning."""
+        return (self.kind, self.scale, self.zero_point) == (info.kind, info.scale, info.zero_point)
+
+    def info(self, lo: int, hi: int, shape: Sequence[int]) -> ValueInfo:
+        """The ValueInfo of an output with these bounds."""
+        return ValueInfo(self.kind, self.scale, self.zero_point, lo, hi, tuple(shape))
+
+
+class ProgramBuilder:
+    """Collects nodes; each public method lowers one layer and returns its output Val.
+
+    ``frac_bits``: fractional bits of fixed-point values. ``multiplier_bits``: significant
+    bits of requantization multipliers (24 reproduces float32 ratios exactly).
+    ``max_bits``: bound on any intermediate (``acc * multiplier``) the backend must hold.
+    ``fixed_input_bits``: assumed integer bits of a float program input (``|x| < 2**b``).
+    """
+
+    def __init__(
+        self,
+        frac_bits: int = 16,
+        multiplier_bits: int = 24,
+        max_bits: int = 62,
+        fixed_input_bits: int = 8,
+    ):
+        self.frac_bits = frac_bits
+        self.multiplier_bits = multiplier_bits
+        self.max_bits = max_bits
+        self.fixed_input_bits = fixed_input_bits
+        self.nodes: list[Node] = []
+        self._used: set[str] = set()
+
+    # --- plumbing ----------------------------------------------------------------------
+    def _name(self, hint: str) -> str:
+        base = "".join(c if c.isalnum() or c == "_" else "_" for c in hint) or "v"
+        name, i = base, 1
+        while name in self._used:
+            name, i = f"{base}_{i}", i + 1
+        self._used.add(name)
+        return name
+
+    def _emit(self, op, inputs, info, source, attrs=None, weights=None) -> Val:
+        node = Node(
+            op,
+            self._name(source),
+            tuple(v.name for v in inputs),
+            info,
+            attrs or {},
+            {k: w for k, w in (weights or {}).items() if w is not None},
+            source,
+        )
+        self.nodes.append(node)
+        return Val(node.name, info)
+
+    def program(self, output: Val, sources: dict[str, tuple[str, ValueInfo]]) -> QuantizedProgram:
+        """The finished program."""
+        return QuantizedProgram(list(self.nodes), output.name, dict(sources))
+
+    def _fit(self, ratios, acc_bits: int, what: str, bits: int | None = None):
+        return fit_multipliers(
+            ratios, acc_bits, bits or self.multiplier_bits, self.max_bits, what
+        )
+
+    def _finish(self, multiplier, shift, v_lo, v_hi, pre_lo, pre_hi, ties, target, what):
+        in_bits = bits_for(v_lo, v_hi)
+        if in_bits > self.max_bits:
+            raise UnsupportedError(f"{what}: {in_bits}-bit intermediate exceeds max_bits={self.max_bits}")
+        lo, hi = target.clamp_ints()
+        lo, hi, out_lo, out_hi = plan_clamp(pre_lo, pre_hi, lo, hi)
+        rescale = Rescale(
+            multiplier,
+            shift,
+            target.zero_point,
+            lo,
+            hi,
+            in_bits,
+            bits_for(pre_lo, pre_hi),
+            "half_even" if ties else "half_up",
+        )
+        return rescale, out_lo, out_hi
+
+    def _channel_rescale(self, ms, shift, ranges, biases, target, mshape, what):
+        """Rescale with per-channel / per-position multipliers; returns (rescale, bias, lo, hi)."""
+        v_lo, v_hi, pre_lo, pre_hi, ties = rescale_bounds(ms, ranges, biases, shift, target.zero_point)
+        if len(set(ms)) == 1:
+            multiplier: int | torch.Tensor = ms[0]
+        else:
+            multiplier = torch.tensor(ms, dtype=torch.int64).reshape(mshape)
+        bias = None
+        if biases is not None and any(biases):
+            bias = torch.tensor(biases, dtype=torch.int64).reshape(mshape)
+        rescale, lo, hi = self._finish(multiplier, shift, v_lo, v_hi, pre_lo, pre_hi, ties, target, what)
+        return rescale, bias, lo, hi
+
+    # --- inputs and conversions -------------------------------------------------------
+    def input(self, target: Target, shape: Sequence[int], source: str = "input") -> Val:
+        """The program input: quantized by its owner (quant) or scaled by 2**frac_bits."""
+        if target.kind == QUANT:
+            attrs = dict(kind=QUANT, scale=target.scale, zero_point=target.zero_point,
+                         qmin=target.qmin, qmax=target.qmax)
+            info = target.info(target.qmin, target.qmax, shape)
+        else:
+            attrs = dict(kind=FIXED, frac_bits=self.frac_bits)
+            bound = 1 << (self.fixed_input_bits + self.frac_bits)
+            info = Target.fixed(self.frac_bits).info(-bound, bound - 1, shape)
+        return self._emit("input", [], info, source, attrs)
+
+    def to_target(self, x: Val, target: Target, source: str) -> Val:
+        """``x`` with the target's meaning and clamp range (no node when it already has them)."""
+        if target.matches(x.info):
+            lo, hi = target.clamp_ints()
+            lo, hi, out_lo, out_hi = plan_clamp(x.info.lo, x.info.hi, lo, hi)
+            if lo is None and hi is None:
+                return x
+            attrs = dict(lo=lo, hi=hi, bits=x.info.bits)
+            return self._emit("clamp", [x], x.info.with_bounds(out_lo, out_hi), source, attrs)
+        return self.requantize(x, target, source)
+
+    def requantize(self, x: Val, target: Target, source: str) -> Val:
+        """``round((x - z_x) * s_x / s_y) + z_y``: quant <-> quant, quant <-> fixed."""
+        zx = x.info.zero_point
+        acc = (x.info.lo - zx, x.info.hi - zx)
+        ms, shift = self._fit([x.info.scale / target.scale], bits_for(*acc), source)
+        rescale, _, lo, hi = self._channel_rescale(ms, shift, [acc], None, target, (), source)
+        attrs = dict(in_zero_point=zx, rescale=rescale)
+        return self._emit("requantize", [x], target.info(lo, hi, x.info.shape), source, attrs)
+
+    # --- layers with weights ------------------------------------------------------------
+    def _weighted(self, x, w, bias, target, reference, what, x_range):
+        """Multipliers, bias integers and ranges shared by linear and conv2d."""
+        sx, sy = x.info.scale, target.scale
+        ranges = w.acc_ranges(*x_range)
+        acc_bits = max(bits_for(lo, hi) for lo, hi in ranges)
+        sw = w.scales.tolist()
+        if reference == "fbgemm":
+            f32 = np.float32
+            sxw = [f32(f32(sx) * f32(s)) for s in sw]
+            ratios = [float(f32(p / f32(sy))) for p in sxw]
+        else:
+            ratios = [sx * s / sy for s in sw]
+        ms, shift = self._fit(ratios, acc_bits, what)
+        biases = None
+        if bias is not None:
+            b = bias.detach().to(torch.float32).tolist()
+            if reference == "fbgemm":
+                # fbgemm adds float32(b / (s_x s_w)) to the accumulator before scaling
+                biases = [round(Fraction(float(f32(f32(bi) / p))) * m) for bi, p, m in zip(b, sxw, ms)]
+            else:
+                biases = [round(Fraction(bi) / Fraction(sy) * (1 << shift)) for bi in b]
+        return ms, shift, ranges, biases
+
+    def linear(self, x: Val, w: QWeight, bias, target: Target, shape, source, reference="exact") -> Val:
+        """``x @ w.T + b`` over the last dim; weight ``(O, K)``; int8 or fixed input."""
+        zx = x.info.zero_point
+        x_range = (x.info.lo - zx, x.info.hi - zx)
+        ms, shift, ranges, biases = self._weighted(x, w, bias, target, reference, source, x_range)
+        out = w.values.shape[0]
+        rescale, b, lo, hi = self._channel_rescale(ms, shift, ranges, biases, target, (out,), source)
+        attrs = dict(in_zero_point=zx, rescale=rescale)
+        weights = dict(weight=w.values.t().contiguous(), bias=b)
+        return self._emit("linear", [x], target.info(lo, hi, shape), source, attrs, weights)
+
+    def conv2d(self, x, w, bias, stride, padding, dilation, groups, target, shape, source,
+               reference="exact") -> Val:
+        """2-d convolution with zero padding (padding is the real 0, i.e. the zero point)."""
+        zx = x.info.zero_point
+        lo, hi = x.info.lo - zx, x.info.hi - zx
+        if any(padding):
+            lo, hi = min(lo, 0), max(hi, 0)
+        ms, shift, ranges, biases = self._weighted(x, w, bias, target, reference, source, (lo, hi))
+        out = w.values.shape[0]
+        rescale, b, lo, hi = self._channel_rescale(ms, shift, ranges, biases, target, (out, 1, 1), source)
+        attrs = dict(in_zero_point=zx, stride=tuple(stride), padding=tuple(padding),
+                     dilation=tuple(dilation), groups=int(groups), rescale=rescale)
+        weights = dict(weight=w.values, bias=b)
+        return self._emit("conv2d", [x], target.info(lo, hi, shape), source, attrs, weights)
+
+    # --- elementwise ------------------------------------------------------------------
+    def add(self, xs: Sequence[Val], target: Target, shape, source) -> Val:
+        """``sum_i real(x_i)``, requantized to the target (add / add_relu)."""
+        ranges = [(v.info.lo - v.info.zero_point, v.info.hi - v.info.zero_point) for v in xs]
+        acc_bits = max(bits_for(*r) for r in ranges) + (len(xs) - 1).bit_length()
+        ms, shift = self._fit([v.info.scale / target.scale for v in xs], acc_bits, source)
+        v_lo = sum(product_bounds(r, (m, m))[0] for r, m in zip(ranges, ms))
+        v_hi = sum(product_bounds(r, (m, m))[1] for r, m in zip(ranges, ms))
+        ties = tie_possible_sum(ms, ranges, shift)
+        pre_lo = (v_lo >> shift) + target.zero_point
+        pre_hi = -((-v_hi) >> shift) + target.zero_point
+        rescale, lo, hi = self._finish(1, shift, v_lo, v_hi, pre_lo, pre_hi, ties, target, source)
+        attrs = dict(zero_points=tuple(v.info.zero_point for v in xs), multipliers=tuple(ms),
+                     rescale=rescale)
+        return self._emit("add", xs, target.info(lo, hi, shape), source, attrs)
+
+    def mul(self, a: Val, b: Val, target: Target, shape, source) -> Val:
+        """``real(a) * real(b)``, a secret-by-secret product, requantized."""
+        ra = (a.info.lo - a.info.zero_point, a.info.hi - a.info.zero_point)
+        rb = (b.info.lo - b.info.zero_point, b.info.hi - b.info.zero_point)
+        acc = product_bounds(ra, rb)
+        ms, shift = self._fit([a.info.scale * b.info.scale / target.scale], bits_for(*acc), source)
+        rescale, _, lo, hi = self._channel_rescale(ms, shift, [acc], None, target, (), source)
+        attrs = dict(zero_points=(a.info.zero_point, b.info.zero_point), rescale=rescale)
+        return self._emit("mul", [a, b], target.info(lo, hi, shape), source, attrs)
+
+    def clamp(self, x: Val, target: Target, source: str) -> Val:
+        """relu / relu6 / hardtanh: the activation is part of ``target``."""
+        return self.to_target(x, target, source)
+
+    def hardswish(self, x: Val, target: Target, shape, source) -> Val:
+        """``x * clamp(x + 3, 0, 6) / 6`` with ``x + 3`` in units of ``s_x * 2**-k``."""
+        zx, sx = x.info.zero_point, x.info.scale
+        k = 0 if x.info.kind == FIXED else HARDSWISH_FRAC_BITS
+        xr = (x.info.lo - zx, x.info.hi - zx)
+        c3 = round(3 * (1 << k) / sx)
+        c6 = round(6 * (1 << k) / sx)
+        u = (xr[0] * (1 << k) + c3, xr[1] * (1 << k) + c3)
+        t_lo, t_hi, tl, th = plan_clamp(u[0], u[1], 0, c6)
+        acc = product_bounds(xr, (tl, th))
+        ratio = sx * sx / (6 * (1 << k) * target.scale)
+        ms, shift = self._fit([ratio], bits_for(*acc), source)
+        rescale, _, lo, hi = self._channel_rescale(ms, shift, [acc], None, target, (), source)
+        attrs = dict(in_zero_point=zx, k=k, c3=c3, t_lo=t_lo, t_hi=t_hi, t_bits=bits_for(*u),
+                     rescale=rescale)
+        return self._emit("hardswish", [x], target.info(lo, hi, shape), source, attrs)
+
+    # --- pooling ----------------------------------------------------------------------
+    def max_pool2d(self, x, kernel_size, stride, padding, dilation, ceil_mode, target, shape,
+                   source) -> Val:
+        """Max over windows; commutes with (re)quantization, so runs on x's integers."""
+        attrs = dict(kernel_size=tuple(kernel_size), stride=tuple(stride), padding=tuple(padding),
+                     dilation=tuple(dilation), ceil_mode=bool(ceil_mode), bits=x.info.bits)
+        y = self._emit("max_pool2d", [x], x.info.with_shape(tuple(shape)), source, attrs)
+        return self.to_target(y, target, source)
+
+    def avg_pool2d(self, x, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                   divisor_override, target, shape, source) -> Val:
+        """Window sums of ``x - z_x`` times a public per-position ``s_x / (n * s_y)``."""
+        h, w = x.info.shape[2], x.info.shape[3]
+        ones = torch.ones(1, 1, h, w, dtype=torch.float64)
+        args = (tuple(kernel_size), tuple(stride), tuple(padding), ceil_mode)
+        count = F.avg_pool2d(ones, *args, True, 1)[0, 0]
+        if divisor_override:
+            divisor = torch.full_like(count, float(divisor_override))
+        else:
+            divisor = count / F.avg_pool2d(ones, *args, count_include_pad)[0, 0]
+        counts = count.round().to(torch.int64).flatten().tolist()
+        divisors = divisor.round().to(torch.int64).flatten().tolist()
+        zx = x.info.zero_point
+        lo, hi = x.info.lo - zx, x.info.hi - zx
+        ranges = [(n * lo, n * hi) for n in counts]
+        acc_bits = max(bits_for(*r) for r in ranges)
+        ratios = [x.info.scale / (d * target.scale) for d in divisors]
+        ms, shift = self._fit(ratios, acc_bits, source)
+        rescale, _, lo, hi = self._channel_rescale(ms, shift, ranges, None, target, tuple(count.shape), source)
+        attrs = dict(in_zero_point=zx, kernel_size=tuple(kernel_size), stride=tuple(stride),
+                     padding=tuple(padding), ceil_mode=bool(ceil_mode), rescale=rescale)
+        return self._emit("avg_pool2d", [x], target.info(lo, hi, shape), source, attrs)
+
+    def adaptive_avg_pool2d(self, x: Val, target: Target, shape, source) -> Val:
+        """Adaptive average pooling when the input size is a multiple of the output size."""
+        (h, w), (oh, ow) = x.info.shape[2:], tuple(shape[2:])
+        if h % oh or w % ow:
+            raise UnsupportedError(
+                f"{source}: adaptive_avg_pool2d from {h}x{w} to {oh}x{ow} has unequal windows; "
+                "only input sizes that are multiples of the output size are supported"
+            )
+        k = (h // oh, w // ow)
+        return self.avg_pool2d(x, k, k, (0, 0), False, True, None, target, shape, source)
+
+    # --- data movement ----------------------------------------------------------------
+    def cat(self, xs: Sequence[Val], dim: int, target: Target, shape, source) -> Val:
+        """Concatenate after bringing every input to the target's meaning."""
+        ys = [self.to_target(v, target.plain(), source) for v in xs]
+        lo, hi = min(v.info.lo for v in ys), max(v.info.hi for v in ys)
+        y = self._emit("cat", ys, target.info(lo, hi, shape), source, dict(dim=int(dim)))
+        return self.to_target(y, target, source)
+
+    def reshape(self, x: Val, shape, target: Target, source) -> Val:
+        """Reshape keeping dim 0 (the batch)."""
+        attrs = dict(shape=(-1,) + tuple(shape[1:]))
+        y = self._emit("reshape", [x], x.info.with_shape(tuple(shape)), source, attrs)
+        return self.to_target(y, target, source)
+
+    def permute(self, x: Val, dims, target: Target, shape, source) -> Val:
+        """Permute dims (the batch must stay first)."""
+        if dims[0] != 0:
+            raise UnsupportedError(f"{source}: permute must keep the batch dim first, got {dims}")
+        y = self._emit("permute", [x], x.info.with_shape(tuple(shape)), source, dict(dims=tuple(dims)))
+        return self.to_target(y, target, source)
+
+    def upsample_nearest2d(self, x: Val, index_h, index_w, target: Target, shape, source) -> Val:
+        """Nearest-neighbour upsampling as two public gathers."""
+        attrs = dict(index_h=index_h.to(torch.int64), index_w=index_w.to(torch.int64))
+        y = self._emit("upsample_nearest2d", [x], x.info.with_shape(tuple(shape)), source, attrs)
+        return self.to_target(y, target, source)
