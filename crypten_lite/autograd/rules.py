@@ -1,25 +1,331 @@
-"""Gradient rules: one entry per recorded op, (grad_out, *inputs, **saved) -> input grads."""
+"""Gradient rules: one table, one entry per recorded op.
+
+    RULES[op](grad_out, *inputs, **saved) -> one gradient per input (None: no gradient)
+
+`inputs` are what the op recorded (CrypTensors, or public tensors and numbers, which get no
+gradient); `saved` holds the op's keyword values plus `out`, the detached output. Rules run
+under no_grad() and may return gradients of a broadcast shape: the engine sums them back to
+each input's shape. Every rule is checked against torch.autograd in
+tests/protocol/test_autograd.py.
+
+Costs: linear rules (shape ops, sums, public products) are local; a product of two private
+values costs one Beaver round (plus truncation); nonlinear rules reuse the forward output
+(`out`) or what the forward saved, so that no comparison is recomputed where it can be
+avoided.
+"""
 
 from __future__ import annotations
 
+import math
+from typing import Sequence
+
 import torch
+import torch.nn.functional as F
 
 from ..cryptensor import CrypTensor
+from ..errors import UnsupportedError
 
 
+# ----------------------------------------------------------------------------- helpers
 def _const(x):
     return x.detach() if isinstance(x, CrypTensor) else x
 
 
+def _is_private(x) -> bool:
+    return isinstance(x, CrypTensor)
+
+
+def _tup(v, n: int) -> tuple[int, ...]:
+    return tuple(v) if isinstance(v, (tuple, list)) else (v,) * n
+
+
+def _bilinear(op: str, a, b, params: Sequence[int] = ()) -> CrypTensor:
+    """op(a, b) for a bilinear op of crypten_lite.provider.correlations.TRIPLE_OPS.
+
+    Private x private is one Beaver round; a public operand on either side is local.
+    """
+    if _is_private(a):
+        return a._bilinear(op, b, tuple(params))
+    return b._bilinear(op, a, tuple(params), swap=True)
+
+
+def _mT(x):
+    return x.transpose(-1, -2)
+
+
+def _with_index_map(g: CrypTensor, x, op) -> CrypTensor:
+    """Gradient of a gather-like op y = x.flatten()[idx]: scatter-add g back to x's shape.
+
+    `op` maps a tensor of x's shape to the output; applied to the positions 0..numel-1 it
+    gives idx (duplicates accumulate, like torch).
+    """
+    shape = tuple(x.shape)
+    n = math.prod(shape)
+    positions = op(torch.arange(n, dtype=torch.float64).reshape(shape))
+    idx = positions.round().long().reshape(-1)
+    share = torch.zeros(n, dtype=torch.int64).index_add_(0, idx, g.share.reshape(-1))
+    return g._new(share.reshape(shape), names=None)
+
+
+def _dims_of(x, dim) -> tuple[int, ...]:
+    if dim is None:
+        return tuple(range(x.dim()))
+    dims = dim if isinstance(dim, (tuple, list)) else (dim,)
+    return tuple(sorted(x._dim(d) % max(x.dim(), 1) for d in dims))
+
+
+def _expand_reduced(g: CrypTensor, x, dim, keepdim: bool) -> CrypTensor:
+    """Broadcast the gradient of a reduction over `dim` back to x's shape."""
+    dims = _dims_of(x, dim)
+    if not keepdim:
+        shape = list(g.shape)
+        for d in dims:
+            shape.insert(d, 1)
+        g = g.reshape(shape)
+    return g.expand(tuple(x.shape))
+
+
+def _sum_to(g, dims: tuple[int, ...], keepdim: bool = True):
+    return g.sum(dims, keepdim=keepdim) if dims else g
+
+
+# ------------------------------------------------------------------- arithmetic rules
+def _div(g, a, b, out, **s):
+    if not _is_private(b):
+        return g.div(b)
+    inv = s["reciprocal"] if "reciprocal" in s else b.detach().reciprocal()
+    ga = g.mul(inv)
+    return ga, ga.mul(out).neg()
+
+
+def _matmul(g, a, b, **s):
+    """torch.matmul rules, with 1-D operands promoted like torch does."""
+    a1 = _const(a).unsqueeze(0) if a.dim() == 1 else _const(a)
+    b1 = _const(b).unsqueeze(-1) if b.dim() == 1 else _const(b)
+    batch = torch.broadcast_shapes(tuple(a1.shape[:-2]), tuple(b1.shape[:-2]))
+    g1 = g.reshape(*batch, a1.shape[-2], b1.shape[-1])
+    ga = _bilinear("matmul", g1, _mT(b1)) if _is_private(a) else None
+    gb = _bilinear("matmul", _mT(a1), g1) if _is_private(b) else None
+    if ga is not None:
+        ga = _unbroadcast_to(ga, a1.shape).reshape(a.shape)
+    if gb is not None:
+        gb = _unbroadcast_to(gb, b1.shape).reshape(b.shape)
+    return ga, gb
+
+
+def _unbroadcast_to(g, shape):
+    from . import _unbroadcast
+    return _unbroadcast(g, shape)
+
+
+# ------------------------------------------------------------------- convolutions
+def _conv_input_grad(g, w, input_shape, stride, padding, dilation, groups, dims: int):
+    """d conv(x, w) / dx as a transposed convolution (conv1d through conv_transpose2d)."""
+    stride, padding, dilation = _tup(stride, dims), _tup(padding, dims), _tup(dilation, dims)
+    k = tuple(w.shape[2:])
+    spatial_in, spatial_out = input_shape[2:], tuple(g.shape[2:])
+    out_pad = tuple(spatial_in[i] - ((spatial_out[i] - 1) * stride[i] - 2 * padding[i]
+                                     + dilation[i] * (k[i] - 1) + 1) for i in range(dims))
+    if dims == 1:
+        g, w = g.unsqueeze(2), w.unsqueeze(2)
+        stride, padding, dilation, out_pad = ((1,) + stride, (0,) + padding, (1,) + dilation,
+                                              (0,) + out_pad)
+    params = (*stride, *padding, *out_pad, *dilation, groups)  # TRIPLE_OPS layout
+    gx = _bilinear("conv_transpose2d", g, w, params)
+    return gx.squeeze(2) if dims == 1 else gx
+
+
+def _conv_weight_grad(x, g, weight_shape, stride, padding, dilation, groups, dims: int):
+    """d conv(x, w) / dw as one convolution of x (batch as channels) with g (grouped).
+
+    out[i, o] = sum_n x[n, group(o) * C/G + i] (*) g[n, o]: input Z[C/G, G*N, ...],
+    weight g^T[O, N, ...], stride and dilation swapped, then cropped to the kernel size.
+    """
+    stride, padding, dilation = _tup(stride, dims), _tup(padding, dims), _tup(dilation, dims)
+    n, c = x.shape[0], x.shape[1]
+    spatial = tuple(x.shape[2:])
+    cg = c // groups
+    lead = (2, 1, 0) + tuple(range(3, 3 + dims))
+    z = x.reshape(n, groups, cg, *spatial).permute(*lead).reshape(cg, groups * n, *spatial)
+    gt = g.transpose(0, 1)
+    op = "conv1d" if dims == 1 else "conv2d"
+    gw = _bilinear(op, z, gt, (*dilation, *padding, *stride, groups))
+    for i, k in enumerate(weight_shape[2:]):
+        if gw.shape[2 + i] != k:
+            gw = gw.narrow(2 + i, 0, k)
+    return gw.transpose(0, 1)
+
+
+def _conv(dims: int):
+    def rule(g, x, w, stride=1, padding=0, dilation=1, groups=1, **s):
+        gx = _conv_input_grad(g, _const(w), tuple(x.shape), stride, padding, dilation, groups,
+                              dims) if _is_private(x) else None
+        gw = _conv_weight_grad(_const(x), g, tuple(w.shape), stride, padding, dilation, groups,
+                               dims) if _is_private(w) else None
+        return gx, gw
+    return rule
+
+
+def _conv_transpose2d(g, x, w, stride=1, padding=0, output_padding=0, groups=1, dilation=1, **s):
+    """y = conv_transpose(x, w) is the adjoint of conv(., w): <y, g> = <x, conv(g, w)>."""
+    stride, padding, dilation = _tup(stride, 2), _tup(padding, 2), _tup(dilation, 2)
+    gx = gw = None
+    if _is_private(x):
+        gx = _bilinear("conv2d", g, _const(w), (*stride, *padding, *dilation, groups))
+    if _is_private(w):
+        gw = _conv_weight_grad(g, _const(x), tuple(w.shape), stride, padding, dilation, groups, 2)
+    return gx, gw
+
+
+# ------------------------------------------------------------------------ shape rules
+def _permute(g, x, dims, **s):
+    inverse = [0] * len(dims)
+    for i, d in enumerate(dims):
+        inverse[d % len(dims)] = i
+    return g.permute(*inverse)
+
+
+def _repeat(g, x, input_shape, sizes, **s):
+    padded = (1,) * (len(sizes) - len(input_shape)) + tuple(input_shape)
+    split = []
+    for r, n in zip(sizes, padded):
+        split += [r, n]
+    g = g.reshape(split).sum(tuple(range(0, 2 * len(sizes), 2)))
+    return g.reshape(input_shape)
+
+
+def _narrow(g, x, dim, start, input_shape, **s):
+    d = dim % len(input_shape)
+    length = g.shape[d]
+    pad = [0, 0] * (len(input_shape) - d)
+    pad[-2], pad[-1] = start, input_shape[d] - start - length
+    return g._new(F.pad(g.share, pad))
+
+
+def _pad(g, x, pad, mode="constant", **s):
+    if mode == "constant":
+        return g._new(F.pad(g.share, [-p for p in pad]))
+    return _with_index_map(g, x, lambda t: F.pad(t, list(pad), mode=mode))
+
+
+def _gather(g, x, dim, index, input_shape, **s):
+    share = torch.zeros(input_shape, dtype=torch.int64).scatter_add_(dim, index, g.share)
+    return g._new(share)
+
+
+def _roll(g, x, shifts, dims=None, **s):
+    neg = tuple(-v for v in shifts) if isinstance(shifts, (tuple, list)) else -shifts
+    return g.roll(neg, dims)
+
+
+def _cat(g, *inputs, dim, sizes, **s):
+    grads, offset = [], 0
+    for n in sizes:
+        grads.append(g.narrow(dim, offset, n))
+        offset += n
+    return tuple(grads)
+
+
+def _to(g, x, **s):
+    return g.to(x.dtype) if x.dtype.is_floating_point else None
+
+
+# ------------------------------------------------------------------- nonlinear rules
+# Each reuses the forward output (`out`) and what the forward saved; the fallbacks recompute
+# with the same CrypTensor methods the forward used.
+def _relu(g, x, out, **s):
+    mask = s.get("mask")
+    if mask is None:
+        mask = x.detach().gt(0)
+    return g.mul(mask)
+
+
+def _softmax(g, x, out, dim, **s):
+    return out.mul(g.sub(g.mul(out).sum(dim, keepdim=True)))
+
+
+def _log_softmax(g, x, out, dim, **s):
+    soft = s.get("softmax")
+    if soft is None:
+        soft = out.exp()
+    return g.sub(soft.mul(g.sum(dim, keepdim=True)))
+
+
+def _sqrt(g, x, out, **s):
+    inv = s.get("inv_sqrt")
+    if inv is None:
+        inv = out.reciprocal()
+    return g.mul(inv).mul(0.5)
+
+
+def _log(g, x, out, **s):
+    inv = s.get("reciprocal")
+    if inv is None:
+        inv = x.detach().reciprocal()
+    return g.mul(inv)
+
+
+def _where(g, condition, a, b, **s):
+    cond = condition.detach() if _is_private(condition) else torch.as_tensor(condition)
+    ga = g.mul(cond) if _is_private(a) else None
+    if _is_private(b):
+        gb = g.sub(g.mul(cond)) if ga is None else g.sub(ga)
+    else:
+        gb = None
+    return None, ga, gb
+
+
 RULES = {
+    # arithmetic
     "clone": lambda g, x, **s: g,
     "add": lambda g, a, b, **s: (g, g),
     "sub": lambda g, a, b, **s: (g, g.neg()),
     "neg": lambda g, x, **s: g.neg(),
-    "mul": lambda g, a, b, **s: (g.mul(_const(b)), g.mul(_const(a)) if isinstance(b, CrypTensor) else None),
+    "mul": lambda g, a, b, **s: (g.mul(_const(b)) if _is_private(a) else None,
+                                 g.mul(_const(a)) if _is_private(b) else None),
     "square": lambda g, x, **s: g.mul(x.detach()).mul(2),
-    "div": lambda g, a, b, **s: g.div(b),
+    "div": _div,
+    "matmul": _matmul,
+    "conv1d": _conv(1),
+    "conv2d": _conv(2),
+    "conv_transpose2d": _conv_transpose2d,
+    "to": _to,
+    # reductions
+    "sum": lambda g, x, dim=None, keepdim=False, **s: _expand_reduced(g, x, dim, keepdim),
+    "mean": lambda g, x, dim=None, keepdim=False, out=None, **s: _expand_reduced(
+        g.div(x.numel() // max(1, out.numel())), x, dim, keepdim),
+    "cumsum": lambda g, x, dim, **s: g.flip(dim).cumsum(dim).flip(dim),
+    # shape
     "reshape": lambda g, x, input_shape, **s: g.reshape(input_shape),
     "transpose": lambda g, x, dim0, dim1, **s: g.transpose(dim0, dim1),
-    "to": lambda g, x, **s: g,
+    "permute": _permute,
+    "expand": lambda g, x, input_shape, **s: _unbroadcast_to(g, input_shape),
+    "repeat": _repeat,
+    "narrow": _narrow,
+    "getitem": lambda g, x, index, **s: _with_index_map(g, x, lambda t: t[index]),
+    "gather": _gather,
+    "pad": _pad,
+    "roll": _roll,
+    "flip": lambda g, x, dims, **s: g.flip(dims),
+    "cat": _cat,
+    # nonlinear (crypten_lite.functions)
+    "relu": _relu,
+    "sigmoid": lambda g, x, out, **s: g.mul(out.sub(out.square())),
+    "tanh": lambda g, x, out, **s: g.sub(g.mul(out.square())),
+    "exp": lambda g, x, out, **s: g.mul(out),
+    "log": _log,
+    "reciprocal": lambda g, x, out, **s: g.mul(out.square()).neg(),
+    "sqrt": _sqrt,
+    "softmax": _softmax,
+    "log_softmax": _log_softmax,
+    "where": _where,
 }
+
+
+def rule_for(op: str):
+    """The gradient rule of `op`, or UnsupportedError naming the table to extend."""
+    try:
+        return RULES[op]
+    except KeyError:
+        raise UnsupportedError(f"no gradient rule for op {op!r}; add one to RULES in "
+                               "crypten_lite/autograd/rules.py") from None
