@@ -460,7 +460,7 @@ def _avg_pool(cv: _Converter, node: fx.Node, x: Val, kernel, stride, padding, ce
     kernel = _pair(kernel)
     stride = _pair(stride) if stride not in (None, [], ()) else kernel
     return cv.b.avg_pool2d(x, kernel, stride, _pair(padding), ceil_mode, include_pad, divisor,
-                           cv.target(node), cv.shape(node), node.name)
+                           cv.target(node), cv.shape(node), node.name, _reference(cv, node))
 
 
 def _avg_pool_module(cv: _Converter, node: fx.Node, mod: nn.AvgPool2d) -> Val:
@@ -476,8 +476,15 @@ def _avg_pool_function(cv: _Converter, node: fx.Node) -> Val:
                      a["ceil_mode"], a["count_include_pad"], a["divisor_override"])
 
 
+def _reference(cv: _Converter, node: fx.Node) -> str:
+    """``"fbgemm"`` for torch's quantized kernels, ``"exact"`` for float ops (PT2E)."""
+    sample = cv.samples.get(node)
+    return "fbgemm" if isinstance(sample, torch.Tensor) and sample.is_quantized else "exact"
+
+
 def _adaptive_avg_pool(cv: _Converter, node: fx.Node, *_: Any) -> Val:
-    return cv.b.adaptive_avg_pool2d(cv.val(node.args[0], node), cv.target(node), cv.shape(node), node.name)
+    return cv.b.adaptive_avg_pool2d(cv.val(node.args[0], node), cv.target(node), cv.shape(node), node.name,
+                                    _reference(cv, node))
 
 
 def _mean(cv: _Converter, node: fx.Node) -> Val:

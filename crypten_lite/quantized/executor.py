@@ -14,7 +14,7 @@ from typing import Any, Callable
 import torch
 
 from crypten_lite.quantized.backend import Backend, PlainBackend, Value
-from crypten_lite.quantized.ir import FIXED, Node, QuantizedProgram, Rescale, ValueInfo
+from crypten_lite.quantized.ir import FIXED, QUANT, Divide, Node, QuantizedProgram, Rescale, ValueInfo
 
 
 def encode_input(node: Node, x: torch.Tensor) -> torch.Tensor:
@@ -70,6 +70,24 @@ def apply_rescale(backend: Backend, v: Value, rs: Rescale, bias: Value | None = 
     if rs.lo is not None or rs.hi is not None:
         v = backend.clamp(v, rs.lo, rs.hi, rs.out_bits)
     return v
+
+
+def apply_divide(backend: Backend, v: Value, dv: Divide) -> Value:
+    """``clamp(round_half_even(v / d) + offset, lo, hi)``, exactly (requant.plan_exact_divide)."""
+    q = backend.add_public(v, dv.k * dv.odd)  # >= 0
+    q = backend.add_public(backend.mul_public(q, dv.magic), -(1 << (dv.magic_shift - 1)))
+    q = backend.truncate(q, dv.magic_shift, dv.magic_bits, "half_up")  # floor(x' / o)
+    q = backend.add_public(q, -dv.k) if not (isinstance(dv.k, int) and dv.k == 0) else q
+    r = backend.sub(v, backend.mul_public(q, dv.odd))  # in [0, o)
+    bit = backend.clamp(backend.add_public(r, -dv.bit_offset), 0, 1, dv.r_bits)
+    y = backend.add(backend.mul_public(q, 2), backend.mul_public(bit, dv.bit_weight))
+    y = backend.mul_public(y, dv.scale_up)
+    y = backend.truncate(y, dv.shift, dv.y_bits, "half_even")
+    if dv.offset:
+        y = backend.add_public(y, dv.offset)
+    if dv.lo is not None or dv.hi is not None:
+        y = backend.clamp(y, dv.lo, dv.hi, dv.out_bits)
+    return y
 
 
 def _centered(backend: Backend, x: Value, zero_point: int) -> Value:
@@ -137,6 +155,10 @@ def _avg_pool2d(backend, node, args, weights):
     a = node.attrs
     x = _centered(backend, args[0], a["in_zero_point"])
     acc = backend.sum_pool2d(x, a["kernel_size"], a["stride"], a["padding"], a["ceil_mode"])
+    if "pre_offset" in a:
+        acc = backend.add_public(acc, a["pre_offset"])
+    if "divide" in a:
+        return apply_divide(backend, acc, a["divide"])
     return apply_rescale(backend, acc, a["rescale"])
 
 
@@ -194,9 +216,45 @@ class LayerDiff:
                 f"agree {100 * self.agree:7.3f}%  max |real diff| {self.max_abs:.3g}")
 
 
+def diff_values(name: str, info: ValueInfo, ours: torch.Tensor, ref: torch.Tensor) -> LayerDiff:
+    """Compare program integers ``ours`` (meaning ``info``) with a torch value ``ref``.
+
+    ``ref`` may be a torch quantized tensor, an int8 / uint8 tensor (PT2E quantize output) or
+    a float tensor (dequantized or float values).
+    """
+    if ref.is_quantized:
+        ref_real = ref.dequantize().to(torch.float64)
+    elif not ref.is_floating_point():
+        ref_real = info.to_real(ref.to(torch.int64))
+    else:
+        ref_real = ref.detach().to(torch.float64)
+    real_diff = (info.to_real(ours) - ref_real).abs()
+    if info.kind == QUANT:
+        # torch's dequantized values are exact multiples of the scale: recover the integers
+        if ref.is_quantized:
+            ref_int = ref.int_repr().to(torch.int64)
+        elif not ref.is_floating_point():
+            ref_int = ref.to(torch.int64)
+        else:
+            ref_int = torch.round(ref_real / info.scale).to(torch.int64) + info.zero_point
+        steps = (ours - ref_int).abs().to(torch.float64)
+        agree = (steps == 0).double().mean().item()
+    else:
+        steps = real_diff / info.scale
+        agree = (steps <= 1).double().mean().item()
+    max_steps = float(steps.max()) if steps.numel() else 0.0
+    max_abs = float(real_diff.max()) if real_diff.numel() else 0.0
+    return LayerDiff(name, info.kind, max_steps, agree, max_abs)
+
+
 def compare_layers(program: QuantizedProgram, model: torch.nn.Module, x: torch.Tensor) -> list[LayerDiff]:
-    """Per-layer agreement of the plaintext program with ``model`` on input ``x``."""
-    from crypten_lite.quantized.convert import record, trace  # convert imports this module
+    """Per-layer agreement of the plaintext program with ``model`` on input ``x``.
+
+    One row per torch graph value that the program holds (quantize outputs, dequantized
+    values, float values kept in fixed point); see :class:`LayerDiff`.
+    """
+    # convert pulls in torch.ao.quantization, which running a program does not need
+    from crypten_lite.quantized.convert import record, trace
 
     gm = trace(model)
     samples = record(gm, x)
@@ -206,22 +264,5 @@ def compare_layers(program: QuantizedProgram, model: torch.nn.Module, x: torch.T
         if node.op == "placeholder" or node.name not in program.sources:
             continue
         name, info = program.sources[node.name]
-        ours = values[name]
-        ref = samples[node]
-        if ref.is_quantized:
-            ref_int, ref_real = ref.int_repr().to(torch.int64), ref.dequantize().to(torch.float64)
-        elif ref.dtype in (torch.uint8, torch.int8, torch.int32):
-            ref_int, ref_real = ref.to(torch.int64), info.to_real(ref.to(torch.int64))
-        else:
-            ref_int, ref_real = None, ref.detach().to(torch.float64)
-        real_diff = (info.to_real(ours) - ref_real).abs()
-        if ref_int is not None and info.kind != FIXED:
-            steps = (ours - ref_int).abs().to(torch.float64)
-            agree = (steps == 0).double().mean().item()
-        else:
-            steps = real_diff / info.scale
-            agree = (steps <= 1).double().mean().item()
-        max_steps = float(steps.max()) if steps.numel() else 0.0
-        max_abs = float(real_diff.max()) if real_diff.numel() else 0.0
-        rows.append(LayerDiff(node.name, info.kind, max_steps, agree, max_abs))
+        rows.append(diff_values(node.name, info, values[name], samples[node]))
     return rows

@@ -39,7 +39,7 @@ OPS: dict[str, str] = {
     "clamp": "clamp(x, lo, hi); relu / relu6 / hardtanh",
     "hardswish": "rescale(x' * clamp(x' * 2**k + c3, 0, c6)), x' = x - in_zero_point",
     "max_pool2d": "max over windows (padding never wins)",
-    "avg_pool2d": "rescale(sum_pool2d(x - in_zero_point)); per-position divisor in rescale",
+    "avg_pool2d": "rescale or exact divide of sum_pool2d(x - in_zero_point), per-position divisors",
     "reshape": "reshape; dim 0 (batch) is kept as -1",
     "permute": "permute dims",
     "upsample_nearest2d": "index_select(dim 2, index_h) then index_select(dim 3, index_w)",
@@ -150,6 +150,39 @@ class Rescale:
         )
 
 
+@dataclass(frozen=True)
+class Divide:
+    """``clamp(round_half_even(v / d) + offset, lo, hi)`` exactly, for public integers ``d``.
+
+    Used by average pooling when the ratio is exactly ``1 / d`` and ``d`` is even but not a
+    power of two, where exact ties (``v / d = k + 1/2``) are common and a multiplier
+    ``m / 2**shift`` cannot land on them. Constants (ints or per-position tensors) come from
+    :func:`crypten_lite.quantized.requant.plan_exact_divide`, which states the steps.
+    """
+
+    odd: int | torch.Tensor
+    k: int | torch.Tensor
+    magic: int | torch.Tensor
+    magic_shift: int
+    magic_bits: int
+    r_bits: int
+    bit_offset: int | torch.Tensor
+    bit_weight: int | torch.Tensor
+    scale_up: int | torch.Tensor
+    shift: int
+    y_bits: int
+    offset: int
+    lo: int | None
+    hi: int | None
+    out_bits: int
+
+    def describe(self) -> str:
+        """Short text for :meth:`QuantizedProgram.describe`."""
+        clamp = f" clamp[{self.lo}, {self.hi}]" if (self.lo, self.hi) != (None, None) else ""
+        return (f"exact /d: floor >>{self.magic_shift} ({self.magic_bits}b), bit ({self.r_bits}b), "
+                f">>{self.shift} (half_even, {self.y_bits}b) +{self.offset}{clamp} ({self.out_bits}b)")
+
+
 @dataclass
 class Node:
     """One step of a program: ``name = op(*inputs; attrs, weights)``.
@@ -179,8 +212,8 @@ class Node:
         """One line: output, op, inputs, attributes, output meaning."""
         parts = []
         for key, val in self.attrs.items():
-            if isinstance(val, Rescale):
-                parts.append(f"rescale: {val.describe()}")
+            if isinstance(val, (Rescale, Divide)):
+                parts.append(f"{key}: {val.describe()}")
             elif isinstance(val, torch.Tensor):
                 parts.append(f"{key}=tensor{list(val.shape)}")
             else:

@@ -29,10 +29,11 @@ import torch
 import torch.nn.functional as F
 
 from crypten_lite.errors import UnsupportedError
-from crypten_lite.quantized.ir import FIXED, QUANT, Node, QuantizedProgram, Rescale, ValueInfo, bits_for
+from crypten_lite.quantized.ir import FIXED, QUANT, Divide, Node, QuantizedProgram, Rescale, ValueInfo, bits_for
 from crypten_lite.quantized.requant import (
     fit_multipliers,
     plan_clamp,
+    plan_exact_divide,
     product_bounds,
     rescale_bounds,
     tie_possible_sum,
@@ -206,7 +207,7 @@ class ProgramBuilder:
             ratios, acc_bits, bits or self.multiplier_bits, self.max_bits, what
         )
 
-    def _finish(self, multiplier, shift, v_lo, v_hi, pre_lo, pre_hi, ties, target, what):
+    def _finish(self, multiplier, shift, v_lo, v_hi, pre_lo, pre_hi, ties, target, what, offset=None):
         in_bits = bits_for(v_lo, v_hi)
         if in_bits > self.max_bits:
             raise UnsupportedError(f"{what}: {in_bits}-bit intermediate exceeds max_bits={self.max_bits}")
@@ -215,7 +216,7 @@ class ProgramBuilder:
         rescale = Rescale(
             multiplier,
             shift,
-            target.zero_point,
+            target.zero_point if offset is None else offset,
             lo,
             hi,
             in_bits,
@@ -224,17 +225,16 @@ class ProgramBuilder:
         )
         return rescale, out_lo, out_hi
 
-    def _channel_rescale(self, ms, shift, ranges, biases, target, mshape, what):
+    def _channel_rescale(self, ms, shift, ranges, biases, target, mshape, what, offset=None):
         """Rescale with per-channel / per-position multipliers; returns (rescale, bias, lo, hi)."""
-        v_lo, v_hi, pre_lo, pre_hi, ties = rescale_bounds(ms, ranges, biases, shift, target.zero_point)
-        if len(set(ms)) == 1:
-            multiplier: int | torch.Tensor = ms[0]
-        else:
-            multiplier = torch.tensor(ms, dtype=torch.int64).reshape(mshape)
+        offset = target.zero_point if offset is None else offset
+        v_lo, v_hi, pre_lo, pre_hi, ties = rescale_bounds(ms, ranges, biases, shift, offset)
+        multiplier = self._public(ms, mshape)
         bias = None
         if biases is not None and any(biases):
             bias = torch.tensor(biases, dtype=torch.int64).reshape(mshape)
-        rescale, lo, hi = self._finish(multiplier, shift, v_lo, v_hi, pre_lo, pre_hi, ties, target, what)
+        rescale, lo, hi = self._finish(multiplier, shift, v_lo, v_hi, pre_lo, pre_hi, ties, target, what,
+                                       offset)
         return rescale, bias, lo, hi
 
     # --- inputs and conversions -------------------------------------------------------
@@ -377,8 +377,13 @@ class ProgramBuilder:
         return self.to_target(y, target, source)
 
     def avg_pool2d(self, x, kernel_size, stride, padding, ceil_mode, count_include_pad,
-                   divisor_override, target, shape, source) -> Val:
-        """Window sums of ``x - z_x`` times a public per-position ``s_x / (n * s_y)``."""
+                   divisor_override, target, shape, source, reference="exact") -> Val:
+        """Window sums of ``x - z_x`` times a public per-position ``s_x / (d * s_y)``.
+
+        ``reference="fbgemm"`` (torch's quantized kernels, same scale and zero point in and
+        out) rounds ``(sum + d * z) / d``, i.e. after adding the zero point, which differs
+        from ``round(sum / d) + z`` at ties when ``z`` is odd; ``"exact"`` (PT2E) rounds first.
+        """
         h, w = x.info.shape[2], x.info.shape[3]
         ones = torch.ones(1, 1, h, w, dtype=torch.float64)
         args = (tuple(kernel_size), tuple(stride), tuple(padding), ceil_mode)
@@ -390,17 +395,58 @@ class ProgramBuilder:
         counts = count.round().to(torch.int64).flatten().tolist()
         divisors = divisor.round().to(torch.int64).flatten().tolist()
         zx = x.info.zero_point
+        same = x.info.kind == QUANT and target.matches(x.info)
+        if reference == "fbgemm" and not same:
+            raise UnsupportedError(f"{source}: a quantized avg_pool2d must keep its scale and zero point")
+        pre = [d * zx for d in divisors] if reference == "fbgemm" else [0] * len(divisors)
+        offset = 0 if reference == "fbgemm" else target.zero_point
         lo, hi = x.info.lo - zx, x.info.hi - zx
-        ranges = [(n * lo, n * hi) for n in counts]
+        ranges = [(n * lo + p, n * hi + p) for n, p in zip(counts, pre)]
+        mshape = tuple(count.shape)
+        attrs = dict(in_zero_point=zx, kernel_size=tuple(kernel_size), stride=tuple(stride),
+                     padding=tuple(padding), ceil_mode=bool(ceil_mode))
+        if any(pre):
+            attrs["pre_offset"] = self._public(pre, mshape)
+        exact_ratio = x.info.kind == QUANT and target.kind == QUANT and x.info.scale == target.scale
+        if exact_ratio and any(d % 2 == 0 and d & (d - 1) for d in divisors):
+            attrs["divide"], lo, hi = self._divide(divisors, ranges, target, offset, mshape, source)
+            return self._emit("avg_pool2d", [x], target.info(lo, hi, shape), source, attrs)
         acc_bits = max(bits_for(*r) for r in ranges)
         ratios = [x.info.scale / (d * target.scale) for d in divisors]
         ms, shift = self._fit(ratios, acc_bits, source)
-        rescale, _, lo, hi = self._channel_rescale(ms, shift, ranges, None, target, tuple(count.shape), source)
-        attrs = dict(in_zero_point=zx, kernel_size=tuple(kernel_size), stride=tuple(stride),
-                     padding=tuple(padding), ceil_mode=bool(ceil_mode), rescale=rescale)
+        attrs["rescale"], _, lo, hi = self._channel_rescale(ms, shift, ranges, None, target, mshape, source,
+                                                            offset)
         return self._emit("avg_pool2d", [x], target.info(lo, hi, shape), source, attrs)
 
-    def adaptive_avg_pool2d(self, x: Val, target: Target, shape, source) -> Val:
+    @staticmethod
+    def _public(values: Sequence[int], shape) -> int | torch.Tensor:
+        """An int when all values agree, else an int64 tensor of ``shape``."""
+        if len(set(values)) == 1:
+            return values[0]
+        return torch.tensor(list(values), dtype=torch.int64).reshape(shape)
+
+    def _divide(self, divisors, ranges, target, offset, mshape, source):
+        """An exact ``round_half_even(v / d)`` (see requant.plan_exact_divide)."""
+        x_lo, x_hi = min(r[0] for r in ranges), max(r[1] for r in ranges)
+        plan = plan_exact_divide(divisors, x_lo, x_hi)
+        if max(plan["magic_bits"], plan["y_bits"]) > self.max_bits:
+            raise UnsupportedError(f"{source}: exact division needs more than max_bits={self.max_bits}")
+
+        def public(key):
+            return self._public(plan[key], mshape)
+
+        pre_lo = min(x_lo // d for d in divisors) + offset
+        pre_hi = max(-(-x_hi // d) for d in divisors) + offset
+        lo, hi = target.clamp_ints()
+        lo, hi, out_lo, out_hi = plan_clamp(pre_lo, pre_hi, lo, hi)
+        divide = Divide(
+            public("odd"), public("k"), public("magic"), plan["magic_shift"], plan["magic_bits"],
+            plan["r_bits"], public("bit_offset"), public("bit_weight"), public("scale_up"),
+            plan["shift"], plan["y_bits"], offset, lo, hi, bits_for(pre_lo, pre_hi),
+        )
+        return divide, out_lo, out_hi
+
+    def adaptive_avg_pool2d(self, x: Val, target: Target, shape, source, reference="exact") -> Val:
         """Adaptive average pooling when the input size is a multiple of the output size."""
         (h, w), (oh, ow) = x.info.shape[2:], tuple(shape[2:])
         if h % oh or w % ow:
@@ -409,7 +455,7 @@ class ProgramBuilder:
                 "only input sizes that are multiples of the output size are supported"
             )
         k = (h // oh, w // ow)
-        return self.avg_pool2d(x, k, k, (0, 0), False, True, None, target, shape, source)
+        return self.avg_pool2d(x, k, k, (0, 0), False, True, None, target, shape, source, reference)
 
     # --- data movement ----------------------------------------------------------------
     def cat(self, xs: Sequence[Val], dim: int, target: Target, shape, source) -> Val:

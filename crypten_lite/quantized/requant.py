@@ -17,7 +17,7 @@ Every function here works on Python ints (unbounded) and is unit-tested on its o
 from __future__ import annotations
 
 from fractions import Fraction
-from typing import Sequence
+from typing import Any, Sequence
 
 from crypten_lite.errors import UnsupportedError
 from crypten_lite.quantized.ir import bits_for
@@ -175,6 +175,55 @@ def rescale_bounds(
     return v_lo, v_hi, pre_lo, pre_hi, ties
 
 
+def div_round_half_even(x: int, d: int) -> int:
+    """Reference: ``round(x / d)`` with ties to even, for a positive integer ``d``."""
+    return _round_half_even(Fraction(x, d))
+
+
+def plan_exact_divide(divisors: Sequence[int], x_lo: int, x_hi: int) -> dict[str, Any]:
+    """Integer constants that compute ``round_half_even(x / d)`` exactly with MPC operations.
+
+    ``d = o * 2**a`` with ``o`` odd. Steps (all per position, public constants):
+
+    1. ``x' = x + k * o >= 0`` (``k = ceil(-x_lo / o)``);
+    2. ``q = floor(x' * magic / 2**magic_shift) - k = floor(x / o)`` with
+       ``magic = ceil(2**magic_shift / o)`` (exact for ``x' < 2**(magic_shift - log2 o)``);
+    3. ``r = x - q * o`` in ``[0, o)``;
+    4. ``bit = clamp(r - bit_offset, 0, 1)``: for ``a >= 1`` whether ``r > 0`` (sticky),
+       for ``a == 0`` whether ``r / o > 1/2``;
+    5. ``y = (2 q + bit_weight * bit) * 2**(a_max - a)`` and the result is
+       ``round_half_even(y / 2**(a_max + 1))``.
+
+    Ties of ``x / d`` need ``a >= 1``; then ``x / d`` sits on a half exactly when
+    ``q = (2 h + 1) 2**(a-1)`` and ``r == 0``, which ``y`` reproduces; for ``a == 0``
+    ``q + bit`` is already the rounded result.
+    """
+    odd = [d >> _trailing_zeros(d) for d in divisors]
+    a = [_trailing_zeros(d) for d in divisors]
+    a_max = max(a)
+    k = [max(0, -(x_lo // o)) for o in odd]  # ceil(-x_lo / o) for x_lo <= 0
+    xp_hi = max(x_hi + ki * o for ki, o in zip(k, odd))
+    magic_shift = xp_hi.bit_length() + max(o.bit_length() for o in odd)
+    magic = [-((-(1 << magic_shift)) // o) for o in odd]
+    q_hi = max(x_hi // o for o in odd) + 1
+    q_lo = min(x_lo // o for o in odd)
+    y_hi = (2 * q_hi + 2) << a_max
+    y_lo = (2 * q_lo) << a_max
+    return dict(
+        odd=odd,
+        k=k,
+        magic=magic,
+        magic_shift=magic_shift,
+        magic_bits=bits_for(-(1 << (magic_shift - 1)), max(xp_hi * m for m in magic)),
+        r_bits=bits_for(-max(odd), max(odd)),
+        bit_offset=[(o - 1) // 2 if ai == 0 else 0 for o, ai in zip(odd, a)],
+        bit_weight=[2 if ai == 0 else 1 for ai in a],
+        scale_up=[1 << (a_max - ai) for ai in a],
+        shift=a_max + 1,
+        y_bits=bits_for(y_lo, y_hi),
+    )
+
+
 def _floor_log2(x: Fraction) -> int:
     e = x.numerator.bit_length() - x.denominator.bit_length()
     if Fraction(2) ** e > x:
@@ -197,6 +246,8 @@ __all__ = [
     "MIN_MULTIPLIER_BITS",
     "bits_for",
     "common_multipliers",
+    "div_round_half_even",
+    "plan_exact_divide",
     "fit_multipliers",
     "multiplier_for",
     "plan_clamp",
