@@ -13,6 +13,8 @@ Kinds (x = sum of arithmetic shares, ^ = xor of binary shares):
 * ``bit``           r in {0,1}: binary shares rb (xor), arithmetic ra   correction: ra_0
 * ``binary_triple`` a, b uniform words; c = a & b (xor shares)          correction: c_0
 * ``trunc``         r uniform; rt = r >> bits (logical); m = msb(r)     corrections: rt_0, m_0
+
+More kinds (binary_monomials, bit_mul, trunc_exact) are defined at the end of this file.
 """
 
 from __future__ import annotations
@@ -66,6 +68,8 @@ def triple_shape(op: str, a_shape, b_shape, params) -> tuple[int, ...]:
 
 def component_shapes(kind: str, op: str, shapes, params) -> list[tuple[int, ...]]:
     """Shapes of the seeded components of a request."""
+    if kind in EXTRA_KINDS:
+        return EXTRA_KINDS[kind].shapes(shapes, params)
     if kind == "triple":
         return [tuple(shapes[0]), tuple(shapes[1]), triple_shape(op, shapes[0], shapes[1], params)]
     if kind in ("square", "bit", "trunc", "binary_triple"):
@@ -80,6 +84,8 @@ def derive(seed: bytes, counter: int, kind: str, op: str, shapes, params) -> lis
            for j, shape in enumerate(component_shapes(kind, op, shapes, params))]
     if kind == "bit":
         out[0] &= 1
+    if kind in EXTRA_KINDS:
+        EXTRA_KINDS[kind].post_derive(out, params)
     return out
 
 
@@ -87,6 +93,8 @@ def corrections(seeds: dict[int, bytes], counter: int, kind: str, op: str, shape
     """The dealer's side: rank 0's correcting shares (rank 0's own seeded values replaced)."""
     world = sorted(seeds)
     parts = {r: derive(seeds[r], counter, kind, op, shapes, params) for r in world}
+    if kind in EXTRA_KINDS:
+        return EXTRA_KINDS[kind].corrections(parts, world, params)
     others = [r for r in world if r != CORRECTING_RANK]
 
     def arith_sum(j: int, ranks) -> torch.Tensor:
@@ -127,3 +135,108 @@ def logical_shift(x: torch.Tensor, bits: int) -> torch.Tensor:
     if bits == 0:
         return x.clone()
     return (x >> bits) & ((1 << (64 - bits)) - 1)
+
+
+# ----------------------------------------------------------------------------------------
+# Kinds added for binary circuits, comparisons and nonlinear functions (issue 3). Each is a
+# small record of three pure functions, so the dealer and the parties share one definition.
+#
+# * ``binary_monomials``  masks m_0..m_{k-1} (words), each xor-shared by all parties or held
+#     by one owner; XOR shares of chosen AND-products ("monomials") of the masks.
+#     params = (k, owner_0..owner_{k-1}, subset_0, ..., subset_{n-1}); owner -1 = shared,
+#     subset = bitmask over the k masks.                     corrections: the n monomials
+# * ``bit_mul``  a random bit r (binary share in bit 0, arithmetic share), a uniform
+#     arithmetic value a (shapes[1]) and [a * r] (r broadcast): folds B2A into bit * value.
+#                                                             corrections: ra_0, (a*r)_0
+# * ``trunc_exact``  r uniform; its low `bits` bits xor-shared; rt = r >> bits (logical);
+#     m = msb(r): exact floor division by 2^bits.            corrections: rlow_0, rt_0, m_0
+# ----------------------------------------------------------------------------------------
+
+
+class _Kind:
+    """shapes(shapes, params) -> component shapes; post_derive(parts, params) fixes a party's
+    seeded components in place; corrections(parts_by_rank, ranks, params) -> rank 0's fixes."""
+
+    def __init__(self, shapes, corrections, post_derive=None):
+        self.shapes = shapes
+        self.corrections = corrections
+        self.post_derive = post_derive or (lambda parts, params: None)
+
+
+def _xor_of(parts, ranks, j: int) -> torch.Tensor:
+    out = torch.zeros_like(parts[ranks[0]][j])
+    for r in ranks:
+        out ^= parts[r][j]
+    return out
+
+
+def _sum_of(parts, ranks, j: int) -> torch.Tensor:
+    out = torch.zeros_like(parts[ranks[0]][j])
+    for r in ranks:
+        out += parts[r][j]
+    return out
+
+
+def monomial_params(owners: Sequence[int], subsets: Sequence[int]) -> tuple[int, ...]:
+    """params of a ``binary_monomials`` request: mask owners (-1 shared) and monomial subsets."""
+    return (len(owners), *owners, *subsets)
+
+
+def _split_monomial_params(params):
+    k = params[0]
+    return k, params[1:1 + k], params[1 + k:]
+
+
+def _monomial_shapes(shapes, params):
+    k, _, subsets = _split_monomial_params(params)
+    return [tuple(shapes[0])] * (k + len(subsets))
+
+
+def _monomial_corrections(parts, world, params):
+    k, owners, subsets = _split_monomial_params(params)
+    others = [r for r in world if r != CORRECTING_RANK]
+    masks = [parts[o][j] if o >= 0 else _xor_of(parts, world, j) for j, o in enumerate(owners)]
+    fixes = []
+    for i, subset in enumerate(subsets):
+        mono = torch.full_like(masks[0], -1)
+        for j in range(k):
+            if subset >> j & 1:
+                mono &= masks[j]
+        fixes.append(mono ^ _xor_of(parts, others, k + i))
+    return fixes
+
+
+def _bit_mul_shapes(shapes, params):
+    bit, value = tuple(shapes[0]), tuple(shapes[1])
+    return [bit, value, bit, value]
+
+
+def _bit_mul_post(parts, params):
+    parts[0] &= 1
+
+
+def _bit_mul_corrections(parts, world, params):
+    others = [r for r in world if r != CORRECTING_RANK]
+    r = _xor_of(parts, world, 0)
+    a = _sum_of(parts, world, 1)
+    return [r - _sum_of(parts, others, 2), a * r - _sum_of(parts, others, 3)]
+
+
+def _trunc_exact_shapes(shapes, params):
+    return [tuple(shapes[0])] * 4
+
+
+def _trunc_exact_corrections(parts, world, params):
+    bits = params[0]
+    others = [r for r in world if r != CORRECTING_RANK]
+    r = _sum_of(parts, world, 0)
+    low = r & ((1 << bits) - 1)
+    return [low ^ _xor_of(parts, others, 1), logical_shift(r, bits) - _sum_of(parts, others, 2),
+            logical_shift(r, 63) - _sum_of(parts, others, 3)]
+
+
+EXTRA_KINDS: dict[str, _Kind] = {
+    "binary_monomials": _Kind(_monomial_shapes, _monomial_corrections),
+    "bit_mul": _Kind(_bit_mul_shapes, _bit_mul_corrections, _bit_mul_post),
+    "trunc_exact": _Kind(_trunc_exact_shapes, _trunc_exact_corrections),
+}

@@ -1,0 +1,212 @@
+"""Binary (XOR) sharing of bit-packed int64 words: xor, and, or, not, shifts, openings.
+
+x = x_0 ^ x_1 ^ ... ^ x_{N-1}. XOR, NOT, shifts and masks are local (NOT: rank 0 flips).
+
+AND of shared words, a la [Bea91] over GF(2) with binary triples (kind ``binary_triple``):
+  1. Get ([a], [b], [c = a & b]) from the provider, one request for all pairs of the call.
+  2. Open e = x ^ a and d = y ^ b for EVERY pair of the call in ONE message (one round):
+     each party sends 2 words per AND-word to every peer.
+  3. [x & y] = [c] ^ (e & [b]) ^ ([a] & d) ^ (e & d), the public term on rank 0.
+
+Masked polynomial evaluation (``eval_polys``; kind ``binary_monomials``): to get an XOR of
+ANDs of several inputs in ONE round, open o_k = x_k ^ m_k for each input and combine the
+dealer's shares of the needed mask products (see circuits.expand_terms). An input held by
+one party (its "owner", e.g. a 2-party arithmetic share seen as a binary sharing with the
+other party holding 0) is opened by its owner alone, so only the owner sends it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+from ..provider.correlations import monomial_params
+from ..session import current
+from . import circuits
+
+ALL_ONES = -1
+
+
+def lead_of(like: torch.Tensor) -> torch.Tensor:
+    """All-ones words on rank 0, zeros elsewhere (xor public constants through it)."""
+    return torch.full_like(like, ALL_ONES) if current().rank == 0 else torch.zeros_like(like)
+
+
+def xor_public(x: torch.Tensor, c) -> torch.Tensor:
+    """x ^ c for a public c (rank 0 applies it)."""
+    return x ^ c if current().rank == 0 else x.clone()
+
+
+def not_(x: torch.Tensor) -> torch.Tensor:
+    """Bitwise NOT of a shared word (local)."""
+    return xor_public(x, ALL_ONES)
+
+
+def xor(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Shares of x ^ y (local)."""
+    return x ^ y
+
+
+def lshift(x: torch.Tensor, k: int) -> torch.Tensor:
+    """Shares of x << k (local)."""
+    return x << k
+
+
+def rshift(x: torch.Tensor, k: int) -> torch.Tensor:
+    """Shares of the LOGICAL right shift x >>> k (local: each share shifts alone)."""
+    if k == 0:
+        return x.clone()
+    return (x >> k) & ((1 << (64 - k)) - 1)
+
+
+def open_xor(x: torch.Tensor) -> torch.Tensor:
+    """Reveal a binary-shared tensor to every party (one round)."""
+    parts = current().comm.all_gather(x.reshape(-1))
+    out = parts[0].clone()
+    for p in parts[1:]:
+        out ^= p
+    return out.view(x.shape)
+
+
+def and_many(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> list[torch.Tensor]:
+    """Shares of x & y for every pair, in ONE round (all openings in one message)."""
+    s = current()
+    xs = [torch.broadcast_tensors(x, y)[0].reshape(-1) for x, y in pairs]
+    ys = [torch.broadcast_tensors(x, y)[1].reshape(-1) for x, y in pairs]
+    x = torch.cat(xs) if len(xs) > 1 else xs[0]
+    y = torch.cat(ys) if len(ys) > 1 else ys[0]
+    triple = s.provider.get("binary_triple", [x.shape])
+    a, b = triple[0], triple[1]
+    n = x.numel()
+    opened = open_xor(torch.cat([x ^ a, y ^ b]))
+    e, d = opened[:n], opened[n:]
+    c = triple.corrected()[2]
+    z = c ^ (e & b) ^ (a & d)
+    if s.rank == 0:
+        z ^= e & d
+    out, offset = [], 0
+    for (px, py), flat in zip(pairs, xs):
+        shape = torch.broadcast_shapes(px.shape, py.shape)
+        out.append(z[offset:offset + flat.numel()].view(shape))
+        offset += flat.numel()
+    return out
+
+
+def and_(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Shares of x & y (one round)."""
+    return and_many([(x, y)])[0]
+
+
+def or_(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Shares of x | y = x ^ y ^ (x & y) (one round)."""
+    return x ^ y ^ and_(x, y)
+
+
+@dataclass
+class PolyJob:
+    """XORs of ANDs of `inputs` (this party's shares) evaluated from masked openings.
+
+    owners[k] = -1: input k is xor-shared by all parties; owners[k] = r: party r holds the
+    whole value (every other party passes zeros). outputs: one list of terms per output,
+    a term being a tuple of input indices.
+    """
+
+    inputs: list[torch.Tensor]
+    owners: list[int]
+    outputs: list[list[tuple[int, ...]]]
+    _corr: object = field(default=None, repr=False)
+
+
+def _sends(job: PolyJob, rank: int) -> list[int]:
+    return [k for k, o in enumerate(job.owners) if o == -1 or o == rank]
+
+
+def eval_polys(jobs: Sequence[PolyJob]) -> list[list[torch.Tensor]]:
+    """Evaluate every job in ONE round; returns each job's output shares."""
+    s = current()
+    rank, world = s.rank, s.world_size
+    plans = []
+    for job in jobs:
+        shape = job.inputs[0].shape
+        terms = [t for out in job.outputs for t in out]
+        monos = circuits.monomials(terms)
+        # A product of masks all held by one owner is known to it: no dealer share needed.
+        dealt = [m for m in monos if len({job.owners[k] for k in m}) > 1 or job.owners[m[0]] == -1]
+        subsets = [sum(1 << k for k in m) for m in dealt]
+        corr = s.provider.get("binary_monomials", [shape], params=monomial_params(job.owners, subsets))
+        plans.append((job, monos, dealt, corr))
+    mine = []
+    for job, _, _, corr in plans:
+        for k in _sends(job, rank):
+            mine.append((job.inputs[k] ^ corr[k]).reshape(-1))
+    empty = torch.zeros(0, dtype=torch.int64)
+    parts = s.comm.all_gather(torch.cat(mine) if mine else empty)
+    offsets = [0] * world
+    opened_all = []
+    for job, _, _, corr in plans:
+        opened: list[torch.Tensor | None] = [None] * len(job.inputs)
+        numel = job.inputs[0].numel()
+        for r in range(world):
+            for k in _sends(job, r):
+                piece = parts[r][offsets[r]:offsets[r] + numel].view(job.inputs[k].shape)
+                offsets[r] += numel
+                opened[k] = piece if opened[k] is None else opened[k] ^ piece
+        opened_all.append(opened)
+    results = []
+    for (job, monos, dealt, corr), opened in zip(plans, opened_all):
+        k_in = len(job.inputs)
+        comps = corr.corrected()
+        masks = []
+        for k, o in enumerate(job.owners):
+            masks.append(comps[k] if o in (-1, rank) else torch.zeros_like(comps[k]))
+        mono = {}
+        for i, m in enumerate(dealt):
+            mono[m] = comps[k_in + i]
+        for m in monos:
+            if m not in mono:  # held entirely by one owner
+                if job.owners[m[0]] == rank:
+                    v = masks[m[0]]
+                    for k in m[1:]:
+                        v = v & masks[k]
+                    mono[m] = v
+                else:
+                    mono[m] = torch.zeros_like(masks[0])
+        lead = lead_of(job.inputs[0])
+        results.append([circuits.expand_terms(out, opened, masks, mono, lead) for out in job.outputs])
+    return results
+
+
+class BinaryShared:
+    """A bit-packed XOR-shared int64 tensor with operators (thin wrapper over this module)."""
+
+    def __init__(self, share: torch.Tensor):
+        self.share = share
+
+    def __xor__(self, other):
+        if isinstance(other, BinaryShared):
+            return BinaryShared(self.share ^ other.share)
+        return BinaryShared(xor_public(self.share, other))
+
+    def __and__(self, other):
+        if isinstance(other, BinaryShared):
+            return BinaryShared(and_(self.share, other.share))
+        return BinaryShared(self.share & other)  # public mask: local
+
+    def __or__(self, other):
+        if isinstance(other, BinaryShared):
+            return BinaryShared(or_(self.share, other.share))
+        return BinaryShared(xor_public(self.share & ~other, other))  # (x & ~c) ^ c
+
+    def __invert__(self):
+        return BinaryShared(not_(self.share))
+
+    def __lshift__(self, k: int):
+        return BinaryShared(lshift(self.share, k))
+
+    def __rshift__(self, k: int):
+        return BinaryShared(rshift(self.share, k))
+
+    def get_plain_text(self) -> torch.Tensor:
+        return open_xor(self.share)

@@ -1,0 +1,212 @@
+"""Boolean circuits on bit-packed XOR shares: pure math, no session, no transport.
+
+Every function here takes this party's XOR shares as int64 words whose LAST axis is the
+element axis (leading axes are allowed, which is how the unit tests simulate all parties at
+once) and performs only operations that are linear over GF(2) -- shifts, masks, xors, lane
+packing -- except through two injected callbacks:
+
+* ``and_fn(pairs) -> list``: shares of x & y for each (x, y); the protocol layer runs ALL the
+  pairs of one call in ONE round (binary triples, one message).
+* ``lead``: a share-shaped tensor that is all-ones bits on the party that adds public
+  constants (rank 0) and zero elsewhere; ``x ^ (lead & c)`` xors the public constant c.
+
+Carry of a two-operand sum (what the MSB, i.e. x < 0, needs), a la [KS73] / [CGH+21]:
+  generate g_i = s_i & c_i, propagate p_i = s_i ^ c_i; groups combine as
+  (G, P) = (G_hi ^ P_hi & G_lo, P_hi & P_lo), so the carry into bit 63 of s + c is the G of
+  bits 0..62. Bit 63 is padded with g = 0, p = 1 (s_63 := 0, c_63 := 1), giving 64 bits
+  whose G is that carry. Level 1 (2-bit groups) is evaluated from masked openings (see
+  ``expand_terms``); each further level halves the groups per element and packs the live
+  bits of several elements into one word ("lane packing") so that a level with half the
+  live bits sends half the bytes.
+"""
+
+from __future__ import annotations
+
+from itertools import combinations
+from typing import Callable, Sequence
+
+import torch
+
+AndFn = Callable[[Sequence[tuple[torch.Tensor, torch.Tensor]]], list[torch.Tensor]]
+
+TOP = -(1 << 63)             # bit 63
+LOW63 = (1 << 63) - 1        # bits 0..62
+_MASKS = [0x5555555555555555, 0x3333333333333333, 0x0F0F0F0F0F0F0F0F,
+          0x00FF00FF00FF00FF, 0x0000FFFF0000FFFF, 0x00000000FFFFFFFF]
+
+
+# ------------------------------------------------------------------------- lane layout
+def compress_even(x: torch.Tensor) -> torch.Tensor:
+    """Bits 0, 2, ..., 62 of each word moved to bits 0..31 (the high half becomes 0)."""
+    x = x & _MASKS[0]
+    for i in range(1, 6):
+        x = (x | (x >> (1 << (i - 1)))) & _MASKS[i]
+    return x
+
+
+def _pad_last(x: torch.Tensor, multiple: int) -> torch.Tensor:
+    n = x.shape[-1]
+    extra = (-n) % multiple
+    if extra == 0:
+        return x
+    return torch.cat([x, x.new_zeros(*x.shape[:-1], extra)], -1)
+
+
+def pack_lanes(x: torch.Tensor, width: int) -> torch.Tensor:
+    """Pack elements holding `width` low bits (width | 64) into full words, in order:
+    element j of a word occupies bits [width*j, width*(j+1)). The last word is zero-padded."""
+    per = 64 // width
+    if per == 1:
+        return x
+    x = _pad_last(x, per)
+    x = x.reshape(*x.shape[:-1], -1, per)
+    shifts = torch.arange(0, 64, width, dtype=torch.int64)
+    # Disjoint bit ranges: the sum is the OR (bit 63 wraps to the sign bit, as it should).
+    return (x << shifts).sum(-1)
+
+
+def unpack_lanes(words: torch.Tensor, width: int, n: int) -> torch.Tensor:
+    """Inverse of pack_lanes: the first n elements, each in the low `width` bits."""
+    per = 64 // width
+    if per == 1:
+        return words[..., :n]
+    shifts = torch.arange(0, 64, width, dtype=torch.int64)
+    mask = (1 << width) - 1 if width < 64 else -1
+    lanes = (words.unsqueeze(-1) >> shifts) & mask
+    return lanes.reshape(*words.shape[:-1], -1)[..., :n]
+
+
+def pack_bits(bits: torch.Tensor) -> torch.Tensor:
+    """0/1 shares (int64) along the last axis -> 64 per word."""
+    return pack_lanes(bits & 1, 1)
+
+
+def unpack_bits(words: torch.Tensor, n: int) -> torch.Tensor:
+    """Words -> the first n bits as 0/1 int64."""
+    return unpack_lanes(words, 1, n)
+
+
+def halves(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Odd and even bits of packed groups, each re-packed into full words (half as many)."""
+    hi = compress_even(x >> 1)
+    lo = compress_even(x)
+    return pack_lanes(hi, 32), pack_lanes(lo, 32)
+
+
+# ------------------------------------------------------------- masked polynomial terms
+# Level 1 of the carry circuit from masked openings: inputs 0..3 are the bit planes
+# s_lo, s_hi, c_lo, c_hi of 2-bit groups; a term is an AND of inputs, an output the XOR of
+# its terms. G = s1 c1 ^ s1 s0 c0 ^ c1 s0 c0 ; P = (s1 ^ c1)(s0 ^ c0).
+GROUP2_G = [(1, 3), (1, 0, 2), (3, 0, 2)]
+GROUP2_P = [(1, 0), (1, 2), (3, 0), (3, 2)]
+# Majority (carry of a full adder) of three inputs: ab ^ ac ^ bc.
+MAJ3 = [(0, 1), (0, 2), (1, 2)]
+
+
+def monomials(terms: Sequence[Sequence[int]]) -> list[tuple[int, ...]]:
+    """Every product of >= 2 masks that the expansion of `terms` needs, in a fixed order."""
+    out: set[tuple[int, ...]] = set()
+    for term in terms:
+        t = tuple(sorted(term))
+        for k in range(2, len(t) + 1):
+            out.update(combinations(t, k))
+    return sorted(out, key=lambda s: (len(s), s))
+
+
+def expand_terms(terms: Sequence[Sequence[int]], opened: Sequence[torch.Tensor],
+                 mask: Sequence[torch.Tensor], mono: dict[tuple[int, ...], torch.Tensor],
+                 lead: torch.Tensor) -> torch.Tensor:
+    """This party's XOR share of XOR_T AND_{k in T} x_k, given public o_k = x_k ^ m_k.
+
+    AND_{k in T} (o_k ^ m_k) = XOR over U subset of T of (AND_{T minus U} o) & (AND_U m):
+    U empty is public (added through `lead`), |U| = 1 uses the mask share, |U| >= 2 the
+    monomial share. Pure; a la Beaver's multiplication generalised to products of k bits.
+    """
+    out = torch.zeros_like(lead)
+    for term in terms:
+        t = tuple(sorted(term))
+        for k in range(len(t) + 1):
+            for u in combinations(t, k):
+                pub = None
+                for j in t:
+                    if j not in u:
+                        pub = opened[j] if pub is None else pub & opened[j]
+                if k == 0:
+                    out = out ^ (lead & pub)
+                    continue
+                share = mask[u[0]] if k == 1 else mono[u]
+                out = out ^ (share if pub is None else share & pub)
+    return out
+
+
+def group2_planes(s: torch.Tensor, c: torch.Tensor) -> list[torch.Tensor]:
+    """The 4 input planes of level 1: s_lo, s_hi, c_lo, c_hi, lane-packed 32 per element."""
+    s_hi, s_lo = halves(s)
+    c_hi, c_lo = halves(c)
+    return [s_lo, s_hi, c_lo, c_hi]
+
+
+def pad_operands(s: torch.Tensor, c: torch.Tensor, lead: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """s_63 := 0 and c_63 := 1, so that the G of the 64 bits is the carry into bit 63."""
+    return s & LOW63, (c & LOW63) ^ (lead & TOP)
+
+
+# ------------------------------------------------------------------------ carry tree
+def carry_tree(g: torch.Tensor, p: torch.Tensor, width: int, and_fn: AndFn) -> torch.Tensor:
+    """Group-generate of `width` bits per element (lane-packed words) -> 1 bit per element.
+
+    One and_fn call (one round) per level; the last level skips P. Returns words with one
+    bit per element, 64 elements per word, in element order.
+    """
+    while width > 1:
+        g_hi, g_lo = halves(g)
+        p_hi, p_lo = halves(p)
+        if width == 2:
+            (t,) = and_fn([(p_hi, g_lo)])
+            return g_hi ^ t
+        t, p = and_fn([(p_hi, g_lo), (p_hi, p_lo)])
+        g = g_hi ^ t
+        width //= 2
+    return g
+
+
+def and_tree(x: torch.Tensor, width: int, and_fn: AndFn) -> torch.Tensor:
+    """AND of the `width` bits of each element (lane-packed) -> 1 bit per element."""
+    while width > 1:
+        hi, lo = halves(x)
+        (x,) = and_fn([(hi, lo)])
+        width //= 2
+    return x
+
+
+def msb_from_group2(g: torch.Tensor, p: torch.Tensor, top: torch.Tensor, and_fn: AndFn) -> torch.Tensor:
+    """Level-1 outputs (32 groups per element) + top bits (packed) -> packed msb shares."""
+    return carry_tree(g, p, 32, and_fn) ^ top
+
+
+# ------------------------------------------------------------- full adders (A2B)
+def kogge_stone_add(s: torch.Tensor, c: torch.Tensor, and_fn: AndFn) -> torch.Tensor:
+    """Shares of s + c mod 2^64 (all 64 sum bits) by a Kogge-Stone prefix adder [KS73].
+
+    One round for g = s & c, then 6 rounds of 2 batched ANDs on full words.
+    """
+    (g,) = and_fn([(s, c)])
+    p = s ^ c
+    prop = p
+    for level in range(6):
+        k = 1 << level
+        t, prop_next = and_fn([(prop, g << k), (prop, prop << k)])
+        g = g ^ t
+        prop = prop_next
+    return p ^ (g << 1)
+
+
+def csa(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, maj: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Carry-save step: a + b + c = (a ^ b ^ c) + 2 maj(a, b, c) mod 2^64."""
+    return a ^ b ^ c, maj << 1
+
+
+# -------------------------------------------------------------- plain references
+def ref_msb(x: torch.Tensor) -> torch.Tensor:
+    """Plain reference: 1 where x < 0."""
+    return (x < 0).long()

@@ -1,0 +1,195 @@
+"""Conversions between arithmetic and binary sharing; the MSB (x < 0); exact rounding.
+
+MSB of x = sum_i x_i mod 2^64 (``msb_words``), rounds for 2 parties:
+  1. (1 round) View each arithmetic share as a binary-shared operand held by its owner:
+     s = x_0 with bit 63 := 0 (party 0), c = x_1 with bit 63 := 1 (party 1). Each owner opens
+     its operand masked by dealer randomness (8 bytes per element, one word each way) and
+     the parties get XOR shares of (G, P) of the 32 2-bit groups from the dealer's mask
+     products (kind ``binary_monomials``, circuits.expand_terms).
+  2. (5 rounds) circuits.carry_tree: 32 -> 16 -> 8 -> 4 -> 2 -> 1 groups with lane packing;
+     8 + 4 + 2 + 1 + 0.25 bytes per element per party.
+  3. msb = s_63 ^ c_63 ^ carry (local).
+  With N > 2 parties a carry-save layer per 3 operands (one masked round each layer,
+  the majority of the owners' words) first reduces the N shares to two xor-shared
+  operands, which level 1 then opens from every party.
+
+B2A of bits (``finish``), a la [DSZ15] with a dealer bit (kind ``bit``):
+  open c = b ^ r (one round, bits packed 64 per word); [b] = c + [r] - 2 c [r].
+Bit times value (``finish`` muls, kind ``bit_mul``): in the same round open e = v - a too;
+  [v b] = c [v] + (1 - 2c)(e [r] + [a r]): B2A folded into the product, no truncation.
+
+Exact rounding (``round_exact``): floor((x + 2^(k-1)) / 2^k) with no +-1 error, a la
+[EGK+20] with an exact borrow: open c = x + 2^62 + r, borrow = [c mod 2^k < r mod 2^k]
+from r's xor-shared low bits by a carry tree (c is public), wrap from msb(r).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from ..provider.correlations import logical_shift
+from ..session import current
+from . import circuits
+from .binary import PolyJob, and_many, eval_polys, lead_of
+from .primitives import open_
+
+# ----------------------------------------------------------------------------- MSB
+
+
+def _reduce_operands(flat: torch.Tensor) -> list[tuple[torch.Tensor, int]]:
+    """Every party's share as an owned binary operand, carry-save reduced to two operands."""
+    s = current()
+    ops = [(flat if s.rank == r else torch.zeros_like(flat), r) for r in range(s.world_size)]
+    while len(ops) > 2:
+        groups = [ops[i:i + 3] for i in range(0, len(ops) - len(ops) % 3, 3)]
+        rest = ops[len(groups) * 3:]
+        jobs = [PolyJob([g[0][0], g[1][0], g[2][0]], [g[0][1], g[1][1], g[2][1]], [circuits.MAJ3])
+                for g in groups]
+        majs = eval_polys(jobs)
+        ops = list(rest)
+        for g, (maj,) in zip(groups, majs):
+            total, carry = circuits.csa(g[0][0], g[1][0], g[2][0], maj)
+            ops += [(total, -1), (carry, -1)]
+    return ops
+
+
+def msb_words(x: torch.Tensor) -> torch.Tensor:
+    """Packed XOR shares (64 elements per word, row-major) of msb(x) for an arithmetic share x."""
+    s = current()
+    flat = x.reshape(-1)
+    (sv, so), (cv, co) = _reduce_operands(flat)
+    top = circuits.pack_bits(((sv ^ cv) >> 63) & 1)
+    # Pad bit 63 (s_63 := 0, c_63 := 1) on whoever holds the operands' shares.
+    sv = sv & circuits.LOW63
+    if co == -1:
+        cv = (cv & circuits.LOW63) ^ (lead_of(cv) & circuits.TOP)
+    else:
+        cv = (cv & circuits.LOW63) | (circuits.TOP if s.rank == co else 0)
+    planes = circuits.group2_planes(sv, cv)
+    (g, p), = eval_polys([PolyJob(planes, [so, so, co, co], [circuits.GROUP2_G, circuits.GROUP2_P])])
+    return circuits.msb_from_group2(g, p, top, and_many)
+
+
+def and_bits(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """AND of 0/1-valued XOR shares (int64, any shape), packed for the wire (one round)."""
+    shape = torch.broadcast_shapes(x.shape, y.shape)
+    x, y = torch.broadcast_to(x, shape).reshape(-1), torch.broadcast_to(y, shape).reshape(-1)
+    (z,) = and_many([(circuits.pack_bits(x), circuits.pack_bits(y))])
+    return circuits.unpack_bits(z, x.numel()).view(shape)
+
+
+def not_bits(x: torch.Tensor) -> torch.Tensor:
+    """NOT of 0/1-valued XOR shares (rank 0 flips)."""
+    return x ^ 1 if current().rank == 0 else x
+
+
+def and_reduce_bits(x: torch.Tensor) -> torch.Tensor:
+    """AND over the last axis of 0/1 XOR shares, by a tree (ceil(log2 k) rounds)."""
+    while x.shape[-1] > 1:
+        k = x.shape[-1]
+        half = k // 2
+        both = and_bits(x[..., :half], x[..., half:2 * half])
+        x = torch.cat([both, x[..., 2 * half:]], -1) if k % 2 else both
+    return x[..., 0]
+
+
+# -------------------------------------------------------------- B2A and bit * value
+def finish(b2as: Sequence[tuple[torch.Tensor, int]] = (),
+           muls: Sequence[tuple[torch.Tensor, Sequence[int], torch.Tensor]] = ()):
+    """ONE round: B2A of packed bit words, and bit * value products.
+
+    b2as: (words, n) -> arithmetic 0/1 shares of shape (n,).
+    muls: (words, bit_shape, value) with prod(bit_shape) bits broadcasting over value's
+    shape -> shares of bit * value (value's scale, no truncation).
+    """
+    s = current()
+    corrs_b = [s.provider.get("bit", [(n,)]) for _, n in b2as]
+    corrs_m = [s.provider.get("bit_mul", [tuple(bs), tuple(v.shape)]) for _, bs, v in muls]
+    xor_parts = [w ^ circuits.pack_bits(c[0].reshape(-1)) for (w, _), c in zip(b2as, corrs_b)]
+    xor_parts += [w ^ circuits.pack_bits(c[0].reshape(-1)) for (w, _, _), c in zip(muls, corrs_m)]
+    sum_parts = [(v - c[1]).reshape(-1) for (_, _, v), c in zip(muls, corrs_m)]
+    nx = sum(t.numel() for t in xor_parts)
+    parts = s.comm.all_gather(torch.cat(xor_parts + sum_parts))
+    xs, ss = parts[0][:nx].clone(), parts[0][nx:].clone()
+    for p in parts[1:]:
+        xs ^= p[:nx]
+        ss += p[nx:]
+    out_b, out_m, ox, os_ = [], [], 0, 0
+    for (w, n), corr in zip(b2as, corrs_b):
+        c = circuits.unpack_bits(xs[ox:ox + w.numel()], n)
+        ox += w.numel()
+        ra = corr.corrected()[1]
+        share = ra - 2 * c * ra
+        if s.rank == 0:
+            share = share + c
+        out_b.append(share)
+    for (w, bs, v), corr in zip(muls, corrs_m):
+        n = 1
+        for d in bs:
+            n *= d
+        c = circuits.unpack_bits(xs[ox:ox + w.numel()], n).view(tuple(bs))
+        ox += w.numel()
+        e = ss[os_:os_ + v.numel()].view(v.shape)
+        os_ += v.numel()
+        _, _, ra, ar = corr.corrected()
+        xr = e * ra + ar
+        out_m.append(c * v + (1 - 2 * c) * xr)
+    return out_b, out_m
+
+
+def b2a(words: torch.Tensor, n: int) -> torch.Tensor:
+    """Arithmetic 0/1 shares (n,) of packed XOR-shared bits (one round)."""
+    return finish([(words, n)])[0][0]
+
+
+def bit_mul(words: torch.Tensor, bit_shape: Sequence[int], value: torch.Tensor) -> torch.Tensor:
+    """Shares of bit * value for packed XOR-shared bits (one round, B2A folded in)."""
+    return finish((), [(words, bit_shape, value)])[1][0]
+
+
+# -------------------------------------------------------------------------- A2B
+def a2b(x: torch.Tensor) -> torch.Tensor:
+    """XOR shares of every bit of x (full 64-bit A2B by carry-save + Kogge-Stone)."""
+    flat = x.reshape(-1)
+    (sv, _), (cv, _) = _reduce_operands(flat)
+    return circuits.kogge_stone_add(sv, cv, and_many).view(x.shape)
+
+
+# ------------------------------------------------------------------ exact rounding
+def _next_pow2(k: int) -> int:
+    w = 1
+    while w < k:
+        w *= 2
+    return w
+
+
+def round_exact(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """Shares of floor((x + 2^(bits-1)) / 2^bits), exactly (|x| < 2^61, 1 <= bits <= 32).
+
+    1 round to open c = x + 2^62 + 2^(bits-1) + r, log2(bits) rounds of carry tree for the
+    borrow [c mod 2^bits < r mod 2^bits], 1 round of B2A.
+    """
+    s = current()
+    corr = s.provider.get("trunc_exact", [x.shape], params=[bits])
+    bias = (1 << 62) + (1 << (bits - 1))
+    c = open_(x + corr[0] + (bias if s.rank == 0 else 0))
+    _, rlow, rt, m = corr.corrected()
+    rlow = rlow & ((1 << bits) - 1)
+    width = _next_pow2(bits)
+    keep = (1 << bits) - 1
+    not_c = ~c & keep
+    g = (rlow & not_c).reshape(-1)
+    p = ((rlow ^ not_c) if s.rank == 0 else rlow.clone()).reshape(-1)
+    if s.rank == 0 and width > bits:  # pad the top with propagate = 1
+        p = p | (((1 << width) - 1) ^ keep)
+    n = g.numel()
+    borrow_words = circuits.carry_tree(circuits.pack_lanes(g, width), circuits.pack_lanes(p, width),
+                                       width, and_many)
+    borrow = b2a(borrow_words, n).view(x.shape)
+    wrap = (1 - logical_shift(c, 63)) * m
+    out = -rt - borrow + (wrap << (64 - bits))
+    if s.rank == 0:
+        out = out + logical_shift(c, bits) - (1 << (62 - bits))
+    return out
