@@ -84,6 +84,8 @@ def _supervise(procs: list[tuple[str, subprocess.Popen]], n_parties: int) -> int
         if all(p.poll() is not None for p in parties):
             # Drain what is left, then stop the dealer.
             for key in list(sel.get_map().values()):
+                if not key.data.startswith("rank"):
+                    continue
                 for line in key.fileobj:
                     sys.stdout.write(f"[{key.data}] {line.decode(errors='replace')}")
             break

@@ -537,7 +537,8 @@ class CrypTensor:
         idx = (slice(None),) * d + (index,)
         return self[idx]
 
-    def pad(self, pad: Sequence[int], mode: str = "constant", value: float = 0.0) -> "CrypTensor":
+    def pad(self, pad: Sequence[int], mode: str = "constant", value: float | None = None) -> "CrypTensor":
+        value = 0.0 if value is None else value
         if mode != "constant":
             out = self._shape_op("pad", lambda t: F.pad(t, pad, mode=mode), pad=tuple(pad), mode=mode,
                                  names=self._names)

@@ -1,7 +1,7 @@
 """Cryptographic randomness: AES-256-CTR PRG, X25519 seed agreement, zero-sharing.
 
 Every share and mask in crypten_lite comes from :class:`PRG` (AES-CTR from `cryptography`),
-never from torch.Generator, `random` or numpy.random.
+never from torch's generators, the Python random module or numpy's generators.
 
 Stream separation: a PRG is keyed by a 32-byte seed; each draw names a 12-byte nonce made
 of a 4-byte domain tag and an 8-byte counter, and AES-CTR runs the remaining 4 bytes as the

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import threading
 from dataclasses import dataclass, field
 
 from . import comm as comm_module
@@ -91,6 +92,9 @@ def init(config: Config | None = None, **overrides) -> Session:
     session = Session(config, comm, provider,
                       {p: PRG(seed) for p, seed in comm.pair_seeds.items()})
     install(session)
+    # threading's exit hooks run before atexit and join the gRPC server's worker threads,
+    # which wait on peer streams: close the transport first so that exit never hangs.
+    threading._register_atexit(uninit)  # noqa: SLF001 (documented CPython hook)
     atexit.register(uninit)
     return session
 

@@ -5,20 +5,20 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from . import cryptensor as ct
+from .cryptensor import CrypTensor, cat, stack
 
 
 def _flip(method):
     """torch.f(public, private) -> private.method(public) for commutative ops."""
     def impl(a, b, *args, **kwargs):
-        if not isinstance(a, ct.CrypTensor):
+        if not isinstance(a, CrypTensor):
             a, b = b, a
         return getattr(a, method)(b, *args, **kwargs)
     return impl
 
 
 def _sub(a, b, alpha=1):
-    if not isinstance(a, ct.CrypTensor):
+    if not isinstance(a, CrypTensor):
         return b.neg().add(a) if alpha == 1 else b.mul(-alpha).add(a)
     return a.sub(b if alpha == 1 else b * alpha)
 
@@ -30,13 +30,13 @@ def _add(a, b, alpha=1):
 
 
 def _matmul(a, b):
-    if isinstance(a, ct.CrypTensor):
+    if isinstance(a, CrypTensor):
         return a.matmul(b)
     return b.__rmatmul__(a)
 
 
 def _div(a, b, rounding_mode=None):
-    if isinstance(a, ct.CrypTensor):
+    if isinstance(a, CrypTensor):
         return a.div(b, rounding_mode=rounding_mode)
     return b.__rtruediv__(a)
 
@@ -81,15 +81,34 @@ TORCH_FUNCTIONS = {
     torch.gather: _method("gather"),
     torch.roll: _method("roll"),
     torch.flip: _method("flip"),
-    torch.cat: lambda tensors, dim=0: ct.cat(tensors, dim),
-    torch.concat: lambda tensors, dim=0: ct.cat(tensors, dim),
-    torch.stack: lambda tensors, dim=0: ct.stack(tensors, dim),
+    torch.cat: lambda tensors, dim=0: cat(tensors, dim),
+    torch.concat: lambda tensors, dim=0: cat(tensors, dim),
+    torch.stack: lambda tensors, dim=0: stack(tensors, dim),
     F.conv1d: _method("conv1d"),
     F.conv2d: _method("conv2d"),
     F.conv_transpose2d: _method("conv_transpose2d"),
     F.pad: _method("pad"),
 }
 TORCH_FUNCTIONS[torch.Tensor.__getitem__] = lambda x, idx: x[idx]
+
+# Operators with a public torch tensor on the left (p + x calls torch.Tensor.__add__(p, x)).
+TORCH_FUNCTIONS.update({
+    torch.Tensor.__add__: _add,
+    torch.Tensor.__radd__: _add,
+    torch.Tensor.__sub__: _sub,
+    torch.Tensor.__rsub__: lambda a, b: _sub(b, a),
+    torch.Tensor.__mul__: _flip("mul"),
+    torch.Tensor.__rmul__: _flip("mul"),
+    torch.Tensor.__matmul__: _matmul,
+    torch.Tensor.__rmatmul__: lambda a, b: _matmul(b, a),
+    torch.Tensor.__truediv__: _div,
+    torch.Tensor.__rtruediv__: lambda a, b: _div(b, a),
+    torch.Tensor.__div__ if hasattr(torch.Tensor, "__div__") else torch.Tensor.div: _div,
+    torch.Tensor.add: _add,
+    torch.Tensor.sub: _sub,
+    torch.Tensor.mul: _flip("mul"),
+    torch.Tensor.matmul: _matmul,
+})
 
 
 def register(func, impl) -> None:

@@ -1,0 +1,39 @@
+"""Shared fixtures: persistent pools of gRPC party processes (plus a dealer) per world size."""
+
+from __future__ import annotations
+
+import pytest
+
+from crypten_lite.mpc import PartyPool
+
+_POOLS: dict[tuple[int, str], PartyPool] = {}
+
+
+def get_pool(world_size: int, provider: str = "dealer") -> PartyPool:
+    """A pool shared by the whole test session (restarted after a failing run)."""
+    key = (world_size, provider)
+    if key not in _POOLS:
+        _POOLS[key] = PartyPool(world_size, provider=provider, timeout=60)
+    return _POOLS[key]
+
+
+@pytest.fixture(scope="session")
+def pool2() -> PartyPool:
+    return get_pool(2)
+
+
+@pytest.fixture(scope="session")
+def pool3() -> PartyPool:
+    return get_pool(3)
+
+
+@pytest.fixture(params=[2, 3], ids=["2pc", "3pc"])
+def pool(request) -> PartyPool:
+    """Runs the test with 2 and with 3 parties."""
+    return get_pool(request.param)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    for p in _POOLS.values():
+        p.close()
+    _POOLS.clear()
