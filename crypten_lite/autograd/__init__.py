@@ -135,6 +135,15 @@ def _unbroadcast(grad: CrypTensor, shape) -> CrypTensor:
     return grad.reshape(shape)
 
 
+def record(out: CrypTensor, op: str, inputs: tuple, **saved: Any) -> CrypTensor:
+    """Record `out = op(*inputs)` for backward when grad mode is on and an input requires grad.
+
+    For composite ops with a gradient of their own (like torch.autograd.Function): compute
+    `out` under no_grad(), record it here, and add `RULES[op]` in rules.py.
+    """
+    return _record(out, op, inputs, **saved)
+
+
 def _tensor_backward(self: CrypTensor, grad=None) -> None:
     """Accumulate gradients of this tensor into the `.grad` of every leaf it depends on."""
     backward(self, grad)
@@ -175,4 +184,4 @@ def _install() -> None:
 
 _install()
 
-__all__ = ["Node", "backward"]
+__all__ = ["Node", "backward", "record"]

@@ -275,6 +275,19 @@ def _where(g, condition, a, b, **s):
     return None, ga, gb
 
 
+def _bce_with_logits(g, x, y, out, sigmoid, weight=None, reduction="mean", **s):
+    """d/dx = (sigmoid(x) - y) w / n; d/dy = -x w / n (n = numel for 'mean', else 1)."""
+    scale = 1.0 / x.numel() if reduction == "mean" else 1.0
+
+    def times_g(factor):
+        factor = factor.mul(weight) if weight is not None else factor
+        return g.mul(factor.mul(scale) if scale != 1.0 else factor)
+
+    gx = times_g(sigmoid.sub(_const(y))) if _is_private(x) else None
+    gy = times_g(_const(x).neg() if _is_private(x) else -x) if _is_private(y) else None
+    return gx, gy
+
+
 RULES = {
     # arithmetic
     "clone": lambda g, x, **s: g,
@@ -319,6 +332,8 @@ RULES = {
     "softmax": _softmax,
     "log_softmax": _log_softmax,
     "where": _where,
+    # losses with a gradient of their own (crypten_lite.nn.functional)
+    "binary_cross_entropy_with_logits": _bce_with_logits,
 }
 
 

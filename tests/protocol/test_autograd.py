@@ -207,12 +207,6 @@ CASES = {
 }
 
 
-@pytest.fixture(scope="module", params=[2, 3], ids=["2pc", "3pc"])
-def pool(request):
-    with PartyPool(request.param) as p:
-        yield p
-
-
 @pytest.mark.parametrize("key", sorted(CASES))
 def test_linear_rule(pool, key):
     case = CASES[key]

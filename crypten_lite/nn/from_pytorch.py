@@ -1,0 +1,489 @@
+"""from_pytorch: a torch.nn.Module -> a crypten_lite.nn.Module, through torch.fx.
+
+    model = crypten_lite.nn.from_pytorch(torch_model, dummy_input)   # public parameters
+    model.encrypt(src=0)                                              # party 0's values
+
+1. Trace: `torch.fx.symbolic_trace(model)`; where that fails (Python control flow on
+   tensors, for instance), `torch.export.export(model, (dummy_input,))` (aten IR,
+   specialized to the dummy input's shapes and to the model's train/eval mode at export).
+2. Convert every node through one explicit table, chosen by the node's kind:
+   `CONVERTERS` (call_module: torch layer type -> crypten_lite layer), `FUNCTIONS`
+   (call_function: torch / torch.nn.functional / operator / aten targets) and `METHODS`
+   (call_method: tensor method names). A node missing from its table raises
+   UnsupportedError naming the node, its target and the table to extend; nothing is
+   converted halfway.
+3. The result is a `GraphModule` (a crypten_lite.nn.Module) whose submodules and
+   parameters sit at the torch model's paths, so `state_dict()` keys match the torch
+   model's. It interprets the graph node by node on public tensors or CrypTensors.
+4. With `check=True` (default) the converted graph runs once in plaintext on the dummy
+   input, in eval mode, and must match the torch model (a wrong conversion fails here,
+   not in a private run).
+
+Train/eval: nn.Dropout and nn.BatchNorm layers (and, after export, every dropout and
+batch_norm node) follow the converted module's `train()` / `eval()`. A functional
+`F.dropout(x, training=self.training)` is traced with the flag it had at conversion.
+"""
+
+from __future__ import annotations
+
+import builtins
+import math
+import operator
+from typing import Any, Callable
+
+import torch
+import torch.fx
+import torch.nn.functional as TF
+
+from ..cryptensor import CrypTensor
+from ..errors import UnsupportedError
+from . import functional as F
+from . import layers as L
+from .module import Module
+
+# ---------------------------------------------------------------------- call_module
+CONVERTERS: dict[type, Callable[[torch.nn.Module], Module]] = {
+    torch.nn.Linear: L.Linear.from_torch,
+    torch.nn.Conv1d: L.Conv1d.from_torch,
+    torch.nn.Conv2d: L.Conv2d.from_torch,
+    torch.nn.ConvTranspose2d: L.ConvTranspose2d.from_torch,
+    torch.nn.BatchNorm1d: L.BatchNorm1d.from_torch,
+    torch.nn.BatchNorm2d: L.BatchNorm2d.from_torch,
+    torch.nn.LayerNorm: L.LayerNorm.from_torch,
+    torch.nn.Dropout: L.Dropout.from_torch,
+    torch.nn.ReLU: L.ReLU.from_torch,
+    torch.nn.ReLU6: L.ReLU6.from_torch,
+    torch.nn.GELU: L.GELU.from_torch,
+    torch.nn.SiLU: L.SiLU.from_torch,
+    torch.nn.Sigmoid: L.Sigmoid.from_torch,
+    torch.nn.Tanh: L.Tanh.from_torch,
+    torch.nn.Softmax: L.Softmax.from_torch,
+    torch.nn.LogSoftmax: L.LogSoftmax.from_torch,
+    torch.nn.MaxPool2d: L.MaxPool2d.from_torch,
+    torch.nn.AvgPool2d: L.AvgPool2d.from_torch,
+    torch.nn.AdaptiveAvgPool2d: L.AdaptiveAvgPool2d.from_torch,
+    torch.nn.Flatten: L.Flatten.from_torch,
+    torch.nn.Identity: L.Identity.from_torch,
+    torch.nn.MSELoss: L.MSELoss.from_torch,
+    torch.nn.L1Loss: L.L1Loss.from_torch,
+    torch.nn.BCELoss: L.BCELoss.from_torch,
+    torch.nn.BCEWithLogitsLoss: L.BCEWithLogitsLoss.from_torch,
+    torch.nn.CrossEntropyLoss: L.CrossEntropyLoss.from_torch,
+}
+
+
+# ------------------------------------------------------------------ call_function
+def _add(a, b, alpha=1):
+    b = b if alpha == 1 else b * alpha
+    return a + b
+
+
+def _sub(a, b, alpha=1):
+    b = b if alpha == 1 else b * alpha
+    return a - b
+
+
+def _matmul(a, b):
+    return a @ b
+
+
+def _cat(tensors, dim=0):
+    tensors = list(tensors)
+    if not F.is_private(*tensors):
+        return torch.cat(tensors, dim)
+    from ..cryptensor import cat, default_precision
+    return cat([t if isinstance(t, CrypTensor) else
+                CrypTensor._public(t.double(), default_precision(), torch.float32)
+                for t in tensors], dim)
+
+
+def _stack(tensors, dim=0):
+    return _cat([t.unsqueeze(dim) for t in tensors], dim)
+
+
+_ATTRIBUTES = {"shape", "ndim", "T", "mT", "dtype", "is_floating_point"}
+
+
+def _getattr(x, name: str):
+    if name not in _ATTRIBUTES:
+        raise UnsupportedError(f"attribute {name!r} of a tensor is not supported by from_pytorch; "
+                               f"supported: {sorted(_ATTRIBUTES)}")
+    if name == "mT":
+        return x.transpose(-1, -2)
+    return getattr(x, name)
+
+
+def _linear_sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **kw):
+    if attn_mask is not None or is_causal or dropout_p:
+        raise UnsupportedError("scaled_dot_product_attention with a mask, causal flag or dropout "
+                               "is not supported on CrypTensors")
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = _matmul(q, k.transpose(-2, -1)) * scale
+    return _matmul(F.softmax(scores, -1), v)
+
+
+def _method_call(name: str) -> Callable:
+    """x.name(*args) on a public tensor or a CrypTensor (the same method exists on both)."""
+    def call(x, *args, **kwargs):
+        return getattr(x, name)(*args, **kwargs)
+    call.__name__ = name
+    return call
+
+
+def _flatten(x, start_dim=0, end_dim=-1):
+    return x.flatten(start_dim, end_dim)
+
+
+def _size(x, dim=None):
+    return x.size() if dim is None else x.size(dim)
+
+
+def _to(x, *args, **kwargs):
+    return x  # dtype / device moves: CrypTensors stay in fixed point on the CPU
+
+
+def _contiguous(x, *args, **kwargs):
+    return x
+
+
+FUNCTIONS: dict[Any, Callable] = {
+    # python operators (also the arithmetic of x.size() values)
+    operator.add: _add, operator.iadd: _add, operator.sub: _sub, operator.isub: _sub,
+    operator.mul: operator.mul, operator.imul: operator.mul, operator.truediv: operator.truediv,
+    operator.floordiv: operator.floordiv, operator.neg: operator.neg, operator.pow: operator.pow,
+    operator.matmul: _matmul, operator.getitem: operator.getitem, builtins.getattr: _getattr,
+    math.sqrt: math.sqrt,
+    # torch
+    torch.add: _add, torch.sub: _sub, torch.mul: operator.mul, torch.div: operator.truediv,
+    torch.matmul: _matmul, torch.mm: _matmul, torch.bmm: _matmul, torch.cat: _cat,
+    torch.concat: _cat, torch.stack: _stack, torch.flatten: _flatten,
+    torch.reshape: _method_call("reshape"), torch.transpose: _method_call("transpose"),
+    torch.permute: _method_call("permute"), torch.squeeze: _method_call("squeeze"),
+    torch.unsqueeze: _method_call("unsqueeze"), torch.sum: _method_call("sum"),
+    torch.mean: _method_call("mean"), torch.relu: F.relu, torch.sigmoid: F.sigmoid,
+    torch.tanh: F.tanh, torch.softmax: F.softmax, torch.log_softmax: F.log_softmax,
+    torch.chunk: _method_call("chunk"), torch.split: _method_call("split"),
+    # torch.nn.functional
+    TF.linear: F.linear, TF.conv1d: F.conv1d, TF.conv2d: F.conv2d,
+    TF.conv_transpose2d: F.conv_transpose2d, TF.relu: F.relu, TF.relu6: F.relu6,
+    TF.gelu: F.gelu, TF.silu: F.silu, TF.sigmoid: F.sigmoid, TF.tanh: F.tanh,
+    TF.softmax: F.softmax, TF.log_softmax: F.log_softmax, TF.max_pool2d: F.max_pool2d,
+    TF.avg_pool2d: F.avg_pool2d, TF.adaptive_avg_pool2d: F.adaptive_avg_pool2d,
+    TF.layer_norm: F.layer_norm, TF.dropout: F.dropout, TF.pad: F.pad,
+    TF.scaled_dot_product_attention: _linear_sdpa,
+}
+
+# ------------------------------------------------------------------- call_method
+METHODS: dict[str, Callable] = {name: _method_call(name) for name in (
+    "view", "reshape", "transpose", "permute", "unsqueeze", "squeeze", "expand", "expand_as",
+    "repeat", "view_as", "reshape_as", "narrow", "chunk", "split", "t", "dim", "numel",
+    "add", "sub", "mul", "div", "matmul", "neg", "sum", "mean", "square", "clone", "detach",
+    "relu", "sigmoid", "tanh", "softmax", "log_softmax", "exp", "unbind", "cumsum", "flip", "roll",
+)}
+METHODS.update({"flatten": _flatten, "size": _size, "contiguous": _contiguous, "to": _to,
+                "float": _contiguous, "type_as": _to})
+
+
+# ---------------------------------------------------------------- aten (export fallback)
+def _aten_table() -> dict[Any, Callable]:
+    aten = torch.ops.aten
+
+    return {
+        aten.linear.default: F.linear,
+        aten.conv1d.default: F.conv1d, aten.conv2d.default: F.conv2d,
+        aten.conv_transpose2d.input: F.conv_transpose2d,
+        aten.relu.default: F.relu, aten.relu_.default: F.relu,
+        aten.hardtanh.default: lambda x, lo=-1.0, hi=1.0: _hardtanh(x, lo, hi),
+        aten.gelu.default: lambda x, approximate="none": F.gelu(x, approximate),
+        aten.silu.default: F.silu, aten.sigmoid.default: F.sigmoid, aten.tanh.default: F.tanh,
+        aten.softmax.int: lambda x, dim, dtype=None: F.softmax(x, dim),
+        aten._softmax.default: lambda x, dim, half=False: F.softmax(x, dim),
+        aten.log_softmax.int: lambda x, dim, dtype=None: F.log_softmax(x, dim),
+        aten.add.Tensor: _add, aten.add_.Tensor: _add, aten.sub.Tensor: _sub,
+        aten.mul.Tensor: operator.mul, aten.div.Tensor: operator.truediv,
+        aten.add.Scalar: _add, aten.mul.Scalar: operator.mul,
+        aten.matmul.default: _matmul, aten.mm.default: _matmul, aten.bmm.default: _matmul,
+        aten.t.default: _method_call("t"), aten.transpose.int: _method_call("transpose"),
+        aten.permute.default: _method_call("permute"), aten.view.default: _method_call("reshape"),
+        aten.reshape.default: _method_call("reshape"), aten._unsafe_view.default: _method_call("reshape"),
+        aten.flatten.using_ints: _flatten, aten.unsqueeze.default: _method_call("unsqueeze"),
+        aten.squeeze.dim: _method_call("squeeze"), aten.expand.default: _method_call("expand"),
+        aten.clone.default: lambda x, memory_format=None: x.clone(),
+        aten.contiguous.default: _contiguous,
+        aten.cat.default: _cat, aten.stack.default: _stack,
+        aten.mean.dim: lambda x, dim, keepdim=False, dtype=None: x.mean(dim, keepdim),
+        aten.sum.dim_IntList: lambda x, dim, keepdim=False, dtype=None: x.sum(dim, keepdim),
+        aten.max_pool2d.default: F.max_pool2d, aten.avg_pool2d.default: F.avg_pool2d,
+        aten.adaptive_avg_pool2d.default: F.adaptive_avg_pool2d,
+        aten.layer_norm.default: lambda x, shape, w=None, b=None, eps=1e-5, cudnn=False:
+            F.layer_norm(x, shape, w, b, eps),
+        aten.select.int: lambda x, dim, index: x.select(dim, index),
+        aten.slice.Tensor: lambda x, dim=0, start=None, end=None, step=1:
+            x[(slice(None),) * (dim % x.dim()) + (slice(start, end, step),)],
+        aten.sym_size.int: lambda x, dim: x.size(dim),
+        aten.scaled_dot_product_attention.default: _linear_sdpa,
+        aten.split.Tensor: _method_call("split"), aten.chunk.default: _method_call("chunk"),
+        aten.pad.default: lambda x, pad, mode="constant", value=None: F.pad(x, pad, mode, value),
+        aten.constant_pad_nd.default: lambda x, pad, value=0: F.pad(x, pad, "constant", value),
+        aten.alias.default: lambda x: x, aten.detach.default: lambda x: x.detach(),
+    }
+
+
+def _hardtanh(x, lo, hi):
+    if (lo, hi) == (0.0, 6.0):
+        return F.relu6(x)
+    if not F.is_private(x):
+        return TF.hardtanh(x, lo, hi)
+    return F.relu(x.sub(lo)).sub(F.relu(x.sub(hi))).add(lo)
+
+
+ATEN: dict[Any, Callable] = {}
+
+
+def _aten() -> dict[Any, Callable]:
+    if not ATEN:
+        ATEN.update(_aten_table())
+    return ATEN
+
+
+# ------------------------------------------------------------------ the converted module
+class GraphModule(Module):
+    """A converted model: submodules at the torch model's paths and the graph to interpret."""
+
+    def __init__(self, graph: torch.fx.Graph, source: str) -> None:
+        super().__init__()
+        object.__setattr__(self, "graph", graph)
+        object.__setattr__(self, "source", source)  # "fx" or "export"
+        object.__setattr__(self, "_impl", {})        # node -> callable (call_function/method)
+        object.__setattr__(self, "_input_names", [])
+        object.__setattr__(self, "_out_spec", None)      # export: (pytree spec, user outputs)
+
+    def _unflatten(self, flat):
+        from torch.utils._pytree import tree_unflatten
+        spec, n_user = self._out_spec
+        return tree_unflatten(list(flat)[len(flat) - n_user:], spec)
+
+    def _path(self, path: str, create: bool = True) -> tuple[Module, str]:
+        """The module owning the dotted `path` (containers created on demand) and the leaf name."""
+        owner: Module = self
+        *parents, leaf = path.split(".")
+        for part in parents:
+            child = owner._modules.get(part)
+            if child is None:
+                if not create:
+                    raise KeyError(path)
+                child = Module()
+                owner.add_module(part, child)
+            owner = child
+        return owner, leaf
+
+    def _get(self, path: str):
+        owner, leaf = self._path(path, create=False)
+        for table in (owner._parameters, owner._buffers, owner._modules):
+            if leaf in table:
+                return table[leaf]
+        raise KeyError(path)
+
+    def forward(self, *inputs):
+        if len(inputs) != len(self._input_names):
+            raise UnsupportedError(f"converted model takes {len(self._input_names)} inputs "
+                                   f"({', '.join(self._input_names)}), got {len(inputs)}")
+        env: dict[torch.fx.Node, Any] = {}
+        feed = iter(inputs)
+        for node in self.graph.nodes:
+            op = node.op
+            if op == "placeholder":
+                env[node] = next(feed) if node.name in self._input_names else self._get(node.meta["state_path"])
+                continue
+            if op == "output":
+                result = torch.fx.node.map_arg(node.args[0], lambda n: env[n])
+                return self._unflatten(result) if self._out_spec is not None else result
+            args = torch.fx.node.map_arg(node.args, lambda n: env[n])
+            kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: env[n])
+            if op == "get_attr":
+                env[node] = self._get(node.target)
+            elif op == "call_module":
+                env[node] = self._get(node.target)(*args, **kwargs)
+            else:
+                env[node] = self._impl[node](*args, **kwargs)
+        raise UnsupportedError("converted graph has no output node")
+
+    def extra_repr(self) -> str:
+        return f"source={self.source}"
+
+
+def _unsupported(node: torch.fx.Node, table: str, what: str) -> UnsupportedError:
+    return UnsupportedError(
+        f"from_pytorch: node {node.name!r} ({node.op}, target {what}) is not supported; "
+        f"add an entry for it to crypten_lite.nn.from_pytorch.{table} (or rewrite the model "
+        "with supported layers and functions)")
+
+
+def _target_name(target) -> str:
+    if isinstance(target, str):
+        return repr(target)
+    if isinstance(target, torch._ops.OpOverload):
+        return str(target)
+    try:
+        return torch.fx.node._get_qualified_name(target)
+    except Exception:  # targets without a qualified name: show what Python shows
+        return repr(target)
+
+
+def _convert_fx(model: torch.nn.Module, traced: torch.fx.GraphModule) -> GraphModule:
+    out = GraphModule(traced.graph, "fx")
+    torch_modules = dict(model.named_modules())
+    for node in traced.graph.nodes:
+        if node.op == "placeholder":
+            out._input_names.append(node.name)
+        elif node.op == "call_module":
+            sub = torch_modules[node.target]
+            convert = CONVERTERS.get(type(sub))
+            if convert is None:
+                raise _unsupported(node, "CONVERTERS", f"{type(sub).__module__}.{type(sub).__name__}")
+            owner, leaf = out._path(node.target)
+            if leaf not in owner._modules:
+                owner.add_module(leaf, convert(sub))
+        elif node.op == "get_attr":
+            value = _fetch(model, node.target)
+            owner, leaf = out._path(node.target)
+            if not isinstance(value, torch.Tensor):
+                raise _unsupported(node, "CONVERTERS", f"attribute of type {type(value).__name__}")
+            if isinstance(value, torch.nn.Parameter):
+                owner.register_parameter(leaf, value.detach().clone())
+            else:
+                owner.register_buffer(leaf, value.detach().clone())
+        elif node.op == "call_function":
+            impl = FUNCTIONS.get(node.target)
+            if impl is None:
+                raise _unsupported(node, "FUNCTIONS", _target_name(node.target))
+            out._impl[node] = impl
+        elif node.op == "call_method":
+            impl = METHODS.get(node.target)
+            if impl is None:
+                raise _unsupported(node, "METHODS", f"Tensor.{node.target}")
+            out._impl[node] = impl
+    return out
+
+
+def _fetch(model: torch.nn.Module, path: str):
+    obj: Any = model
+    for part in path.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _convert_export(model: torch.nn.Module, dummy_inputs: tuple) -> GraphModule:
+    exported = torch.export.export(model, dummy_inputs)
+    graph = exported.graph_module.graph
+    sig = exported.graph_signature
+    state = dict(model.state_dict(keep_vars=True))
+    state.update(dict(exported.constants))
+    paths = {**sig.inputs_to_parameters, **sig.inputs_to_buffers,
+             **getattr(sig, "inputs_to_lifted_tensor_constants", {})}
+    params = set(sig.inputs_to_parameters)
+    out = GraphModule(graph, "export")
+    object.__setattr__(out, "_out_spec", (exported.call_spec.out_spec, len(sig.user_outputs)))
+    table = _aten()
+    for node in graph.nodes:
+        if node.op == "placeholder":
+            if node.name in paths:
+                path = paths[node.name]
+                node.meta["state_path"] = path
+                owner, leaf = out._path(path)
+                value = state[path]
+                if node.name in params:
+                    owner.register_parameter(leaf, value.detach().clone())
+                else:
+                    owner.register_buffer(leaf, value.detach().clone())
+            else:
+                out._input_names.append(node.name)
+        elif node.op == "call_function":
+            if node.target is torch.ops.aten.batch_norm.default:
+                out._impl[node] = _bind_batch_norm(out, node)
+            elif node.target is torch.ops.aten.dropout.default:
+                out._impl[node] = lambda x, p, train, _m=out: F.dropout(x, p, _m.training)
+            else:
+                impl = table.get(node.target)
+                if impl is None:
+                    raise _unsupported(node, "ATEN (export fallback) / FUNCTIONS", _target_name(node.target))
+                out._impl[node] = impl
+        elif node.op not in ("output", "get_attr"):
+            raise _unsupported(node, "ATEN (export fallback)", str(node.target))
+    return out
+
+
+def _bind_batch_norm(out: GraphModule, node: torch.fx.Node) -> Callable:
+    """aten.batch_norm reads its parameters from placeholders: make them a BatchNorm layer at
+    their common path, so that running statistics update in training like nn.BatchNorm."""
+    x, w, b, rm, rv, _training, momentum, eps = node.args[:8]
+    path = rm.meta["state_path"].rsplit(".", 1)[0] if rm is not None else None
+    if path is None:
+        return lambda x, w, b, rm, rv, training, momentum, eps, cudnn=False: \
+            F.batch_norm(x, None, None, w, b, True, momentum, eps)[0]
+    owner, leaf = out._path(path)
+    container = owner._modules[leaf]
+    bn = L._BatchNorm.__new__(L._BatchNorm)
+    Module.__init__(bn)
+    for a, v in (("num_features", container._buffers["running_mean"].shape[0]), ("eps", eps),
+                 ("momentum", momentum), ("affine", w is not None), ("track_running_stats", True)):
+        object.__setattr__(bn, a, v)
+    object.__setattr__(bn, "_dims", (2, 3, 4))
+    for table in ("_parameters", "_buffers"):
+        getattr(bn, table).update(getattr(container, table))
+    owner._modules[leaf] = bn
+    return lambda x, *rest, _bn=bn: _bn(x)
+
+
+def _trace(model: torch.nn.Module) -> torch.fx.GraphModule:
+    return torch.fx.symbolic_trace(model)
+
+
+def from_pytorch(model: torch.nn.Module, dummy_input, check: bool = True,
+                 tolerance: float = 1e-4) -> GraphModule:
+    """Convert a torch model to a crypten_lite.nn.Module with the same (public) parameters.
+
+    `dummy_input` (a tensor or a tuple of tensors of the input shapes) drives the
+    torch.export fallback and the plaintext check; call `.encrypt(src=...)` on the result to
+    secret-share the parameters of the party that owns them.
+    """
+    dummy = dummy_input if isinstance(dummy_input, tuple) else (dummy_input,)
+    try:
+        traced = _trace(model)
+        converted = _convert_fx(model, traced)
+    except UnsupportedError:
+        raise
+    except Exception as fx_error:  # torch.fx cannot trace this model: use torch.export
+        try:
+            converted = _convert_export(model, dummy)
+        except UnsupportedError:
+            raise
+        except Exception as export_error:
+            raise UnsupportedError(f"from_pytorch: torch.fx failed ({fx_error}) and torch.export "
+                                   f"failed ({export_error}); simplify the model's control flow") \
+                from export_error
+    converted.train(model.training)
+    if check and all(isinstance(d, torch.Tensor) for d in dummy):
+        _check(model, converted, dummy, tolerance)
+    return converted
+
+
+def _check(model: torch.nn.Module, converted: GraphModule, dummy: tuple, tolerance: float) -> None:
+    was_training = model.training
+    model.eval()
+    converted.eval()
+    try:
+        with torch.no_grad():
+            expected = model(*dummy)
+            got = converted(*dummy)
+    finally:
+        model.train(was_training)
+        converted.train(was_training)
+    flat_e = expected if isinstance(expected, (tuple, list)) else (expected,)
+    flat_g = got if isinstance(got, (tuple, list)) else (got,)
+    for e, g in zip(flat_e, flat_g):
+        if isinstance(e, torch.Tensor) and not torch.allclose(e, g, atol=tolerance, rtol=tolerance):
+            raise UnsupportedError(
+                f"from_pytorch: the converted model differs from the torch model on the dummy "
+                f"input (max abs difference {(e - g).abs().max().item():.3g}); a converter in "
+                "crypten_lite.nn.from_pytorch does not match torch for this model")

@@ -1,0 +1,415 @@
+"""Functional layers and losses on public tensors and CrypTensors, mirroring torch.nn.functional.
+
+Every function takes any mix of public torch tensors and CrypTensors: with no CrypTensor
+operand it *is* the torch function (plaintext), otherwise it runs the private version.
+Nonlinear functions are the CrypTensor methods of crypten_lite.functions (same names as
+torch); their gradients are in crypten_lite/autograd/rules.py.
+
+Dropout masks come from a PRG whose seed all parties agree on by a coin toss (each party
+contributes 32 fresh bytes, one all-gather per session, seed = HKDF of the concatenation):
+the mask is *public*. It is independent of every private value, so making it public reveals
+nothing about the data or the model; it makes dropout a local multiplication (no Beaver
+round) and its backward the same multiplication. A secret mask would need shared random
+bits and comparisons for an arbitrary p and would buy no privacy in the semi-honest model.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from ..autograd import record
+from ..cryptensor import CrypTensor
+from ..errors import UnsupportedError
+
+
+def is_private(*values) -> bool:
+    """True if any value is a CrypTensor."""
+    return any(isinstance(v, CrypTensor) for v in values)
+
+
+def _tuple(v, n: int) -> tuple[int, ...]:
+    return tuple(v) if isinstance(v, (tuple, list)) else (v,) * n
+
+
+def _method(x: CrypTensor, name: str):
+    fn = getattr(x, name, None)
+    if fn is None:
+        raise UnsupportedError(f"CrypTensor.{name} is not available: it comes with "
+                               "crypten_lite.functions (call crypten_lite.init() first)")
+    return fn
+
+
+# --------------------------------------------------------------------------- linear
+def linear(x, weight, bias=None):
+    """x @ weight.T + bias; any operand may be public or private."""
+    if not is_private(x, weight, bias):
+        return F.linear(x, weight, bias)
+    if isinstance(x, CrypTensor):
+        out = x.matmul(weight.t())
+    else:
+        out = weight.t().__rmatmul__(x)  # public x: local product, recorded for autograd
+    return out if bias is None else out.add(bias)
+
+
+def _same_padding(weight_shape, dilation, dims: int):
+    """Explicit F.pad amounts for padding='same' (stride 1), torch's left/right split."""
+    pad = []
+    for k, d in reversed(list(zip(weight_shape[2:], _tuple(dilation, dims)))):
+        total = d * (k - 1)
+        pad += [total // 2, total - total // 2]
+    return pad
+
+
+def _conv(op: str, dims: int, x, weight, bias, stride, padding, dilation, groups):
+    if not is_private(x, weight, bias):
+        fn = F.conv1d if dims == 1 else F.conv2d
+        return fn(x, weight, bias, stride, padding, dilation, groups)
+    if isinstance(padding, str):
+        if padding == "valid":
+            padding = 0
+        elif padding == "same":
+            x = pad(x, _same_padding(weight.shape, dilation, dims))
+            padding = 0
+        else:
+            raise UnsupportedError(f"{op}: padding={padding!r}; use an int, a tuple, 'same' or 'valid'")
+    if isinstance(x, CrypTensor):
+        out = getattr(x, op)(weight, None, stride, padding, dilation, groups)
+    else:
+        # Public input, private weight: op(x, [w]) is local (the public operand on the left).
+        params = (*_tuple(stride, dims), *_tuple(padding, dims), *_tuple(dilation, dims), groups)
+        out = weight._bilinear(op, x, params, swap=True)
+        out = record(out, op, (x, weight), stride=stride, padding=padding, dilation=dilation,
+                     groups=groups)
+    if bias is None:
+        return out
+    return out.add(bias.reshape(-1, *([1] * dims)))
+
+
+def conv1d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    return _conv("conv1d", 1, x, weight, bias, stride, padding, dilation, groups)
+
+
+def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    return _conv("conv2d", 2, x, weight, bias, stride, padding, dilation, groups)
+
+
+def conv_transpose2d(x, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1,
+                     dilation=1):
+    if not is_private(x, weight, bias):
+        return F.conv_transpose2d(x, weight, bias, stride, padding, output_padding, groups, dilation)
+    if isinstance(x, CrypTensor):
+        out = x.conv_transpose2d(weight, None, stride, padding, output_padding, groups, dilation)
+    else:
+        params = (*_tuple(stride, 2), *_tuple(padding, 2), *_tuple(output_padding, 2),
+                  *_tuple(dilation, 2), groups)
+        out = weight._bilinear("conv_transpose2d", x, params, swap=True)
+        out = record(out, "conv_transpose2d", (x, weight), stride=stride, padding=padding,
+                     output_padding=output_padding, groups=groups, dilation=dilation)
+    return out if bias is None else out.add(bias.reshape(-1, 1, 1))
+
+
+def pad(x, pad: Sequence[int], mode: str = "constant", value: float | None = None):
+    if not is_private(x):
+        return F.pad(x, list(pad), mode=mode, value=value)
+    return x.pad(list(pad), mode=mode, value=0.0 if value is None else value)
+
+
+# ----------------------------------------------------------------------- activations
+def relu(x, inplace: bool = False):
+    return _method(x, "relu")() if is_private(x) else F.relu(x)
+
+
+def relu6(x, inplace: bool = False):
+    """min(max(x, 0), 6) = relu(x) - relu(x - 6): two comparisons, exact gradient."""
+    if not is_private(x):
+        return F.relu6(x)
+    return relu(x).sub(relu(x.sub(6.0)))
+
+
+def sigmoid(x):
+    return _method(x, "sigmoid")() if is_private(x) else torch.sigmoid(x)
+
+
+def tanh(x):
+    return _method(x, "tanh")() if is_private(x) else torch.tanh(x)
+
+
+def gelu(x, approximate: str = "none"):
+    if not is_private(x):
+        return F.gelu(x, approximate=approximate)
+    return _method(x, "gelu")()
+
+
+def silu(x, inplace: bool = False):
+    if not is_private(x):
+        return F.silu(x)
+    fn = getattr(x, "silu", None)
+    return fn() if fn is not None else x.mul(sigmoid(x))
+
+
+def softmax(x, dim: int | None = None, dtype=None, _stacklevel: int = 3):
+    if not is_private(x):
+        return F.softmax(x, dim=dim, dtype=dtype)
+    return _method(x, "softmax")(dim)
+
+
+def log_softmax(x, dim: int | None = None, dtype=None, _stacklevel: int = 3):
+    if not is_private(x):
+        return F.log_softmax(x, dim=dim, dtype=dtype)
+    return _method(x, "log_softmax")(dim)
+
+
+def flatten(x, start_dim: int = 0, end_dim: int = -1):
+    return x.flatten(start_dim, end_dim)
+
+
+# ----------------------------------------------------------------------- pooling
+def max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
+               return_indices=False):
+    if not is_private(x):
+        return F.max_pool2d(x, kernel_size, stride, padding, dilation, ceil_mode, return_indices)
+    if return_indices:
+        raise UnsupportedError("max_pool2d(return_indices=True) is not supported on CrypTensors")
+    return _method(x, "max_pool2d")(kernel_size, stride=stride, padding=padding,
+                                    dilation=dilation, ceil_mode=ceil_mode)
+
+
+def avg_pool2d(x, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
+               divisor_override=None):
+    if not is_private(x):
+        return F.avg_pool2d(x, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                            divisor_override)
+    return _method(x, "avg_pool2d")(kernel_size, stride=stride, padding=padding,
+                                    ceil_mode=ceil_mode, count_include_pad=count_include_pad,
+                                    divisor_override=divisor_override)
+
+
+def adaptive_avg_pool2d(x, output_size):
+    if not is_private(x):
+        return F.adaptive_avg_pool2d(x, output_size)
+    return _method(x, "adaptive_avg_pool2d")(output_size)
+
+
+# ----------------------------------------------------------------------- normalization
+def layer_norm(x, normalized_shape, weight=None, bias=None, eps: float = 1e-5):
+    if not is_private(x, weight, bias):
+        return F.layer_norm(x, normalized_shape, weight, bias, eps)
+    if not is_private(x):
+        out = F.layer_norm(x, normalized_shape, None, None, eps)
+    else:
+        out = _method(x, "layer_norm")(tuple(normalized_shape), eps=eps)
+    if weight is not None:
+        out = out.mul(weight)
+    return out if bias is None else out.add(bias)
+
+
+def _bn_shape(x, v):
+    return v.reshape(1, -1, *([1] * (x.dim() - 2)))
+
+
+def batch_norm(x, running_mean, running_var, weight=None, bias=None, training: bool = False,
+               momentum: float = 0.1, eps: float = 1e-5):
+    """Batch normalization; returns (out, batch_mean, batch_var_unbiased) in training.
+
+    Training normalizes with the batch statistics (biased variance, like torch) and returns
+    them so that the module updates its running statistics; evaluation uses the running
+    statistics (public ones are inverted in plaintext, private ones with inv_sqrt).
+    """
+    if not is_private(x, running_mean, running_var, weight, bias):
+        out = F.batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps)
+        return out
+    dims = (0,) + tuple(range(2, x.dim()))
+    if training:
+        if not is_private(x):
+            raise UnsupportedError("batch_norm in training on a public input with private "
+                                   "parameters: share the input first")
+        n = x.numel() // x.shape[1]
+        mean = x.mean(dims, keepdim=True)
+        centered = x.sub(mean)
+        var = centered.square().mean(dims, keepdim=True)
+        inv_std = _inv_sqrt(var.add(eps))
+        out = centered.mul(inv_std)
+        stats = (mean.reshape(-1), var.reshape(-1).mul(n / max(n - 1, 1)))
+    else:
+        if is_private(running_var):
+            inv_std = _inv_sqrt(running_var.add(eps))
+        else:
+            inv_std = torch.rsqrt(running_var + eps)
+        out = x.sub(_bn_shape(x, running_mean)) if is_private(x) else \
+            (x - _bn_shape(x, running_mean)) if not is_private(running_mean) else \
+            _bn_shape(x, running_mean).neg().add(x)
+        out = out.mul(_bn_shape(x, inv_std)) if is_private(out) else _bn_shape(x, inv_std).mul(out)
+        stats = None
+    if weight is not None:
+        out = out.mul(_bn_shape(x, weight)) if is_private(out) else _bn_shape(x, weight).mul(out)
+    if bias is not None:
+        out = out.add(_bn_shape(x, bias)) if is_private(out) else _bn_shape(x, bias).add(out)
+    return (out, *stats) if training else out
+
+
+def _inv_sqrt(x: CrypTensor) -> CrypTensor:
+    for name in ("inv_sqrt", "rsqrt"):
+        fn = getattr(x, name, None)
+        if fn is not None:
+            return fn()
+    return _method(x, "sqrt")().reciprocal()
+
+
+# ----------------------------------------------------------------------- dropout
+_COMMON: list = [None, None]  # [session, PRG] of the session-wide public PRG
+
+
+def common_prg():
+    """A PRG whose seed every party knows (coin toss, one all-gather per session).
+
+    For public randomness that no private value depends on (dropout masks); never for
+    shares or Beaver masks.
+    """
+    from ..random import PRG, derive_key, fresh_seed
+    from ..session import current
+
+    s = current()
+    if _COMMON[0] is not s:
+        mine = torch.frombuffer(bytearray(fresh_seed()), dtype=torch.int64).clone()
+        parts = s.comm.all_gather(mine)
+        joint = b"".join(p.contiguous().numpy().tobytes() for p in parts)
+        _COMMON[0], _COMMON[1] = s, PRG(derive_key(joint, "crypten_lite/v1/common-public-prg"))
+    return _COMMON[1]
+
+
+def dropout_mask(shape, p: float) -> torch.Tensor:
+    """Public keep-mask scaled by 1/(1-p), identical on every party."""
+    words = common_prg().draw(tuple(shape))
+    uniform = ((words >> 11) & ((1 << 53) - 1)).double() / float(1 << 53)
+    return (uniform >= p).double() / (1.0 - p)
+
+
+def dropout(x, p: float = 0.5, training: bool = True, inplace: bool = False):
+    if p < 0 or p > 1:
+        raise UnsupportedError(f"dropout probability must be in [0, 1], got {p}")
+    if not training or p == 0:
+        return x
+    if p == 1:
+        return x.mul(0.0)
+    from ..session import is_initialized
+    if not is_private(x) and not is_initialized():
+        return F.dropout(x, p, True)  # plain torch, outside any MPC session
+    mask = dropout_mask(x.shape, p)
+    return x.mul(mask) if is_private(x) else x * mask.to(x.dtype)
+
+
+# ----------------------------------------------------------------------- losses
+def _reduce(loss, reduction: str):
+    if reduction == "mean":
+        return loss.mean()
+    if reduction == "sum":
+        return loss.sum()
+    if reduction == "none":
+        return loss
+    raise UnsupportedError(f"reduction={reduction!r}; use 'mean', 'sum' or 'none'")
+
+
+def _diff(x, y):
+    return x.sub(y) if is_private(x) else y.neg().add(x)
+
+
+def mse_loss(x, target, reduction: str = "mean"):
+    if not is_private(x, target):
+        return F.mse_loss(x, target, reduction=reduction)
+    return _reduce(_diff(x, target).square(), reduction)
+
+
+def l1_loss(x, target, reduction: str = "mean"):
+    if not is_private(x, target):
+        return F.l1_loss(x, target, reduction=reduction)
+    return _reduce(_method(_diff(x, target), "abs")(), reduction)
+
+
+def binary_cross_entropy(x, target, weight=None, reduction: str = "mean"):
+    """-(y log p + (1 - y) log(1 - p)), p private probabilities (log by approximation)."""
+    if not is_private(x, target, weight):
+        return F.binary_cross_entropy(x, target, weight, reduction=reduction)
+    one_minus_x = x.neg().add(1.0)
+    one_minus_y = target.neg().add(1.0) if is_private(target) else 1.0 - target
+    loss = x.log().mul(target).add(one_minus_x.log().mul(one_minus_y)).neg()
+    if weight is not None:
+        loss = loss.mul(weight)
+    return _reduce(loss, reduction)
+
+
+def binary_cross_entropy_with_logits(x, target, weight=None, reduction: str = "mean",
+                                     pos_weight=None):
+    """BCE on logits. The forward value is softplus(x) - x*y = relu(x) - x*y +
+    log(1 + exp(-|x|)); the gradient is recorded as one node, (sigmoid(x) - y) / n, so that
+    training needs one sigmoid per step rather than the derivative of every approximation.
+    """
+    if not is_private(x, target, weight, pos_weight):
+        return F.binary_cross_entropy_with_logits(x, target, weight, reduction=reduction,
+                                                  pos_weight=pos_weight)
+    if pos_weight is not None:
+        raise UnsupportedError("binary_cross_entropy_with_logits(pos_weight=...) is not supported "
+                               "on CrypTensors")
+    from ..cryptensor import no_grad
+    with no_grad():
+        xd = x.detach() if is_private(x) else x
+        td = target.detach() if is_private(target) else target
+        softplus = _method(xd, "relu")().add(_method(_method(xd, "abs")().neg(), "exp")().add(1.0).log())
+        loss = softplus.sub(xd.mul(td)) if is_private(xd) else softplus.sub(td.mul(xd))
+        if weight is not None:
+            loss = loss.mul(weight)
+        out = _reduce(loss, reduction)
+        sig = _method(xd, "sigmoid")()
+    return record(out, "binary_cross_entropy_with_logits", (x, target), weight=weight,
+                  reduction=reduction, sigmoid=sig)
+
+
+def _one_hot(target, logits):
+    """Class-index targets -> one-hot of the logits' shape (class dim 1); else unchanged."""
+    classes = logits.shape[1]
+    if tuple(target.shape) == tuple(logits.shape) and (not isinstance(target, torch.Tensor)
+                                                       or target.is_floating_point()):
+        return target  # one-hot or probabilities already
+    if isinstance(target, CrypTensor):
+        # Private class indices: compare with the public class numbers (one comparison each).
+        shape = [1] * (target.dim() + 1)
+        shape[1] = classes
+        classes_t = torch.arange(classes).reshape(shape)
+        return _method(target.unsqueeze(1), "eq")(classes_t).float()
+    hot = F.one_hot(target.long(), classes).double()
+    return hot.movedim(-1, 1) if hot.dim() > 2 else hot
+
+
+def cross_entropy(x, target, weight=None, reduction: str = "mean", label_smoothing: float = 0.0):
+    """Softmax cross-entropy with class-index (public or private) or one-hot targets.
+
+    loss = -sum_c y_c log_softmax(x)_c; through autograd its gradient is
+    softmax(x) - y (divided by the batch size for 'mean').
+    """
+    if not is_private(x, target, weight):
+        return F.cross_entropy(x, target, weight, reduction=reduction, label_smoothing=label_smoothing)
+    if weight is not None or label_smoothing:
+        raise UnsupportedError("cross_entropy(weight=..., label_smoothing=...) is not supported on "
+                               "CrypTensors")
+    hot = _one_hot(target, x)
+    logp = log_softmax(x, 1)
+    per_sample = (logp.mul(hot) if is_private(logp) else hot.mul(logp)).sum(1).neg()
+    return _reduce(per_sample, reduction)
+
+
+def nll_loss(x, target, weight=None, reduction: str = "mean"):
+    if not is_private(x, target, weight):
+        return F.nll_loss(x, target, weight, reduction=reduction)
+    hot = _one_hot(target, x)
+    return _reduce(x.mul(hot).sum(1).neg(), reduction)
+
+
+__all__ = [
+    "linear", "conv1d", "conv2d", "conv_transpose2d", "pad", "relu", "relu6", "sigmoid", "tanh",
+    "gelu", "silu", "softmax", "log_softmax", "flatten", "max_pool2d", "avg_pool2d",
+    "adaptive_avg_pool2d", "layer_norm", "batch_norm", "dropout", "mse_loss", "l1_loss",
+    "binary_cross_entropy", "binary_cross_entropy_with_logits", "cross_entropy", "nll_loss",
+    "is_private", "common_prg", "dropout_mask",
+]

@@ -1,0 +1,225 @@
+"""from_pytorch in plaintext: conversion tables, state_dict paths, train/eval, fallbacks, errors.
+
+A converted model with public parameters run on public tensors executes the very torch
+functions of its table, so these tests need no parties; private execution of the same
+models is checked in tests/protocol/test_nn.py.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as TF
+
+import crypten_lite.nn as cnn
+from crypten_lite.errors import UnsupportedError
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "examples"))
+from resnet_inference import ResNet18, build_model  # noqa: E402
+
+
+# -------------------------------------------------------------------- torch models
+class MLP(nn.Module):
+    def __init__(self, n_in=64, hidden=32, n_out=10):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(n_in, hidden), nn.ReLU(), nn.Dropout(0.2),
+                                 nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, n_out))
+
+    def forward(self, x):
+        return self.net(x.flatten(1))
+
+
+class LeNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 6, 5, padding=2)
+        self.conv2 = nn.Conv2d(6, 16, 5)
+        self.fc1 = nn.Linear(16 * 5 * 5, 120)
+        self.fc2 = nn.Linear(120, 84)
+        self.fc3 = nn.Linear(84, 10)
+
+    def forward(self, x):
+        x = TF.max_pool2d(TF.relu(self.conv1(x)), 2)
+        x = TF.avg_pool2d(torch.relu(self.conv2(x)), 2)
+        x = torch.flatten(x, 1)
+        x = TF.relu(self.fc1(x))
+        return self.fc3(TF.relu(self.fc2(x)))
+
+
+class TransformerBlock(nn.Module):
+    """Pre-norm encoder block: multi-head self-attention (softmax) and a GELU MLP."""
+
+    def __init__(self, dim=16, heads=2, hidden=32):
+        super().__init__()
+        self.heads = heads
+        self.ln1 = nn.LayerNorm(dim)
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.ln2 = nn.LayerNorm(dim)
+        self.fc1 = nn.Linear(dim, hidden)
+        self.act = nn.GELU()
+        self.fc2 = nn.Linear(hidden, dim)
+        self.drop = nn.Dropout(0.1)
+
+    def forward(self, x):
+        b, t, d = x.size()
+        q, k, v = self.qkv(self.ln1(x)).chunk(3, dim=-1)
+        q = q.view(b, t, self.heads, d // self.heads).transpose(1, 2)
+        k = k.view(b, t, self.heads, d // self.heads).transpose(1, 2)
+        v = v.view(b, t, self.heads, d // self.heads).transpose(1, 2)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(d // self.heads))
+        att = att.softmax(dim=-1)
+        y = (att @ v).transpose(1, 2).reshape(b, t, d)
+        x = x + self.drop(self.proj(y))
+        return x + self.fc2(self.act(self.fc1(self.ln2(x))))
+
+
+class TransformerClassifier(nn.Module):
+    def __init__(self, dim=16):
+        super().__init__()
+        self.block = TransformerBlock(dim)
+        self.head = nn.Linear(dim, 4)
+
+    def forward(self, x):
+        return self.head(self.block(x).mean(1))
+
+
+class ControlFlow(nn.Module):
+    """Python control flow on a tensor value: torch.fx cannot trace it, torch.export can."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+        self.bn = nn.BatchNorm1d(3)
+
+    def forward(self, x):
+        if x.shape[0] > 1 and bool(x.numel() > 0):
+            x = x * 2
+        return TF.relu(self.bn(self.fc(x)))
+
+
+class Unsupported(nn.Module):
+    def forward(self, x):
+        return torch.sort(x, dim=1).values
+
+
+class UnsupportedLayer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(10, 4)
+
+    def forward(self, x):
+        return self.emb(x)
+
+
+def seeded(cls, *args, **kwargs):
+    torch.manual_seed(0)  # test models only
+    return cls(*args, **kwargs).eval()
+
+
+MODELS = {
+    "mlp": (lambda: seeded(MLP), (3, 64)),
+    "lenet": (lambda: seeded(LeNet), (2, 1, 28, 28)),
+    "resnet18": (lambda: build_model(width=8), (2, 3, 32, 32)),
+    "transformer": (lambda: seeded(TransformerClassifier), (2, 5, 16)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_plaintext_conversion_matches_torch(name):
+    make, shape = MODELS[name]
+    model = make()
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(1))
+    converted = cnn.from_pytorch(model, x)
+    assert isinstance(converted, cnn.Module) and converted.source == "fx"
+    assert set(converted.state_dict()) == set(model.state_dict())
+    assert not converted.encrypted
+    with torch.no_grad():
+        torch.testing.assert_close(converted(x), model(x), atol=1e-5, rtol=1e-5)
+
+
+def test_resnet18_standard_width_converts():
+    model = ResNet18()
+    converted = cnn.from_pytorch(model.eval(), torch.zeros(1, 3, 32, 32))
+    n = sum(p.numel() for p in converted.parameters())
+    assert n == sum(p.numel() for p in model.parameters()) > 11_000_000
+
+
+def test_batchnorm_and_dropout_follow_train_eval():
+    torch.manual_seed(0)  # test model only
+    model = nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3), nn.Dropout(0.5)).eval()
+    x = torch.randn(8, 4)
+    converted = cnn.from_pytorch(model, x)
+    converted.train()
+    model.train()
+    out = converted(x)
+    with torch.no_grad():
+        ref = model[1](model[0](x))  # batch statistics; updates torch's running stats
+    kept = out != 0  # dropout: zeros, or values scaled by 1 / (1 - p) = 2
+    torch.testing.assert_close(out[kept], 2 * ref[kept], atol=1e-5, rtol=1e-5)
+    assert 0 < kept.float().mean() < 1
+    state = converted.state_dict()
+    torch.testing.assert_close(state["1.running_mean"], model[1].running_mean)
+    torch.testing.assert_close(state["1.running_var"], model[1].running_var)
+    converted.eval()
+    model.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(converted(x), model(x))
+
+
+def test_size_arithmetic_and_residuals():
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(6, 6)
+
+        def forward(self, x):
+            n, c = x.shape
+            y = x.view(n * c // 6, -1)
+            y = self.fc(y) + y
+            y = torch.cat([y, x], 1)
+            return TF.softmax(y.reshape(x.size(0), -1), dim=1)
+
+    model = seeded(M)
+    x = torch.randn(3, 6)
+    torch.testing.assert_close(cnn.from_pytorch(model, x)(x), model(x))
+
+
+def test_export_fallback_for_control_flow():
+    model = seeded(ControlFlow)
+    x = torch.randn(5, 4)
+    converted = cnn.from_pytorch(model, x)
+    assert converted.source == "export"
+    assert set(converted.state_dict()) == set(model.state_dict())
+    torch.testing.assert_close(converted(x), model(x))
+
+
+def test_unsupported_function_names_node_target_and_table():
+    with pytest.raises(UnsupportedError) as info:
+        cnn.from_pytorch(Unsupported(), torch.randn(2, 3))
+    message = str(info.value)
+    assert "'sort'" in message and "call_function" in message and "torch.sort" in message
+    assert "crypten_lite.nn.from_pytorch.FUNCTIONS" in message
+
+
+def test_unsupported_layer_names_node_target_and_table():
+    with pytest.raises(UnsupportedError) as info:
+        cnn.from_pytorch(UnsupportedLayer(), torch.zeros(2, dtype=torch.long))
+    message = str(info.value)
+    assert "'emb'" in message and "torch.nn.modules.sparse.Embedding" in message
+    assert "CONVERTERS" in message
+
+
+def test_tables_cover_the_issue_list():
+    for layer in (nn.Linear, nn.Conv2d, nn.BatchNorm2d, nn.LayerNorm, nn.Dropout, nn.GELU,
+                  nn.MaxPool2d, nn.AdaptiveAvgPool2d, nn.Flatten):
+        assert layer in cnn.CONVERTERS
+    for fn in (TF.relu, TF.softmax, TF.max_pool2d, TF.avg_pool2d, torch.cat, torch.flatten):
+        assert fn in cnn.FUNCTIONS
+    for method in ("view", "reshape", "size", "flatten", "softmax", "transpose"):
+        assert method in cnn.METHODS
