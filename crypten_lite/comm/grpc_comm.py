@@ -144,9 +144,14 @@ def handshake(stub, hello: pb.Hello, timeout: float, target: str, who: str) -> p
     deadline = time.monotonic() + timeout
     delay = 0.05
     last = ""
+    last_error: grpc.RpcError | None = None
     while True:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
+            if last_error is not None:
+                from . import tls
+                if tls._classify(last_error) in ("handshake", "closed"):
+                    raise tls.explain(last_error, who, target) from last_error
             raise CommunicationError(
                 f"{who} is unreachable at {target} after {timeout:g} s ({last}); check the address "
                 "in CRYPTEN_LITE_PARTIES / CRYPTEN_LITE_DEALER and that the process is running",
@@ -155,7 +160,7 @@ def handshake(stub, hello: pb.Hello, timeout: float, target: str, who: str) -> p
             reply = stub.Handshake(hello, timeout=min(remaining, 5.0))
         except grpc.RpcError as e:
             code = e.code()
-            last = f"{code.name}: {e.details()}"
+            last, last_error = f"{code.name}: {e.details()}", e
             if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                 time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
                 delay = min(delay * 2, 1.0)
@@ -298,6 +303,11 @@ class _Outbox:
             self.call.cancel()
 
 
+def _is_loopback(address: str) -> bool:
+    host = address.rpartition(":")[0].strip("[]")
+    return host in ("localhost", "::1") or host.startswith("127.")
+
+
 class GrpcCommunicator(Communicator):
     """Communicator over gRPC between the parties listed in `config.parties`."""
 
@@ -315,6 +325,9 @@ class GrpcCommunicator(Communicator):
         self._closed = False
         self._lock = threading.Lock()
         own = config.parties[config.rank]
+        if not self.tls.enabled and not all(_is_loopback(a) for a in config.parties):
+            log.warning("party %d: TLS is off (CRYPTEN_LITE_TLS_DIR unset) on a non-loopback network: "
+                        "traffic is unauthenticated and readable; run `crypten-lite certs`", config.rank)
         bind = config.bind or own
         if ":" not in bind:
             bind = f"{bind}:{own.rpartition(':')[2]}"
