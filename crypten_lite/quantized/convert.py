@@ -89,7 +89,7 @@ def from_quantized(
     model: nn.Module,
     example_input: torch.Tensor,
     *,
-    frac_bits: int = 16,
+    frac_bits: int = 20,
     multiplier_bits: int = 24,
     max_bits: int = 62,
 ) -> QuantizedProgram:
@@ -255,7 +255,13 @@ def _fetch_attr(gm: fx.GraphModule, target: str) -> torch.Tensor:
 
 
 def _target_name(target: Any) -> str:
-    return getattr(target, "__qualname__", None) or getattr(target, "__name__", None) or str(target)
+    if isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        return f"torch.ops.{target}"
+    if callable(target):
+        module = getattr(target, "__module__", None) or ""
+        name = getattr(target, "__qualname__", None) or getattr(target, "__name__", "?")
+        return f"{module}.{name}" if module else name
+    return str(target)
 
 
 def _unsupported(node: fx.Node, what: str, table: str) -> UnsupportedError:
@@ -625,12 +631,15 @@ FUNCTION_HANDLERS: dict[Any, FunctionHandler] = {
     aten.relu.default: _activation(0.0, None),
     aten.relu_.default: _activation(0.0, None),
     F.relu6: _activation(0.0, 6.0),
+    aten.relu6.default: _activation(0.0, 6.0),
     F.hardtanh: _hardtanh,
     aten.hardtanh.default: _hardtanh,
     aten.hardtanh_.default: _hardtanh,
     torch.clamp: _hardtanh,
     aten.clamp.default: _hardtanh,
     F.hardswish: _hardswish,
+    torch.ops.quantized.hardswish: _hardswish,
+    torch.ops.quantized.hardswish.default: _hardswish,
     aten.hardswish.default: _hardswish,
     aten.hardswish_.default: _hardswish,
     # pooling
@@ -681,6 +690,7 @@ METHOD_HANDLERS: dict[str, FunctionHandler] = {
 _TRANSPARENT_FUNCTIONS: dict[Any, Callable[[_Converter, fx.Node], tuple[Any, Any]]] = {
     **{t: (lambda cv, n: (0.0, None)) for t in (torch.relu, F.relu, aten.relu.default, aten.relu_.default)},
     F.relu6: lambda cv, n: (0.0, 6.0),
+    aten.relu6.default: lambda cv, n: (0.0, 6.0),
     **{t: _hardtanh_bounds for t in (F.hardtanh, aten.hardtanh.default, aten.hardtanh_.default,
                                       torch.clamp, aten.clamp.default)},
     **{t: (lambda cv, n: (None, None)) for t in (

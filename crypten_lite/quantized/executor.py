@@ -59,6 +59,8 @@ def run_float(program: QuantizedProgram, x: torch.Tensor, backend: Backend | Non
 
 def apply_rescale(backend: Backend, v: Value, rs: Rescale, bias: Value | None = None) -> Value:
     """``clamp(round((v * multiplier + bias) / 2**shift) + offset, lo, hi)``."""
+    if rs.pre_shift:
+        v = backend.truncate(v, rs.pre_shift, rs.pre_bits, "half_up")
     if not (isinstance(rs.multiplier, int) and rs.multiplier == 1):
         v = backend.mul_public(v, rs.multiplier)
     if bias is not None:

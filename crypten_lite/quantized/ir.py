@@ -116,7 +116,10 @@ class ValueInfo:
 
 @dataclass(frozen=True)
 class Rescale:
-    """``y = clamp(round((v * multiplier + bias) / 2**shift) + offset, lo, hi)``.
+    """``y = clamp(round((v' * multiplier + bias) / 2**shift) + offset, lo, hi)``.
+
+    ``v' = round_half_up(v / 2**pre_shift)`` (``v' = v`` when ``pre_shift == 0``; used for
+    fixed-point accumulators much finer than the output; ``pre_bits`` bounds ``v``).
 
     ``multiplier`` is a public int or an int64 tensor that broadcasts against the value
     without its batch dim (per-channel ``(C, 1, 1)`` for conv, ``(C,)`` for linear,
@@ -136,6 +139,8 @@ class Rescale:
     in_bits: int
     out_bits: int
     rounding: str = "half_up"
+    pre_shift: int = 0
+    pre_bits: int = 0
 
     def describe(self) -> str:
         """Short text for :meth:`QuantizedProgram.describe`."""
@@ -144,8 +149,9 @@ class Rescale:
             flat = m.flatten().tolist()
             m = f"{flat[:3]}{'...' if len(flat) > 3 else ''}({len(flat)})"
         clamp = f" clamp[{self.lo}, {self.hi}]" if (self.lo, self.hi) != (None, None) else ""
+        pre = f">>{self.pre_shift} ({self.pre_bits}b) " if self.pre_shift else ""
         return (
-            f"*{m} >>{self.shift} ({self.rounding}, {self.in_bits}b) +{self.offset}"
+            f"{pre}*{m} >>{self.shift} ({self.rounding}, {self.in_bits}b) +{self.offset}"
             f"{clamp} ({self.out_bits}b)"
         )
 

@@ -164,7 +164,7 @@ class ProgramBuilder:
 
     def __init__(
         self,
-        frac_bits: int = 16,
+        frac_bits: int = 20,
         multiplier_bits: int = 24,
         max_bits: int = 62,
         fixed_input_bits: int = 8,
@@ -202,10 +202,9 @@ class ProgramBuilder:
         """The finished program."""
         return QuantizedProgram(list(self.nodes), output.name, dict(sources))
 
-    def _fit(self, ratios, acc_bits: int, what: str, bits: int | None = None):
-        return fit_multipliers(
-            ratios, acc_bits, bits or self.multiplier_bits, self.max_bits, what
-        )
+    def _fit(self, ratios, acc_bits: int, what: str, pre: bool = True):
+        """``(multipliers, shift, pre_shift)`` for the ratios (requant.fit_multipliers)."""
+        return fit_multipliers(ratios, acc_bits, self.multiplier_bits, self.max_bits, what, pre)
 
     def _finish(self, multiplier, shift, v_lo, v_hi, pre_lo, pre_hi, ties, target, what, offset=None):
         in_bits = bits_for(v_lo, v_hi)
@@ -225,9 +224,12 @@ class ProgramBuilder:
         )
         return rescale, out_lo, out_hi
 
-    def _channel_rescale(self, ms, shift, ranges, biases, target, mshape, what, offset=None):
+    def _channel_rescale(self, ms, shift, ranges, biases, target, mshape, what, offset=None, pre=0):
         """Rescale with per-channel / per-position multipliers; returns (rescale, bias, lo, hi)."""
         offset = target.zero_point if offset is None else offset
+        pre_bits = max(bits_for(lo, hi) for lo, hi in ranges)
+        if pre:  # floor / ceil: sound for the half-up pre-rounding
+            ranges = [(lo >> pre, -((-hi) >> pre)) for lo, hi in ranges]
         v_lo, v_hi, pre_lo, pre_hi, ties = rescale_bounds(ms, ranges, biases, shift, offset)
         multiplier = self._public(ms, mshape)
         bias = None
@@ -235,6 +237,8 @@ class ProgramBuilder:
             bias = torch.tensor(biases, dtype=torch.int64).reshape(mshape)
         rescale, lo, hi = self._finish(multiplier, shift, v_lo, v_hi, pre_lo, pre_hi, ties, target, what,
                                        offset)
+        if pre:
+            rescale = replace(rescale, pre_shift=pre, pre_bits=pre_bits)
         return rescale, bias, lo, hi
 
     # --- inputs and conversions -------------------------------------------------------
@@ -265,8 +269,8 @@ class ProgramBuilder:
         """``round((x - z_x) * s_x / s_y) + z_y``: quant <-> quant, quant <-> fixed."""
         zx = x.info.zero_point
         acc = (x.info.lo - zx, x.info.hi - zx)
-        ms, shift = self._fit([x.info.scale / target.scale], bits_for(*acc), source)
-        rescale, _, lo, hi = self._channel_rescale(ms, shift, [acc], None, target, (), source)
+        ms, shift, pre = self._fit([x.info.scale / target.scale], bits_for(*acc), source)
+        rescale, _, lo, hi = self._channel_rescale(ms, shift, [acc], None, target, (), source, pre=pre)
         attrs = dict(in_zero_point=zx, rescale=rescale)
         return self._emit("requantize", [x], target.info(lo, hi, x.info.shape), source, attrs)
 
@@ -283,7 +287,7 @@ class ProgramBuilder:
             ratios = [float(f32(p / f32(sy))) for p in sxw]
         else:
             ratios = [sx * s / sy for s in sw]
-        ms, shift = self._fit(ratios, acc_bits, what)
+        ms, shift, pre = self._fit(ratios, acc_bits, what)
         biases = None
         if bias is not None:
             b = bias.detach().to(torch.float32).tolist()
@@ -292,15 +296,15 @@ class ProgramBuilder:
                 biases = [round(Fraction(float(f32(f32(bi) / p))) * m) for bi, p, m in zip(b, sxw, ms)]
             else:
                 biases = [round(Fraction(bi) / Fraction(sy) * (1 << shift)) for bi in b]
-        return ms, shift, ranges, biases
+        return ms, shift, pre, ranges, biases
 
     def linear(self, x: Val, w: QWeight, bias, target: Target, shape, source, reference="exact") -> Val:
         """``x @ w.T + b`` over the last dim; weight ``(O, K)``; int8 or fixed input."""
         zx = x.info.zero_point
         x_range = (x.info.lo - zx, x.info.hi - zx)
-        ms, shift, ranges, biases = self._weighted(x, w, bias, target, reference, source, x_range)
+        ms, shift, pre, ranges, biases = self._weighted(x, w, bias, target, reference, source, x_range)
         out = w.values.shape[0]
-        rescale, b, lo, hi = self._channel_rescale(ms, shift, ranges, biases, target, (out,), source)
+        rescale, b, lo, hi = self._channel_rescale(ms, shift, ranges, biases, target, (out,), source, pre=pre)
         attrs = dict(in_zero_point=zx, rescale=rescale)
         weights = dict(weight=w.values.t().contiguous(), bias=b)
         return self._emit("linear", [x], target.info(lo, hi, shape), source, attrs, weights)
@@ -312,9 +316,10 @@ class ProgramBuilder:
         lo, hi = x.info.lo - zx, x.info.hi - zx
         if any(padding):
             lo, hi = min(lo, 0), max(hi, 0)
-        ms, shift, ranges, biases = self._weighted(x, w, bias, target, reference, source, (lo, hi))
+        ms, shift, pre, ranges, biases = self._weighted(x, w, bias, target, reference, source, (lo, hi))
         out = w.values.shape[0]
-        rescale, b, lo, hi = self._channel_rescale(ms, shift, ranges, biases, target, (out, 1, 1), source)
+        rescale, b, lo, hi = self._channel_rescale(ms, shift, ranges, biases, target, (out, 1, 1), source,
+                                                   pre=pre)
         attrs = dict(in_zero_point=zx, stride=tuple(stride), padding=tuple(padding),
                      dilation=tuple(dilation), groups=int(groups), rescale=rescale)
         weights = dict(weight=w.values, bias=b)
@@ -325,7 +330,8 @@ class ProgramBuilder:
         """``sum_i real(x_i)``, requantized to the target (add / add_relu)."""
         ranges = [(v.info.lo - v.info.zero_point, v.info.hi - v.info.zero_point) for v in xs]
         acc_bits = max(bits_for(*r) for r in ranges) + (len(xs) - 1).bit_length()
-        ms, shift = self._fit([v.info.scale / target.scale for v in xs], acc_bits, source)
+        # no pre-shift here: it would have to round each input separately
+        ms, shift, _ = self._fit([v.info.scale / target.scale for v in xs], acc_bits, source, pre=False)
         v_lo = sum(product_bounds(r, (m, m))[0] for r, m in zip(ranges, ms))
         v_hi = sum(product_bounds(r, (m, m))[1] for r, m in zip(ranges, ms))
         ties = tie_possible_sum(ms, ranges, shift)
@@ -341,8 +347,8 @@ class ProgramBuilder:
         ra = (a.info.lo - a.info.zero_point, a.info.hi - a.info.zero_point)
         rb = (b.info.lo - b.info.zero_point, b.info.hi - b.info.zero_point)
         acc = product_bounds(ra, rb)
-        ms, shift = self._fit([a.info.scale * b.info.scale / target.scale], bits_for(*acc), source)
-        rescale, _, lo, hi = self._channel_rescale(ms, shift, [acc], None, target, (), source)
+        ms, shift, pre = self._fit([a.info.scale * b.info.scale / target.scale], bits_for(*acc), source)
+        rescale, _, lo, hi = self._channel_rescale(ms, shift, [acc], None, target, (), source, pre=pre)
         attrs = dict(zero_points=(a.info.zero_point, b.info.zero_point), rescale=rescale)
         return self._emit("mul", [a, b], target.info(lo, hi, shape), source, attrs)
 
@@ -361,8 +367,8 @@ class ProgramBuilder:
         t_lo, t_hi, tl, th = plan_clamp(u[0], u[1], 0, c6)
         acc = product_bounds(xr, (tl, th))
         ratio = sx * sx / (6 * (1 << k) * target.scale)
-        ms, shift = self._fit([ratio], bits_for(*acc), source)
-        rescale, _, lo, hi = self._channel_rescale(ms, shift, [acc], None, target, (), source)
+        ms, shift, pre = self._fit([ratio], bits_for(*acc), source)
+        rescale, _, lo, hi = self._channel_rescale(ms, shift, [acc], None, target, (), source, pre=pre)
         attrs = dict(in_zero_point=zx, k=k, c3=c3, t_lo=t_lo, t_hi=t_hi, t_bits=bits_for(*u),
                      rescale=rescale)
         return self._emit("hardswish", [x], target.info(lo, hi, shape), source, attrs)
@@ -413,9 +419,9 @@ class ProgramBuilder:
             return self._emit("avg_pool2d", [x], target.info(lo, hi, shape), source, attrs)
         acc_bits = max(bits_for(*r) for r in ranges)
         ratios = [x.info.scale / (d * target.scale) for d in divisors]
-        ms, shift = self._fit(ratios, acc_bits, source)
+        ms, shift, pre = self._fit(ratios, acc_bits, source)
         attrs["rescale"], _, lo, hi = self._channel_rescale(ms, shift, ranges, None, target, mshape, source,
-                                                            offset)
+                                                            offset, pre)
         return self._emit("avg_pool2d", [x], target.info(lo, hi, shape), source, attrs)
 
     @staticmethod

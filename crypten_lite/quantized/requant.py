@@ -25,6 +25,8 @@ from crypten_lite.quantized.ir import bits_for
 # Below this many significant bits a multiplier is too coarse to follow torch: refuse rather
 # than silently change the model.
 MIN_MULTIPLIER_BITS = 8
+# A pre-shift may round an accumulator by at most 2**-12 of an output step.
+PRE_SHIFT_SLACK = 12
 
 
 def multiplier_for(ratio: float, bits: int) -> tuple[int, int]:
@@ -63,14 +65,27 @@ def common_multipliers(ratios: Sequence[float], bits: int) -> tuple[list[int], i
 
 
 def fit_multipliers(
-    ratios: Sequence[float], acc_bits: int, bits: int, max_bits: int, what: str
-) -> tuple[list[int], int]:
-    """:func:`common_multipliers` with as many bits as fit ``acc * m`` into ``max_bits``."""
+    ratios: Sequence[float], acc_bits: int, bits: int, max_bits: int, what: str, allow_pre: bool = True
+) -> tuple[list[int], int, int]:
+    """Multipliers such that ``acc * m`` fits into ``max_bits``: ``(ms, shift, pre_shift)``.
+
+    An accumulator far finer than the output (fixed-point products) is first rounded by
+    ``pre_shift`` bits, as long as that moves the result by less than 2**-PRE_SHIFT_SLACK
+    of an output step; only then are multipliers given fewer than ``bits`` bits.
+    """
+    pre = 0
+    need = acc_bits + bits - max_bits
+    top = max(ratios)
+    if allow_pre and need > 0 and top > 0:
+        room = -PRE_SHIFT_SLACK - _floor_log2(Fraction(top)) - 1  # 2**room * top < 2**-slack
+        pre = max(0, min(need, room))
+    ratios = [r * (1 << pre) for r in ratios]
+    acc_bits -= pre
     b = bits
     while b >= MIN_MULTIPLIER_BITS:
         ms, shift = common_multipliers(ratios, b)
         if acc_bits + max(m.bit_length() for m in ms) <= max_bits:
-            return ms, shift
+            return ms, shift, pre
         b -= 1
     raise UnsupportedError(
         f"{what}: an accumulator of {acc_bits} bits leaves fewer than {MIN_MULTIPLIER_BITS} "
