@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from . import encoding
+from . import names as names_mod
 from .errors import ProtocolError, UnsupportedError
 from .mpc import beaver as beaver_mod
 from .mpc import primitives
@@ -105,9 +106,10 @@ class CrypTensor:
         encoded = encoding.encode(tensor, prec) if s.rank == src else None
         if encoded is not None and encoded.shape != shape:
             encoded = encoded.reshape(shape)
-        out = cls(primitives.share(encoded, src, shape), prec, dtype, requires_grad=requires_grad)
-        if names is not None:
-            out = out.refine_names(*names) if hasattr(out, "refine_names") else out
+        if names is None and tensor is not None:
+            names = getattr(tensor, "names", None)  # older torch with named tensors
+        out = cls(primitives.share(encoded, src, shape), prec, dtype, requires_grad=requires_grad,
+                  names=names_mod.normalize(names, len(shape)) if names is not None else None)
         return out
 
     @classmethod
@@ -170,9 +172,57 @@ class CrypTensor:
 
     def _dim(self, dim):
         if isinstance(dim, str):
-            from . import names as names_mod
-            return names_mod.resolve_dim(self._names, dim)
+            return names_mod.resolve_dim(self.names, dim)
         return dim
+
+    # ------------------------------------------------------------------ named dimensions
+    def rename(self, *names, **mapping) -> "CrypTensor":
+        """New names for the dims: positional (all, `...` allowed) or old=new keywords."""
+        if len(names) == 1 and names[0] is None and not mapping:
+            return self._new(self.share, names=None)
+        return self._new(self.share, names=names_mod.rename(self.names, *names, **mapping))
+
+    def rename_(self, *names, **mapping) -> "CrypTensor":
+        self._names = self.rename(*names, **mapping)._names
+        return self
+
+    def refine_names(self, *names) -> "CrypTensor":
+        """Name unnamed dims (PyTorch 1.3 semantics, `...` allowed)."""
+        if len(names) == 1 and isinstance(names[0], (list, tuple)):
+            names = tuple(names[0])
+        return self._new(self.share, names=names_mod.refine_names(self.names, *names))
+
+    def align_to(self, *order) -> "CrypTensor":
+        """Permute (and add size-1 dims) so the dims follow `order` (`...` allowed)."""
+        return self._aligned(names_mod.align_to(self.names, *order))
+
+    def align_as(self, other: "CrypTensor") -> "CrypTensor":
+        return self._aligned(names_mod.align_as(self.names, other.names))
+
+    def _aligned(self, a) -> "CrypTensor":
+        share = self.share.permute(a.permutation).reshape(a.view_shape(self.shape))
+        out = self._new(share, names=a.names)
+        return _record(out, "align", (self,), permutation=a.permutation, input_shape=self.shape,
+                       permuted_shape=tuple(self.share.permute(a.permutation).shape))
+
+    def unflatten(self, dim, sizes) -> "CrypTensor":
+        """Split `dim` into several; `sizes` may be a named shape ((name, size), ...)."""
+        d = self._dim(dim)
+        named = sizes and isinstance(next(iter(sizes)), (tuple, list))
+        plain_sizes = tuple(s for _, s in sizes) if named else tuple(sizes)
+        shape = tuple(self.shape[:d]) + plain_sizes + tuple(self.shape[d + 1:])
+        if named:
+            names = names_mod.unflatten(self.names, d, sizes)
+        elif self._names is not None:
+            names = tuple(self.names[:d]) + (None,) * len(plain_sizes) + tuple(self.names[d + 1:])
+        else:
+            names = None
+        return self._shape_op("reshape", lambda t: t.reshape(shape), names=names, input_shape=self.shape)
+
+    def _named_flatten(self, dims, out_dim: str) -> "CrypTensor":
+        names, start, end = names_mod.named_flatten(self.names, dims, out_dim)
+        return self._shape_op("reshape", lambda t: t.flatten(start, end), names=names,
+                              input_shape=self.shape)
 
     def __bool__(self):
         raise ProtocolError("a CrypTensor is secret and cannot be used as a Python bool; "
@@ -329,6 +379,10 @@ class CrypTensor:
             share = fn(encoded, self.share, params) if swap else fn(self.share, encoded, params)
             prec = self.precision + pprec
         out = self._new(self._fit(share, prec, target), target, dtype)
+        if op == "matmul":
+            out._names = _pair_names(self, other, names_mod.matmul, swap)
+        elif self._names is not None:
+            out._names = names_mod.conv_or_pool(self.names)
         return out
 
     def dot(self, other) -> "CrypTensor":
@@ -475,8 +529,10 @@ class CrypTensor:
     def squeeze(self, dim=None) -> "CrypTensor":
         d = None if dim is None else self._dim(dim)
         fn = (lambda t: t.squeeze()) if d is None else (lambda t: t.squeeze(d))
-        return self._shape_op("reshape", fn, input_shape=self.shape,
-                              names=_names_call("squeeze", self, d, tuple(self.shape)))
+        names = None
+        if self._names is not None:
+            names = names_mod.squeeze(self.names, d, shape=tuple(self.shape))
+        return self._shape_op("reshape", fn, input_shape=self.shape, names=names)
 
     def unsqueeze(self, dim) -> "CrypTensor":
         return self._shape_op("reshape", lambda t: t.unsqueeze(dim), input_shape=self.shape,
@@ -693,30 +749,39 @@ def _plain_index(index):
 
 
 def _names_call(rule: str, x: CrypTensor, *args):
+    """Output names of `rule` applied to x (None when x is unnamed: nothing to infer)."""
     if x._names is None:
         return None
-    from . import names as names_mod
-    fn = getattr(names_mod, rule, None)
-    if fn is None:
-        return None
-    return fn(x._names, *args)
+    return getattr(names_mod, rule)(x.names, *args)
 
 
 def _reduce_names(x: CrypTensor, dims, keepdim: bool):
     if x._names is None:
         return None
-    from . import names as names_mod
-    return names_mod.reduce(x._names, dims, keepdim)
+    return names_mod.reduce(x.names, dims, keepdim)
+
+
+def _full_names(x) -> tuple:
+    if isinstance(x, CrypTensor):
+        return x.names
+    return (None,) * torch.as_tensor(x).dim()
 
 
 def _unify(a, b):
+    """Names of a broadcasting binary op (PyTorch 1.3 right-aligned unification)."""
     an = a._names if isinstance(a, CrypTensor) else None
     bn = b._names if isinstance(b, CrypTensor) else None
     if an is None and bn is None:
         return None
-    from . import names as names_mod
-    return names_mod.unify(a.names if isinstance(a, CrypTensor) else None,
-                           b.names if isinstance(b, CrypTensor) else None)
+    return names_mod.unify(_full_names(a), _full_names(b))
+
+
+def _pair_names(a, b, rule, swap: bool = False):
+    if not (isinstance(a, CrypTensor) and a._names is not None) and not (
+            isinstance(b, CrypTensor) and b._names is not None):
+        return None
+    left, right = (_full_names(b), _full_names(a)) if swap else (_full_names(a), _full_names(b))
+    return rule(left, right)
 
 
 def _record(out: CrypTensor, op: str, inputs: tuple, **saved: Any) -> CrypTensor:
