@@ -265,14 +265,90 @@ def _log(g, x, out, **s):
     return g.mul(inv)
 
 
-def _where(g, condition, a, b, **s):
-    cond = condition.detach() if _is_private(condition) else torch.as_tensor(condition)
+def _where(g, a, b, condition, **s):
+    """where(condition, a, b): condition public (bool tensor) or private (bool CrypTensor)."""
+    cond = condition.detach() if _is_private(condition) else torch.as_tensor(condition, dtype=torch.bool)
     ga = g.mul(cond) if _is_private(a) else None
-    if _is_private(b):
-        gb = g.sub(g.mul(cond)) if ga is None else g.sub(ga)
-    else:
-        gb = None
-    return None, ga, gb
+    if not _is_private(b):
+        return ga, None
+    return ga, g.sub(ga if ga is not None else g.mul(cond))
+
+
+def _clamp(g, x, *bounds, below=None, above=None, **s):
+    """clamp(x, min, max): saved below = [x <= min], above = [x > max] (None if no bound).
+
+    Private bounds follow x in `inputs`, in the order min, max.
+    """
+    masks = [m for m in (below, above) if m is not None]
+    hit = None  # [x outside the bounds]: the gradient goes to the bound there
+    for m in masks:
+        hit = m if hit is None else hit.add(m)
+    gx = g if hit is None else g.sub(g.mul(hit))
+    if bounds and len(bounds) != len(masks):
+        # clamp records only its private bounds; with one private and one public bound the
+        # saved values do not say which one is private.
+        raise UnsupportedError("gradient of clamp with one private and one public bound: "
+                               "clamp must save which bound is private")
+    return (gx, *(g.mul(m) for m in masks[:len(bounds)]))
+
+
+def _extreme(g, x, dim=None, keepdim=False, one_hot=None, **s):
+    """max / min: the gradient goes to the selected element (the saved one-hot)."""
+    if dim is not None and not keepdim:
+        g = g.unsqueeze(dim)
+    return g.expand(tuple(x.shape)).mul(one_hot)
+
+
+# ------------------------------------------------------------------------- pooling
+def _max_pool(spatial: int):
+    def rule(g, x, one_hot, index_table, input_shape, **s):
+        """Route each output's gradient to its window's (saved, one-hot) maximum."""
+        b, o, k = one_hot.shape
+        routed = g.reshape(b, o, 1).mul(one_hot)  # bool one-hot: one Beaver round, no truncation
+        plane = math.prod(input_shape[len(input_shape) - spatial:])
+        idx = torch.where(index_table < 0, torch.full_like(index_table, plane), index_table)
+        share = torch.zeros(b, plane + 1, dtype=torch.int64)
+        share.index_add_(1, idx.reshape(-1), routed.share.reshape(b, o * k))
+        return routed._new(share[:, :plane].reshape(input_shape))
+    return rule
+
+
+def _window_matrix(size: int, pool) -> torch.Tensor:
+    """(out, size) 0/1 matrix: which input positions each 1-D window covers."""
+    basis = torch.eye(size, dtype=torch.float64).reshape(size, 1, size, 1)
+    return (pool(basis).reshape(size, -1) > 0).double().t()
+
+
+def _separable_pool_grad(g, x, input_shape, pool_h, pool_w, pool_2d):
+    """Average pooling = A_h X A_w^T / D: gradient A_h^T (G / D) A_w, with public A and D."""
+    h, w = input_shape[-2], input_shape[-1]
+    a_h, a_w = _window_matrix(h, pool_h), _window_matrix(w, pool_w)
+    ones = torch.ones(1, 1, h, w, dtype=torch.float64)
+    window_sum = (a_h @ ones[0, 0] @ a_w.t())
+    inv_divisor = pool_2d(ones)[0, 0] / window_sum
+    y = g.mul(inv_divisor).matmul(a_w)                      # (..., oh, w)
+    return y.transpose(-1, -2).matmul(a_h).transpose(-1, -2)  # (..., h, w)
+
+
+def _avg_pool2d(g, x, input_shape, kernel_size, stride, padding, ceil_mode=False,
+                count_include_pad=True, divisor_override=None, **s):
+    k, st, p = _tup(kernel_size, 2), _tup(stride, 2), _tup(padding, 2)
+
+    def pool_1d(i):
+        kern, strd, pad = [1, 1], [1, 1], [0, 0]
+        kern[0], strd[0], pad[0] = k[i], st[i], p[i]
+        return lambda t: F.avg_pool2d(t, tuple(kern), tuple(strd), tuple(pad), ceil_mode,
+                                      True, 1)
+    return _separable_pool_grad(
+        g, x, input_shape, pool_1d(0), pool_1d(1),
+        lambda t: F.avg_pool2d(t, k, st, p, ceil_mode, count_include_pad, divisor_override))
+
+
+def _adaptive_avg_pool2d(g, x, input_shape, output_size, **s):
+    oh, ow = output_size
+    return _separable_pool_grad(
+        g, x, input_shape, lambda t: F.adaptive_avg_pool2d(t, (oh, 1)),
+        lambda t: F.adaptive_avg_pool2d(t, (ow, 1)), lambda t: F.adaptive_avg_pool2d(t, (oh, ow)))
 
 
 def _bce_with_logits(g, x, y, out, sigmoid, weight=None, reduction="mean", **s):
@@ -323,6 +399,11 @@ RULES = {
     "cat": _cat,
     # nonlinear (crypten_lite.functions)
     "relu": _relu,
+    "abs": lambda g, x, neg, **s: g.sub(g.mul(neg).mul(2)),
+    "sign": lambda g, x, **s: None,
+    "clamp": _clamp,
+    "max": _extreme,
+    "min": _extreme,
     "sigmoid": lambda g, x, out, **s: g.mul(out.sub(out.square())),
     "tanh": lambda g, x, out, **s: g.sub(g.mul(out.square())),
     "exp": lambda g, x, out, **s: g.mul(out),
@@ -332,6 +413,11 @@ RULES = {
     "softmax": _softmax,
     "log_softmax": _log_softmax,
     "where": _where,
+    "max_pool1d": _max_pool(1),
+    "max_pool2d": _max_pool(2),
+    "adaptive_max_pool2d": _max_pool(2),
+    "avg_pool2d": _avg_pool2d,
+    "adaptive_avg_pool2d": _adaptive_avg_pool2d,
     # losses with a gradient of their own (crypten_lite.nn.functional)
     "binary_cross_entropy_with_logits": _bce_with_logits,
 }
