@@ -1,0 +1,164 @@
+"""Comparisons, piecewise-linear functions, reductions, pooling and nonlinear functions.
+
+Importing this package attaches the functions to CrypTensor through ONE explicit table
+(``METHODS``) and registers the torch functions of the same name (``TORCH``) with
+crypten_lite.torch_functions, so that ``x.relu()``, ``crypten_lite.functions.relu(x)`` and
+``torch.relu(x)`` / ``F.relu(x)`` all work. Protocols: crypten_lite.mpc.{binary, circuits,
+convert}; domains and errors: docs/functions.md.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .. import torch_functions
+from ..cryptensor import CrypTensor
+from ..errors import UnsupportedError
+from .comparisons import (abs_, clamp, eq, ge, gt, hardtanh, le, lt, maximum, minimum, ne, relu,
+                          relu6, sign, where)
+from .nonlinear import (cos, div_private, erf, exp, gelu, inv_sqrt, log, log_softmax, polynomial,
+                        pow_, reciprocal, sigmoid, silu, sin, softmax, sqrt, tanh)
+from .normalization import batch_norm, layer_norm
+from .pooling import (adaptive_avg_pool2d, adaptive_max_pool2d, avg_pool2d, max_pool1d,
+                      max_pool2d)
+from .reductions import argmax, argmin, max_, min_
+
+abs = abs_      # noqa: A001 - module-level names mirror torch
+max = max_      # noqa: A001
+min = min_      # noqa: A001
+pow = pow_      # noqa: A001
+rsqrt = inv_sqrt
+clip = clamp
+
+
+def _max_method(self, dim=None, keepdim: bool = False, one_hot: bool = False, method: str = "tree"):
+    if isinstance(dim, (CrypTensor, torch.Tensor)):
+        return maximum(self, dim)
+    return max_(self, dim, keepdim, one_hot, method)
+
+
+def _min_method(self, dim=None, keepdim: bool = False, one_hot: bool = False, method: str = "tree"):
+    if isinstance(dim, (CrypTensor, torch.Tensor)):
+        return minimum(self, dim)
+    return min_(self, dim, keepdim, one_hot, method)
+
+
+def _where_method(self, condition, other):
+    return where(condition, self, other)
+
+
+# ----------------------------------------------------------------- CrypTensor methods
+METHODS = {
+    "lt": lt, "le": le, "gt": gt, "ge": ge, "eq": eq, "ne": ne,
+    "__lt__": lt, "__le__": le, "__gt__": gt, "__ge__": ge, "__eq__": eq, "__ne__": ne,
+    "sign": sign, "abs": abs_, "__abs__": abs_, "relu": relu, "where": _where_method,
+    "clamp": clamp, "clip": clamp, "hardtanh": hardtanh, "relu6": relu6,
+    "maximum": maximum, "minimum": minimum,
+    "max": _max_method, "min": _min_method, "argmax": argmax, "argmin": argmin,
+    "max_pool1d": max_pool1d, "max_pool2d": max_pool2d, "avg_pool2d": avg_pool2d,
+    "adaptive_avg_pool2d": adaptive_avg_pool2d, "adaptive_max_pool2d": adaptive_max_pool2d,
+    "exp": exp, "log": log, "reciprocal": reciprocal, "_div_private": div_private,
+    "sqrt": sqrt, "rsqrt": inv_sqrt, "inv_sqrt": inv_sqrt, "pow": pow_,
+    "sigmoid": sigmoid, "tanh": tanh, "softmax": softmax, "log_softmax": log_softmax,
+    "erf": erf, "gelu": gelu, "silu": silu, "layer_norm": layer_norm, "batch_norm": batch_norm,
+    "polynomial": polynomial, "cos": cos, "sin": sin,
+}
+for _name, _fn in METHODS.items():
+    setattr(CrypTensor, _name, _fn)
+
+
+# -------------------------------------------------------------------- torch functions
+def _first_private(fn):
+    """torch.f(a, b) where only b may be private: comparisons flip inside _compare."""
+    return lambda a, b, *args, **kwargs: fn(a, b)
+
+
+def _torch_max(x, dim=None, keepdim=False, *, out=None):
+    return _max_method(x, dim, keepdim)
+
+
+def _torch_min(x, dim=None, keepdim=False, *, out=None):
+    return _min_method(x, dim, keepdim)
+
+
+def _softmax(x, dim=None, _stacklevel=3, dtype=None):
+    return softmax(x, -1 if dim is None else dim)
+
+
+def _log_softmax(x, dim=None, _stacklevel=3, dtype=None):
+    return log_softmax(x, -1 if dim is None else dim)
+
+
+def _pool(fn, indices=None):
+    def impl(x, *args, **kwargs):
+        if indices is not None:
+            kwargs["return_indices"] = indices
+        return fn(x, *args, **kwargs)
+    return impl
+
+
+def _drop_inplace(fn):
+    def impl(x, *args, inplace=False, **kwargs):
+        return fn(x, *args, **kwargs)
+    return impl
+
+
+def _layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
+    return layer_norm(x, normalized_shape, weight, bias, eps)
+
+
+def _batch_norm(x, running_mean, running_var, weight=None, bias=None, training=False,
+                momentum=0.1, eps=1e-5):
+    return batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps)
+
+
+def _pow(x, exponent):
+    if not isinstance(x, CrypTensor):
+        raise UnsupportedError("torch.pow with a private exponent is not supported; "
+                               "use exp(y * log(x))")
+    return pow_(x, exponent)
+
+
+TORCH = {
+    torch.lt: _first_private(lt), torch.le: _first_private(le), torch.gt: _first_private(gt),
+    torch.ge: _first_private(ge), torch.eq: _first_private(eq), torch.ne: _first_private(ne),
+    torch.less: _first_private(lt), torch.less_equal: _first_private(le),
+    torch.greater: _first_private(gt), torch.greater_equal: _first_private(ge),
+    torch.not_equal: _first_private(ne),
+    torch.Tensor.lt: _first_private(lt), torch.Tensor.le: _first_private(le),
+    torch.Tensor.gt: _first_private(gt), torch.Tensor.ge: _first_private(ge),
+    torch.Tensor.eq: _first_private(eq), torch.Tensor.ne: _first_private(ne),
+    torch.Tensor.__lt__: _first_private(lt), torch.Tensor.__le__: _first_private(le),
+    torch.Tensor.__gt__: _first_private(gt), torch.Tensor.__ge__: _first_private(ge),
+    torch.Tensor.__eq__: _first_private(eq), torch.Tensor.__ne__: _first_private(ne),
+    torch.sign: sign, torch.abs: abs_, torch.absolute: abs_, torch.relu: relu,
+    F.relu: _drop_inplace(relu), F.relu6: _drop_inplace(relu6), F.hardtanh: _drop_inplace(hardtanh),
+    torch.where: where, torch.clamp: clamp, torch.clip: clamp,
+    torch.maximum: maximum, torch.minimum: minimum,
+    torch.max: _torch_max, torch.min: _torch_min, torch.argmax: argmax, torch.argmin: argmin,
+    F.max_pool1d: _pool(max_pool1d), F.max_pool2d: _pool(max_pool2d),
+    F.avg_pool2d: avg_pool2d, F.adaptive_avg_pool2d: adaptive_avg_pool2d,
+    F.adaptive_max_pool2d: _pool(adaptive_max_pool2d),
+    torch.exp: exp, torch.log: log, torch.reciprocal: reciprocal, torch.sqrt: sqrt,
+    torch.rsqrt: inv_sqrt, torch.pow: _pow, torch.sigmoid: sigmoid, F.sigmoid: sigmoid,
+    torch.tanh: tanh, F.tanh: tanh, torch.softmax: _softmax, F.softmax: _softmax,
+    torch.log_softmax: _log_softmax, F.log_softmax: _log_softmax, torch.erf: erf,
+    torch.special.erf: erf, F.gelu: gelu, F.silu: _drop_inplace(silu),
+    F.layer_norm: _layer_norm, F.batch_norm: _batch_norm, torch.cos: cos, torch.sin: sin,
+}
+# torch.nn.functional's max pools dispatch through private helpers (boolean_dispatch).
+for _mod_name, _fn, _idx in (("_max_pool1d", max_pool1d, False), ("max_pool1d_with_indices", max_pool1d, True),
+                             ("_max_pool2d", max_pool2d, False), ("max_pool2d_with_indices", max_pool2d, True),
+                             ("_adaptive_max_pool2d", adaptive_max_pool2d, False),
+                             ("adaptive_max_pool2d_with_indices", adaptive_max_pool2d, True)):
+    if hasattr(F, _mod_name):
+        TORCH[getattr(F, _mod_name)] = _pool(_fn, _idx)
+for _func, _impl in TORCH.items():
+    torch_functions.register(_func, _impl)
+
+__all__ = sorted(["METHODS", "TORCH"] + [n for n in (
+    "lt le gt ge eq ne sign abs relu where clamp clip hardtanh relu6 maximum minimum max min argmax "
+    "argmin max_pool1d max_pool2d avg_pool2d adaptive_avg_pool2d adaptive_max_pool2d exp log "
+    "reciprocal div_private sqrt rsqrt inv_sqrt pow sigmoid tanh softmax log_softmax erf gelu silu "
+    "layer_norm batch_norm polynomial cos sin").split()])

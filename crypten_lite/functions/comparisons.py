@@ -1,0 +1,255 @@
+"""Comparisons and the piecewise-linear functions built on the MSB.
+
+Every comparison reduces to the sign of a difference: x < y  <=>  msb(x - y) = 1, computed
+by crypten_lite.mpc.convert.msb_words (2 parties: 6 binary rounds, 23.25 bytes per element
+per party) and converted to an arithmetic 0/1 share by one B2A round: lt/le/gt/ge cost
+7 rounds and 23.375 bytes per element between 2 parties. Results are bool CrypTensors
+(precision 0, arithmetic shares of 0/1), exact whenever |x - y| < 2^63 at the common scale.
+
+relu / abs / clamp multiply by the comparison bit in the B2A round itself (kind bit_mul):
+relu = x * [x > 0] costs 7 rounds and 31.375 bytes per element between 2 parties.
+
+eq / ne between 2 parties test z = x - y for zero directly (z_0 == -z_1: an AND tree over
+the 64 bits of ~(z_0 ^ -z_1), 6 rounds + B2A); with more parties eq = not(msb(z) ^ msb(-z)).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import encoding
+from ..cryptensor import CrypTensor, _record, is_grad_enabled
+from ..mpc import circuits, convert
+from ..mpc.binary import and_many, xor_public
+from ..session import current
+from ._common import as_private, bool_tensor, diff_share, new_like, public_share, unify_names
+
+
+def _needs_grad(*xs) -> bool:
+    return is_grad_enabled() and any(isinstance(x, CrypTensor) and x.requires_grad for x in xs)
+
+
+def _bool_from_words(words: torch.Tensor, shape, names=None) -> CrypTensor:
+    n = 1
+    for d in shape:
+        n *= d
+    return bool_tensor(convert.b2a(words, n).view(shape), names)
+
+
+def _not_words(words: torch.Tensor) -> torch.Tensor:
+    return xor_public(words, -1)
+
+
+def _eqz_words(z: torch.Tensor) -> torch.Tensor:
+    """Packed XOR shares of [z == 0] for an arithmetic share z."""
+    s = current()
+    flat = z.reshape(-1)
+    if s.world_size == 2:
+        # z_0 + z_1 = 0  <=>  z_0 == -z_1  <=>  every bit of ~(z_0 ^ -z_1) is 1.
+        w = ~flat if s.rank == 0 else -flat
+        return circuits.and_tree(w, 64, and_many)
+    n = flat.numel()
+    words = convert.msb_words(torch.cat([flat, -flat]))
+    bits = circuits.unpack_bits(words, 2 * n)
+    return _not_words(circuits.pack_bits(bits[:n] ^ bits[n:]))
+
+
+def _compare(x, y, op: str) -> CrypTensor:
+    if not isinstance(x, CrypTensor):
+        flip = {"lt": "gt", "gt": "lt", "le": "ge", "ge": "le", "eq": "eq", "ne": "ne"}
+        return _compare(y, x, flip[op])
+    z = diff_share(x, y)
+    names = unify_names(x, y)
+    if op in ("eq", "ne"):
+        words = _eqz_words(z)
+        if op == "ne":
+            words = _not_words(words)
+        return _bool_from_words(words, z.shape, names)
+    if op in ("lt", "ge"):
+        words = convert.msb_words(z)          # [x - y < 0]
+    else:
+        words = convert.msb_words(-z)         # [y - x < 0]
+    if op in ("ge", "le"):
+        words = _not_words(words)
+    return _bool_from_words(words, z.shape, names)
+
+
+def lt(x, y) -> CrypTensor:
+    """Elementwise x < y (bool CrypTensor)."""
+    return _compare(x, y, "lt")
+
+
+def le(x, y) -> CrypTensor:
+    """Elementwise x <= y (bool CrypTensor)."""
+    return _compare(x, y, "le")
+
+
+def gt(x, y) -> CrypTensor:
+    """Elementwise x > y (bool CrypTensor)."""
+    return _compare(x, y, "gt")
+
+
+def ge(x, y) -> CrypTensor:
+    """Elementwise x >= y (bool CrypTensor)."""
+    return _compare(x, y, "ge")
+
+
+def eq(x, y) -> CrypTensor:
+    """Elementwise x == y (bool CrypTensor)."""
+    return _compare(x, y, "eq")
+
+
+def ne(x, y) -> CrypTensor:
+    """Elementwise x != y (bool CrypTensor)."""
+    return _compare(x, y, "ne")
+
+
+# ----------------------------------------------------------------- piecewise linear
+def relu(x: CrypTensor) -> CrypTensor:
+    """max(x, 0) = x * [x > 0]; saves `mask` = [x > 0] for autograd."""
+    words = convert.msb_words(-x.share)  # [-x < 0] = [x > 0]
+    grad = _needs_grad(x)
+    bs, ms = convert.finish([(words, x.numel())] if grad else [], [(words, tuple(x.shape), x.share)])
+    out = new_like(x, ms[0])
+    saved = {"mask": bool_tensor(bs[0].view(x.shape), x._names)} if grad else {}
+    return _record(out, "relu", (x,), **saved)
+
+
+def abs_(x: CrypTensor) -> CrypTensor:
+    """|x| = x - 2 x [x < 0]; saves `neg` = [x < 0] for autograd."""
+    words = convert.msb_words(x.share)
+    grad = _needs_grad(x)
+    bs, ms = convert.finish([(words, x.numel())] if grad else [], [(words, tuple(x.shape), x.share)])
+    out = new_like(x, x.share - 2 * ms[0])
+    saved = {"neg": bool_tensor(bs[0].view(x.shape), x._names)} if grad else {}
+    return _record(out, "abs", (x,), **saved)
+
+
+def sign(x: CrypTensor) -> CrypTensor:
+    """-1, 0 or 1 like torch.sign, in x's dtype: [x > 0] - [x < 0] (7 rounds)."""
+    flat = x.share.reshape(-1)
+    n = flat.numel()
+    words = convert.msb_words(torch.cat([-flat, flat]))
+    bits = convert.b2a(words, 2 * n)
+    share = (bits[:n] - bits[n:]).view(x.shape)
+    dtype = x.dtype if x.dtype != torch.bool else torch.int64
+    out = new_like(x, share << x.precision, dtype=dtype)
+    return _record(out, "sign", (x,))
+
+
+def where(condition, input, other) -> CrypTensor:
+    """input where condition else other; condition public (bool tensor) or private (0/1)."""
+    if not isinstance(condition, CrypTensor):
+        cond = torch.as_tensor(condition, dtype=torch.bool)
+        ref = input if isinstance(input, CrypTensor) else other
+        a, b = as_private(input, ref), as_private(other, ref)
+        dtype = _result_dtype(a, b)
+        p = max(a.precision, b.precision) if dtype.is_floating_point else 0
+        share = torch.where(cond, a._rescaled(p, dtype), b._rescaled(p, dtype))
+        out = CrypTensor(share, p, dtype, unify_names(a, b))
+        return _record(out, "where", (input, other), condition=cond)
+    c = condition.detach()
+    if c.dtype == torch.bool:
+        c = CrypTensor(c.share, 0, torch.int64, c._names)
+    a = input.detach() if isinstance(input, CrypTensor) else input
+    b = other.detach() if isinstance(other, CrypTensor) else other
+    if not isinstance(a, CrypTensor) and not isinstance(b, CrypTensor):
+        a, b = torch.as_tensor(a), torch.as_tensor(b)
+        out = c.mul(a - b).add(b)           # public branches: local
+    else:
+        diff = a.sub(b) if isinstance(a, CrypTensor) else b.neg().add(a)
+        out = c.mul(diff).add(b)            # one Beaver round, no truncation (c is 0/1)
+    out = CrypTensor(out.share, out.precision, out.dtype, out._names)
+    return _record(out, "where", (input, other), condition=condition)
+
+
+def _result_dtype(a: CrypTensor, b: CrypTensor) -> torch.dtype:
+    from ..cryptensor import result_type
+    return result_type(a, b)
+
+
+def _relus(values: list[torch.Tensor], want_masks: bool) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """relu of several shares (same scale) in one MSB circuit and one fold round."""
+    flat = torch.cat([v.reshape(-1) for v in values])
+    words = convert.msb_words(-flat)
+    n = flat.numel()
+    bs, ms = convert.finish([(words, n)] if want_masks else [], [(words, (n,), flat)])
+    outs, masks, off = [], [], 0
+    for v in values:
+        outs.append(ms[0][off:off + v.numel()].view(v.shape))
+        if want_masks:
+            masks.append(bs[0][off:off + v.numel()].view(v.shape))
+        off += v.numel()
+    return outs, masks
+
+
+def clamp(x: CrypTensor, min=None, max=None) -> CrypTensor:
+    """min(max(x, min), max) = min + relu(x - min) - relu(x - max) (7 rounds, one circuit).
+
+    Bounds may be public (numbers, tensors) or private. Saves `below` = [x <= min] and
+    `above` = [x > max] (bool CrypTensors, None for an absent bound) for autograd.
+    """
+    if min is None and max is None:
+        raise ValueError("clamp needs at least one of min and max")
+    lo = as_private(min, x) if min is not None else None
+    hi = as_private(max, x) if max is not None else None
+    p = x.precision
+    for b in (lo, hi):
+        if b is not None and b.dtype.is_floating_point and not x.dtype.is_floating_point:
+            x = x.float()
+            p = x.precision
+    values = []
+    if lo is not None:
+        values.append(x.share - lo._rescaled(p, x.dtype))
+    if hi is not None:
+        values.append(x.share - hi._rescaled(p, x.dtype))
+    grad = _needs_grad(x, min, max)
+    relus, masks = _relus(values, grad)
+    if lo is not None and hi is not None:
+        share = lo._rescaled(p, x.dtype) + relus[0] - relus[1]
+    elif lo is not None:
+        share = lo._rescaled(p, x.dtype) + relus[0]
+    else:
+        share = x.share - relus[0]   # x - relu(x - max)
+    share = share + torch.zeros(torch.broadcast_shapes(share.shape, x.shape), dtype=torch.int64)
+    out = new_like(x, share)
+    saved = {}
+    if grad:
+        i = 0
+        below = above = None
+        if lo is not None:
+            below = bool_tensor(public_share(torch.ones_like(masks[0])) - masks[0])
+            i = 1
+        if hi is not None:
+            above = bool_tensor(masks[i])
+        saved = {"below": below, "above": above}
+    inputs = (x,) + tuple(b for b in (min, max) if isinstance(b, CrypTensor))
+    return _record(out, "clamp", inputs, **saved)
+
+
+def hardtanh(x: CrypTensor, min_val: float = -1.0, max_val: float = 1.0) -> CrypTensor:
+    """clamp(x, min_val, max_val)."""
+    return clamp(x, min_val, max_val)
+
+
+def relu6(x: CrypTensor) -> CrypTensor:
+    """clamp(x, 0, 6)."""
+    return clamp(x, 0.0 if x.dtype.is_floating_point else 0, 6.0 if x.dtype.is_floating_point else 6)
+
+
+def maximum(x, y) -> CrypTensor:
+    """Elementwise max(x, y) = y + relu(x - y)."""
+    if not isinstance(x, CrypTensor):
+        x, y = y, x
+    return clamp(x, min=y)
+
+
+def minimum(x, y) -> CrypTensor:
+    """Elementwise min(x, y) = x - relu(x - y)."""
+    if not isinstance(x, CrypTensor):
+        x, y = y, x
+    return clamp(x, max=y)
+
+
+def public_encode(value, precision: int) -> torch.Tensor:
+    return encoding.encode(torch.as_tensor(value), precision)

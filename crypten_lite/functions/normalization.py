@@ -1,0 +1,85 @@
+"""layer_norm and batch_norm on CrypTensors (statistics in MPC, 1/sqrt by nonlinear.inv_sqrt)."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from ..cryptensor import CrypTensor, _record, no_grad
+from .comparisons import _needs_grad
+from .nonlinear import inv_sqrt
+
+
+def _bcast(v, x: CrypTensor):
+    """A per-channel vector (C,) viewed as (1, C, 1, ..., 1) against x (N, C, ...)."""
+    shape = (1, -1) + (1,) * (x.dim() - 2)
+    return v.reshape(shape) if isinstance(v, CrypTensor) else torch.as_tensor(v).reshape(shape)
+
+
+def layer_norm(x: CrypTensor, normalized_shape: Sequence[int] | int, weight=None, bias=None,
+               eps: float = 1e-5) -> CrypTensor:
+    """(x - mean) / sqrt(var + eps) * weight + bias over the trailing `normalized_shape` dims.
+
+    var + eps must lie in inv_sqrt's domain [6.1e-5, 4.2e6). Saves `x_hat`, `inv_std`.
+    """
+    if isinstance(normalized_shape, int):
+        normalized_shape = (normalized_shape,)
+    dims = tuple(range(x.dim() - len(normalized_shape), x.dim()))
+    with no_grad():
+        xd = x.detach() if x.dtype.is_floating_point else x.detach().float()
+        mean = xd.mean(dims, keepdim=True)
+        centered = xd.sub(mean)
+        var = centered.square().mean(dims, keepdim=True)
+        inv_std = inv_sqrt(var.add(eps))
+        x_hat = centered.mul(inv_std)
+        out = x_hat
+        if weight is not None:
+            out = out.mul(weight.detach() if isinstance(weight, CrypTensor) else weight)
+        if bias is not None:
+            out = out.add(bias.detach() if isinstance(bias, CrypTensor) else bias)
+    out = CrypTensor(out.share, out.precision, out.dtype, x._names)
+    inputs = (x, weight, bias)
+    saved = {"x_hat": x_hat, "inv_std": inv_std} if _needs_grad(*inputs) else {}
+    return _record(out, "layer_norm", inputs, normalized_shape=tuple(normalized_shape), eps=eps, **saved)
+
+
+def batch_norm(x: CrypTensor, running_mean=None, running_var=None, weight=None, bias=None,
+               training: bool = False, momentum: float = 0.1, eps: float = 1e-5) -> CrypTensor:
+    """Batch normalization like torch.nn.functional.batch_norm (input (N, C, ...)).
+
+    training=True normalizes with the batch statistics (biased variance) and updates
+    private running statistics in place (public ones cannot absorb private statistics and
+    are left alone); training=False uses the running statistics (public ones are inverted
+    in plaintext). Saves `x_hat`, `inv_std` for autograd.
+    """
+    dims = (0,) + tuple(range(2, x.dim()))
+    with no_grad():
+        xd = x.detach() if x.dtype.is_floating_point else x.detach().float()
+        if training or running_mean is None:
+            mean = xd.mean(dims, keepdim=True)
+            centered = xd.sub(mean)
+            var = centered.square().mean(dims, keepdim=True)
+            inv_std = inv_sqrt(var.add(eps))
+            if training:
+                n = x.numel() // x.shape[1]
+                for stat, value in ((running_mean, mean), (running_var, var.mul(n / max(n - 1, 1)))):
+                    if isinstance(stat, CrypTensor):
+                        stat._inplace(stat.mul(1 - momentum).add(value.reshape(-1).mul(momentum)))
+        else:
+            centered = xd.sub(_bcast(running_mean.detach() if isinstance(running_mean, CrypTensor)
+                                     else running_mean, x))
+            if isinstance(running_var, CrypTensor):
+                inv_std = inv_sqrt(_bcast(running_var.detach(), x).add(eps))
+            else:
+                inv_std = _bcast(torch.rsqrt(torch.as_tensor(running_var, dtype=torch.float64) + eps), x)
+        x_hat = centered.mul(inv_std)
+        out = x_hat
+        if weight is not None:
+            out = out.mul(_bcast(weight.detach() if isinstance(weight, CrypTensor) else weight, x))
+        if bias is not None:
+            out = out.add(_bcast(bias.detach() if isinstance(bias, CrypTensor) else bias, x))
+    out = CrypTensor(out.share, out.precision, out.dtype, x._names)
+    inputs = (x, weight, bias)
+    saved = {"x_hat": x_hat, "inv_std": inv_std} if _needs_grad(*inputs) else {}
+    return _record(out, "batch_norm", inputs, training=training, eps=eps, dims=dims, **saved)

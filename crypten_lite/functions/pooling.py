@@ -1,0 +1,181 @@
+"""Pooling on CrypTensors: max (with indices), average, adaptive average and adaptive max.
+
+Every pooling gathers its windows through a public index table (output position x window
+slot -> flat input index, -1 for padding), so padding, stride, dilation, ceil_mode and the
+variable windows of the adaptive variants are plain index arithmetic on shares. Max pooling
+reduces each window with reductions.argmax_tree (first index wins on ties, like torch);
+average pooling is a local sum followed by one division by the public window sizes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..cryptensor import CrypTensor, _record
+from ..errors import ProtocolError
+from ._common import bool_tensor, float_view, public_share
+from .comparisons import _needs_grad
+from .reductions import SENTINEL, argmax_tree
+
+
+def _pair(v, n: int) -> tuple[int, ...]:
+    if isinstance(v, (tuple, list)):
+        if len(v) == 1:
+            return tuple(v) * n
+        return tuple(v)
+    return (v,) * n
+
+
+def _out_len(size: int, k: int, s: int, p: int, d: int, ceil_mode: bool) -> int:
+    span = d * (k - 1) + 1
+    num = size + 2 * p - span
+    if num < 0:
+        raise ProtocolError(f"pooling window {k} (dilation {d}) larger than the padded input {size + 2 * p}")
+    out = (-(-num // s) if ceil_mode else num // s) + 1
+    if ceil_mode and (out - 1) * s >= size + p:
+        out -= 1
+    return out
+
+
+def window_table_1d(size: int, k: int, s: int, p: int, d: int, ceil_mode: bool):
+    """(positions (out, k) with -1 outside the input, in_pad mask (out, k))."""
+    if p > (d * (k - 1) + 1) // 2:
+        raise ProtocolError(f"padding {p} should be at most half the effective kernel size "
+                            f"{d * (k - 1) + 1}")
+    out = _out_len(size, k, s, p, d, ceil_mode)
+    pos = torch.arange(out).unsqueeze(1) * s - p + torch.arange(k).unsqueeze(0) * d
+    inside = (pos >= 0) & (pos < size)
+    in_pad = (pos >= -p) & (pos < size + p)
+    return torch.where(inside, pos, torch.full_like(pos, -1)), in_pad
+
+
+def adaptive_table_1d(size: int, out: int):
+    """torch's adaptive windows: [floor(i*size/out), ceil((i+1)*size/out)); padded by repeating
+    the first index (harmless for max and its first-index tie rule); returns (table, lengths)."""
+    starts = [(i * size) // out for i in range(out)]
+    ends = [-(-((i + 1) * size) // out) for i in range(out)]
+    kmax = max(e - s for s, e in zip(starts, ends))
+    rows = [list(range(s, e)) + [s] * (kmax - (e - s)) for s, e in zip(starts, ends)]
+    return torch.tensor(rows, dtype=torch.long), torch.tensor([e - s for s, e in zip(starts, ends)])
+
+
+def _combine(tables: list[torch.Tensor], sizes: list[int]) -> torch.Tensor:
+    """Per-dimension position tables -> flat table (prod(out), prod(k)), -1 if any is -1."""
+    flat = tables[0]
+    for t, size in zip(tables[1:], sizes[1:]):
+        a = flat.unsqueeze(1).unsqueeze(3)          # (O1, 1, K1, 1)
+        b = t.unsqueeze(0).unsqueeze(2)             # (1, O2, 1, K2)
+        comb = torch.where((a < 0) | (b < 0), torch.full_like(a * b, -1), a * size + b)
+        flat = comb.reshape(a.shape[0] * b.shape[1], a.shape[2] * b.shape[3])
+    return flat
+
+
+def _gather(share: torch.Tensor, spatial: int, table: torch.Tensor, fill: int) -> torch.Tensor:
+    """share (..., *spatial dims) -> (B, O, K) windows; -1 entries get the public `fill`."""
+    lead = share.shape[:share.dim() - spatial]
+    flat = share.reshape(-1, math.prod(share.shape[share.dim() - spatial:]))
+    col = public_share(torch.full((flat.shape[0], 1), fill, dtype=torch.int64))
+    padded = torch.cat([flat, col], 1)
+    idx = torch.where(table < 0, torch.full_like(table, flat.shape[1]), table)
+    return padded[:, idx], lead
+
+
+def _max_windows(x: CrypTensor, spatial: int, table: torch.Tensor, out_shape, op: str,
+                 return_indices: bool, **params):
+    if x.dim() not in (spatial + 1, spatial + 2):
+        raise ProtocolError(f"{op} expects a {spatial + 1}D or {spatial + 2}D input, got shape {tuple(x.shape)}")
+    win, lead = _gather(x.share, spatial, table, -SENTINEL)
+    b, o, k = win.shape
+    vals, oh = argmax_tree(win.reshape(b * o, k), True, True)
+    out = CrypTensor(vals.view(*lead, *out_shape), x.precision, x.dtype, x._names)
+    saved = {}
+    if _needs_grad(x):
+        saved = {"one_hot": bool_tensor(oh.view(b, o, k)), "index_table": table,
+                 "input_shape": tuple(x.shape)}
+    out = _record(out, op, (x,), **params, **saved)
+    if not return_indices:
+        return out
+    idx = (oh.view(b, o, k) * table.clamp(min=0)).sum(-1)
+    return out, CrypTensor(idx.view(*lead, *out_shape), 0, torch.int64)
+
+
+def max_pool2d(x: CrypTensor, kernel_size, stride=None, padding=0, dilation=1, ceil_mode: bool = False,
+               return_indices: bool = False):
+    """2D max pooling like torch.nn.functional.max_pool2d (indices into each H*W plane)."""
+    k, s = _pair(kernel_size, 2), _pair(stride if stride not in (None, []) else kernel_size, 2)
+    p, d = _pair(padding, 2), _pair(dilation, 2)
+    h, w = x.shape[-2], x.shape[-1]
+    th, _ = window_table_1d(h, k[0], s[0], p[0], d[0], ceil_mode)
+    tw, _ = window_table_1d(w, k[1], s[1], p[1], d[1], ceil_mode)
+    table = _combine([th, tw], [h, w])
+    return _max_windows(x, 2, table, (th.shape[0], tw.shape[0]), "max_pool2d", return_indices,
+                        kernel_size=k, stride=s, padding=p, dilation=d, ceil_mode=ceil_mode)
+
+
+def max_pool1d(x: CrypTensor, kernel_size, stride=None, padding=0, dilation=1, ceil_mode: bool = False,
+               return_indices: bool = False):
+    """1D max pooling like torch.nn.functional.max_pool1d."""
+    k, s = _pair(kernel_size, 1)[0], _pair(stride if stride not in (None, []) else kernel_size, 1)[0]
+    p, d = _pair(padding, 1)[0], _pair(dilation, 1)[0]
+    table, _ = window_table_1d(x.shape[-1], k, s, p, d, ceil_mode)
+    return _max_windows(x, 1, table, (table.shape[0],), "max_pool1d", return_indices,
+                        kernel_size=k, stride=s, padding=p, dilation=d, ceil_mode=ceil_mode)
+
+
+def adaptive_max_pool2d(x: CrypTensor, output_size, return_indices: bool = False):
+    """Adaptive 2D max pooling like torch (variable windows)."""
+    h, w = x.shape[-2], x.shape[-1]
+    oh, ow = _pair(output_size, 2)
+    oh, ow = oh or h, ow or w
+    th, _ = adaptive_table_1d(h, oh)
+    tw, _ = adaptive_table_1d(w, ow)
+    table = _combine([th, tw], [h, w])
+    return _max_windows(x, 2, table, (oh, ow), "adaptive_max_pool2d", return_indices,
+                        output_size=(oh, ow))
+
+
+def _avg_windows(x: CrypTensor, table: torch.Tensor, divisor: torch.Tensor, out_shape, op: str,
+                 **params) -> CrypTensor:
+    x = float_view(x)
+    win, lead = _gather(x.share, 2, table, 0)
+    total = CrypTensor(win.sum(-1).view(*lead, *out_shape), x.precision, x.dtype)
+    out = total.div(divisor.view(*out_shape).to(torch.float64))
+    out = CrypTensor(out.share, out.precision, out.dtype, x._names)
+    return _record(out, op, (x,), input_shape=tuple(x.shape), **params)
+
+
+def avg_pool2d(x: CrypTensor, kernel_size, stride=None, padding=0, ceil_mode: bool = False,
+               count_include_pad: bool = True, divisor_override=None) -> CrypTensor:
+    """2D average pooling like torch.nn.functional.avg_pool2d."""
+    k, s = _pair(kernel_size, 2), _pair(stride if stride not in (None, []) else kernel_size, 2)
+    p = _pair(padding, 2)
+    h, w = x.shape[-2], x.shape[-1]
+    th, ph = window_table_1d(h, k[0], s[0], p[0], 1, ceil_mode)
+    tw, pw = window_table_1d(w, k[1], s[1], p[1], 1, ceil_mode)
+    table = _combine([th, tw], [h, w])
+    if divisor_override:
+        divisor = torch.full((table.shape[0],), float(divisor_override))
+    elif count_include_pad:
+        divisor = (ph.sum(1).unsqueeze(1) * pw.sum(1).unsqueeze(0)).reshape(-1).double()
+    else:
+        divisor = (table >= 0).sum(1).double()
+    return _avg_windows(x, table, divisor, (th.shape[0], tw.shape[0]), "avg_pool2d",
+                        kernel_size=k, stride=s, padding=p, ceil_mode=ceil_mode,
+                        count_include_pad=count_include_pad, divisor_override=divisor_override)
+
+
+def adaptive_avg_pool2d(x: CrypTensor, output_size) -> CrypTensor:
+    """Adaptive 2D average pooling like torch (variable windows)."""
+    h, w = x.shape[-2], x.shape[-1]
+    oh, ow = _pair(output_size, 2)
+    oh, ow = oh or h, ow or w
+    sh, sw = [(i * h) // oh for i in range(oh)], [(i * w) // ow for i in range(ow)]
+    eh, ew = [-(-((i + 1) * h) // oh) for i in range(oh)], [-(-((i + 1) * w) // ow) for i in range(ow)]
+    kh, kw = max(e - s for s, e in zip(sh, eh)), max(e - s for s, e in zip(sw, ew))
+    th = torch.tensor([list(range(s, e)) + [-1] * (kh - (e - s)) for s, e in zip(sh, eh)])
+    tw = torch.tensor([list(range(s, e)) + [-1] * (kw - (e - s)) for s, e in zip(sw, ew)])
+    table = _combine([th, tw], [h, w])
+    divisor = (table >= 0).sum(1).double()
+    return _avg_windows(x, table, divisor, (oh, ow), "adaptive_avg_pool2d", output_size=(oh, ow))

@@ -1,0 +1,179 @@
+"""max / min / argmax / argmin over all elements or along a dim.
+
+Two algorithms, both with torch's tie rule (the FIRST index of the extreme value wins):
+
+* ``tree`` (default): pad the k candidates to a power of two with a sentinel, then
+  log2(k) levels; a level compares neighbours (left, right) and keeps right only if it is
+  strictly better, multiplying the choice bit into [right - left] and into both one-hot
+  blocks in the B2A round (kind bit_mul): 7 rounds per level between 2 parties.
+* ``pairwise``: every pair compared at once (k(k-1)/2 comparisons, one MSB circuit), the
+  winner's one-hot is the AND of its k-1 wins (ceil(log2(k-1)) AND rounds), then one fold
+  round: 6 + ceil(log2(k-1)) + 1 rounds, more bytes. Used by softmax for small k.
+
+Inputs must satisfy |x| < 2^59 at their scale (the sentinel is -/+2^60).
+"""
+
+from __future__ import annotations
+
+from collections import namedtuple
+
+import torch
+
+from ..cryptensor import CrypTensor, _record, _reduce_names
+from ..errors import ProtocolError
+from ..mpc import circuits, convert
+from ..session import current
+from ._common import bool_tensor, public_share
+from .comparisons import _needs_grad
+
+SENTINEL = 1 << 60
+MaxResult = namedtuple("MaxResult", ["values", "indices"])
+
+
+def _next_pow2(k: int) -> int:
+    w = 1
+    while w < k:
+        w *= 2
+    return w
+
+
+def argmax_tree(v: torch.Tensor, largest: bool = True, want_onehot: bool = True):
+    """v: shares (R, k) -> (shares of the extreme values (R,), arithmetic one-hot (R, k) or None)."""
+    rows, k = v.shape
+    kp = _next_pow2(k)
+    if kp > k:
+        fill = public_share(torch.full((rows, kp - k), -SENTINEL if largest else SENTINEL, dtype=torch.int64))
+        v = torch.cat([v, fill], 1)
+    oh = public_share(torch.ones(rows, kp, 1, dtype=torch.int64)) if want_onehot else None
+    while v.shape[1] > 1:
+        left, right = v[:, 0::2], v[:, 1::2]
+        h = left.shape[1]
+        words = convert.msb_words(left - right if largest else right - left)  # right better
+        parts = [(right - left).unsqueeze(-1)]
+        if oh is not None:
+            parts += [oh[:, 0::2], oh[:, 1::2]]
+        value = torch.cat(parts, -1)
+        (prod,) = convert.finish((), [(words, (rows, h, 1), value)])[1]
+        v = left + prod[..., 0]
+        if oh is not None:
+            b = oh.shape[-1]
+            oh = torch.cat([oh[:, 0::2] - prod[..., 1:1 + b], prod[..., 1 + b:]], -1)
+    return v[:, 0], (oh[:, 0, :k] if oh is not None else None)
+
+
+def argmax_pairwise(v: torch.Tensor, largest: bool = True, want_onehot: bool = True):
+    """Same contract as argmax_tree, by all-pairs comparisons (fewer rounds, more bytes)."""
+    rows, k = v.shape
+    if k == 1:
+        return v[:, 0], public_share(torch.ones(rows, 1, dtype=torch.int64))
+    i, j = torch.triu_indices(k, k, 1)
+    z = v[:, i] - v[:, j] if largest else v[:, j] - v[:, i]   # msb: j beats i
+    npairs = i.numel()
+    beats = circuits.unpack_bits(convert.msb_words(z), rows * npairs).view(rows, npairs)
+    pair_id = torch.full((k, k), -1, dtype=torch.long)
+    pair_id[i, j] = torch.arange(npairs)
+    pair_id[j, i] = torch.arange(npairs)
+    others = torch.stack([torch.cat([torch.arange(a), torch.arange(a + 1, k)]) for a in range(k)])
+    cand = torch.arange(k).unsqueeze(1).expand(k, k - 1)
+    # Candidate a wins against b < a iff [b's pair says a beats b]; against b > a iff not.
+    flip = (others > cand).long()
+    wins = beats[:, pair_id[cand, others]]
+    if current().rank == 0:
+        wins = wins ^ flip
+    onehot_bits = convert.and_reduce_bits(wins)              # (rows, k) xor shares
+    words = circuits.pack_bits(onehot_bits.reshape(-1))
+    bs, ms = convert.finish([(words, rows * k)] if want_onehot else [], [(words, (rows, k), v)])
+    oh = bs[0].view(rows, k) if want_onehot else None
+    return ms[0].sum(1), oh
+
+
+ALGORITHMS = {"tree": argmax_tree, "pairwise": argmax_pairwise}
+
+
+def _reduce(x: CrypTensor, dim, keepdim: bool, largest: bool, method: str, want_onehot: bool):
+    if method not in ALGORITHMS:
+        raise ProtocolError(f"max/min method must be one of {sorted(ALGORITHMS)}, got {method!r}")
+    if x.numel() == 0:
+        raise ProtocolError("max/min of an empty CrypTensor")
+    if dim is None:
+        v = x.share.reshape(1, -1)
+        vals, oh = ALGORITHMS[method](v, largest, want_onehot)
+        return vals.reshape(()), (oh.view(x.shape) if oh is not None else None)
+    d = x._dim(dim) % max(1, x.dim())
+    moved = x.share.movedim(d, -1)
+    rest = moved.shape[:-1]
+    vals, oh = ALGORITHMS[method](moved.reshape(-1, moved.shape[-1]), largest, want_onehot)
+    vals = vals.view(rest)
+    if keepdim:
+        vals = vals.unsqueeze(d)
+    if oh is not None:
+        oh = oh.view(*rest, moved.shape[-1]).movedim(-1, d)
+    return vals, oh
+
+
+def _index_of(oh: torch.Tensor, d: int, keepdim: bool) -> torch.Tensor:
+    k = oh.shape[d]
+    weights = torch.arange(k).view(*([1] * d), k, *([1] * (oh.dim() - d - 1)))
+    return (oh * weights).sum(d, keepdim=keepdim)
+
+
+def _extreme(x: CrypTensor, dim, keepdim: bool, one_hot: bool, largest: bool, method: str):
+    op = "max" if largest else "min"
+    grad = _needs_grad(x)
+    if dim is None:
+        vals, oh = _reduce(x, None, False, largest, method, grad)
+        out = CrypTensor(vals, x.precision, x.dtype)
+        saved = {"one_hot": bool_tensor(oh, x._names)} if grad else {}
+        return _record(out, op, (x,), dim=None, keepdim=False, **saved)
+    d = x._dim(dim) % max(1, x.dim())
+    vals, oh = _reduce(x, d, keepdim, largest, method, True)
+    out = CrypTensor(vals, x.precision, x.dtype, _reduce_names(x, d, keepdim))
+    out = _record(out, op, (x,), dim=d, keepdim=keepdim,
+                  **({"one_hot": bool_tensor(oh, x._names)} if grad else {}))
+    if one_hot:
+        indices = bool_tensor(oh, x._names)
+    else:
+        indices = CrypTensor(_index_of(oh, d, keepdim), 0, torch.int64, _reduce_names(x, d, keepdim))
+    return MaxResult(out, indices)
+
+
+def max_(x: CrypTensor, dim=None, keepdim: bool = False, one_hot: bool = False, method: str = "tree"):
+    """Largest element (dim=None) or (values, indices) along `dim` like torch.max.
+
+    one_hot=True returns the indices as a bool one-hot CrypTensor of x's shape.
+    """
+    return _extreme(x, dim, keepdim, one_hot, True, method)
+
+
+def min_(x: CrypTensor, dim=None, keepdim: bool = False, one_hot: bool = False, method: str = "tree"):
+    """Smallest element (dim=None) or (values, indices) along `dim` like torch.min."""
+    return _extreme(x, dim, keepdim, one_hot, False, method)
+
+
+def _arg(x: CrypTensor, dim, keepdim: bool, one_hot: bool, largest: bool, method: str) -> CrypTensor:
+    if dim is None:
+        _, oh = _reduce(x, None, False, largest, method, True)
+        if one_hot:
+            return bool_tensor(oh, x._names)
+        flat = oh.reshape(-1)
+        share = (flat * torch.arange(flat.numel())).sum()
+        if keepdim:
+            share = share.view([1] * x.dim())
+        return CrypTensor(share, 0, torch.int64)
+    d = x._dim(dim) % max(1, x.dim())
+    _, oh = _reduce(x, d, keepdim, largest, method, True)
+    if one_hot:
+        return bool_tensor(oh, x._names)
+    return CrypTensor(_index_of(oh, d, keepdim), 0, torch.int64, _reduce_names(x, d, keepdim))
+
+
+def argmax(x: CrypTensor, dim=None, keepdim: bool = False, one_hot: bool = False,
+           method: str = "tree") -> CrypTensor:
+    """Index of the first largest element (flattened if dim is None), or its one-hot."""
+    return _arg(x, dim, keepdim, one_hot, True, method)
+
+
+def argmin(x: CrypTensor, dim=None, keepdim: bool = False, one_hot: bool = False,
+           method: str = "tree") -> CrypTensor:
+    """Index of the first smallest element (flattened if dim is None), or its one-hot."""
+    return _arg(x, dim, keepdim, one_hot, False, method)
