@@ -173,7 +173,7 @@ class PlainBackend(Backend):
     def _check(self, x: torch.Tensor, bits: int, op: str) -> None:
         if not self.check_bits or x.numel() == 0:
             return
-        lo, hi = int(x.min()), int(x.max())
+        lo, hi = (int(v) for v in torch.aminmax(x))
         if lo < -(1 << bits) or hi >= (1 << bits):
             raise ProtocolError(
                 f"{op}: values in [{lo}, {hi}] exceed the declared {bits}-bit bound "
@@ -214,9 +214,14 @@ class PlainBackend(Backend):
         return x * y
 
     def matmul(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        if _float_exact(x, w, w.shape[0]):
+            return torch.matmul(x.to(torch.float64), w.to(torch.float64)).round().to(torch.int64)
         return torch.matmul(x, w)
 
     def conv2d(self, x, w, stride, padding, dilation, groups):
+        if _float_exact(x, w, w[0].numel()):  # float64 kernels are much faster than int64 ones
+            y = F.conv2d(x.to(torch.float64), w.to(torch.float64), None, stride, padding, dilation, groups)
+            return y.round().to(torch.int64)
         return F.conv2d(x, w, None, stride, padding, dilation, groups)
 
     def truncate(self, x: torch.Tensor, shift: int, bits: int, rounding: str) -> torch.Tensor:
@@ -230,7 +235,7 @@ class PlainBackend(Backend):
             raise ValueError(f"unknown rounding {rounding!r}")
         q = x >> shift
         r = x - (q << shift)
-        return q + ((r > half) | ((r == half) & (q % 2 == 1))).to(torch.int64)
+        return q + ((r > half) | ((r == half) & (q & 1).bool())).to(torch.int64)
 
     def clamp(self, x: torch.Tensor, lo: int | None, hi: int | None, bits: int) -> torch.Tensor:
         self._check(x, bits, "clamp")
@@ -255,7 +260,7 @@ class PlainBackend(Backend):
         extra_h = max(0, (h_out - 1) * stride[0] + kh - (x.shape[2] + 2 * ph))
         extra_w = max(0, (w_out - 1) * stride[1] + kw - (x.shape[3] + 2 * pw))
         xp = F.pad(x, (pw, pw + extra_w, ph, ph + extra_h))
-        return F.conv2d(xp, ones, None, stride, 0, 1, c)
+        return self.conv2d(xp, ones, tuple(stride), (0, 0), (1, 1), c)
 
     def cat(self, xs: Sequence[torch.Tensor], dim: int) -> torch.Tensor:
         return torch.cat(list(xs), dim)
@@ -268,6 +273,14 @@ class PlainBackend(Backend):
 
     def index_select(self, x: torch.Tensor, dim: int, index: torch.Tensor) -> torch.Tensor:
         return torch.index_select(x, dim, index)
+
+
+def _float_exact(x: torch.Tensor, w: torch.Tensor, fan_in: int) -> bool:
+    """Whether every product sum of x and w is an integer below 2**53 (exact in float64)."""
+    if x.numel() == 0 or w.numel() == 0:
+        return True
+    bound = int(x.abs().max()) * int(w.abs().max()) * fan_in
+    return bound < 1 << _EXACT_FLOAT_BITS
 
 
 def _pool_out(size: int, k: int, s: int, p: int, ceil_mode: bool) -> int:
