@@ -7,9 +7,12 @@ Modules in dependency order:
 * ``backend``: the operations a program needs (:class:`Backend`) and :class:`PlainBackend`;
 * ``lowering``: builds IR nodes for each layer kind;
 * ``executor``: runs a program on a backend; per-layer comparison with torch;
-* ``convert``: eager / FX / PT2E quantized models -> program.
+* ``handlers``: one handler per torch module / function / method, in three tables;
+* ``convert``: eager / FX / PT2E quantized models -> program (traces, walks the graph);
+* ``testing``: torch's three quantization flows and an output-agreement check, for tests.
 
-Nothing here imports torch.ao quantization code until ``convert`` is imported.
+``from_quantized`` (convert, which imports torch.ao.quantization) and the executor load on
+first use; running a program needs only ``ir``, ``backend`` and ``executor``.
 """
 
 from crypten_lite.quantized.backend import Backend, PlainBackend

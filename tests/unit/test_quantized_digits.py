@@ -7,6 +7,8 @@ images; run with ``-s`` to see the agreement figures (they are quoted in docs/qu
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 import torch
 import torch.nn as nn
@@ -19,6 +21,9 @@ from crypten_lite.quantized import compare_layers, from_quantized
 from crypten_lite.quantized.executor import decode_output, run, run_float
 from crypten_lite.quantized.backend import PlainBackend
 from crypten_lite.quantized.testing import output_agreement, quantize_eager, quantize_fx, quantize_pt2e
+
+# PT2E needs torchao (the "quantization" extra)
+requires_torchao = pytest.mark.skipif(importlib.util.find_spec("torchao") is None, reason="torchao not installed")
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:.*deprecat",
@@ -123,6 +128,7 @@ def test_digits_fx(digits):
     assert same_class >= 0.99
 
 
+@requires_torchao
 def test_digits_pt2e(digits):
     model, calib, x, y = digits
     qmodel = quantize_pt2e(model, calib)

@@ -7,6 +7,8 @@ as integers (>= 99% identical, never more than one step apart), float values in 
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 import torch
 import torch.nn as nn
@@ -17,6 +19,9 @@ from torch.ao.quantization import DeQuantStub, QuantStub
 from crypten_lite.quantized import PlainBackend, compare_layers, from_quantized
 from crypten_lite.quantized.executor import run_float
 from crypten_lite.quantized.testing import output_agreement, quantize_eager, quantize_fx, quantize_pt2e
+
+# PT2E needs torchao (the "quantization" extra)
+requires_torchao = pytest.mark.skipif(importlib.util.find_spec("torchao") is None, reason="torchao not installed")
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:.*deprecat", "ignore:Please use quant_min", "ignore:The input of maxpool2d is not quantized"
@@ -193,6 +198,7 @@ def test_fx_ops(variant):
     assert program.output_info.kind == "quant"
 
 
+@requires_torchao
 @pytest.mark.parametrize("per_channel", [True, False], ids=["per_channel", "per_tensor"])
 @pytest.mark.parametrize("variant", ["a", "b"])
 def test_pt2e_ops(variant, per_channel):
@@ -201,6 +207,7 @@ def test_pt2e_ops(variant, per_channel):
     check(quantize_pt2e(Composite(variant).eval(), x, per_channel), x)
 
 
+@requires_torchao
 def test_pt2e_even_window_average_of_int8_values():
     """PT2E averages dequantized int8 values in float32: exact ties (a 2x2 mean at k + 1/2)
     round by float noise in torch, by round-half-even here; everything else is identical."""
@@ -211,6 +218,7 @@ def test_pt2e_even_window_average_of_int8_values():
     assert rows[-1].agree < 1  # the ties
 
 
+@requires_torchao
 def test_pt2e_conv_relu_quantize_folds_into_one_integer_conv():
     torch.manual_seed(0)
     x = torch.randn(16, 3, 12, 12)
