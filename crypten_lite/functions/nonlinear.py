@@ -34,9 +34,9 @@ from .. import encoding
 from ..cryptensor import CrypTensor, _record, no_grad
 from ..errors import ProtocolError, UnsupportedError
 from ..mpc import circuits, convert, primitives
-from ..mpc.truncation import truncate
+
 from ..session import current
-from ._common import float_view, mul_shares, mul_trunc, new_like, poly_share, public_share, rank0
+from ._common import float_view, mul_shares, mul_trunc, new_like, poly_share, public_share, rank0, truncate
 from .comparisons import _needs_grad
 
 LN2 = math.log(2.0)

@@ -27,6 +27,34 @@ from ..session import current
 from . import circuits
 
 ALL_ONES = -1
+# The dealer answers one request in one gRPC message (at most 4 MiB): requests for more
+# elements are split into chunks whose corrections stay below this many bytes.
+MAX_CORRECTION_BYTES = 3 << 20
+
+
+class _Concat:
+    """Several correlations of consecutive element chunks seen as one (components concatenated
+    along the first axis)."""
+
+    def __init__(self, parts):
+        self._parts = parts
+
+    def __getitem__(self, j: int) -> torch.Tensor:
+        return torch.cat([p[j] for p in self._parts])
+
+    def corrected(self) -> list[torch.Tensor]:
+        got = [p.corrected() for p in self._parts]
+        return [torch.cat([g[j] for g in got]) for j in range(len(got[0]))]
+
+
+def provider_get(kind: str, n: int, shapes_fn, words_per_element: int, params=(), op: str = ""):
+    """An elementwise correlation for n elements (first axis), chunked for the dealer."""
+    provider = current().provider
+    chunk = max(1, MAX_CORRECTION_BYTES // (8 * max(1, words_per_element)))
+    if n <= chunk:
+        return provider.get(kind, shapes_fn(n), op, params)
+    sizes = [min(chunk, n - i) for i in range(0, n, chunk)]
+    return _Concat([provider.get(kind, shapes_fn(m), op, params) for m in sizes])
 
 
 def lead_of(like: torch.Tensor) -> torch.Tensor:
@@ -77,7 +105,7 @@ def and_many(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> list[torch.T
     ys = [torch.broadcast_tensors(x, y)[1].reshape(-1) for x, y in pairs]
     x = torch.cat(xs) if len(xs) > 1 else xs[0]
     y = torch.cat(ys) if len(ys) > 1 else ys[0]
-    triple = s.provider.get("binary_triple", [x.shape])
+    triple = provider_get("binary_triple", x.numel(), lambda m: [(m,)], 1)
     a, b = triple[0], triple[1]
     n = x.numel()
     opened = open_xor(torch.cat([x ^ a, y ^ b]))
@@ -129,18 +157,19 @@ def eval_polys(jobs: Sequence[PolyJob]) -> list[list[torch.Tensor]]:
     rank, world = s.rank, s.world_size
     plans = []
     for job in jobs:
-        shape = job.inputs[0].shape
+        n = job.inputs[0].numel()
         terms = [t for out in job.outputs for t in out]
         monos = circuits.monomials(terms)
         # A product of masks all held by one owner is known to it: no dealer share needed.
         dealt = [m for m in monos if len({job.owners[k] for k in m}) > 1 or job.owners[m[0]] == -1]
         subsets = [sum(1 << k for k in m) for m in dealt]
-        corr = s.provider.get("binary_monomials", [shape], params=monomial_params(job.owners, subsets))
+        corr = provider_get("binary_monomials", n, lambda m: [(m,)], len(dealt),
+                            params=monomial_params(job.owners, subsets))
         plans.append((job, monos, dealt, corr))
     mine = []
     for job, _, _, corr in plans:
         for k in _sends(job, rank):
-            mine.append((job.inputs[k] ^ corr[k]).reshape(-1))
+            mine.append(job.inputs[k].reshape(-1) ^ corr[k])
     empty = torch.zeros(0, dtype=torch.int64)
     parts = s.comm.all_gather(torch.cat(mine) if mine else empty)
     offsets = [0] * world
@@ -159,11 +188,12 @@ def eval_polys(jobs: Sequence[PolyJob]) -> list[list[torch.Tensor]]:
         k_in = len(job.inputs)
         comps = corr.corrected()
         masks = []
+        shape = job.inputs[0].shape
         for k, o in enumerate(job.owners):
-            masks.append(comps[k] if o in (-1, rank) else torch.zeros_like(comps[k]))
+            masks.append(comps[k].view(shape) if o in (-1, rank) else torch.zeros(shape, dtype=torch.int64))
         mono = {}
         for i, m in enumerate(dealt):
-            mono[m] = comps[k_in + i]
+            mono[m] = comps[k_in + i].view(shape)
         for m in monos:
             if m not in mono:  # held entirely by one owner
                 if job.owners[m[0]] == rank:

@@ -32,7 +32,7 @@ import torch
 from ..provider.correlations import logical_shift
 from ..session import current
 from . import circuits
-from .binary import PolyJob, and_many, eval_polys, lead_of
+from .binary import PolyJob, and_many, eval_polys, lead_of, provider_get
 from .primitives import open_
 
 # ----------------------------------------------------------------------------- MSB
@@ -105,11 +105,20 @@ def finish(b2as: Sequence[tuple[torch.Tensor, int]] = (),
     shape -> shares of bit * value (value's scale, no truncation).
     """
     s = current()
-    corrs_b = [s.provider.get("bit", [(n,)]) for _, n in b2as]
-    corrs_m = [s.provider.get("bit_mul", [tuple(bs), tuple(v.shape)]) for _, bs, v in muls]
+    corrs_b = [provider_get("bit", n, lambda m: [(m,)], 1) for _, n in b2as]
+    flat_m = []
+    for _, bs, v in muls:
+        n = 1
+        for d in bs:
+            n *= d
+        # Bits broadcast over value's trailing dims (bit_shape = leading dims + 1s).
+        target = torch.broadcast_shapes(tuple(bs), tuple(v.shape))
+        flat_m.append(v.expand(target).reshape(n, -1))
+    corrs_m = [provider_get("bit_mul", v.shape[0], lambda m, w=v.shape[1]: [(m, 1), (m, w)], 1 + v.shape[1])
+               for v in flat_m]
     xor_parts = [w ^ circuits.pack_bits(c[0].reshape(-1)) for (w, _), c in zip(b2as, corrs_b)]
     xor_parts += [w ^ circuits.pack_bits(c[0].reshape(-1)) for (w, _, _), c in zip(muls, corrs_m)]
-    sum_parts = [(v - c[1]).reshape(-1) for (_, _, v), c in zip(muls, corrs_m)]
+    sum_parts = [(v - c[1]).reshape(-1) for v, c in zip(flat_m, corrs_m)]
     nx = sum(t.numel() for t in xor_parts)
     parts = s.comm.all_gather(torch.cat(xor_parts + sum_parts))
     xs, ss = parts[0][:nx].clone(), parts[0][nx:].clone()
@@ -125,17 +134,15 @@ def finish(b2as: Sequence[tuple[torch.Tensor, int]] = (),
         if s.rank == 0:
             share = share + c
         out_b.append(share)
-    for (w, bs, v), corr in zip(muls, corrs_m):
-        n = 1
-        for d in bs:
-            n *= d
-        c = circuits.unpack_bits(xs[ox:ox + w.numel()], n).view(tuple(bs))
+    for (w, bs, v0), v, corr in zip(muls, flat_m, corrs_m):
+        c = circuits.unpack_bits(xs[ox:ox + w.numel()], v.shape[0]).unsqueeze(1)
         ox += w.numel()
         e = ss[os_:os_ + v.numel()].view(v.shape)
         os_ += v.numel()
         _, _, ra, ar = corr.corrected()
         xr = e * ra + ar
-        out_m.append(c * v + (1 - 2 * c) * xr)
+        out = c * v + (1 - 2 * c) * xr
+        out_m.append(out.view(torch.broadcast_shapes(tuple(bs), v0.shape)))
     return out_b, out_m
 
 
@@ -172,7 +179,9 @@ def round_exact(x: torch.Tensor, bits: int) -> torch.Tensor:
     borrow [c mod 2^bits < r mod 2^bits], 1 round of B2A.
     """
     s = current()
-    corr = s.provider.get("trunc_exact", [x.shape], params=[bits])
+    shape = x.shape
+    x = x.reshape(-1)
+    corr = provider_get("trunc_exact", x.numel(), lambda k: [(k,)], 3, params=[bits])
     bias = (1 << 62) + (1 << (bits - 1))
     c = open_(x + corr[0] + (bias if s.rank == 0 else 0))
     _, rlow, rt, m = corr.corrected()
@@ -187,9 +196,9 @@ def round_exact(x: torch.Tensor, bits: int) -> torch.Tensor:
     n = g.numel()
     borrow_words = circuits.carry_tree(circuits.pack_lanes(g, width), circuits.pack_lanes(p, width),
                                        width, and_many)
-    borrow = b2a(borrow_words, n).view(x.shape)
+    borrow = b2a(borrow_words, n)
     wrap = (1 - logical_shift(c, 63)) * m
     out = -rt - borrow + (wrap << (64 - bits))
     if s.rank == 0:
         out = out + logical_shift(c, bits) - (1 << (62 - bits))
-    return out
+    return out.view(shape)
