@@ -1,0 +1,244 @@
+"""Binary circuits (crypten_lite.mpc.circuits) on simulated XOR shares, no transport.
+
+Every party's share is one row of a tensor with a leading party axis; AND is simulated by
+reconstructing and resharing (the protocol's binary-triple AND is tested over gRPC in
+tests/protocol/test_comparisons.py). Test randomness only: never used by the library.
+"""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from crypten_lite.mpc import circuits
+
+INT64 = st.integers(min_value=-(2 ** 63), max_value=2 ** 63 - 1)
+EDGES = [0, -1, 1, -(2 ** 63), 2 ** 63 - 1, 2 ** 62, -(2 ** 62), 2 ** 16, -(2 ** 16)]
+
+
+def _rand(gen: torch.Generator, *shape) -> torch.Tensor:
+    return torch.randint(-(2 ** 63), 2 ** 63 - 1, shape, dtype=torch.int64, generator=gen)
+
+
+def _xor_all(shares: torch.Tensor) -> torch.Tensor:
+    out = shares[0].clone()
+    for s in shares[1:]:
+        out ^= s
+    return out
+
+
+def _share_xor(value: torch.Tensor, parties: int, gen: torch.Generator) -> torch.Tensor:
+    rest = [_rand(gen, *value.shape) for _ in range(parties - 1)]
+    first = value.clone()
+    for r in rest:
+        first ^= r
+    return torch.stack([first] + rest)
+
+
+class Sim:
+    """Simulated parties: shares are (parties, ...) tensors."""
+
+    def __init__(self, parties: int, seed: int = 0):
+        self.parties = parties
+        self.gen = torch.Generator().manual_seed(seed)
+        self.rounds = 0
+
+    def lead(self, like: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros_like(like)
+        out[0] = -1
+        return out
+
+    def and_fn(self, pairs):
+        self.rounds += 1
+        return [_share_xor(_xor_all(x) & _xor_all(y), self.parties, self.gen) for x, y in pairs]
+
+    def eval_terms(self, outputs, inputs, owners):
+        """Level-1 style evaluation: masked openings + dealt monomials, like binary.eval_polys."""
+        masks_plain = [_rand(self.gen, *inputs[0].shape[1:]) for _ in inputs]
+        mask_shares = []
+        for m, o in zip(masks_plain, owners):
+            if o == -1:
+                mask_shares.append(_share_xor(m, self.parties, self.gen))
+            else:
+                sh = torch.zeros(self.parties, *m.shape, dtype=torch.int64)
+                sh[o] = m
+                mask_shares.append(sh)
+        opened = [_xor_all(x) ^ m for x, m in zip(inputs, masks_plain)]
+        monos = circuits.monomials([t for out in outputs for t in out])
+        mono_shares = {}
+        for mono in monos:
+            v = masks_plain[mono[0]].clone()
+            for k in mono[1:]:
+                v &= masks_plain[k]
+            mono_shares[mono] = _share_xor(v, self.parties, self.gen)
+        lead = self.lead(inputs[0])
+        results = []
+        for out in outputs:
+            per_party = [circuits.expand_terms(out, opened, [m[p] for m in mask_shares],
+                                               {k: v[p] for k, v in mono_shares.items()}, lead[p])
+                         for p in range(self.parties)]
+            results.append(torch.stack(per_party))
+        return results
+
+
+def _plain_terms(terms, xs):
+    out = torch.zeros_like(xs[0])
+    for t in terms:
+        v = torch.full_like(xs[0], -1)
+        for k in t:
+            v &= xs[k]
+        out ^= v
+    return out
+
+
+def _owned(values: list[torch.Tensor], parties: int) -> list[torch.Tensor]:
+    """Operand r held entirely by party r (the others hold 0), as share tensors."""
+    out = []
+    for r, v in enumerate(values):
+        sh = torch.zeros(parties, *v.shape, dtype=torch.int64)
+        sh[r] = v
+        out.append(sh)
+    return out
+
+
+def sim_msb(x: torch.Tensor, parties: int, seed: int = 0) -> tuple[torch.Tensor, int]:
+    """The msb_words pipeline of convert.py, simulated: returns (msb bits, AND rounds)."""
+    sim = Sim(parties, seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    arith = [_rand(gen, *x.shape) for _ in range(parties - 1)]
+    arith = [x - sum(arith, torch.zeros_like(x))] + arith          # additive shares of x
+    ops = list(zip(_owned(arith, parties), range(parties)))
+    while len(ops) > 2:
+        (a, oa), (b, ob), (c, oc) = ops[:3]
+        (maj,) = sim.eval_terms([circuits.MAJ3], [a, b, c], [oa, ob, oc])
+        total, carry = circuits.csa(a, b, c, maj)
+        ops = ops[3:] + [(total, -1), (carry, -1)]
+    (s, so), (c, co) = ops
+    top = circuits.pack_bits(((s ^ c) >> 63) & 1)
+    s = s & circuits.LOW63
+    c = c & circuits.LOW63
+    if co == -1:
+        c = c ^ (sim.lead(c) & circuits.TOP)
+    else:
+        c[co] |= circuits.TOP
+    planes = circuits.group2_planes(s, c)
+    g, p = sim.eval_terms([circuits.GROUP2_G, circuits.GROUP2_P], planes, [so, so, co, co])
+    words = circuits.msb_from_group2(g, p, top, sim.and_fn)
+    return circuits.unpack_bits(_xor_all(words), x.numel()), sim.rounds
+
+
+# ------------------------------------------------------------------------ layout
+@given(st.lists(INT64, min_size=1, max_size=70), st.sampled_from([1, 2, 4, 8, 16, 32, 64]))
+def test_pack_unpack_lanes_roundtrip(values, width):
+    x = torch.tensor(values, dtype=torch.int64)
+    mask = (1 << width) - 1 if width < 64 else -1
+    x = x & mask
+    assert torch.equal(circuits.unpack_lanes(circuits.pack_lanes(x, width), width, x.numel()), x)
+
+
+@given(st.lists(INT64, min_size=1, max_size=20))
+def test_compress_even_and_halves(values):
+    x = torch.tensor(values, dtype=torch.int64)
+    c = circuits.compress_even(x)
+    bits = ((x.unsqueeze(-1) >> torch.arange(64)) & 1)
+    cbits = ((c.unsqueeze(-1) >> torch.arange(64)) & 1)
+    assert torch.equal(cbits[:, :32], bits[:, 0::2]) and not cbits[:, 32:].any()
+    hi, lo = circuits.halves(x)
+    assert torch.equal(circuits.unpack_lanes(lo, 32, x.numel()), circuits.compress_even(x))
+    assert torch.equal(circuits.unpack_lanes(hi, 32, x.numel()), circuits.compress_even(x >> 1))
+
+
+# ------------------------------------------------------------- masked polynomials
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 2 ** 31), st.sampled_from([2, 3]), st.booleans())
+def test_expand_terms_matches_plain(seed, parties, owned):
+    gen = torch.Generator().manual_seed(seed)
+    sim = Sim(parties, seed)
+    plain = [_rand(gen, 5) for _ in range(4)]
+    if owned and parties == 2:
+        owners = [0, 0, 1, 1]
+        inputs = []
+        for v, o in zip(plain, owners):
+            sh = torch.zeros(parties, 5, dtype=torch.int64)
+            sh[o] = v
+            inputs.append(sh)
+    else:
+        owners = [-1] * 4
+        inputs = [_share_xor(v, parties, gen) for v in plain]
+    g, p = sim.eval_terms([circuits.GROUP2_G, circuits.GROUP2_P], inputs, owners)
+    assert torch.equal(_xor_all(g), _plain_terms(circuits.GROUP2_G, plain))
+    assert torch.equal(_xor_all(p), _plain_terms(circuits.GROUP2_P, plain))
+    (m,) = sim.eval_terms([circuits.MAJ3], inputs[:3], owners[:3])
+    a, b, c = plain[:3]
+    assert torch.equal(_xor_all(m), (a & b) ^ (a & c) ^ (b & c))
+
+
+def test_group2_terms_are_the_2bit_carry():
+    # All 16 assignments of (s0, s1, c0, c1): G = carry out of s + c, P = (s + c == 3).
+    for v in range(16):
+        s0, s1, c0, c1 = (v >> 0) & 1, (v >> 1) & 1, (v >> 2) & 1, (v >> 3) & 1
+        xs = [torch.tensor([-b]) for b in (s0, s1, c0, c1)]   # all-ones words for 1
+        total = (s0 + 2 * s1) + (c0 + 2 * c1)
+        g = _plain_terms(circuits.GROUP2_G, xs).item() & 1
+        p = _plain_terms(circuits.GROUP2_P, xs).item() & 1
+        assert g == (total >= 4) and p == ((s0 + 2 * s1) ^ (c0 + 2 * c1) == 3)
+
+
+# ----------------------------------------------------------------------- carries
+@settings(max_examples=40, deadline=None)
+@given(st.lists(INT64, min_size=1, max_size=40), st.lists(INT64, min_size=1, max_size=40),
+       st.sampled_from([2, 3]))
+def test_carry_tree_is_carry_into_bit_63(s_vals, c_vals, parties):
+    n = min(len(s_vals), len(c_vals))
+    s = torch.tensor(s_vals[:n], dtype=torch.int64)
+    c = torch.tensor(c_vals[:n], dtype=torch.int64)
+    sim = Sim(parties)
+    s_pad, c_pad = s & circuits.LOW63, (c & circuits.LOW63) | circuits.TOP
+    planes = [_share_xor(t, parties, sim.gen) for t in circuits.group2_planes(s_pad, c_pad)]
+    g, p = sim.eval_terms([circuits.GROUP2_G, circuits.GROUP2_P], planes, [-1] * 4)
+    carry = circuits.unpack_bits(_xor_all(circuits.carry_tree(g, p, 32, sim.and_fn)), n)
+    ref = (((s & circuits.LOW63) + (c & circuits.LOW63)) >> 63) & 1
+    assert torch.equal(carry, ref)
+    assert sim.rounds == 5
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.one_of(INT64, st.sampled_from(EDGES)), min_size=1, max_size=150),
+       st.sampled_from([2, 3, 4]), st.integers(0, 1000))
+def test_msb_is_sign(values, parties, seed):
+    x = torch.tensor(values, dtype=torch.int64)
+    bits, rounds = sim_msb(x, parties, seed)
+    assert torch.equal(bits, (x < 0).long())
+    assert rounds == 5
+
+
+def test_msb_edges_exhaustive():
+    x = torch.tensor(EDGES + [i for i in range(-300, 300)], dtype=torch.int64)
+    for parties in (2, 3):
+        bits, _ = sim_msb(x, parties, 7)
+        assert torch.equal(bits, (x < 0).long())
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(INT64, min_size=1, max_size=30), st.lists(INT64, min_size=1, max_size=30))
+def test_kogge_stone_adder(s_vals, c_vals):
+    n = min(len(s_vals), len(c_vals))
+    s = torch.tensor(s_vals[:n], dtype=torch.int64)
+    c = torch.tensor(c_vals[:n], dtype=torch.int64)
+    sim = Sim(2)
+    gen = torch.Generator().manual_seed(3)
+    total = circuits.kogge_stone_add(_share_xor(s, 2, gen), _share_xor(c, 2, gen), sim.and_fn)
+    assert torch.equal(_xor_all(total), s + c)
+    assert sim.rounds == 7
+
+
+@given(st.lists(INT64, min_size=1, max_size=50))
+def test_and_tree_detects_all_ones(values):
+    x = torch.tensor(values, dtype=torch.int64)
+    x[::3] = -1
+    sim = Sim(2)
+    gen = torch.Generator().manual_seed(5)
+    got = circuits.unpack_bits(_xor_all(circuits.and_tree(_share_xor(x, 2, gen), 64, sim.and_fn)), x.numel())
+    assert torch.equal(got, (x == -1).long())
+    assert sim.rounds == 6
