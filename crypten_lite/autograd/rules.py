@@ -233,8 +233,7 @@ def _to(g, x, **s):
 # ------------------------------------------------------------------- nonlinear rules
 # Each reuses the forward output (`out`) and what the forward saved; the fallbacks recompute
 # with the same CrypTensor methods the forward used.
-def _relu(g, x, out, **s):
-    mask = s.get("mask")
+def _relu(g, x, out, mask=None, **s):
     if mask is None:
         mask = x.detach().gt(0)
     return g.mul(mask)
@@ -252,17 +251,90 @@ def _log_softmax(g, x, out, dim, **s):
 
 
 def _sqrt(g, x, out, **s):
-    inv = s.get("inv_sqrt")
-    if inv is None:
-        inv = out.reciprocal()
-    return g.mul(inv).mul(0.5)
+    return g.mul(out.reciprocal()).mul(0.5)
 
 
 def _log(g, x, out, **s):
-    inv = s.get("reciprocal")
-    if inv is None:
-        inv = x.detach().reciprocal()
-    return g.mul(inv)
+    return g.mul(x.detach().reciprocal())
+
+
+def _div_private(g, a, b, out, reciprocal=None, **s):
+    inv = reciprocal if reciprocal is not None else b.detach().reciprocal()
+    ga = g.mul(inv)
+    return (ga if _is_private(a) else None), ga.mul(out).neg()
+
+
+def _erf(g, x, out, **s):
+    return g.mul(x.detach().square().neg().exp()).mul(2.0 / math.sqrt(math.pi))
+
+
+# erf(x) ~ tanh(a x + b x^3) in crypten_lite.functions.nonlinear (ERF_A, ERF_B): gelu's cdf is
+# sigmoid(z(x)); its derivative is that of the same approximation, cdf (1 - cdf) z'(x).
+_ERF_A, _ERF_B = 1.129, 0.1005
+_TANH_C = math.sqrt(2.0 / math.pi)
+
+
+def _gelu(g, x, out, cdf, approximate="none", **s):
+    """d/dx x cdf(x) = cdf + x cdf (1 - cdf) z'(x), z the sigmoid argument of the forward."""
+    xd = x.detach()
+    x2 = xd.square()
+    if approximate == "tanh":
+        dz = x2.mul(2 * _TANH_C * 3 * 0.044715).add(2 * _TANH_C)
+    else:  # z = 2 (a x' + b x'^3), x' = x / sqrt(2)
+        dz = x2.mul(2 * _ERF_B * 3 / 2 ** 1.5).add(2 * _ERF_A / math.sqrt(2.0))
+    dcdf = cdf.sub(cdf.square()).mul(dz)
+    return g.mul(cdf.add(xd.mul(dcdf)))
+
+
+def _silu(g, x, out, sigmoid, **s):
+    """d/dx x s(x) = s (1 + x (1 - s))."""
+    xd = x.detach()
+    return g.mul(sigmoid.mul(xd.sub(xd.mul(sigmoid)).add(1.0)))
+
+
+def _polynomial(g, x, out, coeffs, **s):
+    """p(x) = sum_i c_i x^i (i >= 1): p'(x) = c_1 + sum_{i >= 2} i c_i x^(i - 1)."""
+    if len(coeffs) == 1:
+        return g.mul(coeffs[0])
+    tail = [(i + 2) * c for i, c in enumerate(coeffs[1:])]
+    return g.mul(x.detach().polynomial(tail).add(coeffs[0]))
+
+
+def _pow(g, x, out, exponent, **s):
+    e = float(exponent)
+    if e == 2:
+        return g.mul(x.detach()).mul(2.0)
+    if e == 1:
+        return g
+    return g.mul(x.detach().pow(e - 1)).mul(e)
+
+
+def _normalized_input_grad(dxhat, x_hat, inv_std, dims):
+    """d/dx of (x - mean) * inv_std over `dims` (batch statistics): the classic formula."""
+    mean_d = dxhat.mean(dims, keepdim=True)
+    mean_dx = dxhat.mul(x_hat).mean(dims, keepdim=True)
+    return dxhat.sub(mean_d).sub(x_hat.mul(mean_dx)).mul(inv_std)
+
+
+def _layer_norm(g, x, weight, bias, out, x_hat, inv_std, normalized_shape, **s):
+    dims = tuple(range(x.dim() - len(normalized_shape), x.dim()))
+    dxhat = g.mul(_const(weight)) if weight is not None else g
+    gx = _normalized_input_grad(dxhat, x_hat, inv_std, dims) if _is_private(x) else None
+    gw = g.mul(x_hat) if _is_private(weight) else None
+    gb = g if _is_private(bias) else None
+    return gx, gw, gb
+
+
+def _batch_norm(g, x, weight, bias, out, x_hat, inv_std, training, dims, **s):
+    def channel(v):
+        return v.reshape((1, -1) + (1,) * (x.dim() - 2))
+    dxhat = g.mul(channel(_const(weight))) if weight is not None else g
+    gx = None
+    if _is_private(x):
+        gx = _normalized_input_grad(dxhat, x_hat, inv_std, dims) if training else dxhat.mul(inv_std)
+    gw = g.mul(x_hat).sum(dims) if _is_private(weight) else None
+    gb = g.sum(dims) if _is_private(bias) else None
+    return gx, gw, gb
 
 
 def _where(g, a, b, condition, **s):
@@ -409,7 +481,18 @@ RULES = {
     "exp": lambda g, x, out, **s: g.mul(out),
     "log": _log,
     "reciprocal": lambda g, x, out, **s: g.mul(out.square()).neg(),
+    "div_private": _div_private,
     "sqrt": _sqrt,
+    "inv_sqrt": lambda g, x, out, **s: g.mul(out.square().mul(out)).mul(-0.5),
+    "erf": _erf,
+    "gelu": _gelu,
+    "silu": _silu,
+    "cos": lambda g, x, out, sin, **s: g.mul(sin).neg(),
+    "sin": lambda g, x, out, cos, **s: g.mul(cos),
+    "polynomial": _polynomial,
+    "pow": _pow,
+    "layer_norm": _layer_norm,
+    "batch_norm": _batch_norm,
     "softmax": _softmax,
     "log_softmax": _log_softmax,
     "where": _where,

@@ -201,11 +201,10 @@ def layer_norm(x, normalized_shape, weight=None, bias=None, eps: float = 1e-5):
         return F.layer_norm(x, normalized_shape, weight, bias, eps)
     if not is_private(x):
         out = F.layer_norm(x, normalized_shape, None, None, eps)
-    else:
-        out = _method(x, "layer_norm")(tuple(normalized_shape), eps=eps)
-    if weight is not None:
-        out = out.mul(weight)
-    return out if bias is None else out.add(bias)
+        out = out.mul(weight) if weight is not None and is_private(out) else \
+            (weight.mul(out) if weight is not None else out)
+        return out if bias is None else out.add(bias) if is_private(out) else bias.add(out)
+    return _method(x, "layer_norm")(tuple(normalized_shape), weight, bias, eps)
 
 
 def _bn_shape(x, v):
@@ -214,42 +213,27 @@ def _bn_shape(x, v):
 
 def batch_norm(x, running_mean, running_var, weight=None, bias=None, training: bool = False,
                momentum: float = 0.1, eps: float = 1e-5):
-    """Batch normalization; returns (out, batch_mean, batch_var_unbiased) in training.
-
-    Training normalizes with the batch statistics (biased variance, like torch) and returns
-    them so that the module updates its running statistics; evaluation uses the running
-    statistics (public ones are inverted in plaintext, private ones with inv_sqrt).
-    """
+    """torch.nn.functional.batch_norm; on a private input, CrypTensor.batch_norm (which
+    updates private running statistics in place in training)."""
     if not is_private(x, running_mean, running_var, weight, bias):
-        out = F.batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps)
-        return out
-    dims = (0,) + tuple(range(2, x.dim()))
+        return F.batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps)
+    if is_private(x):
+        return _method(x, "batch_norm")(running_mean, running_var, weight, bias, training,
+                                        momentum, eps)
     if training:
-        if not is_private(x):
-            raise UnsupportedError("batch_norm in training on a public input with private "
-                                   "parameters: share the input first")
-        n = x.numel() // x.shape[1]
-        mean = x.mean(dims, keepdim=True)
-        centered = x.sub(mean)
-        var = centered.square().mean(dims, keepdim=True)
-        inv_std = _inv_sqrt(var.add(eps))
-        out = centered.mul(inv_std)
-        stats = (mean.reshape(-1), var.reshape(-1).mul(n / max(n - 1, 1)))
-    else:
-        if is_private(running_var):
-            inv_std = _inv_sqrt(running_var.add(eps))
-        else:
-            inv_std = torch.rsqrt(running_var + eps)
-        out = x.sub(_bn_shape(x, running_mean)) if is_private(x) else \
-            (x - _bn_shape(x, running_mean)) if not is_private(running_mean) else \
-            _bn_shape(x, running_mean).neg().add(x)
-        out = out.mul(_bn_shape(x, inv_std)) if is_private(out) else _bn_shape(x, inv_std).mul(out)
-        stats = None
+        raise UnsupportedError("batch_norm in training on a public input with private "
+                               "parameters: share the input first")
+    # Public input, private statistics or affine parameters (evaluation).
+    inv_std = _inv_sqrt(running_var.add(eps)) if is_private(running_var) else \
+        torch.rsqrt(running_var + eps)
+    out = _bn_shape(x, running_mean).neg().add(x) if is_private(running_mean) else \
+        x - _bn_shape(x, running_mean)
+    out = out.mul(_bn_shape(x, inv_std)) if is_private(out) else _bn_shape(x, inv_std).mul(out)
     if weight is not None:
         out = out.mul(_bn_shape(x, weight)) if is_private(out) else _bn_shape(x, weight).mul(out)
     if bias is not None:
         out = out.add(_bn_shape(x, bias)) if is_private(out) else _bn_shape(x, bias).add(out)
-    return (out, *stats) if training else out
+    return out
 
 
 def _inv_sqrt(x: CrypTensor) -> CrypTensor:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ..cryptensor import CrypTensor, no_grad
+from ..cryptensor import CrypTensor
 from ..errors import UnsupportedError
 from . import functional as F
 from .module import Module
@@ -148,18 +148,17 @@ class _BatchNorm(_FromTorch, Module):
         if not use_batch:
             return F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias,
                                 False, 0.0, self.eps)
-        if not F.is_private(x, self.weight, self.bias, self.running_mean, self.running_var):
-            return torch.nn.functional.batch_norm(
-                x, self.running_mean if self.track_running_stats else None,
-                self.running_var if self.track_running_stats else None, self.weight, self.bias,
-                True, self._factor(), self.eps)
-        out, mean, var = F.batch_norm(x, None, None, self.weight, self.bias, True, 0.0, self.eps)
-        if self.track_running_stats:
-            m = self._factor()
-            with no_grad():
-                self.running_mean = mean.detach().mul(m).add(_scaled(self.running_mean, 1 - m))
-                self.running_var = var.detach().mul(m).add(_scaled(self.running_var, 1 - m))
-        return out
+        factor = self._factor() if self.training and self.track_running_stats else 0.0
+        rm = self.running_mean if self.track_running_stats and self.training else None
+        rv = self.running_var if self.track_running_stats and self.training else None
+        if F.is_private(x) and rm is not None and not isinstance(rm, CrypTensor):
+            # Statistics of private data are private: the running statistics become shared
+            # (a trivial sharing of the public values, no traffic) and absorb them in place.
+            from ..cryptensor import default_precision
+            self.running_mean = CrypTensor._public(rm.double(), default_precision(), torch.float32)
+            self.running_var = CrypTensor._public(rv.double(), default_precision(), torch.float32)
+            rm, rv = self.running_mean, self.running_var
+        return F.batch_norm(x, rm, rv, self.weight, self.bias, True, factor, self.eps)
 
     def _factor(self) -> float:
         if self.track_running_stats:
@@ -170,10 +169,6 @@ class _BatchNorm(_FromTorch, Module):
 
     def extra_repr(self) -> str:
         return f"{self.num_features}, eps={self.eps}, momentum={self.momentum}"
-
-
-def _scaled(v, factor: float):
-    return v.mul(factor) if isinstance(v, CrypTensor) else v * factor
 
 
 class BatchNorm1d(_BatchNorm):

@@ -216,3 +216,154 @@ def test_linear_rule(pool, key):
 
 def test_every_linear_op_has_a_case():
     assert set(OPS) == set(CASES)
+
+
+# ------------------------------------------------------------------ nonlinear rules
+# key: (function, inputs, private flags or None, CrypTensor methods needed, tolerance)
+NONLINEAR_OPS = {
+    "relu": lambda a: F.relu(a),
+    "abs": lambda a: a.abs(),
+    "clamp": lambda a: a.clamp(-0.5, 0.8),
+    "relu6": lambda a: F.relu6(a * 4.0),
+    "hardtanh": lambda a: F.hardtanh(a),
+    "maximum": lambda a, b: torch.maximum(a, b),
+    "minimum_public": lambda a, b: torch.minimum(a, b),
+    "max_all": lambda a: a.max(),
+    "max_dim": lambda a: a.max(dim=1).values,
+    "min_dim_keepdim": lambda a: a.min(1, keepdim=True).values,
+    "where_public": lambda a, b: torch.where(torch.tensor([[True, False, True, False]] * 3), a, b),
+    "where_private": lambda a, b: torch.where(a > 0, a, b),
+    "max_pool2d": lambda a: F.max_pool2d(a, 2),
+    "max_pool2d_pad": lambda a: F.max_pool2d(a, 3, 2, 1),
+    "max_pool1d": lambda a: F.max_pool1d(a, 2),
+    "adaptive_max_pool2d": lambda a: F.adaptive_max_pool2d(a, (2, 2)),
+    "avg_pool2d": lambda a: F.avg_pool2d(a, 2),
+    "avg_pool2d_ceil": lambda a: F.avg_pool2d(a, 3, 2, 1, ceil_mode=True, count_include_pad=False),
+    "avg_pool2d_divisor": lambda a: F.avg_pool2d(a, (2, 3), (1, 2), divisor_override=4),
+    "adaptive_avg_pool2d": lambda a: F.adaptive_avg_pool2d(a, (2, 3)),
+    "exp": lambda a: torch.exp(a),
+    "log": lambda a: torch.log(a),
+    "reciprocal": lambda a: torch.reciprocal(a),
+    "div_private": lambda a, b: a / b,
+    "sqrt": lambda a: torch.sqrt(a),
+    "inv_sqrt": lambda a: torch.rsqrt(a),
+    "sigmoid": lambda a: torch.sigmoid(a),
+    "tanh": lambda a: torch.tanh(a),
+    "erf": lambda a: torch.erf(a),
+    "gelu": lambda a: F.gelu(a),
+    "gelu_tanh": lambda a: F.gelu(a, approximate="tanh"),
+    "silu": lambda a: F.silu(a),
+    "softmax": lambda a: torch.softmax(a, 1),
+    "log_softmax": lambda a: torch.log_softmax(a, 0),
+    "cos": lambda a: torch.cos(a),
+    "sin": lambda a: torch.sin(a),
+    "pow3": lambda a: a.pow(3),
+    "pow_half": lambda a: a.pow(0.5),
+    "layer_norm": lambda a, w, b: F.layer_norm(a, (4,), w, b),
+    "batch_norm_train": lambda a, w, b: F.batch_norm(a, None, None, w, b, training=True),
+    "batch_norm_eval": lambda a, m, v, w, b: F.batch_norm(a, m, v, w, b, training=False),
+}
+T_NONLINEAR = (__name__, "NONLINEAR_OPS")
+
+NONLINEAR_CASES = {
+    "relu": ([randn(3, 4)], None, ("relu",)),
+    "abs": ([randn(3, 4)], None, ("abs",)),
+    "clamp": ([randn(3, 4)], None, ("clamp",)),
+    "relu6": ([randn(3, 4)], None, ("relu6",)),
+    "hardtanh": ([randn(3, 4)], None, ("hardtanh",)),
+    "maximum": ([randn(3, 4), randn(3, 4, seed=1)], None, ("maximum",)),
+    "minimum_public": ([randn(3, 4), randn(3, 4, seed=1)], (True, False), ("minimum",)),
+    "max_all": ([randn(3, 4)], None, ("max",)),
+    "max_dim": ([randn(3, 4)], None, ("max",)),
+    "min_dim_keepdim": ([randn(3, 4)], None, ("min",)),
+    "where_public": ([randn(3, 4), randn(3, 4, seed=1)], None, ("where",)),
+    "where_private": ([randn(3, 4), randn(3, 4, seed=1)], None, ("where", "gt")),
+    "max_pool2d": ([randn(2, 2, 4, 4)], None, ("max_pool2d",)),
+    "max_pool2d_pad": ([randn(1, 2, 5, 5)], None, ("max_pool2d",)),
+    "max_pool1d": ([randn(2, 3, 6)], None, ("max_pool1d",)),
+    "adaptive_max_pool2d": ([randn(1, 2, 5, 4)], None, ("adaptive_max_pool2d",)),
+    "avg_pool2d": ([randn(2, 2, 4, 4)], None, ("avg_pool2d",)),
+    "avg_pool2d_ceil": ([randn(1, 2, 6, 5)], None, ("avg_pool2d",)),
+    "avg_pool2d_divisor": ([randn(1, 2, 4, 7)], None, ("avg_pool2d",)),
+    "adaptive_avg_pool2d": ([randn(1, 2, 5, 7)], None, ("adaptive_avg_pool2d",)),
+    "exp": ([randn(3, 4)], None, ("exp",)),
+    "log": ([positive(3, 4)], None, ("log",)),
+    "reciprocal": ([positive(3, 4)], None, ("reciprocal",)),
+    "div_private": ([randn(3, 4), positive(3, 4, seed=1)], None, ("reciprocal",)),
+    "sqrt": ([positive(3, 4)], None, ("sqrt",)),
+    "inv_sqrt": ([positive(3, 4)], None, ("inv_sqrt",)),
+    "sigmoid": ([randn(3, 4, scale=2.0)], None, ("sigmoid",)),
+    "tanh": ([randn(3, 4)], None, ("tanh",)),
+    "erf": ([randn(3, 4)], None, ("erf",)),
+    "gelu": ([randn(3, 4, scale=2.0)], None, ("gelu",)),
+    "gelu_tanh": ([randn(3, 4, scale=2.0)], None, ("gelu",)),
+    "silu": ([randn(3, 4, scale=2.0)], None, ("silu",)),
+    "softmax": ([randn(3, 5, scale=2.0)], None, ("softmax",)),
+    "log_softmax": ([randn(4, 3, scale=2.0)], None, ("log_softmax",)),
+    "cos": ([randn(3, 4)], None, ("cos",)),
+    "sin": ([randn(3, 4)], None, ("sin",)),
+    "pow3": ([randn(3, 4)], None, ("pow",)),
+    "pow_half": ([positive(3, 4)], None, ("pow",)),
+    "layer_norm": ([randn(3, 4), positive(4), randn(4, seed=2)], None, ("layer_norm",)),
+    "batch_norm_train": ([randn(6, 3, 2), positive(3), randn(3, seed=2)], None, ("batch_norm",)),
+    "batch_norm_eval": ([randn(6, 3), randn(3, seed=1), positive(3, seed=2), positive(3, seed=3),
+                         randn(3, seed=4)], (True, False, False, True, True), ("batch_norm",)),
+}
+
+
+def _needs(*methods: str) -> None:
+    crypten_lite._load_extensions()
+    missing = [m for m in methods if not hasattr(crypten_lite.CrypTensor, m)]
+    if missing:
+        pytest.skip(f"CrypTensor.{', CrypTensor.'.join(missing)} not implemented yet "
+                    "(crypten_lite.functions)")
+
+
+@pytest.mark.parametrize("key", sorted(NONLINEAR_CASES))
+def test_nonlinear_rule(pool, key):
+    inputs, private, methods = NONLINEAR_CASES[key]
+    _needs(*methods)
+    check(pool, T_NONLINEAR, key, *inputs, private=private, tol=NONLINEAR)
+
+
+def test_every_nonlinear_op_has_a_case():
+    assert set(NONLINEAR_OPS) == set(NONLINEAR_CASES)
+
+
+# ----------------------------------------------------------------------- engine semantics
+def party_engine_semantics():
+    from crypten_lite.errors import CryptenLiteError
+    x = crypten_lite.cryptensor(torch.tensor([1.0, -2.0, 3.0]), src=0, requires_grad=True)
+    c = crypten_lite.cryptensor(torch.tensor([0.5, 0.5, 0.5]), src=1)  # requires_grad=False
+    (x * 2.0 + c).sum().backward()
+    first = x.grad.get_plain_text()
+    (x * c).sum().backward()                                  # accumulates
+    accumulated = x.grad.get_plain_text()
+    x.grad = None
+    y = x * x
+    y.backward(torch.tensor([1.0, 1.0, 2.0]))                 # public seed gradient
+    public_seed = x.grad.get_plain_text()
+    with crypten_lite.no_grad():
+        z = x * 3.0
+        with crypten_lite.enable_grad():
+            w = x * 3.0
+    d = x.detach() * 3.0
+    errors = []
+    for bad in (lambda: (x * 2.0).backward(), lambda: d.sum().backward()):
+        try:
+            bad()
+        except CryptenLiteError as e:
+            errors.append(type(e).__name__)
+    return dict(first=first, accumulated=accumulated, public_seed=public_seed, c_grad=c.grad,
+                no_grad=(z.requires_grad, z.grad_fn), enable_grad=w.requires_grad,
+                detach=d.requires_grad, errors=errors)
+
+
+def test_engine_semantics(pool):
+    r = pool.run(party_engine_semantics)[0]
+    torch.testing.assert_close(r["first"], torch.full((3,), 2.0))
+    torch.testing.assert_close(r["accumulated"], torch.full((3,), 2.5))
+    torch.testing.assert_close(r["public_seed"], torch.tensor([2.0, -4.0, 12.0]), **LINEAR)
+    assert r["c_grad"] is None
+    assert r["no_grad"] == (False, None) and r["enable_grad"] and not r["detach"]
+    assert r["errors"] == ["UnsupportedError", "ProtocolError"]
