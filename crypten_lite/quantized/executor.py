@@ -36,6 +36,9 @@ def decode_output(info: ValueInfo, y: torch.Tensor) -> torch.Tensor:
 def run(program: QuantizedProgram, x: torch.Tensor, backend: Backend, debug: bool = False):
     """Execute the program on input ``x`` (a float tensor held by the data owner).
 
+    In MPC, parties without the input pass ``torch.empty(shape, device="meta")``: the
+    encoded input stays a meta tensor of the right shape, for ``backend.input`` to share.
+
     Returns the backend value of the output (integers with ``program.output_info``), or
     with ``debug=True`` the pair ``(output, {value name: backend value})`` for every node.
     """

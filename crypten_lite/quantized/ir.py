@@ -16,7 +16,7 @@ already scaled to the accumulator) and stays secret in MPC. The op names are the
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -276,6 +276,19 @@ class QuantizedProgram:
             if node.name == name:
                 return node
         raise KeyError(name)
+
+    def public_copy(self) -> "QuantizedProgram":
+        """What parties other than the model owner hold: weights become int64 ``meta`` tensors.
+
+        Same nodes and public attributes; each weight keeps only its shape, so an MPC
+        backend's ``weight()`` knows what shares to expect.
+        """
+        nodes = [
+            replace(node, weights={k: torch.empty(w.shape, dtype=torch.int64, device="meta")
+                                   for k, w in node.weights.items()})
+            for node in self.nodes
+        ]
+        return QuantizedProgram(nodes, self.output, dict(self.sources))
 
     def describe(self) -> str:
         """Human-readable listing, one node a line."""

@@ -39,6 +39,9 @@ from crypten_lite.quantized.requant import (
     tie_possible_sum,
 )
 
+Shape = Sequence[int]
+Pair = Sequence[int]
+
 # hardswish computes clamp(x + 3, 0, 6) with 2**-12 of a quantization step of resolution:
 # fine enough that the threshold never moves a result, small enough to keep x * t short.
 HARDSWISH_FRAC_BITS = 12
@@ -299,7 +302,8 @@ class ProgramBuilder:
                 biases = [round(Fraction(bi) / Fraction(sy) * (1 << shift)) for bi in b]
         return ms, shift, pre, ranges, biases
 
-    def linear(self, x: Val, w: QWeight, bias, target: Target, shape, source, reference="exact") -> Val:
+    def linear(self, x: Val, w: QWeight, bias: torch.Tensor | None, target: Target, shape: Shape,
+               source: str, reference: str = "exact") -> Val:
         """``x @ w.T + b`` over the last dim; weight ``(O, K)``; int8 or fixed input."""
         zx = x.info.zero_point
         x_range = (x.info.lo - zx, x.info.hi - zx)
@@ -310,8 +314,9 @@ class ProgramBuilder:
         weights = dict(weight=w.values.t().contiguous(), bias=b)
         return self._emit("linear", [x], target.info(lo, hi, shape), source, attrs, weights)
 
-    def conv2d(self, x, w, bias, stride, padding, dilation, groups, target, shape, source,
-               reference="exact") -> Val:
+    def conv2d(self, x: Val, w: QWeight, bias: torch.Tensor | None, stride: Pair, padding: Pair,
+               dilation: Pair, groups: int, target: Target, shape: Shape, source: str,
+               reference: str = "exact") -> Val:
         """2-d convolution with zero padding (padding is the real 0, i.e. the zero point)."""
         zx = x.info.zero_point
         lo, hi = x.info.lo - zx, x.info.hi - zx
@@ -327,7 +332,7 @@ class ProgramBuilder:
         return self._emit("conv2d", [x], target.info(lo, hi, shape), source, attrs, weights)
 
     # --- elementwise ------------------------------------------------------------------
-    def add(self, xs: Sequence[Val], target: Target, shape, source) -> Val:
+    def add(self, xs: Sequence[Val], target: Target, shape: Shape, source: str) -> Val:
         """``sum_i real(x_i)``, requantized to the target (add / add_relu)."""
         ranges = [(v.info.lo - v.info.zero_point, v.info.hi - v.info.zero_point) for v in xs]
         acc_bits = max(bits_for(*r) for r in ranges) + (len(xs) - 1).bit_length()
@@ -343,7 +348,7 @@ class ProgramBuilder:
                      rescale=rescale)
         return self._emit("add", xs, target.info(lo, hi, shape), source, attrs)
 
-    def mul(self, a: Val, b: Val, target: Target, shape, source) -> Val:
+    def mul(self, a: Val, b: Val, target: Target, shape: Shape, source: str) -> Val:
         """``real(a) * real(b)``, a secret-by-secret product, requantized."""
         ra = (a.info.lo - a.info.zero_point, a.info.hi - a.info.zero_point)
         rb = (b.info.lo - b.info.zero_point, b.info.hi - b.info.zero_point)
@@ -357,7 +362,7 @@ class ProgramBuilder:
         """relu / relu6 / hardtanh: the activation is part of ``target``."""
         return self.to_target(x, target, source)
 
-    def hardswish(self, x: Val, target: Target, shape, source) -> Val:
+    def hardswish(self, x: Val, target: Target, shape: Shape, source: str) -> Val:
         """``x * clamp(x + 3, 0, 6) / 6`` with ``x + 3`` in units of ``s_x * 2**-k``."""
         zx, sx = x.info.zero_point, x.info.scale
         k = 0 if x.info.kind == FIXED else HARDSWISH_FRAC_BITS
@@ -375,16 +380,17 @@ class ProgramBuilder:
         return self._emit("hardswish", [x], target.info(lo, hi, shape), source, attrs)
 
     # --- pooling ----------------------------------------------------------------------
-    def max_pool2d(self, x, kernel_size, stride, padding, dilation, ceil_mode, target, shape,
-                   source) -> Val:
+    def max_pool2d(self, x: Val, kernel_size: Pair, stride: Pair, padding: Pair, dilation: Pair,
+                   ceil_mode: bool, target: Target, shape: Shape, source: str) -> Val:
         """Max over windows; commutes with (re)quantization, so runs on x's integers."""
         attrs = dict(kernel_size=tuple(kernel_size), stride=tuple(stride), padding=tuple(padding),
                      dilation=tuple(dilation), ceil_mode=bool(ceil_mode), bits=x.info.bits)
         y = self._emit("max_pool2d", [x], x.info.with_shape(tuple(shape)), source, attrs)
         return self.to_target(y, target, source)
 
-    def avg_pool2d(self, x, kernel_size, stride, padding, ceil_mode, count_include_pad,
-                   divisor_override, target, shape, source, reference="exact") -> Val:
+    def avg_pool2d(self, x: Val, kernel_size: Pair, stride: Pair, padding: Pair, ceil_mode: bool,
+                   count_include_pad: bool, divisor_override: int | None, target: Target, shape: Shape,
+                   source: str, reference: str = "exact") -> Val:
         """Window sums of ``x - z_x`` times a public per-position ``s_x / (d * s_y)``.
 
         ``reference="fbgemm"`` (torch's quantized kernels, same scale and zero point in and
@@ -453,7 +459,8 @@ class ProgramBuilder:
         )
         return divide, out_lo, out_hi
 
-    def adaptive_avg_pool2d(self, x: Val, target: Target, shape, source, reference="exact") -> Val:
+    def adaptive_avg_pool2d(self, x: Val, target: Target, shape: Shape, source: str,
+                            reference: str = "exact") -> Val:
         """Adaptive average pooling when the input size is a multiple of the output size."""
         (h, w), (oh, ow) = x.info.shape[2:], tuple(shape[2:])
         if h % oh or w % ow:
@@ -465,27 +472,28 @@ class ProgramBuilder:
         return self.avg_pool2d(x, k, k, (0, 0), False, True, None, target, shape, source, reference)
 
     # --- data movement ----------------------------------------------------------------
-    def cat(self, xs: Sequence[Val], dim: int, target: Target, shape, source) -> Val:
+    def cat(self, xs: Sequence[Val], dim: int, target: Target, shape: Shape, source: str) -> Val:
         """Concatenate after bringing every input to the target's meaning."""
         ys = [self.to_target(v, target.plain(), source) for v in xs]
         lo, hi = min(v.info.lo for v in ys), max(v.info.hi for v in ys)
         y = self._emit("cat", ys, target.info(lo, hi, shape), source, dict(dim=int(dim)))
         return self.to_target(y, target, source)
 
-    def reshape(self, x: Val, shape, target: Target, source) -> Val:
+    def reshape(self, x: Val, shape: Shape, target: Target, source: str) -> Val:
         """Reshape keeping dim 0 (the batch)."""
         attrs = dict(shape=(-1,) + tuple(shape[1:]))
         y = self._emit("reshape", [x], x.info.with_shape(tuple(shape)), source, attrs)
         return self.to_target(y, target, source)
 
-    def permute(self, x: Val, dims, target: Target, shape, source) -> Val:
+    def permute(self, x: Val, dims: Sequence[int], target: Target, shape: Shape, source: str) -> Val:
         """Permute dims (the batch must stay first)."""
         if dims[0] != 0:
             raise UnsupportedError(f"{source}: permute must keep the batch dim first, got {dims}")
         y = self._emit("permute", [x], x.info.with_shape(tuple(shape)), source, dict(dims=tuple(dims)))
         return self.to_target(y, target, source)
 
-    def upsample_nearest2d(self, x: Val, index_h, index_w, target: Target, shape, source) -> Val:
+    def upsample_nearest2d(self, x: Val, index_h: torch.Tensor, index_w: torch.Tensor, target: Target,
+                           shape: Shape, source: str) -> Val:
         """Nearest-neighbour upsampling as two public gathers."""
         attrs = dict(index_h=index_h.to(torch.int64), index_w=index_w.to(torch.int64))
         y = self._emit("upsample_nearest2d", [x], x.info.with_shape(tuple(shape)), source, attrs)

@@ -153,6 +153,51 @@ def test_program_runs_on_other_batch_sizes():
         assert torch.equal(run_float(program, x[:n], PlainBackend()), qmodel(x[:n]))
 
 
+class CountingBackend(PlainBackend):
+    """A stand-in for an MPC backend: counts the interactive operations and their bit hints."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls: list[tuple[str, int]] = []
+
+    def weight(self, w):
+        self.calls.append(("weight", w.numel()))
+        return super().weight(w)
+
+    def truncate(self, x, shift, bits, rounding):
+        self.calls.append((f"truncate/{rounding}", bits))
+        return super().truncate(x, shift, bits, rounding)
+
+    def clamp(self, x, lo, hi, bits):
+        self.calls.append(("clamp", bits))
+        return super().clamp(x, lo, hi, bits)
+
+    def max_pool2d(self, x, kernel_size, stride, padding, dilation, ceil_mode, bits):
+        self.calls.append(("max_pool2d", bits))
+        return super().max_pool2d(x, kernel_size, stride, padding, dilation, ceil_mode, bits)
+
+
+def test_a_pluggable_backend_runs_the_program_through_the_interface():
+    torch.manual_seed(0)
+    x = torch.randn(16, 3, 10, 10)
+    model = Wrap(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(128, 10))
+    qmodel = quantize_eager(model.eval(), x, "x86", [["body.0", "body.1"]])
+    program = from_quantized(qmodel, x[:2])
+    backend = CountingBackend()
+    assert torch.equal(run_float(program, x, backend), qmodel(x))
+    kinds = [k for k, _ in backend.calls]
+    assert kinds.count("weight") == 4  # conv and linear weights and biases
+    assert kinds.count("truncate/half_up") == 2 and kinds.count("max_pool2d") == 1
+    # comparisons on int8 layers are short: that is what makes quantized inference cheap
+    assert all(bits <= 12 for kind, bits in backend.calls if kind in ("clamp", "max_pool2d"))
+    # parties other than the model owner hold the program without the weights' values
+    public = program.public_copy()
+    assert public.describe() == program.describe()
+    for mine, theirs in zip(program.nodes, public.nodes):
+        for key, w in mine.weights.items():
+            assert theirs.weights[key].is_meta and theirs.weights[key].shape == w.shape
+
+
 # --- FX graph mode and PT2E --------------------------------------------------------------
 
 
