@@ -175,8 +175,10 @@ def _aten_linear(cv: GraphConverter, node: fx.Node) -> Val:
 def _make_add(relu: bool) -> Callable[["GraphConverter", fx.Node], Val]:
     def handler(cv: GraphConverter, node: fx.Node) -> Val:
         a, b = node.args[0], node.args[1]
-        if len(node.args) > 2 and node.target in (aten.add.Tensor,) and node.args[2] != 1:
-            raise UnsupportedError(f"node {node.name!r}: add with alpha != 1")
+        if node.target is aten.add.Tensor:
+            alpha = node.kwargs.get("alpha", node.args[2] if len(node.args) > 2 else 1)
+            if alpha != 1:
+                raise UnsupportedError(f"node {node.name!r}: add with alpha={alpha}; only alpha=1")
         t = cv.target(node)
         if relu:
             t = t.with_activation(0.0, None)
