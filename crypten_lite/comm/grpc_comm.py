@@ -13,6 +13,12 @@ Protocol (see protos/crypten_lite.proto):
    receiver by (src, seq), never by arrival order.
 4. A stream that ends without the closing frame marks the peer dead: every wait on it raises
    CommunicationError at once (otherwise after CRYPTEN_LITE_TIMEOUT at the latest).
+
+Hostile input (tests/integration/test_fuzz.py): a stream must send its opening frame within
+OPEN_TIMEOUT seconds or it is cancelled (idle streams would otherwise hold the server's
+worker threads); each peer may open one stream per session (a replayed opening frame is
+refused); the chunks of one message arrive together, so a stream holds at most one partly
+assembled message. Anything refused before authentication touches no session state.
 """
 
 from __future__ import annotations
@@ -45,7 +51,9 @@ PROTOCOL_VERSION = 1
 CHUNK_BYTES = 1 << 22
 MAX_FRAME_BYTES = CHUNK_BYTES + (1 << 16)
 BYE_SEQ = (1 << 64) - 1
+MAX_PARTIAL_MESSAGES = 64
 OPEN_SEQ = (1 << 64) - 2
+OPEN_TIMEOUT = 10.0  # seconds a new stream may take to send its opening frame
 GRPC_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_FRAME_BYTES),
     ("grpc.max_send_message_length", MAX_FRAME_BYTES),
@@ -190,10 +198,15 @@ class _PartyServicer(pb_grpc.PartyServicer):
         closed = False
         frames = 0
         partial: dict[int, tuple[pb.Frame, list[bytes], int]] = {}
+        watchdog = threading.Timer(min(OPEN_TIMEOUT, comm.config.timeout),
+                                   lambda: frames or context.cancel())
+        watchdog.daemon = True
+        watchdog.start()
         try:
             for frame in request_iterator:
                 frames += 1
                 if src is None:
+                    watchdog.cancel()
                     src = self._open(frame, context)
                     continue
                 if frame.seq == BYE_SEQ:
@@ -206,6 +219,7 @@ class _PartyServicer(pb_grpc.PartyServicer):
             comm.mailbox.fail(src, f"sent an invalid message: {e}")
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         finally:
+            watchdog.cancel()
             if src is not None and not closed:
                 comm.mailbox.fail(src, "connection lost")
         return pb.StreamAck(frames=frames)
@@ -225,6 +239,12 @@ class _PartyServicer(pb_grpc.PartyServicer):
         expected = stream_token(comm.pair_seeds[src], comm.config.session, src, comm.rank)
         if not hmac.compare_digest(frame.data, expected):
             raise CommunicationError(f"stream claiming party {src} failed authentication")
+        with comm._lock:
+            # One stream per peer and session: an opening frame replayed by an observer of a
+            # plaintext network must not open a second one (nor a new one after a failure).
+            if src in comm.streams_opened:
+                raise CommunicationError(f"party {src} already opened its stream in this session")
+            comm.streams_opened.add(src)
         return src
 
     def _accept(self, src: int, frame: pb.Frame, partial: dict) -> None:
@@ -238,6 +258,9 @@ class _PartyServicer(pb_grpc.PartyServicer):
         if frame.chunk == 0:
             if frame.seq in partial:
                 raise CommunicationError(f"duplicate message {frame.seq}")
+            if partial:  # senders queue a message's chunks together: at most one is partial
+                raise CommunicationError(f"message {frame.seq} starts before message "
+                                         f"{next(iter(partial))} is complete")
             partial[frame.seq] = (frame, [], 0)
         if frame.seq not in partial:
             raise CommunicationError(f"chunk of unknown message {frame.seq}")
@@ -255,6 +278,33 @@ class _PartyServicer(pb_grpc.PartyServicer):
             self.comm.mailbox.put(src, frame.seq, serde.from_bytes(frame.dtype, shape, data))
 
 
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+_DATA_TAG = bytes([(8 << 3) | 2])  # Frame.data: field 8, length-delimited
+
+
+def _serialize_frame(item) -> bytes:
+    """A Frame on the wire with one copy of the payload: header fields, then field 8 (data).
+
+    Frames are queued as (header Frame without data, memoryview of the payload) so that the
+    payload is copied once, here, instead of once into a bytes slice and once more by protobuf.
+    """
+    if isinstance(item, pb.Frame):
+        return item.SerializeToString()
+    header, payload = item
+    return b"".join((header.SerializeToString(), _DATA_TAG, _varint(len(payload)), payload))
+
+
 class _Outbox:
     """The long-lived stream to one peer, fed from a queue (sending never waits for the peer)."""
 
@@ -265,7 +315,7 @@ class _Outbox:
         self.failed = ""
         token = stream_token(comm.pair_seeds[peer], comm.config.session, comm.rank, peer)
         self.queue.put([pb.Frame(session=comm.config.session, src=comm.rank, seq=OPEN_SEQ, data=token)])
-        self.call = stub.Stream.future(self._frames())
+        self.call = stub.future(self._frames())
         self.call.add_done_callback(lambda f: self._done(comm, f))
 
     def _frames(self) -> Iterator[pb.Frame]:
@@ -288,8 +338,8 @@ class _Outbox:
                                      peer=self.peer)
         dtype, shape, data = serde.to_bytes(tensor)
         n = max(1, -(-len(data) // CHUNK_BYTES))
-        frames = [pb.Frame(session=session, src=src, seq=self.seq, dtype=dtype, shape=shape,
-                           chunk=i, num_chunks=n, data=bytes(data[i * CHUNK_BYTES:(i + 1) * CHUNK_BYTES]))
+        frames = [(pb.Frame(session=session, src=src, seq=self.seq, dtype=dtype, shape=shape,
+                            chunk=i, num_chunks=n), data[i * CHUNK_BYTES:(i + 1) * CHUNK_BYTES])
                   for i in range(n)]
         self.seq += 1
         self.queue.put(frames)
@@ -322,6 +372,7 @@ class GrpcCommunicator(Communicator):
         self.mailbox = Mailbox(config.rank, config.world_size, config.timeout)
         self.pair_seeds: dict[int, bytes] = {}
         self.seeds_ready = threading.Event()
+        self.streams_opened: set[int] = set()
         self._closed = False
         self._lock = threading.Lock()
         own = config.parties[config.rank]
@@ -343,6 +394,9 @@ class GrpcCommunicator(Communicator):
     def _connect(self) -> None:
         self.channels = {p: self.tls.channel(self.config.parties[p], f"party{p}") for p in self.peers()}
         stubs = {p: pb_grpc.PartyStub(ch) for p, ch in self.channels.items()}
+        streams = {p: ch.stream_unary("/crypten_lite.Party/Stream", request_serializer=_serialize_frame,
+                                      response_deserializer=pb.StreamAck.FromString)
+                   for p, ch in self.channels.items()}
 
         def greet(peer: int) -> tuple[int, bytes]:
             theirs = handshake(stubs[peer], self.hello, self.config.timeout,
@@ -358,7 +412,7 @@ class GrpcCommunicator(Communicator):
             for peer, seed in pool.map(greet, self.peers()):
                 self.pair_seeds[peer] = seed
         self.seeds_ready.set()
-        self.outboxes = {p: _Outbox(self, p, stubs[p]) for p in self.peers()}
+        self.outboxes = {p: _Outbox(self, p, streams[p]) for p in self.peers()}
 
     def _send(self, tensor: torch.Tensor, dst: int) -> None:
         self.outboxes[dst].send(self.config.session, self.rank, tensor)

@@ -1,0 +1,256 @@
+"""`crypten-lite bench`: workloads between local parties over gRPC, with the dealer process.
+
+Every workload runs on a persistent pool of party processes; each repetition resets the
+communication counters, runs the private computation, and reports seconds (wall clock of the
+slowest party), rounds and bytes sent per party (online), dealer bytes received by rank 0,
+and the max error against torch. Output: a table on stderr and one JSON line per workload on
+stdout (or --out FILE). Rounds and bytes are deterministic; seconds are medians of --repeat.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from typing import Callable
+
+import torch
+
+import crypten_lite
+from crypten_lite import comm
+from crypten_lite.mpc import PartyPool
+
+WORKLOADS: dict[str, Callable] = {}
+
+
+def workload(name: str):
+    def register(fn):
+        WORKLOADS[name] = fn
+        return fn
+    return register
+
+
+def _measure(run: Callable[[], tuple[torch.Tensor, torch.Tensor]]) -> dict:
+    """Run `run` (returns private result revealed and the torch reference) and collect stats."""
+    from crypten_lite.session import current
+    c = comm.get()
+    provider = current().provider
+    c.barrier()
+    c.reset_communication_stats()
+    dealer_before = provider.stats["dealer_bytes"]
+    start = time.perf_counter()
+    got, ref = run()
+    seconds = time.perf_counter() - start
+    stats = c.get_communication_stats()
+    err = float((got.double() - ref.double()).abs().max()) if ref is not None else 0.0
+    return {"seconds": seconds, "rounds": stats["rounds"], "bytes_sent": stats["bytes_sent"],
+            "bytes_received": stats["bytes_received"], "messages": stats["messages"],
+            "comm_seconds": stats["seconds"], "dealer_bytes": provider.stats["dealer_bytes"] - dealer_before,
+            "max_error": err}
+
+
+def _data(seed: int, *shape, scale: float = 1.0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)  # benchmark inputs only
+    return torch.randn(*shape, generator=g) * scale
+
+
+@workload("mul_1M")
+def mul_1m():
+    a, b = _data(1, 1_000_000), _data(2, 1_000_000)
+    x, y = crypten_lite.cryptensor(a, src=0), crypten_lite.cryptensor(b, src=1)
+    return _measure(lambda: ((x * y).get_plain_text() if False else _reveal_after(lambda: x * y), a * b))
+
+
+def _reveal_after(fn):
+    """Run fn (timed, counted) and reveal outside the counters: figures are for the op alone."""
+    out = fn()
+    c = comm.get()
+    saved = c.get_communication_stats()
+    value = out.get_plain_text()
+    c._stats.update(saved)
+    return value
+
+
+@workload("matmul_256")
+def matmul_256():
+    a, b = _data(3, 256, 256), _data(4, 256, 256)
+    x, y = crypten_lite.cryptensor(a, src=0), crypten_lite.cryptensor(b, src=1)
+    return _measure(lambda: (_reveal_after(lambda: x @ y), a @ b))
+
+
+@workload("matmul_1024")
+def matmul_1024():
+    a, b = _data(5, 1024, 1024), _data(6, 1024, 1024)
+    x, y = crypten_lite.cryptensor(a, src=0), crypten_lite.cryptensor(b, src=1)
+    return _measure(lambda: (_reveal_after(lambda: x @ y), a @ b))
+
+
+@workload("relu_1M")
+def relu_1m():
+    a = _data(7, 1_000_000, scale=10)
+    x = crypten_lite.cryptensor(a, src=0)
+    return _measure(lambda: (_reveal_after(lambda: x.relu()), a.relu()))
+
+
+@workload("lt_1M")
+def lt_1m():
+    a, b = _data(8, 1_000_000, scale=10), _data(9, 1_000_000, scale=10)
+    x, y = crypten_lite.cryptensor(a, src=0), crypten_lite.cryptensor(b, src=1)
+    return _measure(lambda: (_reveal_after(lambda: x < y), (a < b)))
+
+
+@workload("softmax_1000x10")
+def softmax():
+    a = _data(10, 1000, 10, scale=5).clamp(-10, 10)
+    x = crypten_lite.cryptensor(a, src=0)
+    return _measure(lambda: (_reveal_after(lambda: x.softmax(-1)), a.softmax(-1)))
+
+
+def _lenet():
+    torch.manual_seed(0)  # public model initialisation for the benchmark
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(1, 6, 5), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+        torch.nn.Conv2d(6, 16, 5), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+        torch.nn.Flatten(), torch.nn.Linear(256, 120), torch.nn.ReLU(),
+        torch.nn.Linear(120, 84), torch.nn.ReLU(), torch.nn.Linear(84, 10))
+
+
+def _private_model_run(model: torch.nn.Module, images: torch.Tensor):
+    from crypten_lite import nn
+    rank = comm.get().rank
+    private = nn.from_pytorch(model, torch.zeros(1, *images.shape[1:]))
+    private.encrypt(src=0)
+    private.eval()
+    x = crypten_lite.cryptensor(images if rank == 1 else None, src=1)
+    with torch.no_grad():
+        ref = model(images)
+    return _measure(lambda: (_reveal_after(lambda: private(x)), ref))
+
+
+@workload("lenet_b1")
+def lenet_b1():
+    return _private_model_run(_lenet(), _data(11, 1, 1, 28, 28))
+
+
+@workload("lenet_b64")
+def lenet_b64():
+    return _private_model_run(_lenet(), _data(12, 64, 1, 28, 28))
+
+
+@workload("resnet18_b1")
+def resnet18_b1():
+    from crypten_lite.models import resnet18_cifar
+    torch.manual_seed(0)
+    model = resnet18_cifar().eval()
+    return _private_model_run(model, _data(13, 1, 3, 32, 32))
+
+
+@workload("logreg_sgd_step")
+def logreg_step():
+    from crypten_lite import nn, optim
+    rank = comm.get().rank
+    torch.manual_seed(0)
+    features, labels = _data(14, 100, 100), (_data(15, 100, 1) > 0).float()
+    model = nn.Sequential(nn.Linear(100, 1))
+    model.encrypt(src=0)
+    x = crypten_lite.cryptensor(features if rank == 1 else None, src=1)
+    y = crypten_lite.cryptensor(labels if rank == 1 else None, src=1)
+    opt = optim.SGD(model.parameters(), lr=0.1)
+    loss_fn = nn.BCEWithLogitsLoss()
+
+    def step():
+        opt.zero_grad()
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss.get_plain_text().reshape(1), None
+    return _measure(step)
+
+
+@workload("transport_16MB")
+def transport():
+    """Exchange a 16 MB tensor between the 2 parties; bytes/s per direction."""
+    c = comm.get()
+    t = torch.zeros(2 * 1024 * 1024, dtype=torch.int64)
+    c.barrier()
+    c.reset_communication_stats()
+    start = time.perf_counter()
+    other = 1 - c.rank
+    c.exchange({other: t}, [other])
+    seconds = time.perf_counter() - start
+    stats = c.get_communication_stats()
+    return {"seconds": seconds, "rounds": stats["rounds"], "bytes_sent": stats["bytes_sent"],
+            "bytes_received": stats["bytes_received"], "messages": stats["messages"],
+            "comm_seconds": stats["seconds"], "dealer_bytes": 0, "max_error": 0.0,
+            "mb_per_s": t.numel() * 8 / seconds / 1e6}
+
+
+def bare_grpc_echo(nbytes: int = 16 * 1024 * 1024, repeat: int = 3) -> float:
+    """Seconds for a bare gRPC stream to carry `nbytes` to a server and back (median)."""
+    from crypten_lite.comm.bare import echo_seconds
+    return statistics.median(echo_seconds(nbytes) for _ in range(repeat))
+
+
+def run(names: list[str], parties: int, provider: str, repeat: int, tls_dir: str = "") -> list[dict]:
+    env = {"CRYPTEN_LITE_TLS_DIR": tls_dir} if tls_dir else {}
+    rows = []
+    with PartyPool(parties, provider=provider, timeout=300, env=env) as pool:
+        for name in names:
+            if name == "transport_16MB" and parties != 2:
+                continue
+            samples = []
+            try:
+                pool.run(WORKLOADS[name])  # warm-up (imports, first dealer contact)
+                for _ in range(repeat):
+                    samples.append(pool.run(WORKLOADS[name]))
+            except Exception as e:  # report and go on with the other workloads
+                rows.append({"workload": name, "parties": parties, "error": str(e).splitlines()[0]})
+                continue
+            seconds = [max(r["seconds"] for r in s) for s in samples]
+            first = samples[-1]
+            row = {"workload": name, "parties": parties, "provider": provider, "tls": bool(tls_dir),
+                   "seconds_median": statistics.median(seconds), "seconds_min": min(seconds),
+                   "seconds_max": max(seconds), "rounds": first[0]["rounds"],
+                   "bytes_sent_per_party": [r["bytes_sent"] for r in first],
+                   "dealer_bytes": first[0]["dealer_bytes"], "max_error": first[0]["max_error"]}
+            if name == "transport_16MB":
+                row["mb_per_s"] = statistics.median(min(r["mb_per_s"] for r in s) for s in samples)
+                bare = bare_grpc_echo()
+                row["bare_grpc_mb_per_s"] = 16 * 1024 * 1024 / bare / 1e6
+                row["fraction_of_bare"] = row["mb_per_s"] / row["bare_grpc_mb_per_s"]
+            rows.append(row)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="crypten-lite bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--parties", type=int, default=2)
+    parser.add_argument("--provider", choices=("dealer", "tfp"), default="dealer")
+    parser.add_argument("--tls", action="store_true", help="run with mutual TLS (fresh certificates)")
+    parser.add_argument("--only", action="append", choices=sorted(WORKLOADS), help="workload(s) to run")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--out", default="-", help="JSON lines file (default stdout)")
+    args = parser.parse_args(argv)
+    tls_dir = ""
+    if args.tls:
+        import tempfile
+        from . import certs
+        tls_dir = tempfile.mkdtemp(prefix="crypten-lite-bench-certs-")
+        certs.generate(tls_dir, parties=args.parties)
+    names = args.only or list(WORKLOADS)
+    rows = run(names, args.parties, args.provider, args.repeat, tls_dir)
+    out = sys.stdout if args.out == "-" else open(args.out, "a")
+    for row in rows:
+        out.write(json.dumps(row) + "\n")
+    print(f"{'workload':18} {'parties':>7} {'median s':>9} {'rounds':>7} {'MB sent/party':>14} {'max err':>9}",
+          file=sys.stderr)
+    for r in rows:
+        if "error" in r:
+            print(f"{r['workload']:18} {r['parties']:>7} error: {r['error'][:80]}", file=sys.stderr)
+            continue
+        print(f"{r['workload']:18} {r['parties']:>7} {r['seconds_median']:>9.3f} {r['rounds']:>7} "
+              f"{max(r['bytes_sent_per_party']) / 1e6:>14.3f} {r['max_error']:>9.2e}", file=sys.stderr)
+    return 0 if all("error" not in r for r in rows) else 1
