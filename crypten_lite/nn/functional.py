@@ -330,7 +330,7 @@ def binary_cross_entropy_with_logits(x, target, weight=None, reduction: str = "m
                                      pos_weight=None):
     """BCE on logits. The forward value is softplus(x) - x*y = relu(x) - x*y +
     log(1 + exp(-|x|)); the gradient is recorded as one node, (sigmoid(x) - y) / n, so that
-    training needs one sigmoid per step rather than the derivative of every approximation.
+    backward costs one product rather than the derivatives of every approximation.
     """
     if not is_private(x, target, weight, pos_weight):
         return F.binary_cross_entropy_with_logits(x, target, weight, reduction=reduction,
@@ -342,7 +342,10 @@ def binary_cross_entropy_with_logits(x, target, weight=None, reduction: str = "m
     with no_grad():
         xd = x.detach() if is_private(x) else x
         td = target.detach() if is_private(target) else target
-        softplus = _method(xd, "relu")().add(_method(_method(xd, "abs")().neg(), "exp")().add(1.0).log())
+        # softplus(x) = relu(x) + log(1 + exp(-|x|)), relu(x) = (x + |x|) / 2: one comparison.
+        magnitude = _method(xd, "abs")()
+        relu_x = xd.add(magnitude).div(2)
+        softplus = relu_x.add(_method(magnitude.neg(), "exp")().add(1.0).log())
         loss = softplus.sub(xd.mul(td)) if is_private(xd) else softplus.sub(td.mul(xd))
         if weight is not None:
             loss = loss.mul(weight)

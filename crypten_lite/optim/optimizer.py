@@ -2,9 +2,9 @@
 
 Costs per step and parameter tensor (2 parties): SGD is local except the truncations of
 the products by public scalars (lr, momentum, weight decay) — no communication with local
-truncation. Adam squares the gradient (one Beaver round) and divides by sqrt(v) + eps
-(sqrt and reciprocal approximations: several rounds); with 16 fractional bits it needs
-gradients well above 2^-8 so that g^2 is representable (see docs/training.md).
+truncation. Adam squares the gradient (one Beaver round), takes one inv_sqrt of the
+second moment (an approximation: several rounds) and one product; see Adam for how its
+second moment keeps 16 extra bits so that small gradients do not vanish.
 """
 
 from __future__ import annotations
@@ -84,19 +84,31 @@ class SGD(Optimizer):
 
 
 class Adam(Optimizer):
-    """Adam (Kingma & Ba), torch.optim.Adam's rule with bias correction (no amsgrad)."""
+    """Adam (Kingma & Ba), torch.optim.Adam's rule with bias correction (no amsgrad).
+
+    Fixed point has 2^-16 resolution, so (1 - beta2) g^2 = 0.001 g^2 would vanish for
+    |g| < 0.1. The second moment is therefore kept for g scaled by 2^8 (`moment_scale`):
+    v' = v * 2^16, exact scaling, 16 more bits of resolution for g^2. The update is
+    p -= lr / (1 - beta1^t) * m * 2^8 / sqrt(v'_hat + (2^8 eps)^2), one inv_sqrt (torch
+    adds eps after the square root: the same for eps << sqrt(v)). Valid for gradients with
+    3e-5 <= |g| <= 8 (inv_sqrt's domain [6.1e-5, 4.2e6) at 16 fractional bits); smaller
+    gradients saturate into a smaller step.
+    """
 
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-8, weight_decay: float = 0.0, amsgrad: bool = False) -> None:
+                 eps: float = 1e-8, weight_decay: float = 0.0, amsgrad: bool = False,
+                 moment_scale: int = 2 ** 8) -> None:
         if amsgrad:
             raise UnsupportedError("Adam(amsgrad=True) is not supported on CrypTensors")
-        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
+                                      moment_scale=moment_scale))
 
     @no_grad()
     def step(self) -> None:
         """One Adam update of every parameter that has a gradient."""
         for group, p in self._params():
             beta1, beta2 = group["betas"]
+            scale = group["moment_scale"]
             g = p.grad
             if group["weight_decay"]:
                 g = g.add(p.detach().mul(group["weight_decay"]))
@@ -104,11 +116,10 @@ class Adam(Optimizer):
             state["step"] += 1
             t = state["step"]
             m, v = state.get("exp_avg"), state.get("exp_avg_sq")
-            g2 = g.square()
+            g2 = g.mul(scale).square()  # g * 2^8 is exact; its square keeps 16 more bits of g^2
             m = g.mul(1 - beta1) if m is None else m.mul(beta1).add(g.mul(1 - beta1))
             v = g2.mul(1 - beta2) if v is None else v.mul(beta2).add(g2.mul(1 - beta2))
             state["exp_avg"], state["exp_avg_sq"] = m, v
-            # torch: p -= lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
-            step_size = group["lr"] / (1 - beta1 ** t)
-            denom = v.div(1 - beta2 ** t).sqrt().add(group["eps"])
-            p.sub_(m.mul(denom.reciprocal()).mul(step_size))
+            v_hat = v.div(1 - beta2 ** t).add((scale * group["eps"]) ** 2)
+            inv = v_hat.inv_sqrt() if hasattr(v_hat, "inv_sqrt") else v_hat.sqrt().reciprocal()
+            p.sub_(m.mul(inv).mul(group["lr"] / (1 - beta1 ** t) * scale))

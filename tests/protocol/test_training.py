@@ -70,7 +70,7 @@ def party_optimizer_steps(name: str, steps: int):
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
 def test_optimizer_matches_torch(pool, name):
     if name == "adam":
-        needs("sqrt", "reciprocal")
+        needs("inv_sqrt")
     steps = 4
     x, y, model = _regression()
     opt = _torch_optimizer(name, model.parameters())
