@@ -54,9 +54,12 @@ BYE_SEQ = (1 << 64) - 1
 MAX_PARTIAL_MESSAGES = 64
 OPEN_SEQ = (1 << 64) - 2
 OPEN_TIMEOUT = 10.0  # seconds a new stream may take to send its opening frame
+# Servers accept frames of at most one chunk; clients (whose only large replies are the
+# dealer's corrections, bounded by the request they made) accept up to 2 GiB.
+MAX_REPLY_BYTES = (1 << 31) - 1
 GRPC_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_FRAME_BYTES),
-    ("grpc.max_send_message_length", MAX_FRAME_BYTES),
+    ("grpc.max_send_message_length", MAX_REPLY_BYTES),
     ("grpc.keepalive_time_ms", 10_000),
     ("grpc.keepalive_timeout_ms", 5_000),
     ("grpc.keepalive_permit_without_calls", 1),
@@ -64,6 +67,8 @@ GRPC_OPTIONS = [
     ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
     ("grpc.so_reuseport", 0),
 ]
+CHANNEL_OPTIONS = [(k, MAX_REPLY_BYTES if k == "grpc.max_receive_message_length" else v)
+                   for k, v in GRPC_OPTIONS]
 
 
 def make_hello(config: Config, rank: int, public_key: bytes) -> pb.Hello:
@@ -118,9 +123,9 @@ class TlsContext:
 
     def channel(self, address: str, identity: str) -> grpc.Channel:
         if self.enabled:
-            options = GRPC_OPTIONS + list(self._tls.channel_options(identity))
+            options = CHANNEL_OPTIONS + list(self._tls.channel_options(identity))
             return grpc.secure_channel(address, self._tls.channel_credentials(self.material), options)
-        return grpc.insecure_channel(address, GRPC_OPTIONS)
+        return grpc.insecure_channel(address, CHANNEL_OPTIONS)
 
     def peer_identity(self, context: grpc.ServicerContext) -> str | None:
         return self._tls.peer_identity(context) if self.enabled else None
