@@ -42,6 +42,8 @@ def _launch(args: argparse.Namespace) -> int:
     procs: list[tuple[str, subprocess.Popen]] = []
     base = {k: v for k, v in os.environ.items() if not k.startswith("CRYPTEN_LITE_")}
     base["PYTHONUNBUFFERED"] = "1"
+    # Parties share this machine's cores: oversubscribed BLAS threads only slow everybody down.
+    base.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // args.n)))
     popen = dict(stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         if args.provider == "dealer":

@@ -145,3 +145,14 @@ def test_launch_help_helps():
     r = subprocess.run([sys.executable, "-m", "crypten_lite.cli", "launch", "--help"],
                        capture_output=True, text=True)
     assert r.returncode == 0 and "--provider" in r.stdout and "tfp" in r.stdout
+
+
+def test_main_example_private_inference_matches_torch():
+    import re
+    r = _launch("-n", "2", str(ROOT / "examples" / "private_inference.py"), "--images", "8", timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    private = re.search(r"\[rank 0\] private prediction: (\[.*\])", r.stdout).group(1)
+    plain = re.search(r"\[rank 0\] plaintext torch prediction: (\[.*\])", r.stdout).group(1)
+    assert private == plain
+    diff = float(re.search(r"logit difference: ([0-9.e+-]+)", r.stdout).group(1))
+    assert diff <= 1e-2
