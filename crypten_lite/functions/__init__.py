@@ -23,6 +23,7 @@ from .normalization import batch_norm, layer_norm
 from .pooling import (adaptive_avg_pool2d, adaptive_max_pool2d, avg_pool2d, max_pool1d,
                       max_pool2d)
 from .reductions import argmax, argmin, max_, min_
+from .rounding import ceil, floor, trunc, trunc_toward_zero
 
 abs = abs_      # noqa: A001 - module-level names mirror torch
 max = max_      # noqa: A001
@@ -63,6 +64,7 @@ METHODS = {
     "sigmoid": sigmoid, "tanh": tanh, "softmax": softmax, "log_softmax": log_softmax,
     "erf": erf, "gelu": gelu, "silu": silu, "layer_norm": layer_norm, "batch_norm": batch_norm,
     "polynomial": polynomial, "cos": cos, "sin": sin,
+    "floor": floor, "ceil": ceil, "trunc": trunc, "_trunc_toward_zero": trunc_toward_zero,
 }
 for _name, _fn in METHODS.items():
     setattr(CrypTensor, _name, _fn)
@@ -146,6 +148,7 @@ TORCH = {
     torch.log_softmax: _log_softmax, F.log_softmax: _log_softmax, torch.erf: erf,
     torch.special.erf: erf, F.gelu: gelu, F.silu: _drop_inplace(silu),
     F.layer_norm: _layer_norm, F.batch_norm: _batch_norm, torch.cos: cos, torch.sin: sin,
+    torch.floor: floor, torch.ceil: ceil, torch.trunc: trunc,
 }
 # torch.nn.functional's max pools dispatch through private helpers (boolean_dispatch).
 for _mod_name, _fn, _idx in (("_max_pool1d", max_pool1d, False), ("max_pool1d_with_indices", max_pool1d, True),
@@ -161,4 +164,4 @@ __all__ = sorted(["METHODS", "TORCH"] + [n for n in (
     "lt le gt ge eq ne sign abs relu where clamp clip hardtanh relu6 maximum minimum max min argmax "
     "argmin max_pool1d max_pool2d avg_pool2d adaptive_avg_pool2d adaptive_max_pool2d exp log "
     "reciprocal div_private sqrt rsqrt inv_sqrt pow sigmoid tanh softmax log_softmax erf gelu silu "
-    "layer_norm batch_norm polynomial cos sin").split()])
+    "layer_norm batch_norm polynomial cos sin floor ceil trunc").split()])

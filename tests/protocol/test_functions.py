@@ -153,6 +153,18 @@ MISC_LIMITS = {"div_private": 2e-3, "div_method": 2e-3, "rdiv_public": 2e-3, "po
                "batch_norm_running": 5e-3}
 
 
+def rounding_results():
+    t = torch.tensor([-2.5, -2.0, -1.75, -0.5, -1e-4, 0.0, 1e-4, 0.5, 1.0, 2.25, 3.999, 1234.5, -777.25])
+    x, q = _enc(t)
+    return {
+        "floor": bool(torch.equal(x.floor().get_plain_text().double(), q.floor())),
+        "ceil": bool(torch.equal(torch.ceil(x).get_plain_text().double(), q.ceil())),
+        "trunc": bool(torch.equal(x.trunc().get_plain_text().double(), q.trunc())),
+        "long": bool(torch.equal(x.long().get_plain_text(), q.long())),
+        "long_dtype": x.long().dtype == torch.int64,
+    }
+
+
 def autograd_records():
     x = crypten_lite.cryptensor(torch.rand(3, 4) + 0.5, requires_grad=True)
     y = crypten_lite.cryptensor(torch.rand(3, 4) + 0.5, src=1, requires_grad=True)
@@ -191,6 +203,11 @@ def test_misc_functions(pool):
     r = pool.run(misc_results)[0]
     bad = {k: v for k, v in r.items() if not v <= MISC_LIMITS[k]}
     assert not bad, f"errors above the limits: {bad}"
+
+
+def test_rounding_is_exact(pool):
+    r = pool.run(rounding_results)[0]
+    assert all(r.values()), r
 
 
 def test_autograd_op_names(pool2):
