@@ -455,6 +455,10 @@ class CrypTensor:
     def int(self) -> "CrypTensor":
         return self.to(torch.int64)
 
+    def bool(self) -> "CrypTensor":
+        """x != 0 as a bool CrypTensor (a float below one fixed-point unit counts as 0)."""
+        return self.to(torch.bool)
+
     def to(self, dtype=None, *args, **kwargs) -> "CrypTensor":
         """Convert the logical dtype (float -> int truncates toward zero, like torch)."""
         if not isinstance(dtype, torch.dtype):
@@ -470,15 +474,21 @@ class CrypTensor:
                 return self.ne(0)
             raise UnsupportedError("conversion to bool needs comparisons")
         elif _is_float(self.dtype):
-            if hasattr(self, "_trunc_toward_zero"):
-                out = self._trunc_toward_zero()
-            else:
-                out = self._new(truncate(self.share, self.precision), 0, torch.int64, self._names)
+            out = self._trunc_toward_zero()
         else:
             out = self._new(self.share, 0, target, self._names)
         return _record(out, "to", (self,), dtype=dtype)
 
     type = to
+
+    def _trunc_toward_zero(self) -> "CrypTensor":
+        """Exact int64 of a float tensor, rounding toward zero like torch's .long()."""
+        with no_grad():
+            t = CrypTensor(truncate(self.share, self.precision), 0, torch.int64, self._names)
+            rest = self - t  # in [-1, 2): the truncation protocol may be one unit off
+            t = t - (rest < 0).long() + (rest >= 1).long()  # now floor(x)
+            fractional = (self - t) > 0
+            return t + ((self < 0) * fractional).long()
 
     # ------------------------------------------------------------------ shape ops
     def _shape_op(self, name: str, fn: Callable[[torch.Tensor], torch.Tensor], names=None,

@@ -122,3 +122,19 @@ def exact_integers():
 
 def test_integer_arithmetic_exact_to_2_40(pool):
     assert all(pool.run(exact_integers)[0])
+
+
+def conversions():
+    a = torch.tensor([-2.75, -2.0, -0.5, 0.0, 0.25, 1.0, 3.999, -7.0001, 1000.5])
+    x = crypten_lite.cryptensor(a, src=0)
+    i = crypten_lite.cryptensor(torch.tensor([0, 3, -2]), src=1)
+    return {"long": x.long().get_plain_text(), "ref": a.long(), "to": x.to(torch.int64).get_plain_text(),
+            "bool": i.bool().get_plain_text(), "float": i.float().get_plain_text()}
+
+
+def test_conversions_follow_torch(pool):
+    r = pool.run(conversions)[0]
+    assert torch.equal(r["long"], r["ref"]) and torch.equal(r["to"], r["ref"])
+    assert r["long"].dtype == torch.int64
+    assert torch.equal(r["bool"], torch.tensor([False, True, True]))
+    assert torch.equal(r["float"], torch.tensor([0.0, 3.0, -2.0]))
