@@ -18,11 +18,12 @@ from __future__ import annotations
 import torch
 
 from .. import encoding
-from ..cryptensor import CrypTensor, _record, is_grad_enabled
+from ..cryptensor import CrypTensor, _record, is_grad_enabled, result_type
 from ..mpc import circuits, convert
 from ..mpc.binary import and_many, xor_public
 from ..session import current
-from ._common import as_private, bool_tensor, diff_share, new_like, public_share, unify_names
+from ._common import (as_private, bool_tensor, diff_share, mul_shares, new_like, public_share,
+                      truncate, unify_names)
 
 
 def _needs_grad(*xs) -> bool:
@@ -138,34 +139,36 @@ def sign(x: CrypTensor) -> CrypTensor:
 
 
 def where(condition, input, other) -> CrypTensor:
-    """input where condition else other; condition public (bool tensor) or private (0/1)."""
+    """input where condition else other; condition public (bool tensor) or private (0/1).
+
+    A private condition costs one Beaver round (no truncation for a bool/int condition),
+    or nothing when both branches are public.
+    """
+    private = [t for t in (input, other) if isinstance(t, CrypTensor)]
+    if not private and not isinstance(condition, CrypTensor):
+        raise TypeError("where() needs a CrypTensor condition or branch; use torch.where otherwise")
+    ref = private[0] if private else (condition.float() if torch.as_tensor(input).is_floating_point()
+                                      or torch.as_tensor(other).is_floating_point() else condition.long())
+    a, b = as_private(input, ref), as_private(other, ref)
+    dtype = result_type(a, b)
+    p = max(a.precision, b.precision) if dtype.is_floating_point else 0
+    if p == 0 and dtype.is_floating_point:
+        p = ref.precision
+    sa, sb = a._rescaled(p, dtype), b._rescaled(p, dtype)
+    names = unify_names(a, b)
     if not isinstance(condition, CrypTensor):
         cond = torch.as_tensor(condition, dtype=torch.bool)
-        ref = input if isinstance(input, CrypTensor) else other
-        a, b = as_private(input, ref), as_private(other, ref)
-        dtype = _result_dtype(a, b)
-        p = max(a.precision, b.precision) if dtype.is_floating_point else 0
-        share = torch.where(cond, a._rescaled(p, dtype), b._rescaled(p, dtype))
-        out = CrypTensor(share, p, dtype, unify_names(a, b))
+        out = CrypTensor(torch.where(cond, sa, sb), p, dtype, names)
         return _record(out, "where", (input, other), condition=cond)
-    c = condition.detach()
-    if c.dtype == torch.bool:
-        c = CrypTensor(c.share, 0, torch.int64, c._names)
-    a = input.detach() if isinstance(input, CrypTensor) else input
-    b = other.detach() if isinstance(other, CrypTensor) else other
-    if not isinstance(a, CrypTensor) and not isinstance(b, CrypTensor):
-        a, b = torch.as_tensor(a), torch.as_tensor(b)
-        out = c.mul(a - b).add(b)           # public branches: local
-    else:
-        diff = a.sub(b) if isinstance(a, CrypTensor) else b.neg().add(a)
-        out = c.mul(diff).add(b)            # one Beaver round, no truncation (c is 0/1)
-    out = CrypTensor(out.share, out.precision, out.dtype, out._names)
+    c = condition.share
+    if private:
+        (prod,) = mul_shares([(c, sa - sb)])
+    else:  # public branches: c times a public integer tensor, local
+        prod = c * (encoding.encode(torch.as_tensor(input), p) - encoding.encode(torch.as_tensor(other), p))
+    if condition.precision:
+        prod = truncate(prod, condition.precision)
+    out = CrypTensor(sb + prod, p, dtype, names or condition._names)
     return _record(out, "where", (input, other), condition=condition)
-
-
-def _result_dtype(a: CrypTensor, b: CrypTensor) -> torch.dtype:
-    from ..cryptensor import result_type
-    return result_type(a, b)
 
 
 def _relus(values: list[torch.Tensor], want_masks: bool) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -249,7 +252,3 @@ def minimum(x, y) -> CrypTensor:
     if not isinstance(x, CrypTensor):
         x, y = y, x
     return clamp(x, max=y)
-
-
-def public_encode(value, precision: int) -> torch.Tensor:
-    return encoding.encode(torch.as_tensor(value), precision)
