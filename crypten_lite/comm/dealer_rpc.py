@@ -8,11 +8,18 @@ The dealer logic itself (which values to derive, which correction to send) lives
 2. Rank 0 sends batches of `CorrelationRequest`s; the dealer waits (up to the timeout) until
    every rank of the session has shaken hands, derives every party's shares from their seeds
    and answers with rank 0's correcting shares only.
+
+Hostile input (tests/integration/test_fuzz.py): without TLS nobody's identity is proven, so
+a rank's first handshake wins and a second one with another key is refused (it would
+otherwise replace that party's seed and silently corrupt every later correlation); a
+malformed request gets a refusal, never an exception; a request is refused before any work
+when its operands exceed max_message_bytes or its answer one gRPC message.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from dataclasses import dataclass
@@ -27,7 +34,7 @@ from ..config import Config
 from ..errors import CommunicationError, ConfigError, CryptenLiteError
 from ..random import KeyPair, pair_info
 from . import serde
-from .grpc_comm import TlsContext, check_hello, handshake, make_hello, start_server
+from .grpc_comm import MAX_FRAME_BYTES, TlsContext, check_hello, handshake, make_hello, start_server
 
 log = logging.getLogger("crypten_lite.dealer")
 
@@ -72,6 +79,11 @@ def tensor_from_proto(msg: pb.TensorProto, max_bytes: int) -> torch.Tensor:
     return serde.from_bytes(msg.dtype, tuple(msg.shape), msg.data)
 
 
+# Sanity bounds on one request (the operations the dealer serves have at most 2 operands
+# and a dozen integer parameters).
+MAX_OPERANDS = 8
+MAX_PARAMS = 256
+
 Handler = Callable[[dict[int, bytes], Request], list[torch.Tensor]]
 
 
@@ -86,8 +98,18 @@ class _DealerServicer(pb_grpc.DealerServicer):
         if error:
             log.warning("dealer refused a handshake: %s", error)
             return pb.HelloReply(hello=d.hello, error=error)
-        seed = d.keypair.shared_seed(request.public_key, pair_info(request.session, "dealer", request.rank))
+        try:
+            seed = d.keypair.shared_seed(request.public_key,
+                                         pair_info(request.session, "dealer", request.rank))
+        except ValueError:  # a low-order point: no shared secret
+            return pb.HelloReply(hello=d.hello, error="malformed public key")
         with d.cond:
+            if identity is None and d.seeds.get(request.rank, seed) != seed:
+                error = (f"party {request.rank} already joined session {request.session!r} with "
+                         "another key; start a new session (CRYPTEN_LITE_SESSION) or restart "
+                         "the dealer")
+                log.warning("dealer refused a handshake: %s", error)
+                return pb.HelloReply(hello=d.hello, error=error)
             d.seeds[request.rank] = seed
             d.cond.notify_all()
         log.info("dealer: party %d joined session %r", request.rank, request.session)
@@ -101,15 +123,26 @@ class _DealerServicer(pb_grpc.DealerServicer):
         try:
             seeds = d.wait_for_parties()
             tensors: list[pb.TensorProto] = []
+            size = 0
             for msg in request.requests:
                 if msg.session != d.config.session:
                     raise CommunicationError(f"request for session {msg.session!r}")
-                for t in d.handler(seeds, Request.from_proto(msg)):
+                req = Request.from_proto(msg)
+                d.check_size(req)
+                for t in d.handler(seeds, req):
                     tensors.append(tensor_to_proto(t))
+                    size += len(tensors[-1].data)
+                    if size > MAX_FRAME_BYTES:
+                        raise CommunicationError(f"the answer exceeds {MAX_FRAME_BYTES} bytes; "
+                                                 "request fewer or smaller correlations at a time")
             return pb.CorrelationReply(tensors=tensors)
         except CryptenLiteError as e:
             log.warning("dealer refused a request: %s", e)
             return pb.CorrelationReply(error=str(e))
+        except (ArithmeticError, IndexError, KeyError, TypeError, ValueError, RuntimeError) as e:
+            # A malformed request (missing shapes or params, impossible sizes...): refuse it.
+            log.warning("dealer refused a malformed request: %s: %s", type(e).__name__, e)
+            return pb.CorrelationReply(error=f"malformed request: {type(e).__name__}")
 
 
 class DealerServer:
@@ -129,6 +162,18 @@ class DealerServer:
         self.server = start_server(address, self.tls,
                                    lambda s: pb_grpc.add_DealerServicer_to_server(_DealerServicer(self), s),
                                    "dealer")
+
+    def check_size(self, request: Request) -> None:
+        """Refuse, before any work, a request whose operands exceed max_message_bytes."""
+        if len(request.shapes) > MAX_OPERANDS or len(request.params) > MAX_PARAMS:
+            raise CommunicationError(f"correlation request with {len(request.shapes)} shapes and "
+                                     f"{len(request.params)} parameters")
+        if any(s < 0 for shape in request.shapes for s in shape):
+            raise CommunicationError("negative dimension in correlation request")
+        nbytes = 8 * sum(math.prod(shape) for shape in request.shapes)
+        if nbytes > self.config.max_message_bytes:
+            raise CommunicationError(f"correlation request {request.kind}/{request.op} of "
+                                     f"{nbytes} bytes exceeds max_message_bytes")
 
     def wait_for_parties(self) -> dict[int, bytes]:
         deadline = time.monotonic() + self.config.timeout
