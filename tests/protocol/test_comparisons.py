@@ -175,6 +175,35 @@ def pooling_results():
     return out
 
 
+def binary_results():
+    from crypten_lite.mpc import convert
+    from crypten_lite.mpc.binary import BinaryShared
+    g = torch.Generator().manual_seed(6)
+    a = torch.randint(-(2 ** 62), 2 ** 62, (40,), generator=g)
+    b = torch.randint(-(2 ** 62), 2 ** 62, (40,), generator=g)
+    x, y = crypten_lite.cryptensor(a, src=0), crypten_lite.cryptensor(b, src=1)
+    bx, by = BinaryShared(convert.a2b(x.share)), BinaryShared(convert.a2b(y.share))
+    m = 0x0F0F0F0F0F0F0F0F
+    v = torch.randn(300, generator=g) * 1000
+    xv = crypten_lite.cryptensor(v, src=1)
+    enc = torch.round(v.double() * SCALE).long()
+    rounded = convert.round_exact(xv.share, 7)
+    from crypten_lite.mpc.primitives import open_
+    return {
+        "a2b": bool(torch.equal(bx.get_plain_text(), a)),
+        "xor": bool(torch.equal((bx ^ by).get_plain_text(), a ^ b)),
+        "and": bool(torch.equal((bx & by).get_plain_text(), a & b)),
+        "or": bool(torch.equal((bx | by).get_plain_text(), a | b)),
+        "not": bool(torch.equal((~bx).get_plain_text(), ~a)),
+        "xor_public": bool(torch.equal((bx ^ m).get_plain_text(), a ^ m)),
+        "and_public": bool(torch.equal((bx & m).get_plain_text(), a & m)),
+        "or_public": bool(torch.equal((bx | m).get_plain_text(), a | m)),
+        "lshift": bool(torch.equal((bx << 5).get_plain_text(), a << 5)),
+        "rshift": bool(torch.equal((bx >> 5).get_plain_text(), (a >> 5) & ((1 << 59) - 1))),
+        "round_exact": bool(torch.equal(open_(rounded), torch.div(enc + 64, 128, rounding_mode="floor"))),
+    }
+
+
 def autograd_records():
     x = crypten_lite.cryptensor(torch.randn(4, 5), src=0, requires_grad=True)
     y = crypten_lite.cryptensor(torch.randn(4, 5), src=1)
@@ -233,7 +262,8 @@ def million_exact():
 
 
 # ---------------------------------------------------------------------------- tests
-@pytest.mark.parametrize("fn", [comparison_results, piecewise_results, reduction_results, pooling_results])
+@pytest.mark.parametrize("fn", [comparison_results, piecewise_results, reduction_results, pooling_results,
+                                binary_results])
 def test_matches_torch(pool, fn):
     results = pool.run(fn)
     assert results[0] == results[-1]
