@@ -151,60 +151,70 @@ def _sends(job: PolyJob, rank: int) -> list[int]:
     return [k for k, o in enumerate(job.owners) if o == -1 or o == rank]
 
 
-def eval_polys(jobs: Sequence[PolyJob]) -> list[list[torch.Tensor]]:
-    """Evaluate every job in ONE round; returns each job's output shares."""
+@dataclass
+class _Plan:
+    job: PolyJob
+    monos: list[tuple[int, ...]]      # every mask product the expansion needs
+    dealt: list[tuple[int, ...]]      # those the dealer provides (the rest: one owner knows)
+    corr: object
+
+
+def _plan(job: PolyJob) -> _Plan:
+    monos = circuits.monomials([t for out in job.outputs for t in out])
+    dealt = [m for m in monos if len({job.owners[k] for k in m}) > 1 or job.owners[m[0]] == -1]
+    subsets = [sum(1 << k for k in m) for m in dealt]
+    corr = provider_get("binary_monomials", job.inputs[0].numel(), lambda n: [(n,)], len(dealt),
+                        params=monomial_params(job.owners, subsets))
+    return _Plan(job, monos, dealt, corr)
+
+
+def _open_masked(plans: Sequence[_Plan]) -> list[list[torch.Tensor]]:
+    """o_k = x_k ^ m_k for every input of every job, in ONE all-gather."""
     s = current()
-    rank, world = s.rank, s.world_size
-    plans = []
-    for job in jobs:
-        n = job.inputs[0].numel()
-        terms = [t for out in job.outputs for t in out]
-        monos = circuits.monomials(terms)
-        # A product of masks all held by one owner is known to it: no dealer share needed.
-        dealt = [m for m in monos if len({job.owners[k] for k in m}) > 1 or job.owners[m[0]] == -1]
-        subsets = [sum(1 << k for k in m) for m in dealt]
-        corr = provider_get("binary_monomials", n, lambda m: [(m,)], len(dealt),
-                            params=monomial_params(job.owners, subsets))
-        plans.append((job, monos, dealt, corr))
-    mine = []
-    for job, _, _, corr in plans:
-        for k in _sends(job, rank):
-            mine.append(job.inputs[k].reshape(-1) ^ corr[k])
-    empty = torch.zeros(0, dtype=torch.int64)
-    parts = s.comm.all_gather(torch.cat(mine) if mine else empty)
-    offsets = [0] * world
+    mine = [p.job.inputs[k].reshape(-1) ^ p.corr[k] for p in plans for k in _sends(p.job, s.rank)]
+    parts = s.comm.all_gather(torch.cat(mine) if mine else torch.zeros(0, dtype=torch.int64))
+    offsets = [0] * s.world_size
     opened_all = []
-    for job, _, _, corr in plans:
-        opened: list[torch.Tensor | None] = [None] * len(job.inputs)
-        numel = job.inputs[0].numel()
-        for r in range(world):
-            for k in _sends(job, r):
-                piece = parts[r][offsets[r]:offsets[r] + numel].view(job.inputs[k].shape)
+    for p in plans:
+        opened: list = [None] * len(p.job.inputs)
+        numel = p.job.inputs[0].numel()
+        for r in range(s.world_size):
+            for k in _sends(p.job, r):
+                piece = parts[r][offsets[r]:offsets[r] + numel].view(p.job.inputs[k].shape)
                 offsets[r] += numel
                 opened[k] = piece if opened[k] is None else opened[k] ^ piece
         opened_all.append(opened)
+    return opened_all
+
+
+def _mask_shares(p: _Plan, rank: int):
+    """This party's shares of the masks and of every needed monomial."""
+    comps = p.corr.corrected()
+    shape = p.job.inputs[0].shape
+    masks = [comps[k].view(shape) if o in (-1, rank) else torch.zeros(shape, dtype=torch.int64)
+             for k, o in enumerate(p.job.owners)]
+    mono = {m: comps[len(masks) + i].view(shape) for i, m in enumerate(p.dealt)}
+    for m in p.monos:
+        if m not in mono:  # every mask in it belongs to one owner, who computes it
+            v = torch.zeros(shape, dtype=torch.int64)
+            if p.job.owners[m[0]] == rank:
+                v = masks[m[0]]
+                for k in m[1:]:
+                    v = v & masks[k]
+            mono[m] = v
+    return masks, mono
+
+
+def eval_polys(jobs: Sequence[PolyJob]) -> list[list[torch.Tensor]]:
+    """Evaluate every job in ONE round; returns each job's output shares."""
+    rank = current().rank
+    plans = [_plan(job) for job in jobs]
+    opened_all = _open_masked(plans)
     results = []
-    for (job, monos, dealt, corr), opened in zip(plans, opened_all):
-        k_in = len(job.inputs)
-        comps = corr.corrected()
-        masks = []
-        shape = job.inputs[0].shape
-        for k, o in enumerate(job.owners):
-            masks.append(comps[k].view(shape) if o in (-1, rank) else torch.zeros(shape, dtype=torch.int64))
-        mono = {}
-        for i, m in enumerate(dealt):
-            mono[m] = comps[k_in + i].view(shape)
-        for m in monos:
-            if m not in mono:  # held entirely by one owner
-                if job.owners[m[0]] == rank:
-                    v = masks[m[0]]
-                    for k in m[1:]:
-                        v = v & masks[k]
-                    mono[m] = v
-                else:
-                    mono[m] = torch.zeros_like(masks[0])
-        lead = lead_of(job.inputs[0])
-        results.append([circuits.expand_terms(out, opened, masks, mono, lead) for out in job.outputs])
+    for p, opened in zip(plans, opened_all):
+        masks, mono = _mask_shares(p, rank)
+        lead = lead_of(p.job.inputs[0])
+        results.append([circuits.expand_terms(out, opened, masks, mono, lead) for out in p.job.outputs])
     return results
 
 
