@@ -98,14 +98,18 @@ def open_xor(x: torch.Tensor) -> torch.Tensor:
     return out.view(x.shape)
 
 
-def and_many(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> list[torch.Tensor]:
-    """Shares of x & y for every pair, in ONE round (all openings in one message)."""
+def and_many(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], triple=None) -> list[torch.Tensor]:
+    """Shares of x & y for every pair, in ONE round (all openings in one message).
+
+    `triple`: a binary triple of the total size requested earlier (see PrefetchedAnd).
+    """
     s = current()
     xs = [torch.broadcast_tensors(x, y)[0].reshape(-1) for x, y in pairs]
     ys = [torch.broadcast_tensors(x, y)[1].reshape(-1) for x, y in pairs]
     x = torch.cat(xs) if len(xs) > 1 else xs[0]
     y = torch.cat(ys) if len(ys) > 1 else ys[0]
-    triple = provider_get("binary_triple", x.numel(), lambda m: [(m,)], 1)
+    if triple is None:
+        triple = provider_get("binary_triple", x.numel(), lambda m: [(m,)], 1)
     a, b = triple[0], triple[1]
     n = x.numel()
     opened = open_xor(torch.cat([x ^ a, y ^ b]))
@@ -120,6 +124,17 @@ def and_many(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> list[torch.T
         out.append(z[offset:offset + flat.numel()].view(shape))
         offset += flat.numel()
     return out
+
+
+class PrefetchedAnd:
+    """An and_fn whose binary triples (one per call, sizes known in advance) are all
+    requested up front, so that the dealer computes them while earlier rounds run."""
+
+    def __init__(self, sizes: Sequence[int]):
+        self._triples = [provider_get("binary_triple", n, lambda m: [(m,)], 1) for n in sizes]
+
+    def __call__(self, pairs: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> list[torch.Tensor]:
+        return and_many(pairs, self._triples.pop(0))
 
 
 def and_(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

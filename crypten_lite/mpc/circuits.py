@@ -170,6 +170,16 @@ def carry_tree(g: torch.Tensor, p: torch.Tensor, width: int, and_fn: AndFn) -> t
     return g
 
 
+def carry_tree_and_sizes(words: int, width: int) -> list[int]:
+    """Words ANDed at each level of carry_tree on `words` lane-packed words (for prefetching)."""
+    sizes = []
+    while width > 1:
+        words = -(-words // 2)
+        sizes.append(words if width == 2 else 2 * words)
+        width //= 2
+    return sizes
+
+
 def and_tree(x: torch.Tensor, width: int, and_fn: AndFn) -> torch.Tensor:
     """AND of the `width` bits of each element (lane-packed) -> 1 bit per element."""
     while width > 1:

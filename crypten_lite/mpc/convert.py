@@ -32,7 +32,7 @@ import torch
 from ..provider.correlations import logical_shift
 from ..session import current
 from . import circuits
-from .binary import PolyJob, and_many, eval_polys, lead_of, provider_get
+from .binary import PolyJob, PrefetchedAnd, and_many, eval_polys, lead_of, provider_get
 from .primitives import open_
 
 # ----------------------------------------------------------------------------- MSB
@@ -68,8 +68,10 @@ def msb_words(x: torch.Tensor) -> torch.Tensor:
     else:
         cv = (cv & circuits.LOW63) | (circuits.TOP if s.rank == co else 0)
     planes = circuits.group2_planes(sv, cv)
-    (g, p), = eval_polys([PolyJob(planes, [so, so, co, co], [circuits.GROUP2_G, circuits.GROUP2_P])])
-    return circuits.msb_from_group2(g, p, top, and_many)
+    job = PolyJob(planes, [so, so, co, co], [circuits.GROUP2_G, circuits.GROUP2_P])
+    and_fn = PrefetchedAnd(circuits.carry_tree_and_sizes(planes[0].numel(), 32))
+    (g, p), = eval_polys([job])
+    return circuits.msb_from_group2(g, p, top, and_fn)
 
 
 def and_bits(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

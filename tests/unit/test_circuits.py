@@ -43,6 +43,7 @@ class Sim:
         self.parties = parties
         self.gen = torch.Generator().manual_seed(seed)
         self.rounds = 0
+        self.sizes: list[int] = []
 
     def lead(self, like: torch.Tensor) -> torch.Tensor:
         out = torch.zeros_like(like)
@@ -51,6 +52,7 @@ class Sim:
 
     def and_fn(self, pairs):
         self.rounds += 1
+        self.sizes.append(sum(torch.broadcast_shapes(x.shape, y.shape)[-1] for x, y in pairs))
         return [_share_xor(_xor_all(x) & _xor_all(y), self.parties, self.gen) for x, y in pairs]
 
     def eval_terms(self, outputs, inputs, owners):
@@ -201,6 +203,7 @@ def test_carry_tree_is_carry_into_bit_63(s_vals, c_vals, parties):
     ref = (((s & circuits.LOW63) + (c & circuits.LOW63)) >> 63) & 1
     assert torch.equal(carry, ref)
     assert sim.rounds == 5
+    assert sim.sizes == circuits.carry_tree_and_sizes(planes[0].shape[-1], 32)
 
 
 @settings(max_examples=40, deadline=None)
