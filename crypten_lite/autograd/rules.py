@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 from ..cryptensor import CrypTensor
 from ..errors import UnsupportedError
+from . import _unbroadcast
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -85,10 +86,6 @@ def _expand_reduced(g: CrypTensor, x, dim, keepdim: bool) -> CrypTensor:
     return g.expand(tuple(x.shape))
 
 
-def _sum_to(g, dims: tuple[int, ...], keepdim: bool = True):
-    return g.sum(dims, keepdim=keepdim) if dims else g
-
-
 # ------------------------------------------------------------------- arithmetic rules
 def _div(g, a, b, out, **s):
     if not _is_private(b):
@@ -107,15 +104,10 @@ def _matmul(g, a, b, **s):
     ga = _bilinear("matmul", g1, _mT(b1)) if _is_private(a) else None
     gb = _bilinear("matmul", _mT(a1), g1) if _is_private(b) else None
     if ga is not None:
-        ga = _unbroadcast_to(ga, a1.shape).reshape(a.shape)
+        ga = _unbroadcast(ga, a1.shape).reshape(a.shape)
     if gb is not None:
-        gb = _unbroadcast_to(gb, b1.shape).reshape(b.shape)
+        gb = _unbroadcast(gb, b1.shape).reshape(b.shape)
     return ga, gb
-
-
-def _unbroadcast_to(g, shape):
-    from . import _unbroadcast
-    return _unbroadcast(g, shape)
 
 
 # ------------------------------------------------------------------- convolutions
@@ -460,7 +452,7 @@ RULES = {
     "reshape": lambda g, x, input_shape, **s: g.reshape(input_shape),
     "transpose": lambda g, x, dim0, dim1, **s: g.transpose(dim0, dim1),
     "permute": _permute,
-    "expand": lambda g, x, input_shape, **s: _unbroadcast_to(g, input_shape),
+    "expand": lambda g, x, input_shape, **s: _unbroadcast(g, input_shape),
     "repeat": _repeat,
     "narrow": _narrow,
     "getitem": lambda g, x, index, **s: _with_index_map(g, x, lambda t: t[index]),

@@ -7,10 +7,12 @@ output gradient) and compares the output and every input gradient.
 Tolerances (16 fractional bits, so one ulp is 2^-16 = 1.5e-5): each truncation errs by at
 most one ulp (2 parties: plus a failure probability below 2^-30 per element for these
 magnitudes); a sum over k truncated products errs by k ulps. `LINEAR` (atol 1e-3) covers
-fan-ins up to ~60 with margin. Nonlinear ops use polynomial/iterative approximations whose
-own error tables live with crypten_lite.functions; `NONLINEAR` (2e-2 absolute + relative)
-bounds approximation plus the extra products of the backward formula, on the input domains
-below (|x| <= 4, positive inputs for log/sqrt/reciprocal).
+fan-ins up to ~60 with margin; measured worst case over the cases below: 1.1e-4.
+Nonlinear ops use polynomial/iterative approximations whose own error tables live with
+crypten_lite.functions (docs/functions.md); `NONLINEAR` (5e-3 absolute + relative) bounds
+approximation plus the extra products of the backward formula on the input domains below
+(|x| <= 4, positive inputs for log/sqrt/reciprocal); measured worst case: 1.0e-3 (gelu,
+whose backward differentiates the forward's erf approximation), most ops below 1e-4.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import crypten_lite.autograd  # noqa: F401  (installs CrypTensor.backward)
 from crypten_lite.mpc import PartyPool
 
 LINEAR = dict(atol=1e-3, rtol=1e-3)
-NONLINEAR = dict(atol=2e-2, rtol=2e-2)
+NONLINEAR = dict(atol=5e-3, rtol=5e-3)
 
 
 # --------------------------------------------------------------------------- the helper
@@ -107,7 +109,7 @@ OPS = {
     "conv2d_groups": lambda x, w: F.conv2d(x, w, stride=(1, 2), padding=(0, 1), dilation=2, groups=2),
     "conv2d_bias": lambda x, w, b: F.conv2d(x, w, b, padding=1),
     "conv_transpose2d": lambda x, w: F.conv_transpose2d(x, w, stride=2, padding=1, output_padding=1),
-    "conv_transpose2d_groups": lambda x, w: F.conv_transpose2d(x, w, stride=1, padding=0, groups=2),
+    "conv_transpose2d_groups": lambda x, w: _conv_transpose2d_groups(x, w),
     "sum": lambda a: a.sum(),
     "sum_dim": lambda a: a.sum(1),
     "sum_dims_keepdim": lambda a: a.sum((0, 2), keepdim=True),
@@ -144,6 +146,16 @@ OPS = {
     "reuse_input_in_matmul": lambda a: a @ a.t(),
 }
 T = (__name__, "OPS")
+
+
+def _conv_transpose2d_groups(x, w):
+    """Grouped, dilated transposed convolution; on CrypTensors the forward is built from the
+    Beaver op (params in TRIPLE_OPS order) so that the test checks the gradient rule alone."""
+    if not isinstance(x, crypten_lite.CrypTensor):
+        return F.conv_transpose2d(x, w, stride=2, padding=1, groups=2, dilation=2)
+    out = x._bilinear("conv_transpose2d", w, (2, 2, 1, 1, 0, 0, 2, 2, 2))
+    return crypten_lite.autograd.record(out, "conv_transpose2d", (x, w), stride=2, padding=1,
+                                        output_padding=0, groups=2, dilation=2)
 
 CASES = {
     "add": [randn(3, 4), randn(3, 4, seed=1)],
