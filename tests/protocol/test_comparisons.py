@@ -41,8 +41,8 @@ def _data(seed: int):
     b[0] = a[0]                                             # ties
     a[1, :4] = torch.tensor([0.0, -0.0, 1e-5, -1e-5])       # zero crossings below one ulp
     b[1, :4] = torch.tensor([-0.0, 0.0, -1e-5, 2e-5])
-    a[2, :4] = torch.tensor([2.0 ** 40, -(2.0 ** 40), 2.0 ** 40, -3.5e11])  # near the range
-    b[2, :4] = torch.tensor([-(2.0 ** 40), 2.0 ** 40, 2.0 ** 40 - 1, -3.5e11])
+    a[2, :4] = torch.tensor([2.0 ** 45, -(2.0 ** 45), 2.0 ** 45, -7e13])    # near the range (2^46)
+    b[2, :4] = torch.tensor([-(2.0 ** 45), 2.0 ** 45, 2.0 ** 45 - 1, -7e13])
     return a, b
 
 
