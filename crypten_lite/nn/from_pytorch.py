@@ -146,6 +146,14 @@ def _contiguous(x, *args, **kwargs):
     return x
 
 
+def _hardtanh(x, lo=-1.0, hi=1.0, inplace=False):
+    if not F.is_private(x):
+        return TF.hardtanh(x, lo, hi)
+    if hasattr(x, "hardtanh"):
+        return x.hardtanh(lo, hi)
+    return F.relu(x.sub(lo)).sub(F.relu(x.sub(hi))).add(lo)
+
+
 FUNCTIONS: dict[Any, Callable] = {
     # python operators (also the arithmetic of x.size() values)
     operator.add: _add, operator.iadd: _add, operator.sub: _sub, operator.isub: _sub,
@@ -169,7 +177,8 @@ FUNCTIONS: dict[Any, Callable] = {
     TF.gelu: F.gelu, TF.silu: F.silu, TF.sigmoid: F.sigmoid, TF.tanh: F.tanh,
     TF.softmax: F.softmax, TF.log_softmax: F.log_softmax, TF.max_pool2d: F.max_pool2d,
     TF.avg_pool2d: F.avg_pool2d, TF.adaptive_avg_pool2d: F.adaptive_avg_pool2d,
-    TF.layer_norm: F.layer_norm, TF.dropout: F.dropout, TF.pad: F.pad,
+    TF.layer_norm: F.layer_norm, TF.batch_norm: F.batch_norm, TF.dropout: F.dropout,
+    TF.pad: F.pad, TF.hardtanh: _hardtanh,
     TF.scaled_dot_product_attention: _linear_sdpa,
 }
 
@@ -193,7 +202,7 @@ def _aten_table() -> dict[Any, Callable]:
         aten.conv1d.default: F.conv1d, aten.conv2d.default: F.conv2d,
         aten.conv_transpose2d.input: F.conv_transpose2d,
         aten.relu.default: F.relu, aten.relu_.default: F.relu,
-        aten.hardtanh.default: lambda x, lo=-1.0, hi=1.0: _hardtanh(x, lo, hi),
+        aten.hardtanh.default: _hardtanh,
         aten.gelu.default: lambda x, approximate="none": F.gelu(x, approximate),
         aten.silu.default: F.silu, aten.sigmoid.default: F.sigmoid, aten.tanh.default: F.tanh,
         aten.softmax.int: lambda x, dim, dtype=None: F.softmax(x, dim),
@@ -227,14 +236,6 @@ def _aten_table() -> dict[Any, Callable]:
         aten.constant_pad_nd.default: lambda x, pad, value=0: F.pad(x, pad, "constant", value),
         aten.alias.default: lambda x: x, aten.detach.default: lambda x: x.detach(),
     }
-
-
-def _hardtanh(x, lo, hi):
-    if (lo, hi) == (0.0, 6.0):
-        return F.relu6(x)
-    if not F.is_private(x):
-        return TF.hardtanh(x, lo, hi)
-    return F.relu(x.sub(lo)).sub(F.relu(x.sub(hi))).add(lo)
 
 
 ATEN: dict[Any, Callable] = {}
