@@ -22,7 +22,7 @@ from .nonlinear import (cos, div_private, erf, exp, gelu, inv_sqrt, log, log_sof
 from .normalization import batch_norm, layer_norm
 from .pooling import (adaptive_avg_pool2d, adaptive_max_pool2d, avg_pool2d, max_pool1d,
                       max_pool2d)
-from .reductions import argmax, argmin, max_, min_
+from .reductions import amax, amin, argmax, argmin, max_, min_
 from .rounding import ceil, floor, trunc, trunc_toward_zero
 
 abs = abs_      # noqa: A001 - module-level names mirror torch
@@ -57,6 +57,8 @@ METHODS = {
     "clamp": clamp, "clip": clamp, "hardtanh": hardtanh, "relu6": relu6,
     "maximum": maximum, "minimum": minimum,
     "max": _max_method, "min": _min_method, "argmax": argmax, "argmin": argmin,
+    "amax": amax, "amin": amin, "clamp_min": lambda x, min: clamp(x, min=min),
+    "clamp_max": lambda x, max: clamp(x, max=max),
     "max_pool1d": max_pool1d, "max_pool2d": max_pool2d, "avg_pool2d": avg_pool2d,
     "adaptive_avg_pool2d": adaptive_avg_pool2d, "adaptive_max_pool2d": adaptive_max_pool2d,
     "exp": exp, "log": log, "reciprocal": reciprocal, "_div_private": div_private,
@@ -139,6 +141,8 @@ TORCH = {
     torch.where: where, torch.clamp: clamp, torch.clip: clamp,
     torch.maximum: maximum, torch.minimum: minimum,
     torch.max: _torch_max, torch.min: _torch_min, torch.argmax: argmax, torch.argmin: argmin,
+    torch.amax: amax, torch.amin: amin, torch.clamp_min: lambda x, min: clamp(x, min=min),
+    torch.clamp_max: lambda x, max: clamp(x, max=max), torch.special.expit: sigmoid,
     F.max_pool1d: _pool(max_pool1d), F.max_pool2d: _pool(max_pool2d),
     F.avg_pool2d: avg_pool2d, F.adaptive_avg_pool2d: adaptive_avg_pool2d,
     F.adaptive_max_pool2d: _pool(adaptive_max_pool2d),
@@ -161,7 +165,7 @@ for _func, _impl in TORCH.items():
     torch_functions.register(_func, _impl)
 
 __all__ = sorted(["METHODS", "TORCH"] + [n for n in (
-    "lt le gt ge eq ne sign abs relu where clamp clip hardtanh relu6 maximum minimum max min argmax "
+    "lt le gt ge eq ne sign abs relu where clamp clip hardtanh relu6 maximum minimum max min argmax amax amin "
     "argmin max_pool1d max_pool2d avg_pool2d adaptive_avg_pool2d adaptive_max_pool2d exp log "
     "reciprocal div_private sqrt rsqrt inv_sqrt pow sigmoid tanh softmax log_softmax erf gelu silu "
     "layer_norm batch_norm polynomial cos sin floor ceil trunc").split()])

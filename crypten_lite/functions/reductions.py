@@ -177,3 +177,27 @@ def argmin(x: CrypTensor, dim=None, keepdim: bool = False, one_hot: bool = False
            method: str = "tree") -> CrypTensor:
     """Index of the first smallest element (flattened if dim is None), or its one-hot."""
     return _arg(x, dim, keepdim, one_hot, False, method)
+
+
+def _amax(x: CrypTensor, dim, keepdim: bool, largest: bool) -> CrypTensor:
+    if dim is None or (isinstance(dim, (tuple, list)) and len(dim) == 0):
+        dims = tuple(range(x.dim()))
+    else:
+        dims = tuple(x._dim(d) % max(1, x.dim()) for d in (dim if isinstance(dim, (tuple, list)) else (dim,)))
+    rest = [d for d in range(x.dim()) if d not in dims]
+    moved = x.permute(*rest, *dims) if rest or dims != tuple(range(x.dim())) else x
+    flat = moved.reshape(*[x.shape[d] for d in rest], -1)
+    out = _extreme(flat, flat.dim() - 1, False, False, largest, "tree").values
+    if keepdim:
+        out = out.reshape([1 if d in dims else x.shape[d] for d in range(x.dim())])
+    return out
+
+
+def amax(x: CrypTensor, dim=None, keepdim: bool = False) -> CrypTensor:
+    """Largest values over one or several dims (like torch.amax; no indices)."""
+    return _amax(x, dim, keepdim, True)
+
+
+def amin(x: CrypTensor, dim=None, keepdim: bool = False) -> CrypTensor:
+    """Smallest values over one or several dims (like torch.amin; no indices)."""
+    return _amax(x, dim, keepdim, False)

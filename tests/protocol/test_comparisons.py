@@ -138,6 +138,8 @@ def reduction_results():
         out[f"int_{method}"] = _same(cf.max(xi, 1, method=method)[0], ia.max(1).values)
     out["torch_max"] = _close(torch.max(x), a.max(), 0) and _same(torch.max(x, 1)[1], a.max(1).indices)
     out["torch_argmin"] = _same(torch.argmin(x, 2), a.argmin(2))
+    out["amax"] = _close(torch.amax(x, (0, 2)), a.amax((0, 2)), 0) and _close(x.amin(1, keepdim=True), a.amin(1, keepdim=True), 0)
+    out["amax_all"] = _close(x.amax(), a.amax(), 0)
     out["method_max"] = _close(x.max(2)[0], a.max(2).values, 0) and _same(x.argmax(0), a.argmax(0))
     return out
 
