@@ -32,9 +32,8 @@ import torch
 
 from .. import encoding
 from ..cryptensor import CrypTensor, _record, no_grad
-from ..errors import ProtocolError, UnsupportedError
+from ..errors import UnsupportedError
 from ..mpc import circuits, convert, primitives
-
 from ..session import current
 from ._common import float_view, mul_shares, mul_trunc, new_like, poly_share, public_share, rank0, truncate
 from .comparisons import _needs_grad

@@ -240,16 +240,19 @@ class BinaryShared:
         self.share = share
 
     def __xor__(self, other):
+        """x ^ y (local; a public y is applied by rank 0)."""
         if isinstance(other, BinaryShared):
             return BinaryShared(self.share ^ other.share)
         return BinaryShared(xor_public(self.share, other))
 
     def __and__(self, other):
+        """x & y (one round; a public mask is local)."""
         if isinstance(other, BinaryShared):
             return BinaryShared(and_(self.share, other.share))
         return BinaryShared(self.share & other)  # public mask: local
 
     def __or__(self, other):
+        """x | y (one round; a public y is local)."""
         if isinstance(other, BinaryShared):
             return BinaryShared(or_(self.share, other.share))
         return BinaryShared(xor_public(self.share & ~other, other))  # (x & ~c) ^ c
@@ -264,4 +267,5 @@ class BinaryShared:
         return BinaryShared(rshift(self.share, k))
 
     def get_plain_text(self) -> torch.Tensor:
+        """Reveal to every party (one round)."""
         return open_xor(self.share)

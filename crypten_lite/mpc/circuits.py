@@ -214,9 +214,3 @@ def kogge_stone_add(s: torch.Tensor, c: torch.Tensor, and_fn: AndFn) -> torch.Te
 def csa(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, maj: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Carry-save step: a + b + c = (a ^ b ^ c) + 2 maj(a, b, c) mod 2^64."""
     return a ^ b ^ c, maj << 1
-
-
-# -------------------------------------------------------------- plain references
-def ref_msb(x: torch.Tensor) -> torch.Tensor:
-    """Plain reference: 1 where x < 0."""
-    return (x < 0).long()

@@ -6,7 +6,6 @@ round and byte counts. Party functions are module level (spawned parties import 
 
 from __future__ import annotations
 
-import math
 
 import pytest
 import torch

@@ -8,14 +8,11 @@ in [-10, 10] abs 1e-3 in at most 60 rounds between 2 parties.
 
 from __future__ import annotations
 
-import math
 
-import pytest
 import torch
 import torch.nn.functional as F
 
 import crypten_lite
-import crypten_lite.functions as cf
 from crypten_lite import comm
 
 SCALE = 2 ** 16

@@ -131,6 +131,7 @@ def sim_msb(x: torch.Tensor, parties: int, seed: int = 0) -> tuple[torch.Tensor,
 
 
 # ------------------------------------------------------------------------ layout
+@settings(deadline=None)
 @given(st.lists(INT64, min_size=1, max_size=70), st.sampled_from([1, 2, 4, 8, 16, 32, 64]))
 def test_pack_unpack_lanes_roundtrip(values, width):
     x = torch.tensor(values, dtype=torch.int64)
@@ -139,6 +140,7 @@ def test_pack_unpack_lanes_roundtrip(values, width):
     assert torch.equal(circuits.unpack_lanes(circuits.pack_lanes(x, width), width, x.numel()), x)
 
 
+@settings(deadline=None)
 @given(st.lists(INT64, min_size=1, max_size=20))
 def test_compress_even_and_halves(values):
     x = torch.tensor(values, dtype=torch.int64)
@@ -236,6 +238,7 @@ def test_kogge_stone_adder(s_vals, c_vals):
     assert sim.rounds == 7
 
 
+@settings(deadline=None)
 @given(st.lists(INT64, min_size=1, max_size=50))
 def test_and_tree_detects_all_ones(values):
     x = torch.tensor(values, dtype=torch.int64)
