@@ -9,10 +9,15 @@ Modules in dependency order:
 * ``executor``: runs a program on a backend; per-layer comparison with torch;
 * ``handlers``: one handler per torch module / function / method, in three tables;
 * ``convert``: eager / FX / PT2E quantized models -> program (traces, walks the graph);
-* ``testing``: torch's three quantization flows and an output-agreement check, for tests.
+* ``testing``: torch's three quantization flows and an output-agreement check, for tests;
+* ``mpc_ops``: short comparisons, max pooling and exact rounding on arithmetic shares;
+* ``mpc_backend``: :class:`MpcBackend` (the program on secret shares) and :func:`run_private`;
+* ``tensor``: :class:`QuantizedCrypTensor`, ``quantize_per_tensor`` / ``quantize_per_channel``
+  of CrypTensors in MPC.
 
-``from_quantized`` (convert, which imports torch.ao.quantization) and the executor load on
-first use; running a program needs only ``ir``, ``backend`` and ``executor``.
+``from_quantized`` (convert, which imports torch.ao.quantization), the executor and the MPC
+modules load on first use; running a program needs only ``ir``, ``backend`` and ``executor``.
+A program runs privately with ``run_private(program_or_model, x)`` or ``program.run(x)``.
 """
 
 from crypten_lite.quantized.backend import Backend, PlainBackend
@@ -21,16 +26,30 @@ from crypten_lite.quantized.ir import OPS, Node, QuantizedProgram, Rescale, Valu
 __all__ = [
     "OPS",
     "Backend",
+    "MpcBackend",
     "Node",
     "PlainBackend",
+    "QuantizedCrypTensor",
     "QuantizedProgram",
     "Rescale",
     "ValueInfo",
     "compare_layers",
+    "dequantize",
     "from_quantized",
+    "quantize_per_channel",
+    "quantize_per_tensor",
     "run",
     "run_float",
+    "run_private",
 ]
+
+# name -> module that defines it, imported on first use
+_LAZY = {
+    "run": "executor", "run_float": "executor", "compare_layers": "executor",
+    "MpcBackend": "mpc_backend", "run_private": "mpc_backend",
+    "QuantizedCrypTensor": "tensor", "quantize_per_tensor": "tensor",
+    "quantize_per_channel": "tensor", "dequantize": "tensor",
+}
 
 
 def __getattr__(name: str):
@@ -39,8 +58,8 @@ def __getattr__(name: str):
         from crypten_lite.quantized.convert import from_quantized
 
         return from_quantized
-    if name in ("run", "run_float", "compare_layers"):
-        from crypten_lite.quantized import executor
+    if name in _LAZY:
+        import importlib
 
-        return getattr(executor, name)
+        return getattr(importlib.import_module(f"crypten_lite.quantized.{_LAZY[name]}"), name)
     raise AttributeError(name)

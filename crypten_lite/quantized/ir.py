@@ -290,6 +290,19 @@ class QuantizedProgram:
         ]
         return QuantizedProgram(nodes, self.output, dict(self.sources))
 
+    def run(self, x, **kwargs):
+        """Run privately on ``x`` (a CrypTensor, or a tensor held by the data owner).
+
+        Returns the secret output (``QuantizedCrypTensor``, or a float CrypTensor for a float
+        output); keyword arguments as :func:`crypten_lite.quantized.mpc_backend.run_private`.
+        """
+        from crypten_lite.quantized.mpc_backend import run_private  # MPC layers load on use
+
+        kwargs.setdefault("reveal", False)
+        return run_private(self, x, **kwargs)
+
+    __call__ = run
+
     def describe(self) -> str:
         """Human-readable listing, one node a line."""
         lines = [node.describe() for node in self.nodes]

@@ -1,0 +1,387 @@
+"""Short comparisons and exact rounding on arithmetic shares of small integers (int8 inference).
+
+Values of a quantized program are small (an int8 activation before its clamp has 9 to 12
+bits, an accumulator times its multiplier 30 to 50) and every caller passes a sound
+``bits`` bound. These protocols use it: a comparison runs its carry circuit over
+``bits + 1`` bits instead of 64, and a rounding division by ``2**k`` needs only the carry
+out of the shares' low bits. Built on the binary-sharing primitives of
+:mod:`crypten_lite.mpc.binary` (binary triples, masked openings, lane packing) and the
+dealer's ``trunc_exact`` / ``bit`` / ``bit_mul`` correlations; every function takes and
+returns this party's int64 shares (arithmetic unless the name says words: bit-packed XOR
+shares, 64 elements per word). Byte counts below are per element and per party, 2 parties.
+
+**Short MSB** (:func:`msb_low`): XOR shares of bit ``m - 1`` of ``x mod 2**m``, which is
+``x < 0`` when ``-2**(m-1) <= x < 2**(m-1)``. Let ``W = next_pow2(m)``.
+
+1. Each party keeps ``(x_i << (W - m)) mod 2**W`` (local; the sign lands on bit ``W - 1``)
+   and packs ``64 / W`` elements per word. With N > 2 parties, carry-save layers (one round
+   each, the majority of three operands from masked openings) reduce the N owned operands
+   to two XOR-shared ones, the carries shifted within their lane.
+2. msb = s_top ^ c_top ^ carry into bit ``W - 1`` of s + c: bit ``W - 1`` is padded with
+   (generate 0, propagate 1) and level 1 (2-bit groups) comes from ONE masked opening (each
+   owner sends its operand: ``W / 8`` bytes), as :func:`crypten_lite.mpc.convert.msb_words`
+   does for 64 bits.
+3. ``log2(W) - 1`` rounds of :func:`crypten_lite.mpc.circuits.carry_tree`.
+
+``m <= 16``: 4 rounds and 5.25 bytes (64 bits: 6 rounds, 23.25 bytes).
+
+**Clamp** (:func:`clamp`): ``b_lo = [x > lo]``, ``b_hi = [x > hi]`` in one short-MSB call;
+``y = lo + (b_lo ^ b_hi) (x - lo) + (hi - lo) b_hi`` (``b_hi <= b_lo``), the bit times value
+and the B2A in ONE round (kind ``bit_mul``: 8.125 bytes). One bound: one bit, one product.
+
+**Max pooling** (:func:`max_pool2d`): windows gathered locally (padding filled with the
+public ``-2**bits``, which never wins), then ``ceil(log2 k)`` levels of
+``max(a, b) = b + [a > b] (a - b)``: a short MSB on ``bits + 2`` bits and one bit-times-value
+round per level.
+
+**Rounding division** (:func:`round_shift`): ``floor((x + 2**(k-1)) / 2**k)``, torch's
+``half_up`` (and ``half_even`` with a tie bit). With ``x' = x + 2**(k-1) + 2**62`` in
+``[0, 2**63)``:
+
+* 2 parties, no dealer opening (a la [MZ17] made exact): shares ``x'_i = H_i 2**k + L_i``
+  (unsigned) give ``floor(x' / 2**k) = H_0 + H_1 + [L_0 + L_1 >= 2**k] - w 2**(64-k)``
+  where the wrap ``w = top(x'_0) OR top(x'_1)`` (because ``x' < 2**63``). The carry comes
+  from a carry tree over the top ``e = min(k, carry_bits)`` bits of ``L_0``, ``L_1``
+  (level 1 and the AND for ``w`` in one masked opening), then one B2A round for both bits.
+  ``e = 16``: 5 rounds, 5.6 bytes.
+* N > 2 parties (dealer-assisted, a la [EGK+20]): open ``c = x' + r`` (one round, 8 bytes),
+  borrow ``[c mod 2**k < r mod 2**k]`` from ``r``'s XOR-shared bits (kind ``trunc_exact``)
+  by a carry tree on the top ``e`` bits (``c`` is public: no level-1 opening), the wrap
+  from ``msb(r)``; one B2A round. ``e = 16``: 6 rounds, 15.4 bytes.
+
+Both are exact when ``k <= carry_bits``. Otherwise the carry ignores the bits below
+``k - e``; the result can then be one too small only where ``x / 2**k`` lies within
+``2**-e`` above a rounding boundary (2 parties), or with probability at most ``2**-e`` per
+element over the dealer's randomness (N > 2). ``half_even`` subtracts
+``[x mod 2**(k+1) == 2**(k-1)]`` (a tie whose half-up result is odd): a short MSB of
+``x - 2**(k-1)`` and of its negation on ``k + 1`` bits, a NOR, and the B2A round above.
+
+References: [MZ17] Mohassel, Zhang, SecureML (S&P 2017); [EGK+20] Escudero et al.,
+Improved primitives for MPC over mixed arithmetic-binary circuits (CRYPTO 2020); [KS73]
+Kogge, Stone (carry trees).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from crypten_lite.errors import ProtocolError
+from crypten_lite.mpc import circuits, convert
+from crypten_lite.mpc.binary import PolyJob, and_many, eval_polys, provider_get, xor_public
+from crypten_lite.mpc.primitives import open_
+from crypten_lite.provider.correlations import logical_shift
+from crypten_lite.quantized.ir import bits_for
+from crypten_lite.session import current
+
+BIAS_BITS = 62  # x' = x + 2**62 is in [0, 2**63) for |x| < 2**61
+MAX_BITS = 61
+DEFAULT_CARRY_BITS = 16
+
+Bound = int | torch.Tensor
+
+
+# ------------------------------------------------------------------------ small helpers
+def next_pow2(k: int) -> int:
+    """Smallest power of two >= k (and >= 2)."""
+    w = 2
+    while w < k:
+        w *= 2
+    return w
+
+
+def _word(v: int) -> int:
+    """A 64-bit pattern as a Python int that fits torch.int64 (two's complement)."""
+    v &= (1 << 64) - 1
+    return v - (1 << 64) if v >> 63 else v
+
+
+def lane_mask(width: int, bit: int) -> int:
+    """Word with bit ``bit`` set in every ``width``-bit lane."""
+    return _word(sum(1 << (width * j + bit) for j in range(64 // width)))
+
+
+def _low_mask(width: int) -> int:
+    return -1 if width >= 64 else (1 << width) - 1
+
+
+def public_share(value: torch.Tensor | int, like: torch.Tensor) -> torch.Tensor:
+    """A public integer as a share broadcast to ``like``'s shape (rank 0 holds it)."""
+    v = torch.as_tensor(value, dtype=torch.int64)
+    out = torch.zeros(torch.broadcast_shapes(v.shape, like.shape), dtype=torch.int64)
+    return out + v if current().rank == 0 else out
+
+
+def _bounds(v: Bound) -> tuple[int, int]:
+    if isinstance(v, torch.Tensor):
+        return int(v.min()), int(v.max())
+    return int(v), int(v)
+
+
+def _lane_top_bits(words: torch.Tensor, width: int, n: int) -> torch.Tensor:
+    """Bit ``width - 1`` of each lane (element) of packed words, re-packed one bit each."""
+    lanes = circuits.unpack_lanes(words, width, n)
+    return circuits.pack_bits(logical_shift(lanes, width - 1) & 1)
+
+
+# ------------------------------------------------------------------------ short MSB
+def _csa_reduce(ops: list[tuple[torch.Tensor, int]], width: int) -> list[tuple[torch.Tensor, int]]:
+    """Carry-save layers (one round each) until two operands are left; lanes of ``width`` bits."""
+    keep = ~lane_mask(width, 0)  # a carry shifted out of a lane must not enter the next
+    while len(ops) > 2:
+        cut = len(ops) - len(ops) % 3
+        groups = [ops[i:i + 3] for i in range(0, cut, 3)]
+        jobs = [PolyJob([g[0][0], g[1][0], g[2][0]], [g[0][1], g[1][1], g[2][1]], [circuits.MAJ3])
+                for g in groups]
+        majs = eval_polys(jobs)
+        ops = list(ops[cut:])
+        for g, (maj,) in zip(groups, majs):
+            ops += [(g[0][0] ^ g[1][0] ^ g[2][0], -1), ((maj << 1) & keep, -1)]
+    return ops
+
+
+def msb_low(x: torch.Tensor, m: int) -> torch.Tensor:
+    """Packed XOR shares of bit ``m - 1`` of ``x mod 2**m`` (``x``: arithmetic shares).
+
+    That bit is ``x < 0`` whenever ``-2**(m-1) <= x < 2**(m-1)``. Rounds (2 parties):
+    ``log2(next_pow2(m))``; see the module docstring.
+    """
+    if not 1 <= m <= 64:
+        raise ProtocolError(f"msb_low: width {m} must be in 1..64")
+    s = current()
+    flat = x.reshape(-1)
+    n = flat.numel()
+    width = next_pow2(m)
+    mine = circuits.pack_lanes((flat << (width - m)) & _low_mask(width), width)
+    ops = [(mine if s.rank == r else torch.zeros_like(mine), r) for r in range(s.world_size)]
+    (sv, so), (cv, co) = _csa_reduce(ops, width)
+    top = _lane_top_bits(sv ^ cv, width, n)
+    top_lanes = lane_mask(width, width - 1)
+    # s_top := 0 and c_top := 1, so that the group generate of the lane is the carry into the top
+    sv = sv & ~top_lanes
+    cv = cv & ~top_lanes
+    if s.rank == (0 if co == -1 else co):
+        cv = cv | top_lanes
+    planes = circuits.group2_planes(sv, cv)
+    ((g, p),) = eval_polys([PolyJob(planes, [so, so, co, co], [circuits.GROUP2_G, circuits.GROUP2_P])])
+    return circuits.carry_tree(g, p, width // 2, and_many) ^ top
+
+
+def sign_words(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """Packed XOR shares of ``[x < 0]`` for ``-2**bits <= x < 2**bits``."""
+    if bits >= 63:
+        return convert.msb_words(x)
+    return msb_low(x, bits + 1)
+
+
+# ------------------------------------------------------------------------ clamp
+def clamp(x: torch.Tensor, lo: Bound | None, hi: Bound | None, bits: int) -> torch.Tensor:
+    """Shares of ``min(max(x, lo), hi)`` for ``-2**bits <= x < 2**bits`` and public bounds.
+
+    ``lo`` / ``hi``: None, ints or int64 tensors broadcasting against ``x``. Cost: one short
+    MSB call on ``bits + 2`` bits (both comparisons together) and one bit-times-value round.
+    """
+    if lo is None and hi is None:
+        return x
+    if lo is not None and hi is not None and _bounds(lo)[0] > _bounds(hi)[1]:
+        raise ProtocolError(f"clamp: lower bound {lo} above upper bound {hi}")
+    x_lo, x_hi = -(1 << bits), (1 << bits) - 1
+    diffs, width_bits = [], 0
+    for bound in (lo, hi):
+        if bound is None:
+            continue
+        b_lo, b_hi = _bounds(bound)
+        d = public_share(bound, x) - x  # [x > bound] = [bound - x < 0]
+        diffs.append(d)
+        width_bits = max(width_bits, bits_for(b_lo - x_hi, b_hi - x_lo))
+    shape = diffs[0].shape
+    n = diffs[0].numel()
+    words = sign_words(torch.cat([d.reshape(-1) for d in diffs]), width_bits)
+    bits_all = circuits.unpack_bits(words, len(diffs) * n)
+    if lo is not None and hi is not None:
+        b_lo, b_hi = bits_all[:n], bits_all[n:]
+        sel = circuits.pack_bits(b_lo ^ b_hi)
+        (hi_a,), (prod,) = convert.finish([(circuits.pack_bits(b_hi), n)], [(sel, tuple(shape), -diffs[0])])
+        gap = torch.as_tensor(hi, dtype=torch.int64) - torch.as_tensor(lo, dtype=torch.int64)
+        return public_share(lo, x) + prod + hi_a.view(shape) * gap
+    (prod,) = convert.finish((), [(words, tuple(shape), -diffs[0])])[1]
+    if lo is not None:
+        return public_share(lo, x) + prod  # lo + [x > lo] (x - lo)
+    return x.expand(shape) - prod          # x - [x > hi] (x - hi)
+
+
+# ------------------------------------------------------------------------ max pooling
+def pool_out_size(size: int, k: int, s: int, p: int, d: int, ceil_mode: bool) -> int:
+    """Output length of a pooling window, as torch computes it."""
+    num = size + 2 * p - d * (k - 1) - 1
+    if num < 0:
+        raise ProtocolError(f"pooling window {k} (dilation {d}) larger than the padded input {size + 2 * p}")
+    out = (-(-num // s) if ceil_mode else num // s) + 1
+    if ceil_mode and (out - 1) * s >= size + p:  # the last window must start inside
+        out -= 1
+    return out
+
+
+def windows(share: torch.Tensor, fill: int, kernel_size, stride, padding, dilation, ceil_mode: bool) -> torch.Tensor:
+    """(N, C, H, W) shares -> (N, C, Ho, Wo, kh * kw) windows; padding holds the public ``fill``."""
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel_size, stride, padding, dilation
+    h, w = share.shape[-2:]
+    ho = pool_out_size(h, kh, sh, ph, dh, ceil_mode)
+    wo = pool_out_size(w, kw, sw, pw, dw, ceil_mode)
+    span_h, span_w = dh * (kh - 1) + 1, dw * (kw - 1) + 1
+    extra_h = max(0, (ho - 1) * sh + span_h - (h + 2 * ph))
+    extra_w = max(0, (wo - 1) * sw + span_w - (w + 2 * pw))
+    value = fill if current().rank == 0 else 0
+    xp = F.pad(share, (pw, pw + extra_w, ph, ph + extra_h), value=value)
+    win = xp.unfold(-2, span_h, sh).unfold(-2, span_w, sw)[..., ::dh, ::dw]
+    win = win[..., :ho, :wo, :, :]
+    return win.reshape(*win.shape[:-2], kh * kw)
+
+
+def max_rows(v: torch.Tensor, bits: int) -> torch.Tensor:
+    """Shares of the max over the last axis; ``-2**bits <= v < 2**bits``.
+
+    ``ceil(log2 k)`` levels; a level is one short MSB on ``bits + 2`` bits and one
+    bit-times-value round.
+    """
+    while v.shape[-1] > 1:
+        half = v.shape[-1] // 2
+        left, right = v[..., :half], v[..., half:2 * half]
+        diff = right - left  # [left > right] = [right - left < 0]
+        words = sign_words(diff, bits + 1)
+        (prod,) = convert.finish((), [(words, tuple(diff.shape), -diff)])[1]
+        best = right + prod
+        v = torch.cat([best, v[..., 2 * half:]], -1) if v.shape[-1] % 2 else best
+    return v[..., 0]
+
+
+def max_pool2d(x: torch.Tensor, kernel_size, stride, padding, dilation, ceil_mode: bool, bits: int) -> torch.Tensor:
+    """``F.max_pool2d`` on shares of ``-2**bits <= x < 2**bits`` (padding never wins)."""
+    win = windows(x, -(1 << bits), kernel_size, stride, padding, dilation, ceil_mode)
+    return max_rows(win, bits)
+
+
+def sum_pool2d(x: torch.Tensor, kernel_size, stride, padding, ceil_mode: bool) -> torch.Tensor:
+    """Window sums with zero padding (local)."""
+    return windows(x, 0, kernel_size, stride, padding, (1, 1), ceil_mode).sum(-1)
+
+
+# ------------------------------------------------------------------------ rounding division
+def _floor_div_local(xb: torch.Tensor, k: int, e: int, extra_b2a: Sequence[torch.Tensor]):
+    """2 parties: shares of floor(xb / 2**k) for xb in [0, 2**63), carry on the top e low bits."""
+    s = current()
+    n = xb.numel()
+    high = logical_shift(xb, k)
+    width = next_pow2(e)
+    low_top = ((xb & ((1 << k) - 1)) >> (k - e)) << (width - e)
+    mine = circuits.pack_lanes(low_top, width)
+    zero = torch.zeros_like(mine)
+    sv, cv = (mine, zero) if s.rank == 0 else (zero, mine)
+    top = circuits.pack_bits(logical_shift(xb, 63))
+    a, b = (top, torch.zeros_like(top)) if s.rank == 0 else (torch.zeros_like(top), top)
+    planes = circuits.group2_planes(sv, cv)
+    (g, p), (ab,) = eval_polys([
+        PolyJob(planes, [0, 0, 1, 1], [circuits.GROUP2_G, circuits.GROUP2_P]),
+        PolyJob([a, b], [0, 1], [[(0, 1)]]),
+    ])
+    carry = circuits.carry_tree(g, p, width // 2, and_many)
+    wrap = a ^ b ^ ab  # top_0 OR top_1
+    got, _ = convert.finish([(carry, n), (wrap, n)] + [(w, n) for w in extra_b2a])
+    return high + got[0] - (got[1] << (64 - k)), got[2:]
+
+
+def _floor_div_dealer(xb: torch.Tensor, k: int, e: int, extra_b2a: Sequence[torch.Tensor]):
+    """Any N: shares of floor(xb / 2**k) for xb in [0, 2**63) from an opened c = xb + r."""
+    s = current()
+    n = xb.numel()
+    corr = provider_get("trunc_exact", n, lambda m: [(m,)], 3, params=[k])
+    c = open_(xb + corr[0])
+    _, rlow, rt, m = corr.corrected()
+    width = next_pow2(e)
+    keep = (1 << e) - 1
+    r_top = ((rlow >> (k - e)) & keep) << (width - e)
+    not_c = ((~c >> (k - e)) & keep) << (width - e)
+    # borrow = [c_top < r_top] = carry out of r_top + ~c_top
+    g = r_top & not_c
+    p = r_top ^ not_c if s.rank == 0 else r_top.clone()
+    borrow = circuits.carry_tree(circuits.pack_lanes(g, width), circuits.pack_lanes(p, width), width, and_many)
+    got, _ = convert.finish([(borrow, n)] + [(w, n) for w in extra_b2a])
+    wrap = (1 - logical_shift(c, 63)) * m
+    out = -rt - got[0] + (wrap << (64 - k))
+    if s.rank == 0:
+        out = out + logical_shift(c, k)
+    return out, got[1:]
+
+
+def _tie_words(x: torch.Tensor, k: int) -> torch.Tensor:
+    """Packed XOR shares of [x mod 2**(k+1) == 2**(k-1)] (a tie whose half-up result is odd)."""
+    z = x - public_share(1 << (k - 1), x)
+    n = z.numel()
+    words = msb_low(torch.cat([z, -z]), k + 1)
+    both = circuits.unpack_bits(words, 2 * n)
+    (nor,) = and_many([(xor_public(circuits.pack_bits(both[:n]), -1),
+                        xor_public(circuits.pack_bits(both[n:]), -1))])
+    return nor
+
+
+def round_shift(x: torch.Tensor, shift: int, bits: int, rounding: str = "half_up",
+                carry_bits: int = DEFAULT_CARRY_BITS, method: str = "auto") -> torch.Tensor:
+    """Shares of ``round(x / 2**shift)`` for ``-2**bits <= x < 2**bits`` (``bits <= 61``).
+
+    ``rounding``: ``"half_up"`` or ``"half_even"``. ``method``: ``"local"`` (2 parties),
+    ``"dealer"`` (any N), ``"auto"`` (local for 2 parties) or ``"probabilistic"``
+    (:func:`crypten_lite.mpc.truncation.truncate_exact` of ``x + 2**(shift-1)``: one round,
+    but the result is one too large with probability equal to the fraction dropped, so about
+    half the values differ from the rounded result; for measurements only).
+    """
+    if shift == 0:
+        return x
+    if rounding not in ("half_up", "half_even"):
+        raise ValueError(f"unknown rounding {rounding!r}")
+    if bits > MAX_BITS or shift > BIAS_BITS:
+        raise ProtocolError(f"round_shift: {bits}-bit values / shift {shift} exceed the "
+                            f"{MAX_BITS}-bit range of exact truncation")
+    s = current()
+    shape = x.shape
+    flat = x.reshape(-1)
+    if method == "probabilistic":
+        return _probabilistic(flat + public_share(1 << (shift - 1), flat), shift).view(shape)
+    if method == "auto":
+        method = "local" if s.world_size == 2 else "dealer"
+    if method == "local" and s.world_size != 2:
+        raise ProtocolError(f"round_shift: the local method needs 2 parties, not {s.world_size}")
+    e = max(1, min(shift, carry_bits))
+    ties = [_tie_words(flat, shift)] if rounding == "half_even" else []
+    xb = flat + public_share((1 << (shift - 1)) + (1 << BIAS_BITS), flat)
+    if method == "local":
+        q, tie = _floor_div_local(xb, shift, e, ties)
+    elif method == "dealer":
+        q, tie = _floor_div_dealer(xb, shift, e, ties)
+    else:
+        raise ValueError(f"unknown truncation method {method!r}")
+    q = q - public_share(1 << (BIAS_BITS - shift), q)
+    if tie:
+        q = q - tie[0]
+    return q.view(shape)
+
+
+def _probabilistic(flat: torch.Tensor, shift: int) -> torch.Tensor:
+    from crypten_lite.mpc.truncation import truncate_exact
+
+    chunk = 1 << 17  # the dealer answers each request in one 4 MiB message
+    return torch.cat([truncate_exact(flat[i:i + chunk], shift) for i in range(0, flat.numel(), chunk)])
+
+
+__all__ = [
+    "clamp",
+    "max_pool2d",
+    "max_rows",
+    "msb_low",
+    "next_pow2",
+    "round_shift",
+    "sign_words",
+    "sum_pool2d",
+    "windows",
+]
