@@ -45,12 +45,14 @@ def test_launch_runs_script_on_all_parties(n, provider):
 
 
 def test_launch_stops_everything_and_fails_when_a_party_dies():
+    import uuid
+    marker = f"marker-{uuid.uuid4().hex}"  # identifies this run's processes only
     start = time.monotonic()
-    r = _launch("-n", "3", "--timeout", "20", str(SCRIPTS / "victim.py"), "1")
+    r = _launch("-n", "3", "--timeout", "20", str(SCRIPTS / "victim.py"), "1", marker)
     assert r.returncode != 0
     assert "rank 1 exited with code -9" in r.stderr
     assert time.monotonic() - start < 60
-    leftovers = subprocess.run(["pgrep", "-f", str(SCRIPTS / "victim.py")], capture_output=True, text=True)
+    leftovers = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True)
     assert leftovers.stdout.strip() == ""
 
 
