@@ -67,10 +67,7 @@ def party_optimizer_steps(name: str, steps: int):
     return {k: v.get_plain_text() for k, v in model.state_dict().items()}, losses
 
 
-@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
-def test_optimizer_matches_torch(pool, name):
-    if name == "adam":
-        needs("inv_sqrt")
+def _check_optimizer(pool, name: str) -> None:
     steps = 4
     x, y, model = _regression()
     opt = _torch_optimizer(name, model.parameters())
@@ -86,6 +83,20 @@ def test_optimizer_matches_torch(pool, name):
     for k, v in model.state_dict().items():
         torch.testing.assert_close(state[k], v, **tol, msg=lambda m, k=k: f"{name} {k}: {m}")
     torch.testing.assert_close(torch.tensor(got_losses), torch.tensor(losses), **tol)
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_optimizer_matches_torch(pool2, name):
+    if name == "adam":
+        needs("inv_sqrt")
+    _check_optimizer(pool2, name)
+
+
+@pytest.mark.parametrize("name", ["sgd_momentum", "adam"])
+def test_optimizer_with_state_3_parties(pool3, name):
+    if name == "adam":
+        needs("inv_sqrt")
+    _check_optimizer(pool3, name)
 
 
 # ----------------------------------------------------------------- training reduces the loss
@@ -144,8 +155,8 @@ def _plain_mlp(epochs: int, batch: int):
 
 def test_short_training_reduces_loss_like_torch(pool):
     needs("relu", "log_softmax")
-    losses, accuracy = pool.run(party_train_mlp, 4, 20)[0]
-    plain_losses, plain_accuracy = _plain_mlp(4, 20)
+    losses, accuracy = pool.run(party_train_mlp, 4, 30)[0]
+    plain_losses, plain_accuracy = _plain_mlp(4, 30)
     assert losses[-1] < 0.5 * losses[0], losses
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(plain_losses), atol=0.1, rtol=0.05)
     assert abs(accuracy - plain_accuracy) <= 0.05
