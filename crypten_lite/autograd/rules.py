@@ -186,6 +186,14 @@ def _repeat(g, x, input_shape, sizes, **s):
     return g.reshape(input_shape)
 
 
+def _align(g, x, permutation, input_shape, permuted_shape, **s):
+    """align_to / align_as: a permutation plus inserted size-1 dims (named tensors)."""
+    inverse = [0] * len(permutation)
+    for i, d in enumerate(permutation):
+        inverse[d] = i
+    return g.reshape(permuted_shape).permute(*inverse)
+
+
 def _narrow(g, x, dim, start, input_shape, **s):
     d = dim % len(input_shape)
     length = g.shape[d]
@@ -461,10 +469,16 @@ RULES = {
     "roll": _roll,
     "flip": lambda g, x, dims, **s: g.flip(dims),
     "cat": _cat,
+    "align": _align,
+    "rename": lambda g, x, **s: g,
+    "refine_names": lambda g, x, **s: g,
     # nonlinear (crypten_lite.functions)
     "relu": _relu,
     "abs": lambda g, x, neg, **s: g.sub(g.mul(neg).mul(2)),
-    "sign": lambda g, x, **s: None,
+    "sign": lambda g, x, **s: None,       # piecewise constant: zero gradient, like torch
+    "floor": lambda g, x, **s: None,
+    "ceil": lambda g, x, **s: None,
+    "trunc": lambda g, x, **s: None,
     "clamp": _clamp,
     "max": _extreme,
     "min": _extreme,

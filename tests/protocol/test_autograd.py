@@ -144,8 +144,20 @@ OPS = {
     "clone": lambda a: a.clone(),
     "shared_subexpression": lambda a, b: (a * b + a) * a + (a * b).sum(),
     "reuse_input_in_matmul": lambda a: a @ a.t(),
+    "align_to": lambda a: _align(a),
 }
 T = (__name__, "OPS")
+
+
+def _align(a):
+    """Named-tensor alignment (crypten_lite implements PyTorch 1.3's names; torch permutes)."""
+    if not isinstance(a, crypten_lite.CrypTensor):
+        return a.permute(2, 0, 1).unsqueeze(1) * 1.0
+    # Name the leaf in place: rename/refine_names do not record autograd nodes (reported).
+    a._names = ("n", "c", "w")
+    out = a.align_to("w", "h", "n", "c")
+    a._names, out._names = None, None
+    return out * 1.0
 
 
 def _conv_transpose2d_groups(x, w):
@@ -216,6 +228,7 @@ CASES = {
     "clone": [randn(3)],
     "shared_subexpression": [randn(3, 4), randn(3, 4, seed=1)],
     "reuse_input_in_matmul": [randn(3, 4)],
+    "align_to": [randn(2, 3, 4)],
 }
 
 
@@ -271,6 +284,9 @@ NONLINEAR_OPS = {
     "sin": lambda a: torch.sin(a),
     "pow3": lambda a: a.pow(3),
     "pow_half": lambda a: a.pow(0.5),
+    "floor_ceil": lambda a: torch.floor(a) + torch.ceil(a) * 0.5 + a,
+    "amax": lambda a: torch.amax(a, dim=(0, 2)),
+    "clamp_min": lambda a: torch.clamp_min(a, 0.1),
     "layer_norm": lambda a, w, b: F.layer_norm(a, (4,), w, b),
     "batch_norm_train": lambda a, w, b: F.batch_norm(a, None, None, w, b, training=True),
     "batch_norm_eval": lambda a, m, v, w, b: F.batch_norm(a, m, v, w, b, training=False),
@@ -316,6 +332,9 @@ NONLINEAR_CASES = {
     "sin": ([randn(3, 4)], None, ("sin",)),
     "pow3": ([randn(3, 4)], None, ("pow",)),
     "pow_half": ([positive(3, 4)], None, ("pow",)),
+    "floor_ceil": ([randn(3, 4, scale=3.0)], None, ("floor", "ceil")),
+    "amax": ([randn(3, 4, 2)], None, ("amax",)),
+    "clamp_min": ([randn(3, 4)], None, ("clamp_min",)),
     "layer_norm": ([randn(3, 4), positive(4), randn(4, seed=2)], None, ("layer_norm",)),
     "batch_norm_train": ([randn(6, 3, 2), positive(3), randn(3, seed=2)], None, ("batch_norm",)),
     "batch_norm_eval": ([randn(6, 3), randn(3, seed=1), positive(3, seed=2), positive(3, seed=3),
