@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections import OrderedDict
 from typing import Any
 
 import torch
@@ -90,116 +91,100 @@ def load_from_party(path: str | None = None, src: int = 0, encrypted: bool = Fal
         if path is None:
             raise ProtocolError("load_from_party(encrypted=True) needs the path of the saved shares")
         return _load_shares(path, s)
+    tensors: list[torch.Tensor] = []
+    message = None
     if s.rank == src:
         if path is None:
             raise ProtocolError(f"party {src} is the source of load_from_party but got no path")
-        obj = torch.load(path, weights_only=True)
-        skeleton = _skeleton(obj)
-        payload = json.dumps(skeleton).encode()
-        message = _bytes_to_tensor(payload)
-    else:
-        obj, message = None, None
-    message = s.comm.broadcast(message, src)
-    skeleton = json.loads(_tensor_to_bytes(message))
-    tensors = _flatten_tensors(obj) if s.rank == src else None
-    return _fill(skeleton, tensors, src, precision)
+
+        def index(o):
+            if isinstance(o, torch.Tensor):
+                tensors.append(o)
+                return {"tensor": len(tensors) - 1}
+            return None
+        skeleton = _to_tree(torch.load(path, weights_only=True), index)
+        message = _bytes_to_tensor(json.dumps(skeleton).encode())
+    skeleton = json.loads(_tensor_to_bytes(s.comm.broadcast(message, src)))
+    # Every party shares the tensors in the skeleton's order; only `src` has their values.
+    return _from_tree(skeleton, lambda node: CrypTensor.from_plain(
+        tensors[node["tensor"]] if s.rank == src else None, src=src, precision=precision))
 
 
-# --------------------------------------------------------------------------- plaintext
-def _skeleton(obj):
-    """JSON structure of `obj` with tensors replaced by {"tensor": index} in visit order."""
-    counter = [0]
-
-    def walk(o):
-        if isinstance(o, torch.Tensor):
-            counter[0] += 1
-            return {"tensor": counter[0] - 1}
-        if isinstance(o, dict):
-            if not all(isinstance(k, str) for k in o):
-                raise UnsupportedError("load_from_party: dict keys must be strings")
-            return {"dict": [[k, walk(v)] for k, v in o.items()]}
-        if isinstance(o, (list, tuple)):
-            return {"list": [walk(v) for v in o], "tuple": isinstance(o, tuple)}
-        if o is None or isinstance(o, (bool, int, float, str)):
-            return {"value": o}
-        raise UnsupportedError(f"load_from_party: cannot share a {type(o).__name__}; save tensors, "
-                               "dicts, lists and plain numbers or strings")
-    return walk(obj)
+# ---------------------------------------------------------------------- structures
+def _to_tree(obj, leaf):
+    """A JSON-like tree of nested dicts (string keys), lists and tuples; `leaf(o)` encodes the
+    tensor leaves (None: not a leaf); numbers, strings and None are kept as values."""
+    encoded = leaf(obj)
+    if encoded is not None:
+        return encoded
+    if isinstance(obj, dict):
+        if not all(isinstance(k, str) for k in obj):
+            raise UnsupportedError("save/load_from_party: dict keys must be strings")
+        return {"dict": [[k, _to_tree(v, leaf)] for k, v in obj.items()]}
+    if isinstance(obj, (list, tuple)):
+        return {"list": [_to_tree(v, leaf) for v in obj], "tuple": isinstance(obj, tuple)}
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return {"value": obj}
+    raise UnsupportedError(f"save/load_from_party: cannot store a {type(obj).__name__}; use "
+                           "tensors, dicts, lists and plain numbers or strings")
 
 
-def _flatten_tensors(obj) -> list[torch.Tensor]:
-    out: list[torch.Tensor] = []
-
-    def walk(o):
-        if isinstance(o, torch.Tensor):
-            out.append(o)
-        elif isinstance(o, dict):
-            for v in o.values():
-                walk(v)
-        elif isinstance(o, (list, tuple)):
-            for v in o:
-                walk(v)
-    walk(obj)
-    return out
-
-
-def _fill(skeleton, tensors, src: int, precision: int | None):
-    from collections import OrderedDict
-
-    def walk(node):
-        if "tensor" in node:
-            t = tensors[node["tensor"]] if tensors is not None else None
-            return CrypTensor.from_plain(t, src=src, precision=precision)
-        if "dict" in node:
-            return OrderedDict((k, walk(v)) for k, v in node["dict"])
-        if "list" in node:
-            items = [walk(v) for v in node["list"]]
-            return tuple(items) if node.get("tuple") else items
+def _from_tree(node, leaf):
+    """Inverse of _to_tree; `leaf(node)` decodes the tensor leaves."""
+    if "dict" in node:
+        return OrderedDict((k, _from_tree(v, leaf)) for k, v in node["dict"])
+    if "list" in node:
+        items = [_from_tree(v, leaf) for v in node["list"]]
+        return tuple(items) if node.get("tuple") else items
+    if "value" in node:
         return node["value"]
-    return walk(skeleton)
+    return leaf(node)
 
 
 def _bytes_to_tensor(data: bytes) -> torch.Tensor:
     padded = data + b"\0" * (-len(data) % 8)
-    body = torch.frombuffer(bytearray(padded), dtype=torch.int64) if padded else torch.zeros(0, dtype=torch.int64)
-    return torch.cat([torch.tensor([len(data)], dtype=torch.int64), body.clone()])
+    body = torch.frombuffer(bytearray(padded), dtype=torch.int64).clone() if padded else \
+        torch.zeros(0, dtype=torch.int64)
+    return torch.cat([torch.tensor([len(data)], dtype=torch.int64), body])
 
 
 def _tensor_to_bytes(t: torch.Tensor) -> bytes:
-    n = int(t[0])
-    return t[1:].contiguous().numpy().tobytes()[:n]
+    return t[1:].contiguous().numpy().tobytes()[:int(t[0])]
 
 
 # --------------------------------------------------------------------------- shares
+def _share_leaf(o):
+    if isinstance(o, CrypTensor):
+        return {"share": o.share.clone(), "precision": o.precision, "dtype": str(o.dtype),
+                "names": list(o._names) if o._names is not None else None,
+                "requires_grad": bool(o.requires_grad)}
+    if isinstance(o, torch.Tensor):
+        return {"public": o.detach().clone()}
+    return None
+
+
+def _share_from_leaf(node):
+    if "public" in node:
+        return node["public"]
+    out = CrypTensor(node["share"], node["precision"], _DTYPES[node["dtype"]],
+                     tuple(node["names"]) if node["names"] is not None else None)
+    out.requires_grad = node["requires_grad"]
+    return out
+
+
 def _save_shares(obj, path: str, s) -> None:
-    from .nn.module import Module
     from .nn.functional import common_prg
+    from .nn.module import Module
 
     if isinstance(obj, Module):
         obj = obj.state_dict()
     save_id = common_prg().draw((2,))  # the same on every party: ties the files of one save
-
-    def walk(o):
-        if isinstance(o, CrypTensor):
-            return {"share": o.share.clone(), "precision": o.precision, "dtype": str(o.dtype),
-                    "names": list(o._names) if o._names is not None else None,
-                    "requires_grad": bool(o.requires_grad)}
-        if isinstance(o, torch.Tensor):
-            return {"public": o.detach().clone()}
-        if isinstance(o, dict):
-            return {"dict": [[k, walk(v)] for k, v in o.items()]}
-        if isinstance(o, (list, tuple)):
-            return {"list": [walk(v) for v in o], "tuple": isinstance(o, tuple)}
-        return {"value": o}
-
     record = {"format": FORMAT, "rank": s.rank, "world_size": s.world_size, "save_id": save_id,
-              "tree": walk(obj)}
+              "tree": _to_tree(obj, _share_leaf)}
     torch.save(record, share_path(path, s.rank))
 
 
 def _load_shares(path: str, s):
-    from collections import OrderedDict
-
     file = share_path(path, s.rank)
     try:
         record = torch.load(file, weights_only=True)
@@ -216,22 +201,7 @@ def _load_shares(path: str, s):
     if any(not torch.equal(i, ids[0]) for i in ids):
         raise ProtocolError("load_from_party: the parties loaded share files of different saves; "
                             "every party must load the files written by the same save")
-
-    def walk(node):
-        if "share" in node:
-            out = CrypTensor(node["share"], node["precision"], _DTYPES[node["dtype"]],
-                             tuple(node["names"]) if node["names"] is not None else None)
-            out.requires_grad = node["requires_grad"]
-            return out
-        if "public" in node:
-            return node["public"]
-        if "dict" in node:
-            return OrderedDict((k, walk(v)) for k, v in node["dict"])
-        if "list" in node:
-            items = [walk(v) for v in node["list"]]
-            return tuple(items) if node.get("tuple") else items
-        return node["value"]
-    return walk(record["tree"])
+    return _from_tree(record["tree"], _share_from_leaf)
 
 
 __all__ = ["save_from_party", "load_from_party", "share_path"]

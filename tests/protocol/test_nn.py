@@ -308,13 +308,21 @@ def party_save_load(directory: str):
     ok_shares = all(torch.allclose(v.get_plain_text(), plain[k], atol=1e-4)
                     for k, v in again.state_dict().items())
     on_disk = torch.load(share_path(shares_path, rank), weights_only=True)
-    return ok_plain, ok_shares, on_disk["tree"]["dict"][0][1]["share"].dtype
+    other_path = os.path.join(directory, "other.pt")
+    save_from_party(fresh, other_path)
+    try:  # party 0 loads one save, the others another: refused on every party
+        load_from_party(shares_path if rank == 0 else other_path, encrypted=True)
+        mixed = "loaded"
+    except crypten_lite.ProtocolError:
+        mixed = "refused"
+    return ok_plain, ok_shares, on_disk["tree"]["dict"][0][1]["share"].dtype, mixed
 
 
 def test_save_and_load_from_party(pool, tmp_path):
-    for ok_plain, ok_shares, dtype in pool.run(party_save_load, str(tmp_path)):
-        assert ok_plain and ok_shares and dtype == torch.int64
-    expected = ["plain.pt"] + [f"shares.pt.party{r}" for r in range(pool.world_size)]
+    for ok_plain, ok_shares, dtype, mixed in pool.run(party_save_load, str(tmp_path)):
+        assert ok_plain and ok_shares and dtype == torch.int64 and mixed == "refused"
+    expected = sorted(["plain.pt"] + [f"{name}.pt.party{r}" for name in ("other", "shares")
+                                      for r in range(pool.world_size)])
     assert sorted(os.listdir(tmp_path)) == expected
 
 
