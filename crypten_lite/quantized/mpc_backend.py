@@ -212,17 +212,18 @@ def public_digest(program: QuantizedProgram) -> bytes:
 
 
 def check_same_program(program: QuantizedProgram, src_model: int) -> None:
-    """Every party must run the model owner's public program: one broadcast of its digest.
+    """Every party must run the model owner's public program: one all-gather of digests.
 
     Bounds and bit widths are derived from the weights, so a party that converted a model
-    with other weights would run different protocols; it fails here, on every party.
+    with other weights would run different protocols; every party fails here instead.
     """
     s = current()
     mine = torch.frombuffer(bytearray(public_digest(program)), dtype=torch.int64)
-    theirs = s.comm.broadcast(mine if s.rank == src_model else None, src_model)
-    if not torch.equal(theirs, mine):
+    digests = s.comm.all_gather(mine)
+    differ = [r for r, d in enumerate(digests) if not torch.equal(d, digests[src_model])]
+    if differ:
         raise ProtocolError(
-            f"party {s.rank}'s quantized program differs from the model owner's (party "
+            f"the quantized programs of parties {differ} differ from the model owner's (party "
             f"{src_model}): shapes, scales, zero points or bounds disagree; every party must "
             "convert the same model (or run the owner's program.public_copy())")
 
@@ -388,9 +389,9 @@ def run_private(program_or_model, x=None, src_model: int = 0, src_input: int = 1
     graph value the program holds, against ``reference`` (default: the torch model passed)
     on the revealed input; ``layers`` is empty without a torch model.
     """
+    program, model = _as_program(program_or_model, x, dummy_input)  # fails before any message
     s = current()
     backend = backend or MpcBackend(src_model, src_input, **backend_options)
-    program, model = _as_program(program_or_model, x, dummy_input)
     prepared = backend.prepare(program, optimize)
     first = _input_value(prepared.input, x, backend)
     values = execute(prepared, first, backend)

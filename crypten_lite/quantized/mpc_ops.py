@@ -50,9 +50,12 @@ round per level.
   from ``msb(r)``; one B2A round. ``e = 16``: 6 rounds, 15.4 bytes.
 
 Both are exact when ``k <= carry_bits``. Otherwise the carry ignores the bits below
-``k - e``; the result can then be one too small only where ``x / 2**k`` lies within
-``2**-e`` above a rounding boundary (2 parties), or with probability at most ``2**-e`` per
-element over the dealer's randomness (N > 2). ``half_even`` subtracts
+``k - e``. 2 parties: the missed carry needs the low ``k`` bits of ``x'`` below
+``2**(k-e)``; ``x'`` gets ``+ 2**(k-e)`` first, so that this band lies just below a rounding
+boundary (not on exact ties): the result can be one too large only where ``x / 2**k`` lies
+within ``2**-e`` below ``j + 1/2``. N > 2: one too large with probability at most
+``2**-(e+1)`` per element over the dealer's randomness (when ``r``'s top ``e`` low bits
+equal ``c``'s). ``half_even`` subtracts
 ``[x mod 2**(k+1) == 2**(k-1)]`` (a tie whose half-up result is odd): a short MSB of
 ``x - 2**(k-1)`` and of its negation on ``k + 1`` bits, a NOR, and the B2A round above.
 
@@ -354,7 +357,11 @@ def round_shift(x: torch.Tensor, shift: int, bits: int, rounding: str = "half_up
         raise ProtocolError(f"round_shift: the local method needs 2 parties, not {s.world_size}")
     e = max(1, min(shift, carry_bits))
     ties = [_tie_words(flat, shift)] if rounding == "half_even" else []
-    xb = flat + public_share((1 << (shift - 1)) + (1 << BIAS_BITS), flat)
+    # local: the top-e carry can miss a carry from the bits below only where the low k bits
+    # are below 2**(k-e); adding 2**(k-e) moves that band from just above a rounding boundary
+    # (exact ties included) to just below it
+    guard = (1 << (shift - e)) if method == "local" and e < shift else 0
+    xb = flat + public_share((1 << (shift - 1)) + (1 << BIAS_BITS) + guard, flat)
     if method == "local":
         q, tie = _floor_div_local(xb, shift, e, ties)
     elif method == "dealer":
