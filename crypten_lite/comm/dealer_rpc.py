@@ -34,7 +34,7 @@ from ..config import Config
 from ..errors import CommunicationError, ConfigError, CryptenLiteError
 from ..random import KeyPair, pair_info
 from . import serde
-from .grpc_comm import MAX_FRAME_BYTES, TlsContext, check_hello, handshake, make_hello, start_server
+from .grpc_comm import MAX_REPLY_BYTES, TlsContext, check_hello, handshake, make_hello, start_server
 
 log = logging.getLogger("crypten_lite.dealer")
 
@@ -132,8 +132,8 @@ class _DealerServicer(pb_grpc.DealerServicer):
                 for t in d.handler(seeds, req):
                     tensors.append(tensor_to_proto(t))
                     size += len(tensors[-1].data)
-                    if size > MAX_FRAME_BYTES:
-                        raise CommunicationError(f"the answer exceeds {MAX_FRAME_BYTES} bytes; "
+                    if size > MAX_REPLY_BYTES - (1 << 20):
+                        raise CommunicationError(f"the answer exceeds {MAX_REPLY_BYTES - (1 << 20)} bytes; "
                                                  "request fewer or smaller correlations at a time")
             return pb.CorrelationReply(tensors=tensors)
         except CryptenLiteError as e:
