@@ -199,11 +199,10 @@ def adaptive_avg_pool2d(x, output_size):
 def layer_norm(x, normalized_shape, weight=None, bias=None, eps: float = 1e-5):
     if not is_private(x, weight, bias):
         return F.layer_norm(x, normalized_shape, weight, bias, eps)
-    if not is_private(x):
+    if not is_private(x):  # public input, private affine parameters
         out = F.layer_norm(x, normalized_shape, None, None, eps)
-        out = out.mul(weight) if weight is not None and is_private(out) else \
-            (weight.mul(out) if weight is not None else out)
-        return out if bias is None else out.add(bias) if is_private(out) else bias.add(out)
+        out = out if weight is None else out * weight
+        return out if bias is None else out + bias
     return _method(x, "layer_norm")(tuple(normalized_shape), weight, bias, eps)
 
 
@@ -226,14 +225,9 @@ def batch_norm(x, running_mean, running_var, weight=None, bias=None, training: b
     # Public input, private statistics or affine parameters (evaluation).
     inv_std = _inv_sqrt(running_var.add(eps)) if is_private(running_var) else \
         torch.rsqrt(running_var + eps)
-    out = _bn_shape(x, running_mean).neg().add(x) if is_private(running_mean) else \
-        x - _bn_shape(x, running_mean)
-    out = out.mul(_bn_shape(x, inv_std)) if is_private(out) else _bn_shape(x, inv_std).mul(out)
-    if weight is not None:
-        out = out.mul(_bn_shape(x, weight)) if is_private(out) else _bn_shape(x, weight).mul(out)
-    if bias is not None:
-        out = out.add(_bn_shape(x, bias)) if is_private(out) else _bn_shape(x, bias).add(out)
-    return out
+    out = (x - _bn_shape(x, running_mean)) * _bn_shape(x, inv_std)
+    out = out if weight is None else out * _bn_shape(x, weight)
+    return out if bias is None else out + _bn_shape(x, bias)
 
 
 def _inv_sqrt(x: CrypTensor) -> CrypTensor:

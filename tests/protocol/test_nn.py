@@ -150,7 +150,7 @@ def test_layer_eval_mode(pool2, key):
     _compare_layer(pool2, key, encrypt=True, train=False)
 
 
-@pytest.mark.parametrize("key", ["linear", "conv1d", "conv2d", "conv_transpose2d"])
+@pytest.mark.parametrize("key", ["linear", "conv1d", "conv2d", "conv_transpose2d", "layernorm"])
 def test_public_input_encrypted_parameters(pool2, key):
     _compare_layer(pool2, key, encrypt=True, train=True, private_input=False)
 
