@@ -8,10 +8,7 @@ import torch
 
 from .. import encoding
 from ..cryptensor import CrypTensor, _unify, default_precision
-from ..mpc import primitives
-from ..mpc.binary import provider_get
-from ..mpc import truncation
-from ..provider.correlations import logical_shift
+from ..mpc import beaver, primitives, truncation
 from ..session import current
 
 
@@ -56,35 +53,13 @@ def float_view(x: CrypTensor) -> CrypTensor:
 
 
 def truncate(x: torch.Tensor, bits: int) -> torch.Tensor:
-    """crypten_lite.mpc.truncation.truncate (same protocol and counts), with the dealer-assisted
-    variant's correlations chunked so that large tensors stay within the dealer's message size."""
-    s = current()
-    if bits == 0 or (s.world_size == 2 and s.config.truncation == "local"):
-        return truncation.truncate(x, bits)
-    shape = x.shape
-    flat = x.reshape(-1)
-    pair = provider_get("trunc", flat.numel(), lambda m: [(m,)], 2, params=[bits])
-    biased = flat + (1 << truncation.BIAS_BITS) if s.rank == 0 else flat
-    c = primitives.open_(biased + pair[0])
-    _, rt, m = pair.corrected()
-    wrap = (1 - logical_shift(c, 63)) * m
-    out = -rt + (wrap << (64 - bits))
-    if s.rank == 0:
-        out += logical_shift(c, bits) - (1 << (truncation.BIAS_BITS - bits))
-    return out.view(shape)
+    """Shares of x / 2^bits (the core protocol: local for 2 parties, dealer-assisted otherwise)."""
+    return truncation.truncate(x, bits)
 
 
 def beaver_mul(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Elementwise Beaver product of flat shares (one round; triples chunked for the dealer)."""
-    s = current()
-    triple = provider_get("triple", x.numel(), lambda m: [(m,), (m,)], 1, op="mul")
-    a, b = triple[0], triple[1]
-    e, d = primitives.open_many([x - a, y - b])
-    c = triple.corrected()[2]
-    z = c + e * b + a * d
-    if s.rank == 0:
-        z += e * d
-    return z
+    """Elementwise Beaver product of shares (one round)."""
+    return beaver.beaver("mul", x, y)
 
 
 def mul_shares(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> list[torch.Tensor]:
