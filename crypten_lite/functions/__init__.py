@@ -21,7 +21,7 @@ from .nonlinear import (cos, div_private, erf, exp, gelu, inv_sqrt, log, log_sof
                         pow_, reciprocal, sigmoid, silu, sin, softmax, sqrt, tanh)
 from .normalization import batch_norm, layer_norm
 from .pooling import (adaptive_avg_pool2d, adaptive_max_pool2d, avg_pool2d, max_pool1d,
-                      max_pool2d)
+                      max_pool2d, relu_max_pool2d)
 from .reductions import amax, amin, argmax, argmin, max_, min_
 from .rounding import ceil, floor, trunc, trunc_toward_zero
 
@@ -60,6 +60,7 @@ METHODS = {
     "amax": amax, "amin": amin, "clamp_min": lambda x, min: clamp(x, min=min),
     "clamp_max": lambda x, max: clamp(x, max=max),
     "max_pool1d": max_pool1d, "max_pool2d": max_pool2d, "avg_pool2d": avg_pool2d,
+    "relu_max_pool2d": relu_max_pool2d,
     "adaptive_avg_pool2d": adaptive_avg_pool2d, "adaptive_max_pool2d": adaptive_max_pool2d,
     "exp": exp, "log": log, "reciprocal": reciprocal, "_div_private": div_private,
     "sqrt": sqrt, "rsqrt": inv_sqrt, "inv_sqrt": inv_sqrt, "pow": pow_,
@@ -166,6 +167,6 @@ for _func, _impl in TORCH.items():
 
 __all__ = sorted(["METHODS", "TORCH"] + [n for n in (
     "lt le gt ge eq ne sign abs relu where clamp clip hardtanh relu6 maximum minimum max min argmax amax amin "
-    "argmin max_pool1d max_pool2d avg_pool2d adaptive_avg_pool2d adaptive_max_pool2d exp log "
+    "argmin max_pool1d max_pool2d relu_max_pool2d avg_pool2d adaptive_avg_pool2d adaptive_max_pool2d exp log "
     "reciprocal div_private sqrt rsqrt inv_sqrt pow sigmoid tanh softmax log_softmax erf gelu silu "
     "layer_norm batch_norm polynomial cos sin floor ceil trunc").split()])
