@@ -72,12 +72,12 @@ def _load_extensions() -> None:
 
 
 # Higher layers (importing them has no side effects: nothing runs until init()).
-from . import functions, mpc, nn, optim  # noqa: E402
+from . import autograd, functions, mpc, nn, optim  # noqa: E402
 from .functions import where  # noqa: E402
 from .serialization import load_from_party, save_from_party  # noqa: E402
 
 __all__ = [
-    "functions", "mpc", "nn", "optim", "where", "save_from_party", "load_from_party",
+    "autograd", "functions", "mpc", "nn", "optim", "where", "save_from_party", "load_from_party",
     "init", "uninit", "is_initialized", "get_rank", "get_world_size", "cryptensor", "CrypTensor",
     "cat", "stack", "no_grad", "enable_grad", "is_grad_enabled", "comm", "Config",
     "CryptenLiteError", "ConfigError", "CommunicationError", "ProtocolError", "UnsupportedError",

@@ -179,8 +179,9 @@ class CrypTensor:
     def rename(self, *names, **mapping) -> "CrypTensor":
         """New names for the dims: positional (all, `...` allowed) or old=new keywords."""
         if len(names) == 1 and names[0] is None and not mapping:
-            return self._new(self.share, names=None)
-        return self._new(self.share, names=names_mod.rename(self.names, *names, **mapping))
+            return _record(self._new(self.share, names=None), "rename", (self,))
+        out = self._new(self.share, names=names_mod.rename(self.names, *names, **mapping))
+        return _record(out, "rename", (self,))
 
     def rename_(self, *names, **mapping) -> "CrypTensor":
         self._names = self.rename(*names, **mapping)._names
@@ -190,7 +191,8 @@ class CrypTensor:
         """Name unnamed dims (PyTorch 1.3 semantics, `...` allowed)."""
         if len(names) == 1 and isinstance(names[0], (list, tuple)):
             names = tuple(names[0])
-        return self._new(self.share, names=names_mod.refine_names(self.names, *names))
+        out = self._new(self.share, names=names_mod.refine_names(self.names, *names))
+        return _record(out, "refine_names", (self,))
 
     def align_to(self, *order) -> "CrypTensor":
         """Permute (and add size-1 dims) so the dims follow `order` (`...` allowed)."""
@@ -361,7 +363,7 @@ class CrypTensor:
 
     def matmul(self, other) -> "CrypTensor":
         """Matrix product (batched, vector cases like torch.matmul)."""
-        return self._bilinear("matmul", other, ())
+        return _record(self._bilinear("matmul", other, ()), "matmul", (self, other))
 
     def _bilinear(self, op: str, other, params: Sequence[int], public_fn: Callable | None = None,
                   swap: bool = False) -> "CrypTensor":
@@ -408,8 +410,8 @@ class CrypTensor:
 
     def conv_transpose2d(self, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1,
                          dilation=1) -> "CrypTensor":
-        params = (*_tuple(stride, 2), *_tuple(padding, 2), *_tuple(output_padding, 2), groups,
-                  *_tuple(dilation, 2))
+        params = (*_tuple(stride, 2), *_tuple(padding, 2), *_tuple(output_padding, 2),
+                  *_tuple(dilation, 2), groups)
         out = self._bilinear("conv_transpose2d", weight, params)
         out = _record(out, "conv_transpose2d", (self, weight), stride=stride, padding=padding,
                       output_padding=output_padding, groups=groups, dilation=dilation)
@@ -650,7 +652,7 @@ class CrypTensor:
         return self.neg().add(other)
 
     def __rmatmul__(self, other):
-        return self._bilinear("matmul", other, (), swap=True)
+        return _record(self._bilinear("matmul", other, (), swap=True), "matmul", (other, self))
 
     def __rtruediv__(self, other):
         if hasattr(self, "reciprocal"):
@@ -805,7 +807,14 @@ def _record(out: CrypTensor, op: str, inputs: tuple, **saved: Any) -> CrypTensor
 
 def cat(tensors: Sequence[CrypTensor], dim=0) -> CrypTensor:
     """Concatenate CrypTensors along `dim` (public tensors are encoded and mixed in)."""
-    tensors = [t if isinstance(t, CrypTensor) else None for t in tensors]
+    private = [t for t in tensors if isinstance(t, CrypTensor)]
+    if not private:
+        raise UnsupportedError("crypten_lite.cat needs at least one CrypTensor")
+    ref0 = private[0]
+    tensors = [t if isinstance(t, CrypTensor) else
+               CrypTensor._public(torch.as_tensor(t), ref0.precision if _is_float(ref0.dtype) else 0,
+                                  ref0.dtype if _is_float(ref0.dtype) or not torch.as_tensor(t).is_floating_point()
+                                  else torch.float32) for t in tensors]
     ref = tensors[0]
     d = ref._dim(dim)
     dtype = ref.dtype

@@ -291,8 +291,18 @@ class GraphModule(Module):
                                    f"({', '.join(self._input_names)}), got {len(inputs)}")
         env: dict[torch.fx.Node, Any] = {}
         feed = iter(inputs)
+        fusion = self._fusion()
         for node in self.graph.nodes:
             op = node.op
+            role = fusion.get(node)
+            if role == "skip":  # a ReLU folded into the neighbouring max pool
+                env[node] = env[node.args[0]]
+                continue
+            if role is not None:
+                x = env[node.args[0]]
+                env[node] = (x.relu_max_pool2d(*role) if hasattr(x, "relu_max_pool2d")
+                             else torch.nn.functional.max_pool2d(torch.relu(x), *role))
+                continue
             if op == "placeholder":
                 env[node] = next(feed) if node.name in self._input_names else self._get(node.meta["state_path"])
                 continue
@@ -311,6 +321,60 @@ class GraphModule(Module):
 
     def extra_repr(self) -> str:
         return f"source={self.source}"
+
+    def _fusion(self) -> dict:
+        """ReLU next to a 2D max pool (either order, sole user): one fused op, the rounds of
+        one pooling (relu(maxpool(x)) == maxpool(relu(x)))."""
+        plan = self.__dict__.get("_fusion_plan")
+        if plan is not None:
+            return plan
+        plan = {}
+        for node in self.graph.nodes:
+            pool = self._pool_params(node)
+            if pool is None:
+                continue
+            before = node.args[0] if node.args and isinstance(node.args[0], torch.fx.Node) else None
+            after = next(iter(node.users)) if len(node.users) == 1 else None
+            if before is not None and self._is_relu(before) and len(before.users) == 1 and before not in plan:
+                plan[before], plan[node] = "skip", pool
+            elif after is not None and self._is_relu(after):
+                plan[node], plan[after] = pool, "skip"
+        object.__setattr__(self, "_fusion_plan", plan)
+        return plan
+
+    def _module_at(self, node: torch.fx.Node):
+        if node.op != "call_module":
+            return None
+        try:
+            return self._get(node.target)
+        except KeyError:
+            return None
+
+    def _is_relu(self, node: torch.fx.Node) -> bool:
+        from .layers import ReLU
+        if node.op == "call_module":
+            return isinstance(self._module_at(node), ReLU)
+        if node.op == "call_function":
+            return node.target in (torch.relu, torch.nn.functional.relu) and len(node.args) == 1 \
+                and not node.kwargs.get("inplace", False) or node.target is torch.ops.aten.relu.default
+        return node.op == "call_method" and node.target == "relu"
+
+    def _pool_params(self, node: torch.fx.Node):
+        from .layers import MaxPool2d
+        m = self._module_at(node)
+        if isinstance(m, MaxPool2d):
+            return (m.kernel_size, m.stride, m.padding, m.dilation, m.ceil_mode)
+        if node.op == "call_function" and node.target in (torch.nn.functional.max_pool2d, torch.max_pool2d) \
+                and not node.kwargs.get("return_indices", False):
+            if any(isinstance(a, torch.fx.Node) for a in node.args[1:]):
+                return None
+            names = ("kernel_size", "stride", "padding", "dilation", "ceil_mode")
+            defaults = {"stride": None, "padding": 0, "dilation": 1, "ceil_mode": False}
+            values = dict(zip(names, node.args[1:]), **{k: v for k, v in node.kwargs.items() if k in names})
+            if "kernel_size" not in values:
+                return None
+            return tuple(values.get(n, defaults.get(n)) for n in names)
+        return None
 
 
 def _unsupported(node: torch.fx.Node, table: str, what: str) -> UnsupportedError:
