@@ -228,6 +228,26 @@ def check_same_program(program: QuantizedProgram, src_model: int) -> None:
             "convert the same model (or run the owner's program.public_copy())")
 
 
+def save_public_program(program: QuantizedProgram, f) -> None:
+    """Write what the other parties need (``program.public_copy()``: no weight values) to ``f``.
+
+    The model owner publishes this file; :func:`load_public_program` reads it without
+    unpickling anything but the program's own classes and tensors.
+    """
+    torch.save(program.public_copy(), f)
+
+
+def load_public_program(f) -> QuantizedProgram:
+    """Read a program written by :func:`save_public_program` (``torch.load(weights_only=True)``)."""
+    from crypten_lite.quantized.ir import Divide
+
+    with torch.serialization.safe_globals([QuantizedProgram, Node, ValueInfo, Rescale, Divide]):
+        program = torch.load(f, weights_only=True)
+    if not isinstance(program, QuantizedProgram):
+        raise ProtocolError(f"{f!r} holds a {type(program).__name__}, not a QuantizedProgram")
+    return program
+
+
 # ---------------------------------------------------------------------- MPC rewrite
 def _users(program: QuantizedProgram) -> dict[str, int]:
     count = {n.name: 0 for n in program.nodes}
@@ -432,5 +452,5 @@ def layer_report(program: QuantizedProgram, model: torch.nn.Module | None, opene
     return rows
 
 
-__all__ = ["MpcBackend", "check_same_program", "execute", "layer_report", "output_value",
-           "pool_before_clamp", "public_digest", "run_private"]
+__all__ = ["MpcBackend", "check_same_program", "execute", "layer_report", "load_public_program",
+           "output_value", "pool_before_clamp", "public_digest", "run_private", "save_public_program"]
