@@ -1,0 +1,20 @@
+"""Exact online cost of end-to-end private inference (rounds and bytes are deterministic)."""
+
+from __future__ import annotations
+
+from crypten_lite import bench
+
+
+def test_lenet_batch1_rounds_and_bytes(pool2):
+    r = pool2.run(bench.lenet_b1)
+    assert r[0]["max_error"] <= 1e-2
+    for party in r:
+        assert party["rounds"] == 37          # issue 8: <= 60 (CrypTen 133, SPU 90)
+        assert party["bytes_sent"] <= 1_000_000  # issue 8: <= 1.0 MB (CrypTen 4.8 MB, SPU 1.1 MB)
+    assert r[0]["bytes_sent"] == r[1]["bytes_sent"]
+
+
+def test_lenet_batch64_bytes(pool2):
+    r = pool2.run(bench.lenet_b64)
+    assert r[0]["max_error"] <= 1e-2
+    assert all(p["rounds"] == 37 and p["bytes_sent"] <= 40_000_000 for p in r)  # issue 8: <= 40 MB
