@@ -53,7 +53,7 @@ def _measure(run: Callable[[], tuple[torch.Tensor, torch.Tensor]]) -> dict:
 
 def _data(seed: int, *shape, scale: float = 1.0) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)  # insecure-ok: benchmark inputs and public model init, not shares
-    return torch.randn(*shape, generator=g) * scale
+    return torch.randn(*shape, generator=g) * scale  # insecure-ok: benchmark inputs, not shares
 
 
 @workload("mul_1M")
@@ -109,12 +109,9 @@ def softmax():
 
 
 def _lenet():
+    from crypten_lite.models import lenet
     torch.manual_seed(0)  # insecure-ok: benchmark inputs and public model init, not shares
-    return torch.nn.Sequential(
-        torch.nn.Conv2d(1, 6, 5), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
-        torch.nn.Conv2d(6, 16, 5), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
-        torch.nn.Flatten(), torch.nn.Linear(256, 120), torch.nn.ReLU(),
-        torch.nn.Linear(120, 84), torch.nn.ReLU(), torch.nn.Linear(84, 10))
+    return lenet()
 
 
 def _private_model_run(model: torch.nn.Module, images: torch.Tensor):
@@ -141,9 +138,8 @@ def lenet_b64():
 
 @workload("resnet18_b1")
 def resnet18_b1():
-    from crypten_lite.models import resnet18_cifar
-    torch.manual_seed(0)  # insecure-ok: benchmark inputs and public model init, not shares
-    model = resnet18_cifar().eval()
+    from crypten_lite.models import build_model
+    model = build_model(width=64, seed=0)
     return _private_model_run(model, _data(13, 1, 3, 32, 32))
 
 
