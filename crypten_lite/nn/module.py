@@ -85,8 +85,23 @@ class Module:
     def forward(self, *args, **kwargs):
         raise NotImplementedError(f"{type(self).__name__} does not define forward()")
 
+    # Dimension names a module expects of its first input, e.g. ("N", "C", "H", "W");
+    # None accepts anything. Unnamed input dims match any name (PyTorch 1.3 rules).
+    expected_names: tuple | None = None
+
     def __call__(self, *args, **kwargs):
+        if self.expected_names is not None and args and getattr(args[0], "_names", None) is not None:
+            self._check_names(args[0])
         return self.forward(*args, **kwargs)
+
+    def _check_names(self, x) -> None:
+        from ..names import NamedDimError
+        expected, got = tuple(self.expected_names), tuple(x.names)
+        if len(expected) != len(got) or any(e is not None and g is not None and e != g
+                                             for e, g in zip(expected, got)):
+            raise NamedDimError(
+                f"{type(self).__name__} expects input dims named {expected} but got {got}; "
+                f"use x.align_to(*{expected}) or x.rename(...) first")
 
     # ------------------------------------------------------------------ traversal
     def named_modules(self, prefix: str = "", memo: set | None = None) -> Iterator[tuple[str, "Module"]]:

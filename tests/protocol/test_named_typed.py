@@ -138,3 +138,27 @@ def test_conversions_follow_torch(pool):
     assert r["long"].dtype == torch.int64
     assert torch.equal(r["bool"], torch.tensor([False, True, True]))
     assert torch.equal(r["float"], torch.tensor([0.0, 3.0, -2.0]))
+
+
+def names_through_nn():
+    from crypten_lite import nn
+    x = crypten_lite.cryptensor(torch.randn(2, 1, 6, 6), src=1, names=("N", "C", "H", "W"))
+    conv = nn.Conv2d(1, 3, 3)
+    conv.expected_names = ("N", "C", "H", "W")
+    conv.encrypt(src=0)
+    y = conv(x)
+    lin = nn.Linear(4, 2).encrypt(src=0)
+    z = lin(y.flatten(["H", "W"], "F").rename(F="L")[..., :4])
+    try:
+        conv(x.align_to("N", "H", "W", "C"))
+        err = "no error"
+    except Exception as e:  # NamedDimError
+        err = f"{type(e).__name__}: {e}"
+    return y.names, z.names, err
+
+
+def test_names_through_nn_modules(pool2):
+    conv_names, linear_names, err = pool2.run(names_through_nn)[0]
+    assert conv_names == ("N", "C", "H", "W")
+    assert linear_names == ("N", "C", None)
+    assert "NamedDimError" in err and "expects input dims named" in err
