@@ -6,8 +6,9 @@ the command and environment written in docker-compose.yml, in dependency order. 
 service runs first and writes into a temporary folder that stands for the /certs volume;
 then the dealer, whose compose health check must pass, then the parties, which run the
 compose command (the private inference example) over mutual TLS between namespaces. Both
-parties must succeed and print the same prediction. `crypten-lite health --target IP:PORT`
-is also run inside the namespaces, against the dealer and a party.
+parties must succeed and print the same prediction (a checkout without the compose party
+script runs tests/integration/scripts/arith.py instead). `crypten-lite health --target
+IP:PORT` is also run inside the namespaces, against the dealer and a party.
 
 Needs root and iproute2 (netns.available()); skipped with the reason otherwise.
 """
@@ -35,6 +36,8 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 COMPOSE_FILE = REPO / "docker-compose.yml"
 VOLUME = "/certs"  # the certs volume's mount point in docker-compose.yml
 PARTY_TIMEOUT = 240  # seconds for the example (it trains party 0's model first)
+# Stands in for the compose party script in a checkout that does not have it.
+FALLBACK_SCRIPT = REPO / "tests" / "integration" / "scripts" / "arith.py"
 
 
 def _replace_volume(value: str, certs: pathlib.Path) -> str:
@@ -52,6 +55,10 @@ def _base_env() -> dict[str, str]:
 def _service_argv_env(service: compose_env.Service, certs: pathlib.Path,
                       net: netns.Network) -> tuple[list[str], dict[str, str]]:
     argv = [_replace_volume(a, certs) for a in service.argv]
+    if "party" in argv and argv.index("party") + 1 < len(argv):
+        script = argv.index("party") + 1
+        if not (REPO / argv[script]).exists():
+            argv[script] = str(FALLBACK_SCRIPT)
     env = {k: _replace_volume(v, certs) for k, v in service.environment.items()}
     return argv, {**_base_env(), **net.substitute(env)}
 
