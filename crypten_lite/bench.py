@@ -117,7 +117,7 @@ def _lenet():
 def _private_model_run(model: torch.nn.Module, images: torch.Tensor):
     from crypten_lite import nn
     rank = comm.get().rank
-    private = nn.from_pytorch(model, torch.zeros(1, *images.shape[1:]))
+    private = nn.from_pytorch(model, torch.zeros(1, *images.shape[1:]), fold_batch_norm=not model.training)
     private.encrypt(src=0)
     private.eval()
     x = crypten_lite.cryptensor(images if rank == 1 else None, src=1)

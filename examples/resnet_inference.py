@@ -39,7 +39,7 @@ def main(argv=None) -> None:
     crypten_lite.init()
     rank = crypten_lite.get_rank()
     model = build_model(args.width)  # every party knows the architecture; party 0 the weights
-    private = cnn.from_pytorch(model, torch.empty(1, 3, 32, 32)).encrypt(src=0).eval()
+    private = cnn.from_pytorch(model, torch.empty(1, 3, 32, 32), fold_batch_norm=True).encrypt(src=0).eval()
 
     gen = torch.Generator().manual_seed(1)  # party 1's demo images
     images = torch.randn(args.images, 3, 32, 32, generator=gen) if rank == 1 else None

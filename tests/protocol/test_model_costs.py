@@ -18,3 +18,9 @@ def test_lenet_batch64_bytes(pool2):
     r = pool2.run(bench.lenet_b64)
     assert r[0]["max_error"] <= 1e-2
     assert all(p["rounds"] == 37 and p["bytes_sent"] <= 40_000_000 for p in r)  # issue 8: <= 40 MB
+
+
+def test_resnet18_rounds_with_folded_batch_norm(pool2):
+    r = pool2.run(bench.resnet18_b1)
+    assert r[0]["max_error"] <= 1e-2
+    assert all(p["rounds"] == 140 for p in r)  # issue 8: <= 300 (BatchNorm folded into convs)
