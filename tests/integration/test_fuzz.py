@@ -406,6 +406,7 @@ def test_live_session_survives_hostile_frames(tmp_path):
         assert silent_codes == Counter({"CANCELLED": 40}), silent_codes
         for t in targets:
             assert t.healthy(), f"{t.address} is not serving after the fuzzing"
+        during = {p.pid: rss(p.pid) for p in procs}  # every process is still up here
 
         # The session computes correctly while the fuzzing goes on.
         stop = threading.Event()
@@ -433,9 +434,10 @@ def test_live_session_survives_hostile_frames(tmp_path):
             torch.testing.assert_close(got, torch.tensor(expected_results(rounds)),
                                        atol=1e-3, rtol=0)
         assert procs[0].poll() is None and dealer.healthy(), logs["dealer"].read_text()
-        after = {p.pid: rss(p.pid) for p in procs if p.poll() is None}
+        after = {**during, **{p.pid: rss(p.pid) for p in procs if p.poll() is None}}
         growth = {pid: after[pid][0] - before[pid][0] for pid in after}
         assert all(g < RSS_GROWTH_LIMIT for g in growth.values()), growth
+        names = {procs[0].pid: "dealer", procs[1].pid: "party0", procs[2].pid: "party1"}
         total = tally.total
         assert total >= TARGET_FRAMES + 1300
         report(phase="live", frames=total, rpcs=sum(tally.rpcs.values()),
@@ -443,8 +445,8 @@ def test_live_session_survives_hostile_frames(tmp_path):
                frames_per_s=round(first_pass / elapsed, 1), silent_streams=dict(silent_codes),
                frames_while_computing=total - first_pass, computing_s=round(computing, 1),
                by_kind=dict(tally.frames), codes=dict(tally.codes),
-               rss_growth_mib={str(pid): round(g / 2 ** 20, 1) for pid, g in growth.items()},
-               peak_rss_mib={str(pid): round(v[1] / 2 ** 20, 1) for pid, v in after.items()},
+               rss_growth_mib={names[pid]: round(g / 2 ** 20, 1) for pid, g in growth.items()},
+               peak_rss_mib={names[pid]: round(v[1] / 2 ** 20, 1) for pid, v in after.items()},
                survived=total, crashed=0)
     finally:
         for t in targets:
