@@ -720,6 +720,46 @@ class CrypTensor:
         return impl(*args, **kwargs)
 
 
+class Deferred(CrypTensor):
+    """A CrypTensor computed on first use: a loss whose value nobody reads costs nothing.
+
+    Its shape, dtype, precision and autograd node are known at once; the shares (and the
+    protocol rounds behind them) are computed when something reads `.share`. Every party runs
+    the same program, so every party computes it at the same point of the protocol.
+    """
+
+    def __init__(self, compute: Callable[[], CrypTensor], shape, precision: int, dtype: torch.dtype,
+                 names: tuple | None = None):
+        self._compute = compute
+        self._shape = torch.Size(shape)
+        super().__init__(None, precision, dtype, names)
+
+    @property
+    def share(self) -> torch.Tensor:
+        if self._share is None:
+            with no_grad():
+                value = self._compute()
+            self._share, self._compute = value.share, None
+        return self._share
+
+    @share.setter
+    def share(self, value) -> None:
+        self._share = value
+
+    @property
+    def shape(self) -> torch.Size:
+        return self._shape
+
+    def size(self, dim=None):
+        return self._shape if dim is None else self._shape[self._dim(dim)]
+
+    def dim(self) -> int:
+        return len(self._shape)
+
+    def numel(self) -> int:
+        return math.prod(self._shape)
+
+
 # ---------------------------------------------------------------------------- helpers
 def _dtype_probe(x):
     """A stand-in with x's dtype category and dimensionality for torch.result_type."""

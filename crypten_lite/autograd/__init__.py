@@ -39,7 +39,8 @@ class Node:
         self.op = op
         self.inputs = inputs
         self.saved = saved
-        self.saved["out"] = out.detach()
+        # A Deferred output stays deferred: reading it here would compute it.
+        self.saved["out"] = out if getattr(out, "_compute", None) is not None else out.detach()
         self.out_shape = tuple(out.shape)
         self.out_names = out._names
 

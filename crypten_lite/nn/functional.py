@@ -332,18 +332,25 @@ def binary_cross_entropy_with_logits(x, target, weight=None, reduction: str = "m
     if pos_weight is not None:
         raise UnsupportedError("binary_cross_entropy_with_logits(pos_weight=...) is not supported "
                                "on CrypTensors")
-    from ..cryptensor import no_grad
+    from ..cryptensor import Deferred, no_grad
     with no_grad():
         xd = x.detach() if is_private(x) else x
         td = target.detach() if is_private(target) else target
-        # softplus(x) = relu(x) + log(1 + exp(-|x|)), relu(x) = (x + |x|) / 2: one comparison.
-        magnitude = _method(xd, "abs")()
-        relu_x = xd.add(magnitude).div(2)
-        softplus = relu_x.add(_method(magnitude.neg(), "exp")().add(1.0).log())
-        loss = softplus.sub(xd.mul(td)) if is_private(xd) else softplus.sub(td.mul(xd))
-        if weight is not None:
-            loss = loss.mul(weight)
-        out = _reduce(loss, reduction)
+
+        def value():
+            # softplus(x) = relu(x) + log(1 + exp(-|x|)), relu(x) = (x + |x|) / 2.
+            magnitude = _method(xd, "abs")()
+            relu_x = xd.add(magnitude).div(2)
+            softplus = relu_x.add(_method(magnitude.neg(), "exp")().add(1.0).log())
+            loss = softplus.sub(xd.mul(td)) if is_private(xd) else softplus.sub(td.mul(xd))
+            if weight is not None:
+                loss = loss.mul(weight)
+            return _reduce(loss, reduction)
+        # The loss value (abs, exp, log: ~36 rounds) is computed only if somebody reads it;
+        # a training step that only calls backward() needs the sigmoid alone.
+        ref = xd if is_private(xd) else td
+        shape = () if reduction in ("mean", "sum") else torch.broadcast_shapes(tuple(x.shape), tuple(target.shape))
+        out = Deferred(value, shape, ref.precision, ref.dtype)
         sig = _method(xd, "sigmoid")()
     return record(out, "binary_cross_entropy_with_logits", (x, target), weight=weight,
                   reduction=reduction, sigmoid=sig)

@@ -24,3 +24,9 @@ def test_resnet18_rounds_with_folded_batch_norm(pool2):
     r = pool2.run(bench.resnet18_b1)
     assert r[0]["max_error"] <= 1e-2
     assert all(p["rounds"] == 140 for p in r)  # issue 8: <= 300 (BatchNorm folded into convs)
+
+
+def test_logistic_regression_step_skips_the_unread_loss_value(pool2):
+    r = pool2.run(bench.logreg_step)
+    # linear forward, sigmoid, gradient, update: the loss value (abs, exp, log) is deferred.
+    assert all(p["rounds"] == 20 for p in r)
