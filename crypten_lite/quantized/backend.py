@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from crypten_lite.errors import ProtocolError
+from crypten_lite.quantized.ir import Rescale
 
 Value = Any  # a backend's tensor type
 Public = int | torch.Tensor
@@ -158,6 +159,27 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def index_select(self, x: Value, dim: int, index: torch.Tensor) -> Value:
         """``torch.index_select`` with a public int64 index."""
+
+    # --- composite (a backend may fuse the steps) -------------------------------------
+    def rescale(self, v: Value, rs: Rescale, bias: Value | None = None) -> Value:
+        """``clamp(round((v' * multiplier + bias) / 2**shift) + offset, lo, hi)`` (an
+        :class:`~crypten_lite.quantized.ir.Rescale`), step by step with the methods above.
+
+        An MPC backend may override it to overlap the truncation and the clamp's comparisons.
+        """
+        if rs.pre_shift:
+            v = self.truncate(v, rs.pre_shift, rs.pre_bits, "half_up")
+        if not (isinstance(rs.multiplier, int) and rs.multiplier == 1):
+            v = self.mul_public(v, rs.multiplier)
+        if bias is not None:
+            v = self.add(v, bias)
+        if rs.shift:
+            v = self.truncate(v, rs.shift, rs.in_bits, rs.rounding)
+        if rs.offset:
+            v = self.add_public(v, rs.offset)
+        if rs.lo is not None or rs.hi is not None:
+            v = self.clamp(v, rs.lo, rs.hi, rs.out_bits)
+        return v
 
 
 class PlainBackend(Backend):

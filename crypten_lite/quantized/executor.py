@@ -61,20 +61,8 @@ def run_float(program: QuantizedProgram, x: torch.Tensor, backend: Backend | Non
 
 
 def apply_rescale(backend: Backend, v: Value, rs: Rescale, bias: Value | None = None) -> Value:
-    """``clamp(round((v * multiplier + bias) / 2**shift) + offset, lo, hi)``."""
-    if rs.pre_shift:
-        v = backend.truncate(v, rs.pre_shift, rs.pre_bits, "half_up")
-    if not (isinstance(rs.multiplier, int) and rs.multiplier == 1):
-        v = backend.mul_public(v, rs.multiplier)
-    if bias is not None:
-        v = backend.add(v, bias)
-    if rs.shift:
-        v = backend.truncate(v, rs.shift, rs.in_bits, rs.rounding)
-    if rs.offset:
-        v = backend.add_public(v, rs.offset)
-    if rs.lo is not None or rs.hi is not None:
-        v = backend.clamp(v, rs.lo, rs.hi, rs.out_bits)
-    return v
+    """``clamp(round((v * multiplier + bias) / 2**shift) + offset, lo, hi)`` (Backend.rescale)."""
+    return backend.rescale(v, rs, bias)
 
 
 def apply_divide(backend: Backend, v: Value, dv: Divide) -> Value:

@@ -27,7 +27,7 @@ from crypten_lite.errors import ProtocolError, UnsupportedError
 from crypten_lite.mpc import primitives
 from crypten_lite.quantized import PlainBackend, from_quantized
 from crypten_lite.quantized.executor import diff_values, run
-from crypten_lite.quantized.mpc_backend import pool_before_clamp
+from crypten_lite.quantized.mpc_backend import optimize_for_mpc, pool_before_clamp
 from crypten_lite.quantized.testing import quantize_eager, quantize_fx, quantize_pt2e
 
 HAS_TORCHAO = importlib.util.find_spec("torchao") is not None
@@ -305,6 +305,22 @@ def party_ops():
                 ref = torch.tensor([ref_round(int(v), shift, mode) for v in t])
                 rounding.append((shift, method, mode, int((got != ref).sum()), int((got - ref).abs().max())))
     res["round"] = rounding
+    # requantize and clamp together (2 parties): values at and around both bounds
+    if crypten_lite.get_world_size() == 2:
+        fused = []
+        for shift, lo, hi in ((20, 0, 255), (20, -128, None), (3, None, 127), (33, 10, 200)):
+            t = torch.randint(-(300 << shift), 300 << shift, (400,), generator=g)
+            edges = torch.tensor([b for b in (lo, hi) if b is not None]).repeat_interleave(6)
+            t[:edges.numel()] = ((edges + torch.tensor([-2, -1, 0, 1, 2, 3]).repeat(edges.numel() // 6) - 7)
+                                 << shift) + torch.randint(0, 1 << shift, (edges.numel(),), generator=g)
+            xs = share(t)
+            comm.get().reset_communication_stats()
+            y = mpc_ops.requantize_clamp(xs, shift, 7, lo, hi, out_bits=10)
+            cost = _stats()
+            got = reveal(y)
+            ref = torch.tensor([ref_round(int(v), shift) + 7 for v in t]).clamp(lo, hi)
+            fused.append((shift, int((got != ref).sum()), int((got - ref).abs().max()), cost))
+        res["fused"] = fused
     # the one-round probabilistic truncation changes about half of the rounded values
     t = torch.randint(-(1 << 40), 1 << 40, (2000,), generator=g)
     got = reveal(mpc_ops.round_shift(share(t), 20, 41, method="probabilistic"))
@@ -456,6 +472,9 @@ def test_short_comparisons_pooling_and_rounding(pool2, pool3, world_size):
         # rounding boundary (local) or a 2**-16 event of the dealer's randomness
         limit = 0 if shift <= 16 else 2
         assert wrong <= limit and worst <= 1, (shift, method, mode, wrong)
+    for shift, wrong, worst, (rounds, _) in res.get("fused", []):
+        assert wrong <= (0 if shift <= 16 else 2) and worst <= 1, (shift, wrong)
+        assert rounds == 6  # level 1, 3 tree levels in lockstep, carry-in AND + B2A, fold
     frac, worst = res["probabilistic"]
     assert 0.3 < frac < 0.7 and worst == 1  # why the one-round truncation is not used
     if world_size == 2:
@@ -503,8 +522,12 @@ def test_pool_before_clamp_keeps_every_integer():
         program, x, _, plain = built(case)
         rewritten = pool_before_clamp(program)
         assert torch.equal(run(rewritten, x, PlainBackend()), plain)
+        assert torch.equal(run(optimize_for_mpc(program), x, PlainBackend()), plain)
         ops = [n.op for n in rewritten.nodes]
         assert any(a == "max_pool2d" and b == "clamp" for a, b in zip(ops, ops[1:])), ops
+    # eager conv -> ReLU left unfused: the ReLU's clamp merges into the conv's requantization
+    program = optimize_for_mpc(built("eager/digits")[0])
+    assert [n.op for n in program.nodes].count("clamp") == 1  # the clamp after the max pooling
     # comparisons of int8 layers stay short after the rewrite
-    program = pool_before_clamp(built("fx/a")[0])
+    program = optimize_for_mpc(built("fx/a")[0])
     assert all(n.attrs["bits"] <= 12 for n in program.nodes if n.op in ("clamp", "max_pool2d"))
