@@ -175,3 +175,45 @@ def test_exact_communication_counts_3pc(pool3):
     assert r["matmul"]["rounds"] == 2
     assert r["matmul"]["bytes_sent"] == 2 * 8 * (m * k + k * p) + 2 * 8 * m * p
     assert r["reveal"]["rounds"] == 1 and r["reveal"]["bytes_sent"] == 2 * 8 * n
+
+
+def bad_inputs():
+    rank = comm.get().rank
+    out = {}
+    try:
+        crypten_lite.cryptensor(torch.ones(3) if rank == 0 else torch.ones(4), src=0)
+        out["shape"] = "no error"
+    except crypten_lite.ProtocolError as e:
+        out["shape"] = str(e)
+    try:
+        crypten_lite.cryptensor(torch.ones(3), src=7)
+    except crypten_lite.ProtocolError as e:
+        out["src"] = str(e)
+    x = crypten_lite.cryptensor(torch.ones(2), src=0)
+    try:
+        bool(x)
+    except crypten_lite.ProtocolError as e:
+        out["bool"] = str(e)
+    try:
+        crypten_lite.cryptensor(torch.tensor([1e20], dtype=torch.float64) if rank == 0 else None, src=0)
+    except crypten_lite.ProtocolError as e:
+        out["range"] = str(e)
+    return out
+
+
+def test_bad_input_gives_clear_errors(pool2):
+    r0, r1 = pool2.run(bad_inputs)
+    assert "passed shape (4,)" in r1["shape"] and "shares shape (3,)" in r1["shape"]
+    assert "src=7 is out of range" in r0["src"] and "src=7 is out of range" in r1["src"]
+    assert "cannot be used as a Python bool" in r0["bool"]
+    assert "fixed-point range" in r0["range"]
+
+
+@crypten_lite.mpc.run_multiprocess(world_size=2)
+def decorated(scale):
+    x = crypten_lite.cryptensor(torch.arange(3.0) if crypten_lite.get_rank() == 0 else None, src=0)
+    return (x * scale).get_plain_text().tolist()
+
+
+def test_run_multiprocess_decorator_returns_each_rank_value():
+    assert decorated(2.0) == [[0.0, 2.0, 4.0], [0.0, 2.0, 4.0]]
