@@ -41,7 +41,7 @@ from crypten_lite.mpc import beaver, primitives
 from crypten_lite.quantized import mpc_ops
 from crypten_lite.quantized.backend import Backend, Public
 from crypten_lite.quantized.executor import EXECUTORS, LayerDiff, decode_output, diff_values, encode_input
-from crypten_lite.quantized.ir import FIXED, QUANT, Node, QuantizedProgram, Rescale, ValueInfo
+from crypten_lite.quantized.ir import FIXED, Node, QuantizedProgram, Rescale, ValueInfo
 from crypten_lite.session import current
 
 # The dealer answers a request in one 4 MiB message: Beaver products are split along the

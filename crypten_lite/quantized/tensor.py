@@ -22,6 +22,7 @@ from typing import Sequence
 
 import torch
 
+from crypten_lite import torch_functions
 from crypten_lite.cryptensor import CrypTensor, default_precision
 from crypten_lite.errors import ProtocolError
 from crypten_lite.mpc.primitives import open_
@@ -260,7 +261,24 @@ def encode_private_input(node: Node, x: CrypTensor) -> torch.Tensor:
     return q.int_repr().share
 
 
-METHODS = {"quantize_per_tensor": quantize_per_tensor, "quantize_per_channel": quantize_per_channel}
+def _torch_quantize_per_tensor(x, scale, zero_point, dtype):
+    return quantize_per_tensor(x, float(scale), int(zero_point), dtype)
 
-__all__ = ["QuantizedCrypTensor", "dequantize", "dtype_for_range", "encode_private_input",
+
+def _torch_quantize_per_channel(x, scales, zero_points, axis, dtype):
+    return quantize_per_channel(x, scales, zero_points, axis, dtype)
+
+
+# Importing this module attaches the methods to CrypTensor and lets torch's functions take a
+# CrypTensor (as crypten_lite.functions does): x.quantize_per_tensor(0.1, 0, torch.quint8),
+# torch.quantize_per_tensor(x, 0.1, 0, torch.quint8).
+METHODS = {"quantize_per_tensor": quantize_per_tensor, "quantize_per_channel": quantize_per_channel}
+TORCH = {torch.quantize_per_tensor: _torch_quantize_per_tensor,
+         torch.quantize_per_channel: _torch_quantize_per_channel}
+for _name, _fn in METHODS.items():
+    setattr(CrypTensor, _name, _fn)
+for _func, _impl in TORCH.items():
+    torch_functions.register(_func, _impl)
+
+__all__ = ["METHODS", "QuantizedCrypTensor", "TORCH", "dequantize", "dtype_for_range", "encode_private_input",
            "quantize_per_channel", "quantize_per_tensor"]

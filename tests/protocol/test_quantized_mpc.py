@@ -11,7 +11,6 @@ pickle, so party functions get programs, float models and tensors.
 
 from __future__ import annotations
 
-import copy
 import importlib.util
 
 import pytest
@@ -97,7 +96,8 @@ class Composite(nn.Module):
 
 
 class Digits(nn.Module):
-    """The CNN of examples/quantized_inference.py (8x8 digits)."""
+    """A smaller CNN than examples/quantized_inference.py's (8x8 digits): conv-relu-maxpool,
+    conv-relu, residual add, flatten, linear."""
 
     def __init__(self, eager: bool = False):
         super().__init__()
@@ -358,6 +358,10 @@ def party_tensor_api():
     out["per_channel"] = (gotc.qscheme() == torch.per_channel_affine and qc.q_per_channel_axis() == 1
                           and torch.equal(qc.q_per_channel_zero_points(), zps),
                           int((gotc.int_repr().long() - refc.int_repr().long()).abs().max()))
+    via_torch = torch.quantize_per_tensor(x, 0.05, 10, torch.quint8)  # CrypTensor dispatch
+    via_method = x.quantize_per_tensor(0.05, 10, torch.quint8)
+    out["torch_function"] = bool(torch.equal(via_torch.int_repr().get_plain_text(), q.int_repr().get_plain_text())
+                                 and torch.equal(via_method.int_repr().get_plain_text(), q.int_repr().get_plain_text()))
     deq = q.dequantize().get_plain_text()
     out["dequantize"] = float((deq - ref.dequantize()).abs().max())
     out["dequantize_channel"] = float((qc.dequantize().get_plain_text() - refc.dequantize()).abs().max())
@@ -496,7 +500,7 @@ def test_quantized_cryptensor_mirrors_torch(pool2, pool3, world_size):
     assert ok and worst <= 1
     assert out["dequantize"] < 0.05 * 1.01 and out["dequantize_channel"] < 0.2 * 1.01  # within one step
     assert "per channel" in out["per_channel_q_scale"]
-    assert out["is_qct"] and "scale=0.05" in out["repr"]
+    assert out["is_qct"] and "scale=0.05" in out["repr"] and out["torch_function"]
 
 
 def test_digits_debug_layers_and_argmax(pool2):
