@@ -405,6 +405,13 @@ def party_errors(program, other_program, x):
     return out
 
 
+def party_cryptensor_input(program, x):
+    """program(x) on a CrypTensor input: quantized in MPC, the output kept secret."""
+    enc = crypten_lite.cryptensor(x if crypten_lite.get_rank() == 1 else None, src=1)
+    out = program(enc)
+    return out.int_repr().get_plain_text(), out.q_scale(), out.q_zero_point()
+
+
 def party_digits_debug(model, calib, x, flow):
     """Quantize in the party (torch quantized modules do not pickle) and run with debug=True."""
     from crypten_lite.quantized import run_private
@@ -501,6 +508,18 @@ def test_quantized_cryptensor_mirrors_torch(pool2, pool3, world_size):
     assert out["dequantize"] < 0.05 * 1.01 and out["dequantize_channel"] < 0.2 * 1.01  # within one step
     assert "per channel" in out["per_channel_q_scale"]
     assert out["is_qct"] and "scale=0.05" in out["repr"] and out["torch_function"]
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_program_on_a_cryptensor_input(pool2, pool3, world_size):
+    """from_quantized(...)(x) with x a CrypTensor: the input is quantized in MPC (fixed-point
+    x, so within one step of torch's input quantization), the output stays secret."""
+    program, x, ref, plain = built("eager/conv_relu/per_channel")
+    ints, scale, zero_point = (pool2 if world_size == 2 else pool3).run(party_cryptensor_input, program, x)[0]
+    info = program.output_info
+    assert (scale, zero_point) == (info.scale, info.zero_point)
+    diff = (ints - plain).abs()
+    assert diff.max() <= 1 and (diff == 0).double().mean() >= 0.99
 
 
 def test_digits_debug_layers_and_argmax(pool2):
