@@ -62,7 +62,7 @@ def _load_extensions() -> None:
     if _EXTENSIONS_LOADED:
         return
     import importlib
-    for name in ("crypten_lite.functions",):
+    for name in ("crypten_lite.functions", "crypten_lite.quantized.tensor"):
         try:
             importlib.import_module(name)
         except ModuleNotFoundError as e:
@@ -75,6 +75,9 @@ def _load_extensions() -> None:
 from . import autograd, functions, mpc, nn, optim  # noqa: E402
 from .functions import where  # noqa: E402
 from .serialization import load_from_party, save_from_party  # noqa: E402
+from .quantized.tensor import (QuantizedCrypTensor, dequantize, quantize_per_channel,  # noqa: E402
+                               quantize_per_tensor)
+from . import quantized  # noqa: E402
 
 __all__ = [
     "autograd", "functions", "mpc", "nn", "optim", "where", "save_from_party", "load_from_party",

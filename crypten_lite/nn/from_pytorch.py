@@ -504,6 +504,21 @@ def _trace(model: torch.nn.Module) -> torch.fx.GraphModule:
     return torch.fx.symbolic_trace(model)
 
 
+_QUANTIZED_MODULES = ("torch.ao.nn.quantized", "torch.ao.nn.intrinsic.quantized", "torch.nn.quantized",
+                      "torch.ao.quantization.stubs")
+
+
+def is_quantized(model: torch.nn.Module) -> bool:
+    """Whether `model` is an int8 model of torch.ao.quantization (eager/FX) or torchao PT2E."""
+    if any(type(m).__module__.startswith(_QUANTIZED_MODULES) and type(m).__name__ not in ("QuantStub", "DeQuantStub")
+           for m in model.modules()):
+        return True
+    if isinstance(model, torch.fx.GraphModule):
+        return any(n.op == "call_function" and ("quantize_per" in str(n.target) or "dequantize" in str(n.target))
+                   for n in model.graph.nodes)
+    return False
+
+
 def _fold_batch_norm(model: torch.nn.Module) -> torch.fx.GraphModule | None:
     """The model with every Conv->BatchNorm pair folded into one conv (eval mode only)."""
     from torch.fx.experimental.optimization import fuse
@@ -528,6 +543,9 @@ def from_pytorch(model: torch.nn.Module, dummy_input, check: bool = True,
     ResNet-18 goes from 420 to 140 rounds). The state dict then has the folded convs'
     keys instead of the BatchNorm ones.
     """
+    if is_quantized(model):  # torch.ao eager/FX or torchao PT2E int8 model
+        from ..quantized import from_quantized
+        return from_quantized(model, dummy_input)
     dummy = dummy_input if isinstance(dummy_input, tuple) else (dummy_input,)
     if fold_batch_norm and model.training:
         raise UnsupportedError("fold_batch_norm=True needs the model in eval mode (model.eval())")

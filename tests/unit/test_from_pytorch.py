@@ -223,3 +223,19 @@ def test_tables_cover_the_issue_list():
         assert fn in cnn.FUNCTIONS
     for method in ("view", "reshape", "size", "flatten", "softmax", "transpose"):
         assert method in cnn.METHODS
+
+
+def test_from_pytorch_detects_quantized_models():
+    import warnings
+
+    from crypten_lite.quantized.ir import QuantizedProgram
+    from crypten_lite.quantized.testing import quantize_fx
+    torch.manual_seed(0)  # test model only
+    model = torch.nn.Sequential(torch.nn.Conv2d(1, 2, 3), torch.nn.ReLU(), torch.nn.Flatten(),
+                                torch.nn.Linear(2 * 6 * 6, 3)).eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        q = quantize_fx(model, torch.rand(8, 1, 8, 8))
+        from crypten_lite.nn import from_pytorch
+        converted = from_pytorch(q, torch.zeros(1, 1, 8, 8))
+    assert isinstance(converted, QuantizedProgram)
