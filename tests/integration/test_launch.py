@@ -158,3 +158,9 @@ def test_main_example_private_inference_matches_torch():
     assert private == plain
     diff = float(re.search(r"logit difference: ([0-9.e+-]+)", r.stdout).group(1))
     assert diff <= 1e-2
+
+
+def test_quantized_example_matches_torch():
+    r = _launch("-n", "2", str(ROOT / "examples" / "quantized_inference.py"), "--images", "8", timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "[rank 0] predictions equal to torch's quantized model: 100.0%" in r.stdout
