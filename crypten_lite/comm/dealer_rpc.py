@@ -123,19 +123,22 @@ class _DealerServicer(pb_grpc.DealerServicer):
         try:
             seeds = d.wait_for_parties()
             tensors: list[pb.TensorProto] = []
+            counts: list[int] = []
             size = 0
             for msg in request.requests:
                 if msg.session != d.config.session:
                     raise CommunicationError(f"request for session {msg.session!r}")
                 req = Request.from_proto(msg)
                 d.check_size(req)
-                for t in d.handler(seeds, req):
+                answer = d.handler(seeds, req)
+                counts.append(len(answer))
+                for t in answer:
                     tensors.append(tensor_to_proto(t))
                     size += len(tensors[-1].data)
                     if size > MAX_REPLY_BYTES - (1 << 20):
                         raise CommunicationError(f"the answer exceeds {MAX_REPLY_BYTES - (1 << 20)} bytes; "
                                                  "request fewer or smaller correlations at a time")
-            return pb.CorrelationReply(tensors=tensors)
+            return pb.CorrelationReply(tensors=tensors, counts=counts)
         except CryptenLiteError as e:
             log.warning("dealer refused a request: %s", e)
             return pb.CorrelationReply(error=str(e))
@@ -211,12 +214,31 @@ class DealerClient:
             raise ConfigError(f"the service at {config.dealer} is not this session's dealer")
         self.seed = keypair.shared_seed(theirs.public_key, pair_info(config.session, "dealer", config.rank))
 
+    def request_batch(self, requests: Sequence[Request]) -> Callable[[], list[list[torch.Tensor]]]:
+        """Send a batch; returns a function that waits for the corrections of each request."""
+        reply = self._call(requests)
+
+        def split() -> list[list[torch.Tensor]]:
+            tensors, counts = reply()
+            if sum(counts) != len(tensors) or len(counts) != len(requests):
+                raise CommunicationError("the dealer's answer does not match the batch", peer="dealer")
+            out, i = [], 0
+            for n in counts:
+                out.append(tensors[i:i + n])
+                i += n
+            return out
+        return split
+
     def request(self, requests: Sequence[Request]) -> Callable[[], list[torch.Tensor]]:
         """Send a batch; returns a function that waits for (and returns) the corrections."""
+        reply = self._call(requests)
+        return lambda: reply()[0]
+
+    def _call(self, requests: Sequence[Request]) -> Callable[[], tuple[list[torch.Tensor], list[int]]]:
         batch = pb.CorrelationBatch(requests=[r.to_proto(self.config.session) for r in requests])
         future = self.stub.Correlations.future(batch, timeout=self.config.timeout)
 
-        def result() -> list[torch.Tensor]:
+        def result() -> tuple[list[torch.Tensor], list[int]]:
             try:
                 reply = future.result()
             except grpc.RpcError as e:
@@ -224,7 +246,8 @@ class DealerClient:
                                          f"{e.code().name}: {e.details()}", peer="dealer") from e
             if reply.error:
                 raise CommunicationError(f"the dealer refused: {reply.error}", peer="dealer")
-            return [tensor_from_proto(t, self.config.max_message_bytes) for t in reply.tensors]
+            tensors = [tensor_from_proto(t, self.config.max_message_bytes) for t in reply.tensors]
+            return tensors, list(reply.counts)
         return result
 
     def close(self) -> None:

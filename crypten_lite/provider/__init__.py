@@ -54,10 +54,15 @@ class Provider:
         self.world_size = config.world_size
         self._seed = seed
         self.counter = 0
-        self.stats = {"requests": 0, "dealer_bytes": 0}
+        self.stats = {"requests": 0, "dealer_bytes": 0, "prefetched": 0}
+        self._recording: list[tuple] | None = None
+        self._prefetched: dict[int, tuple[tuple, Callable[[], list[torch.Tensor]]]] = {}
 
     def _corrections(self, request: Request) -> Callable[[], list[torch.Tensor]]:
         raise NotImplementedError
+
+    def _batch_corrections(self, requests: list[Request]) -> list[Callable[[], list[torch.Tensor]]]:
+        return [self._corrections(r) for r in requests]
 
     def get(self, kind: str, shapes, op: str = "", params=()) -> Correlation:
         """This party's share of a fresh correlated value of `kind`."""
@@ -66,9 +71,46 @@ class Provider:
         request = Request(kind, self.counter, op, shapes, params)
         self.counter += 1
         self.stats["requests"] += 1
+        spec = (kind, op, shapes, params)
+        if self._recording is not None:
+            self._recording.append(spec)
         parts = correlations.derive(self._seed, request.counter, kind, op, shapes, params)
-        fetch = self._corrections(request) if self.rank == CORRECTING_RANK else None
+        fetch = None
+        if self.rank == CORRECTING_RANK:
+            planned = self._prefetched.pop(request.counter, None)
+            if planned is not None and planned[0] == spec:
+                fetch = planned[1]
+                self.stats["prefetched"] += 1
+            else:
+                fetch = self._corrections(request)
         return Correlation(parts, fetch)
+
+    # -------------------------------------------------------------- offline phase
+    def start_recording(self) -> None:
+        """Record the specs (kind, op, shapes, params) of every request from now on."""
+        self._recording = []
+
+    def stop_recording(self) -> list[tuple]:
+        plan, self._recording = self._recording or [], None
+        return plan
+
+    def prefetch(self, plan: list[tuple]) -> None:
+        """Offline phase: ask the dealer now, in one batch, for the corrections of the next
+        len(plan) requests, assuming they follow `plan` (a recorded run of the same program).
+        A request that turns out different is simply fetched again when it comes."""
+        self._prefetched.clear()
+        if self.rank != CORRECTING_RANK or not plan:
+            return
+        requests = [Request(kind, self.counter + i, op, shapes, params)
+                    for i, (kind, op, shapes, params) in enumerate(plan)]
+        for r, fetch in zip(requests, self._batch_corrections(requests)):
+            self._prefetched[r.counter] = ((r.kind, r.op, r.shapes, r.params), fetch)
+
+    def wait_prefetched(self) -> None:
+        """Block until the prefetched corrections have arrived (end of the offline phase)."""
+        if self._prefetched:
+            first = min(self._prefetched)
+            self._prefetched[first][1]()
 
     def close(self) -> None:
         pass
@@ -84,13 +126,22 @@ class DealerProvider(Provider):
         super().__init__(config, self.client.seed)
 
     def _corrections(self, request: Request) -> Callable[[], list[torch.Tensor]]:
-        result = self.client.request([request])
+        return self._batch_corrections([request])[0]
 
-        def fetch() -> list[torch.Tensor]:
-            tensors = result()
-            self.stats["dealer_bytes"] += sum(t.numel() * t.element_size() for t in tensors)
-            return tensors
-        return fetch
+    def _batch_corrections(self, requests: list[Request]) -> list[Callable[[], list[torch.Tensor]]]:
+        """One dealer round trip for the whole batch; each request's answer on demand."""
+        result = self.client.request_batch(requests)
+        answers: list[list[torch.Tensor]] = []
+
+        def fetcher(i: int) -> Callable[[], list[torch.Tensor]]:
+            def fetch() -> list[torch.Tensor]:
+                if not answers:
+                    answers.extend(result())
+                    self.stats["dealer_bytes"] += sum(t.numel() * t.element_size()
+                                                      for answer in answers for t in answer)
+                return answers[i]
+            return fetch
+        return [fetcher(i) for i in range(len(requests))]
 
     def close(self) -> None:
         self.client.close()
