@@ -242,7 +242,7 @@ class _PartyServicer(pb_grpc.PartyServicer):
         if identity is not None and identity != f"party{src}":
             raise CommunicationError(f"certificate {identity!r} cannot open a stream as party {src}")
         expected = stream_token(comm.pair_seeds[src], comm.config.session, src, comm.rank)
-        if not hmac.compare_digest(frame.data, expected):
+        if not hmac.compare_digest(bytes(frame.data), expected):
             raise CommunicationError(f"stream claiming party {src} failed authentication")
         with comm._lock:
             # One stream per peer and session: an opening frame replayed by an observer of a
@@ -266,21 +266,80 @@ class _PartyServicer(pb_grpc.PartyServicer):
             if partial:  # senders queue a message's chunks together: at most one is partial
                 raise CommunicationError(f"message {frame.seq} starts before message "
                                          f"{next(iter(partial))} is complete")
-            partial[frame.seq] = (frame, [], 0)
+            if expected_chunks == 1:  # the common case: one copy, straight to a tensor
+                if len(frame.data) != nbytes:
+                    raise CommunicationError(f"message {frame.seq} does not match its shape")
+                self.comm.mailbox.put(src, frame.seq, serde.from_bytes(frame.dtype, shape, frame.data))
+                return
+            # Chunks are copied once, into one buffer of the announced size.
+            partial[frame.seq] = (frame.dtype, shape, bytearray(nbytes), 0, 0)
         if frame.seq not in partial:
             raise CommunicationError(f"chunk of unknown message {frame.seq}")
-        first, chunks, size = partial[frame.seq]
-        if frame.chunk != len(chunks) or frame.dtype != first.dtype or tuple(first.shape) != shape:
+        dtype, first_shape, buffer, received, size = partial[frame.seq]
+        if frame.chunk != received or frame.dtype != dtype or first_shape != shape:
             raise CommunicationError(f"inconsistent chunk in message {frame.seq}")
-        chunks.append(frame.data)
-        size += len(frame.data)
-        if size > nbytes:
-            raise CommunicationError(f"message {frame.seq} is longer than its shape")
-        partial[frame.seq] = (first, chunks, size)
-        if len(chunks) == expected_chunks:
+        n = len(frame.data)
+        if size + n > nbytes or (frame.chunk < expected_chunks - 1 and n != CHUNK_BYTES):
+            raise CommunicationError(f"message {frame.seq} does not match its shape")
+        buffer[size:size + n] = frame.data
+        partial[frame.seq] = (dtype, shape, buffer, received + 1, size + n)
+        if received + 1 == expected_chunks:
             del partial[frame.seq]
-            data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-            self.comm.mailbox.put(src, frame.seq, serde.from_bytes(frame.dtype, shape, data))
+            if size + n != nbytes:
+                raise CommunicationError(f"message {frame.seq} is shorter than its shape")
+            self.comm.mailbox.put(src, frame.seq, serde.from_bytes(dtype, shape, buffer))
+
+
+class _RawFrame:
+    """A received Frame whose payload is a view into gRPC's buffer (no protobuf copy)."""
+
+    __slots__ = ("session", "src", "seq", "dtype", "shape", "chunk", "num_chunks", "data")
+
+
+def _read_varint(raw: bytes, i: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if i >= len(raw) or shift > 63:
+            raise ValueError("truncated varint")
+        byte = raw[i]
+        i += 1
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            return value, i
+
+
+def _parse_frame(raw: bytes) -> _RawFrame:
+    """Frame from the wire: header fields by protobuf, field 8 (data) as a memoryview."""
+    i, start, end = 0, -1, -1
+    while i < len(raw):
+        key, i = _read_varint(raw, i)
+        field, wire = key >> 3, key & 7
+        if wire == 0:
+            _, i = _read_varint(raw, i)
+        elif wire == 2:
+            length, j = _read_varint(raw, i)
+            if field == 8:
+                start, end = j, j + length
+            i = j + length
+        elif wire == 1:
+            i += 8
+        elif wire == 5:
+            i += 4
+        else:
+            raise ValueError("unsupported wire type")
+        if i > len(raw):
+            raise ValueError("truncated field")
+    header = pb.Frame.FromString(raw if start < 0 else raw[:start - 1 - _varint_len(end - start)] + raw[end:])
+    frame = _RawFrame()
+    frame.session, frame.src, frame.seq, frame.dtype = header.session, header.src, header.seq, header.dtype
+    frame.shape, frame.chunk, frame.num_chunks = tuple(header.shape), header.chunk, header.num_chunks
+    frame.data = memoryview(raw)[start:end] if start >= 0 else memoryview(b"")
+    return frame
+
+
+def _varint_len(n: int) -> int:
+    return len(_varint(n))
 
 
 def _varint(n: int) -> bytes:
@@ -308,6 +367,19 @@ def _serialize_frame(item) -> bytes:
         return item.SerializeToString()
     header, payload = item
     return b"".join((header.SerializeToString(), _DATA_TAG, _varint(len(payload)), payload))
+
+
+def _add_party_servicer(servicer: "_PartyServicer", server: grpc.Server) -> None:
+    """Register the Party service with a Stream deserializer that does not copy payloads."""
+    handlers = {
+        "Handshake": grpc.unary_unary_rpc_method_handler(
+            servicer.Handshake, request_deserializer=pb.Hello.FromString,
+            response_serializer=pb.HelloReply.SerializeToString),
+        "Stream": grpc.stream_unary_rpc_method_handler(
+            servicer.Stream, request_deserializer=_parse_frame,
+            response_serializer=pb.StreamAck.SerializeToString),
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("crypten_lite.Party", handlers),))
 
 
 class _Outbox:
@@ -388,7 +460,7 @@ class GrpcCommunicator(Communicator):
         if ":" not in bind:
             bind = f"{bind}:{own.rpartition(':')[2]}"
         self.server = start_server(bind, self.tls,
-                                   lambda s: pb_grpc.add_PartyServicer_to_server(_PartyServicer(self), s),
+                                   lambda s: _add_party_servicer(_PartyServicer(self), s),
                                    f"party {config.rank}")
         try:
             self._connect()
