@@ -22,9 +22,11 @@ Figures (frames, rate, memory) are printed as `FUZZ {json}` lines (pytest -s).
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import pathlib
+import queue
 import random
 import subprocess
 import sys
@@ -40,7 +42,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from crypten_lite._proto import crypten_lite_pb2 as pb
 from crypten_lite._proto import crypten_lite_pb2_grpc as pb_grpc
-from crypten_lite.comm import grpc_comm
+from crypten_lite.comm import grpc_comm, serde
 from crypten_lite.comm.grpc_comm import (BYE_SEQ, CHUNK_BYTES, GRPC_OPTIONS, OPEN_SEQ,
                                          PROTOCOL_VERSION, GrpcCommunicator, stream_token)
 from crypten_lite.config import Config
@@ -487,7 +489,8 @@ class AuthenticatedFuzz:
 
     def __init__(self, max_message_bytes: int = 8 << 20):
         self.fake = FakeParty0()
-        self.server = grpc.server(concurrent_futures_pool(), options=GRPC_OPTIONS)
+        self.server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=8),
+                                  options=GRPC_OPTIONS)
         pb_grpc.add_PartyServicer_to_server(self.fake, self.server)
         self.address = f"127.0.0.1:{self.server.add_insecure_port('127.0.0.1:0')}"
         self.server.start()
@@ -507,22 +510,16 @@ class AuthenticatedFuzz:
         return pb.Frame(session=session, src=0, seq=OPEN_SEQ, data=self.fake.token(session))
 
     def send(self, victim: GrpcCommunicator, frames: list[pb.Frame], kind: str) -> str:
-        stub = pb_grpc.PartyStub(grpc.insecure_channel(victim.config.parties[1], GRPC_OPTIONS))
-        return send_stream(stub.Stream, [self.opening(victim), *frames], self.tally, kind,
-                           timeout=10)
+        with grpc.insecure_channel(victim.config.parties[1], GRPC_OPTIONS) as channel:
+            return send_stream(pb_grpc.PartyStub(channel).Stream, [self.opening(victim), *frames],
+                               self.tally, kind, timeout=10)
 
     def close(self) -> None:
         self.server.stop(grace=None)
 
 
-def concurrent_futures_pool():
-    import concurrent.futures
-    return concurrent.futures.ThreadPoolExecutor(max_workers=8)
-
-
 def message(seq: int, tensor: torch.Tensor, session: str, /, **override) -> list[pb.Frame]:
     """The frames of one well-formed message (fields in `override` replaced in every frame)."""
-    from crypten_lite.comm import serde
     dtype, shape, data = serde.to_bytes(tensor)
     n = max(1, -(-len(data) // CHUNK_BYTES))
     frames = [pb.Frame(session=session, src=0, seq=seq, dtype=dtype, shape=shape, chunk=i,
@@ -569,6 +566,38 @@ def _cases(s: str) -> dict[str, tuple[list[pb.Frame], int]]:
     }
 
 
+def mutate(frames: list[pb.Frame], m: Mutator, rounds: int) -> None:
+    """Change a field of a frame, or swap, drop or duplicate frames, `rounds` times."""
+    r = m.rng
+    tops = {"seq": U64, "chunk": U32, "num_chunks": U32, "src": U32}
+    for _ in range(rounds):
+        target = r.choice(frames)
+        what = r.choice([*tops, "dtype", "shape", "data", "swap", "drop", "dup"])
+        if what == "swap":
+            i, j = r.randrange(len(frames)), r.randrange(len(frames))
+            frames[i], frames[j] = frames[j], frames[i]
+        elif what == "drop":
+            if len(frames) > 1:
+                frames.remove(target)
+        elif what == "dup":
+            frames.insert(r.randrange(len(frames) + 1), target)
+        elif what in tops:
+            setattr(target, what, r.choice([m.uint(tops[what]),
+                                            (getattr(target, what) + 1) % (tops[what] + 1)]))
+        elif what == "shape":
+            target.shape[:] = m.frame().shape
+        else:
+            setattr(target, what, getattr(m.frame(), what))
+
+
+def healthy(address: str) -> bool:
+    target = Target(address)
+    try:
+        return target.healthy()
+    finally:
+        target.close()
+
+
 def _expected(n: int) -> list[torch.Tensor]:
     return [torch.tensor([1, -2, 3]), BIG, torch.zeros(0)][:n]
 
@@ -596,7 +625,7 @@ def test_authenticated_peer_sending_malformed_frames():
                     # The peer's authentic opening frame cannot be replayed on a new stream.
                     assert fuzz.send(victim, message(valid, torch.ones(2), victim.config.session),
                                      "auth.replay") == "PERMISSION_DENIED"
-                assert Target(victim.config.parties[1]).healthy(), name
+                assert healthy(victim.config.parties[1]), name
             finally:
                 victim.close()
 
@@ -604,9 +633,9 @@ def test_authenticated_peer_sending_malformed_frames():
         victim = fuzz.victim()
         try:
             s = victim.config.session
-            feed: "queue.SimpleQueue[pb.Frame | None]" = __import__("queue").SimpleQueue()
-            stub = pb_grpc.PartyStub(grpc.insecure_channel(victim.config.parties[1], GRPC_OPTIONS))
-            first = stub.Stream.future(iter(feed.get, None), timeout=30)
+            feed: queue.SimpleQueue = queue.SimpleQueue()
+            channel = grpc.insecure_channel(victim.config.parties[1], GRPC_OPTIONS)
+            first = pb_grpc.PartyStub(channel).Stream.future(iter(feed.get, None), timeout=30)
             feed.put(fuzz.opening(victim))
             for f in message(0, torch.tensor([7]), s):
                 feed.put(f)
@@ -619,6 +648,7 @@ def test_authenticated_peer_sending_malformed_frames():
             feed.put(pb.Frame(session=s, src=0, seq=BYE_SEQ))
             feed.put(None)
             assert first.result(timeout=10).frames == 4
+            channel.close()
         finally:
             victim.close()
 
@@ -631,34 +661,13 @@ def test_authenticated_peer_sending_malformed_frames():
                     seq, rng.choice([torch.arange(rng.randint(0, 50)), BIG,
                                      torch.rand(rng.randint(1, 9), dtype=torch.float64)]), s)]
                 frames = [pb.Frame.FromString(f.SerializeToString()) for f in frames]
-                m = Mutator(rng, s, "")
-                for _ in range(rng.randint(1, 3)):
-                    target = rng.choice(frames)
-                    field = rng.choice(["seq", "dtype", "shape", "chunk", "num_chunks", "data",
-                                        "src", "swap", "drop", "dup"])
-                    if field == "swap":
-                        i, j = rng.randrange(len(frames)), rng.randrange(len(frames))
-                        frames[i], frames[j] = frames[j], frames[i]
-                    elif field == "drop" and len(frames) > 1:
-                        frames.remove(target)
-                    elif field == "dup":
-                        frames.insert(rng.randrange(len(frames) + 1), target)
-                    else:
-                        replacement = m.frame()
-                        target.ClearField(field) if field == "shape" else None
-                        if field == "shape":
-                            target.shape.extend(replacement.shape)
-                        elif field in ("seq", "chunk", "num_chunks", "src"):
-                            setattr(target, field, rng.choice([getattr(replacement, field),
-                                                               getattr(target, field) + 1]))
-                        else:
-                            setattr(target, field, getattr(replacement, field))
+                mutate(frames, Mutator(rng, s, ""), rounds=rng.randint(1, 3))
                 code = fuzz.send(victim, frames + [pb.Frame(session=s, src=0, seq=BYE_SEQ)],
                                  "auth.random")
                 assert code in ("OK", "INVALID_ARGUMENT", "RESOURCE_EXHAUSTED"), code
                 failed = victim.mailbox.failure(0)
                 assert (code == "OK") == (failed is None), (code, failed)
-                assert Target(victim.config.parties[1]).healthy()
+                assert healthy(victim.config.parties[1])
             finally:
                 victim.close()
         report(phase="authenticated", cases=fuzz.cases, frames=fuzz.tally.total,
