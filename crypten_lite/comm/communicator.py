@@ -92,9 +92,13 @@ class Communicator(abc.ABC):
         self._check_peer(src, "source")
         return self._timed_recv(src)
 
-    def exchange(self, outgoing: dict[int, torch.Tensor], sources: Sequence[int]) -> dict[int, torch.Tensor]:
-        """Send each `outgoing[dst]` and receive one tensor from each of `sources`: one round."""
-        self._stats["rounds"] += 1
+    def exchange(self, outgoing: dict[int, torch.Tensor], sources: Sequence[int],
+                 rounds: int = 1) -> dict[int, torch.Tensor]:
+        """Send each `outgoing[dst]` and receive one tensor from each of `sources`: one round.
+
+        `rounds=0` is for one-way announcements that carry only public metadata (an input's
+        shape): counted in bytes and messages, not as a protocol round."""
+        self._stats["rounds"] += rounds
         for dst, tensor in outgoing.items():
             self._check_peer(dst, "destination")
             self._count_send(tensor)
@@ -120,14 +124,14 @@ class Communicator(abc.ABC):
         self.exchange({dst: tensor}, [])
         return None
 
-    def broadcast(self, tensor: torch.Tensor | None, src: int) -> torch.Tensor:
+    def broadcast(self, tensor: torch.Tensor | None, src: int, rounds: int = 1) -> torch.Tensor:
         """`src`'s tensor at every party (one round)."""
         if self.rank == src:
             if tensor is None:
                 raise CommunicationError(f"party {self.rank}: broadcast source has no tensor")
-            self.exchange({p: tensor for p in self.peers()}, [])
+            self.exchange({p: tensor for p in self.peers()}, [], rounds)
             return tensor
-        return self.exchange({}, [src])[src]
+        return self.exchange({}, [src], rounds)[src]
 
     def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
         """Sum (or xor) of every party's tensor, at every party (one round)."""

@@ -84,7 +84,8 @@ def announce(tensor: torch.Tensor | None, src: int) -> tuple[tuple[int, ...], to
                               dtype=torch.int64)
     else:
         header = None
-    header = s.comm.broadcast(header, src)
+    # A one-way message of public metadata, not a protocol round (nobody answers it).
+    header = s.comm.broadcast(header, src, rounds=0)
     shape = tuple(int(v) for v in header[2:2 + int(header[1])])
     dtype = CODES_DTYPE[int(header[0])]
     if tensor is not None and s.rank != src and tuple(tensor.shape) != shape:
