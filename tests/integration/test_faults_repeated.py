@@ -124,7 +124,9 @@ class Zygote:
         script.write_text(ZYGOTE)
         env = {k: v for k, v in os.environ.items() if not k.startswith("CRYPTEN_LITE_")}
         # The marker in argv shows in every forked child's /proc/PID/cmdline.
-        self.proc = subprocess.Popen([sys.executable, str(script), self.marker],
+        # Unbuffered: select() must see every event line still unread (a buffered reader
+        # could hold lines that select() no longer reports).
+        self.proc = subprocess.Popen([sys.executable, str(script), self.marker], bufsize=0,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
                                      cwd=SCRIPTS.parents[2])
         self.exits: dict[int, tuple[int, float]] = {}
@@ -150,8 +152,9 @@ class Zygote:
         log = self.folder / f"{self.count:03d}-{name}.log"
         base = {k: v for k, v in os.environ.items() if not k.startswith("CRYPTEN_LITE_")}
         request = {"id": self.count, "argv": argv, "env": {**base, **env}, "log": str(log)}
-        self.proc.stdin.write((json.dumps(request) + "\n").encode())
-        self.proc.stdin.flush()
+        data = memoryview((json.dumps(request) + "\n").encode())
+        while data:  # a raw pipe may take a large write in parts
+            data = data[self.proc.stdin.write(data):]
         while True:
             event = self._event(timeout=30)
             if event["event"] == "started" and event["id"] == self.count:
@@ -274,10 +277,12 @@ def stop_dealer(zygote: Zygote, pid: int) -> None:
         zygote.wait([pid], timeout=10)
 
 
+LANES = 3  # sets of ports used in turn: a round's processes wind down during the next ones
+
+
 @pytest.fixture(scope="module")
 def lanes():
-    """Two sets of ports used in turn: a round's processes wind down during the next round."""
-    return [free_ports(3), free_ports(3)]
+    return [free_ports(3) for _ in range(LANES)]
 
 
 class Round:
@@ -316,14 +321,14 @@ def finish_round(zygote: Zygote, r: Round) -> dict:
 def test_kill_a_party_mid_protocol_repeatedly(zygote, lanes):
     """SIGKILL party 0 or party 1 (in turn) in the middle of 100 multiplications, ROUNDS times.
 
-    Each round is a new session on the same ports as two rounds before (two sets of ports in
-    turn let a round's survivor and dealer wind down while the next round starts)."""
+    Each round is a new session on the same ports as LANES rounds before (sets of ports used
+    in turn let a round's survivor and dealer wind down while the next rounds run)."""
     rng = random.Random(11)
     order = [("dealer", 0.0), ("party0", 0.0), ("party1", 0.0)]
     outcomes, pending = [], {}
     start = time.monotonic()
     for i in range(ROUNDS):
-        lane = i % 2
+        lane = i % LANES
         if lane in pending:  # the previous round on these ports must be over
             outcomes.append(finish_round(zygote, pending.pop(lane)))
         pids, logs = run_session(zygote, lanes[lane], f"faults-{zygote.marker}-{i}", VICTIM,
