@@ -12,7 +12,8 @@ real addresses). Measured per rate:
   images), parsed from the `online: S s, R rounds, B MB sent by this party` line it prints
   (one run per rate: it trains party 0's model first);
 * the named workloads of `crypten-lite bench` (crypten_lite/bench.py), run in one session
-  after a warm-up, online phase only, median of --repeat runs;
+  after a warm-up, median of --repeat runs: online seconds, and the offline phase (the
+  dealer's corrections fetched ahead) reported apart;
 * the round-trip time between the parties' namespaces (TCP ping-pong, median of 200).
 
 One JSON line per (rate, workload) on stdout (and --out): seconds (slowest party), rounds,
@@ -190,7 +191,10 @@ def run_rate(rate: str, delay: str | None, workloads: list[str], images: int, tl
                 rows.append({"workload": row0["workload"], "seconds": max(row0["seconds"], row1["seconds"]),
                              "rounds": row0["rounds"],
                              "bytes_sent_per_party": [row0["bytes_sent"], row1["bytes_sent"]],
-                             "dealer_bytes": row0["dealer_bytes"]})
+                             # online, plus the offline phase where crypten_lite.bench has one
+                             "dealer_bytes": row0["dealer_bytes"] + row0.get("offline_dealer_bytes", 0),
+                             "offline_seconds": max(row0.get("offline_seconds", 0.0),
+                                                    row1.get("offline_seconds", 0.0))})
     for row in rows:
         row.update(rate=rate, delay=delay or "0ms", rtt_ms=round(rtt_s * 1000, 3))
     return rows
