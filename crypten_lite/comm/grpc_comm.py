@@ -51,7 +51,6 @@ PROTOCOL_VERSION = 1
 CHUNK_BYTES = 1 << 22
 MAX_FRAME_BYTES = CHUNK_BYTES + (1 << 16)
 BYE_SEQ = (1 << 64) - 1
-MAX_PARTIAL_MESSAGES = 64
 OPEN_SEQ = (1 << 64) - 2
 OPEN_TIMEOUT = 10.0  # seconds a new stream may take to send its opening frame
 # Servers accept frames of at most one chunk; clients (whose only large replies are the

@@ -54,10 +54,33 @@ COMPONENTS = {"triple": 3, "square": 2, "bit": 2, "binary_triple": 3, "trunc": 3
 CORRECTIONS = {"triple": 1, "square": 1, "bit": 1, "binary_triple": 1, "trunc": 2}
 
 
+def _conv_out(size: int, k: int, s: int, p: int, d: int) -> int:
+    return (size + 2 * p - d * (k - 1) - 1) // s + 1
+
+
+def _fast_shape(op: str, a: tuple, b: tuple, p) -> tuple[int, ...] | None:
+    """op(a, b)'s shape by arithmetic for the common cases (None: ask torch's meta kernels)."""
+    if op == "mul":
+        return tuple(torch.broadcast_shapes(a, b))
+    if op == "matmul" and len(a) >= 2 and len(b) >= 2 and a[-1] == b[-2]:
+        return tuple(torch.broadcast_shapes(a[:-2], b[:-2])) + (a[-2], b[-1])
+    if op in ("conv1d", "conv2d"):
+        dims = 1 if op == "conv1d" else 2
+        if len(a) == dims + 2 and len(b) == dims + 2 and a[1] == b[1] * p[3 * dims]:
+            spatial = tuple(_conv_out(a[2 + i], b[2 + i], p[i], p[dims + i], p[2 * dims + i])
+                            for i in range(dims))
+            if all(s > 0 for s in spatial):
+                return (a[0], b[0]) + spatial
+    return None
+
+
 def triple_shape(op: str, a_shape, b_shape, params) -> tuple[int, ...]:
-    """Shape of op(a, b) without computing it (meta tensors)."""
+    """Shape of op(a, b) without computing it (arithmetic, else meta tensors)."""
     if op not in TRIPLE_OPS:
         raise UnsupportedError(f"no Beaver triple for op {op!r}; supported: {sorted(TRIPLE_OPS)}")
+    fast = _fast_shape(op, tuple(a_shape), tuple(b_shape), tuple(params))
+    if fast is not None:
+        return fast
     a = torch.empty(a_shape, dtype=torch.float32, device="meta")
     b = torch.empty(b_shape, dtype=torch.float32, device="meta")
     try:

@@ -12,13 +12,14 @@ from crypten_lite.errors import CommunicationError
 victim = int(sys.argv[1]) if len(sys.argv) > 1 else 1
 crypten_lite.init()
 rank = crypten_lite.get_rank()
-x = crypten_lite.cryptensor(torch.ones(1000), src=0)
-(x * x).get_plain_text()
-print("warm", flush=True)
-if rank == victim:
-    os.kill(os.getpid(), signal.SIGKILL)
 start = time.monotonic()
 try:
+    x = crypten_lite.cryptensor(torch.ones(1000), src=0)
+    (x * x).get_plain_text()
+    print("warm", flush=True)
+    if rank == victim:
+        os.kill(os.getpid(), signal.SIGKILL)
+    start = time.monotonic()
     for _ in range(100):
         x = x * x
     x.get_plain_text()
