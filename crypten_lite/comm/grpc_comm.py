@@ -24,12 +24,14 @@ assembled message. Anything refused before authentication touches no session sta
 from __future__ import annotations
 
 import concurrent.futures
+import concurrent.futures.thread
 import hashlib
 import hmac
 import logging
 import queue
 import threading
 import time
+import weakref
 from typing import Iterator
 
 import grpc
@@ -130,9 +132,32 @@ class TlsContext:
         return self._tls.peer_identity(context) if self.enabled else None
 
 
+class _DaemonThreadPool(concurrent.futures.ThreadPoolExecutor):
+    """Server worker threads that never hold the interpreter at exit.
+
+    A handler may still be reading a peer's stream when the party exits (the peer is slow to
+    close, or gone without a reset); the standard pool's threads are joined at exit without a
+    deadline, which would hang the process. Here they are daemons: exit closes them.
+    """
+
+    def _adjust_thread_count(self) -> None:
+        if self._idle_semaphore.acquire(timeout=0):
+            return
+
+        def wake(_, q=self._work_queue):
+            q.put(None)
+        if len(self._threads) < self._max_workers:
+            thread = threading.Thread(
+                name=f"crypten-lite-grpc_{len(self._threads)}", daemon=True,
+                target=concurrent.futures.thread._worker,
+                args=(weakref.ref(self, wake), self._work_queue, self._initializer, self._initargs))
+            thread.start()
+            self._threads.add(thread)
+
+
 def start_server(address: str, tls: TlsContext, register, what: str) -> grpc.Server:
     """A gRPC server with health checking bound to `address`; clear error if the port is taken."""
-    server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=32), options=GRPC_OPTIONS)
+    server = grpc.server(_DaemonThreadPool(max_workers=32), options=GRPC_OPTIONS)
     register(server)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
