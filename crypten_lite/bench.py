@@ -248,16 +248,25 @@ def run(names: list[str], parties: int, provider: str, repeat: int, tls_dir: str
     return rows
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``crypten-lite bench``."""
     parser = argparse.ArgumentParser(prog="crypten-lite bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--parties", type=int, default=2)
-    parser.add_argument("--provider", choices=("dealer", "tfp"), default="dealer")
+    parser.add_argument("--parties", type=int, default=2,
+                        help="number of computing parties (default %(default)s)")
+    parser.add_argument("--provider", choices=("dealer", "tfp"), default="dealer",
+                        help="correlated randomness: dealer process (default) or tfp (INSECURE, party 0 deals)")
     parser.add_argument("--tls", action="store_true", help="run with mutual TLS (fresh certificates)")
-    parser.add_argument("--only", action="append", choices=sorted(WORKLOADS), help="workload(s) to run")
-    parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--out", default="-", help="JSON lines file (default stdout)")
-    args = parser.parse_args(argv)
+    parser.add_argument("--only", action="append", choices=sorted(WORKLOADS), metavar="NAME",
+                        help="run only this workload (repeatable); one of: " + ", ".join(sorted(WORKLOADS)))
+    parser.add_argument("--repeat", type=int, default=3,
+                        help="timed repetitions after one warm-up; seconds are their median (default %(default)s)")
+    parser.add_argument("--out", default="-", help="append the JSON lines to this file (default stdout)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     tls_dir = ""
     if args.tls:
         import tempfile

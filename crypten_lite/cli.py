@@ -170,16 +170,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("script", help="Python script calling crypten_lite.init()")
     p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
     p.set_defaults(fn=_launch)
-    p = sub.add_parser("party", help="run one party of a session configured by CRYPTEN_LITE_*")
-    p.add_argument("script")
-    p.add_argument("args", nargs=argparse.REMAINDER)
+    p = sub.add_parser("party", help="run one party of a session configured by CRYPTEN_LITE_*",
+                       description="Run SCRIPT as one party of a session. The session comes from the "
+                                   "environment (CRYPTEN_LITE_RANK, CRYPTEN_LITE_WORLD_SIZE, "
+                                   "CRYPTEN_LITE_PARTIES, CRYPTEN_LITE_DEALER, CRYPTEN_LITE_TLS_DIR, ... "
+                                   "or CRYPTEN_LITE_CONFIG); the script calls crypten_lite.init(). "
+                                   "This is the container entrypoint; see docs/deployment.md.")
+    p.add_argument("script", help="Python script calling crypten_lite.init()")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed on to the script")
     p.set_defaults(fn=_party)
     p = sub.add_parser("dealer", help="run the dealer service configured by CRYPTEN_LITE_*")
     p.add_argument("--listen", default=None, help="bind address (default CRYPTEN_LITE_DEALER)")
     p.set_defaults(fn=_dealer)
     p = sub.add_parser("health", help="gRPC health check of a party or the dealer")
-    p.add_argument("--target", required=True, help="host:port")
-    p.add_argument("--timeout", type=float, default=3.0)
+    p.add_argument("--target", required=True,
+                   help="host:port of a party or the dealer (with CRYPTEN_LITE_TLS_DIR: over mutual TLS)")
+    p.add_argument("--timeout", type=float, default=3.0,
+                   help="seconds to wait for the answer before reporting the target unhealthy "
+                        "(default %(default)s)")
     p.set_defaults(fn=_health)
     sub.add_parser("certs", help="create a CA and per-party certificates (see certs --help)", add_help=False)
     sub.add_parser("bench", help="run the benchmark suite (see bench --help)", add_help=False)
