@@ -232,6 +232,37 @@ class CrypTensor:
 
     __nonzero__ = __bool__
 
+    def _no_plain(self, what: str):
+        raise ProtocolError(f"{what} of a CrypTensor would need its secret value; reveal it with "
+                            "get_plain_text() first (for example x.get_plain_text().item())")
+
+    def item(self):
+        """Refused: a secret has no Python value (reveal with get_plain_text() first)."""
+        self._no_plain("item()")
+
+    def tolist(self):
+        """Refused: a secret has no Python value (reveal with get_plain_text() first)."""
+        self._no_plain("tolist()")
+
+    def numpy(self, *args, **kwargs):
+        """Refused: a secret has no NumPy value (reveal with get_plain_text() first)."""
+        self._no_plain("numpy()")
+
+    def __float__(self):
+        self._no_plain("float()")
+
+    def __int__(self):
+        self._no_plain("int()")
+
+    def __index__(self):
+        self._no_plain("use as an index (operator.index)")
+
+    def __complex__(self):
+        self._no_plain("complex()")
+
+    def __array__(self, *args, **kwargs):
+        self._no_plain("numpy.asarray()")
+
     def __repr__(self) -> str:
         names = f", names={self._names}" if self._names else ""
         grad = ", requires_grad=True" if self.requires_grad else ""
