@@ -1,6 +1,6 @@
 """Configuration: one frozen dataclass read from the environment, a TOML file and overrides.
 
-Environment variables (DESIGN.md section 6), all optional except where a session needs them:
+Environment variables (docs/design.md section 6), all optional except where a session needs them:
 
 ================================  ==============================================================
 ``CRYPTEN_LITE_RANK``             this party's rank, 0..world_size-1

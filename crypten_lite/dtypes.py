@@ -1,7 +1,7 @@
 """Logical dtypes of a CrypTensor and torch's type promotion, as pure functions.
 
 A CrypTensor's shares are always int64 ring elements; its *logical* dtype says what the
-shares mean and what ``get_plain_text()`` returns (DESIGN.md section 7):
+shares mean and what ``get_plain_text()`` returns (docs/design.md section 7):
 
 - a floating dtype (torch.float32 by default; float64 / float16 / bfloat16 are kept as
   given): fixed point with ``precision`` fractional bits;

@@ -2,7 +2,7 @@
 
 PyTorch 1.3 introduced named tensors and current PyTorch no longer has them, so crypten_lite
 implements the rules here, apart from any tensor: a CrypTensor keeps its names and asks this
-module what the names of a result are. Protocol code never sees names (DESIGN.md section 7).
+module what the names of a result are. Protocol code never sees names (docs/design.md section 7).
 
 Vocabulary
 ----------

@@ -4,7 +4,7 @@ Every party i holds a seed s_i with the dealer. For request number k, party i de
 component of its share as PRG(s_i).draw(shape, counter=k, domain=component). The dealer,
 knowing every s_i, reconstructs the random values, computes the correlated value and sends
 rank 0 the single correcting share that makes the shares sum (or xor) to it. So dealer
-traffic is one share per correlated value, sent to one party (DESIGN.md section 5).
+traffic is one share per correlated value, sent to one party (docs/design.md section 5).
 
 Kinds (x = sum of arithmetic shares, ^ = xor of binary shares):
 

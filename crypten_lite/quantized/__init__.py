@@ -1,4 +1,4 @@
-"""Private int8 inference of PyTorch quantized models (DESIGN.md section 8).
+"""Private int8 inference of PyTorch quantized models (docs/design.md section 8).
 
 Modules in dependency order:
 

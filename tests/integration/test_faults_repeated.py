@@ -4,7 +4,7 @@ Every party and dealer here is a real process running the container entrypoint
 (`crypten-lite party SCRIPT` / `crypten-lite dealer`, i.e. `crypten_lite.cli.main`). To fit
 60 process starts in a test run they are forked from one "zygote" that has imported torch
 once. It never imports grpc (nor crypten_lite, which does): gRPC state does not survive a
-fork, so each child imports it and builds its own server and channels (DESIGN.md section 6).
+fork, so each child imports it and builds its own server and channels (docs/design.md section 6).
 The
 zygote's command line holds a unique marker, so every child's /proc/PID/cmdline does too:
 that is how leftovers are found (not by the script's path, which other test runs may be

@@ -172,7 +172,7 @@ def test_library_uses_no_insecure_randomness():
 
 
 def test_layering():
-    """A lower layer never imports a higher one (DESIGN.md section 3)."""
+    """A lower layer never imports a higher one (docs/design.md section 3)."""
     import re
     order = ["config", "errors", "encoding", "random", "comm", "provider", "session", "mpc",
              "cryptensor", "torch_functions", "functions", "autograd", "nn", "optim", "quantized", "cli"]
