@@ -28,9 +28,24 @@ __version__ = "0.1.0"
 
 
 def init(config: Config | None = None, **overrides) -> None:
-    """Join the session described by the CRYPTEN_LITE_* environment (or `config`)."""
-    _init(config, **overrides)
+    """Join the session described by the CRYPTEN_LITE_* environment (or `config`).
+
+    Where nothing describes a session (no config, no overrides, no CRYPTEN_LITE_WORLD_SIZE,
+    _PARTIES or _CONFIG), this process is a launcher, as in a script or notebook that calls
+    init() and then a run_multiprocess function: init() only loads the extensions, the
+    parties build their own sessions, and an op outside them says how to start parties."""
     _load_extensions()
+    if config is None and not overrides and not _session_described():
+        import logging
+        logging.getLogger("crypten_lite").info(
+            "init(): no session configured; launcher mode (run_multiprocess starts parties)")
+        return
+    _init(config, **overrides)
+
+
+def _session_described() -> bool:
+    import os
+    return any(os.environ.get(f"CRYPTEN_LITE_{k}") for k in ("WORLD_SIZE", "PARTIES", "CONFIG"))
 
 
 def get_rank() -> int:

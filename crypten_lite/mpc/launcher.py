@@ -2,15 +2,18 @@
 
 Parties are separate processes started with the `spawn` method (gRPC objects do not survive
 fork), each building its own server and channels; a dealer process serves correlated
-randomness. Functions travel to the workers by reference (module and name), results come
-back through multiprocessing queues (local IPC between the launcher and its own children,
-never between parties).
+randomness. Functions travel to the workers by value (cloudpickle), so that functions defined
+in a notebook cell, in `python -c`, in a script read from stdin or inside another function
+work; results come back through multiprocessing queues. Both are local IPC between the
+launcher and its own children, never between parties (parties exchange only tensors).
+The children do not re-run the launching script (unlike plain spawn): a script that calls
+init() and run_multiprocess at top level would otherwise run again in every child.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
-import importlib
 import multiprocessing as mp
 import os
 import queue
@@ -18,7 +21,9 @@ import signal
 import socket
 import sys
 import traceback
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
+
+import cloudpickle
 
 from ..errors import CryptenLiteError
 
@@ -77,12 +82,31 @@ def dealer_main(env: dict[str, str]) -> None:
     server.wait()
 
 
-def _resolve(ref: tuple[str, str]) -> Callable:
-    module, qualname = ref
-    obj: Any = importlib.import_module(module)
-    for part in qualname.split("."):
-        obj = getattr(obj, part)
-    return getattr(obj, "__wrapped__", obj)
+@contextlib.contextmanager
+def _children_skip_main() -> Iterator[None]:
+    """Hide the launching script from spawn while children start.
+
+    spawn re-imports the parent's __main__ in every child (as __mp_main__) so that functions
+    pickled by name resolve there. Tasks travel by value here, so the children need no
+    __main__, and re-running it would repeat a top-level init() or run_multiprocess call."""
+    main = sys.modules.get("__main__")
+    if main is None:
+        yield
+        return
+    saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if k in main.__dict__}
+    main.__dict__.pop("__file__", None)
+    main.__spec__ = None
+    try:
+        yield
+    finally:
+        main.__dict__.pop("__spec__", None)
+        main.__dict__.update(saved)
+
+
+def _load_task(payload: bytes) -> tuple[Callable, tuple, dict]:
+    """The (function, args, kwargs) the launcher serialized with cloudpickle."""
+    fn, args, kwargs = cloudpickle.loads(payload)
+    return getattr(fn, "__wrapped__", fn), args, kwargs
 
 
 def _worker(env: dict[str, str], tasks, results) -> None:
@@ -101,9 +125,9 @@ def _worker(env: dict[str, str], tasks, results) -> None:
         task = tasks.get()
         if task is None:
             break
-        ref, args, kwargs = task
         try:
-            value = _resolve(ref)(*args, **kwargs)
+            fn, args, kwargs = _load_task(task)
+            value = fn(*args, **kwargs)
             results.put((rank, True, value))
         except BaseException:
             results.put((rank, False, traceback.format_exc()))
@@ -134,11 +158,13 @@ class PartyPool:
         self._procs = []
         if self.provider == "dealer":
             dealer = _CTX.Process(target=dealer_main, args=(dealer_env,), daemon=True)
-            dealer.start()
+            with _children_skip_main():
+                dealer.start()
             self._procs.append(dealer)
         for rank, env in enumerate(party_envs):
             p = _CTX.Process(target=_worker, args=(env, self._tasks[rank], self._results), daemon=True)
-            p.start()
+            with _children_skip_main():
+                p.start()
             self._procs.append(p)
         self._collect("start")
 
@@ -164,12 +190,13 @@ class PartyPool:
         if not self._procs:
             self._start()
         fn = getattr(fn, "__wrapped__", fn)
-        ref = (fn.__module__, fn.__qualname__)
-        if "<locals>" in fn.__qualname__:
-            raise CryptenLiteError("run_multiprocess needs a module-level function (spawned "
-                                   "parties import it by name)")
+        try:
+            payload = cloudpickle.dumps((fn, args, kwargs))
+        except Exception as e:
+            raise CryptenLiteError(f"run_multiprocess cannot send {fn.__qualname__} and its "
+                                   f"arguments to the parties: {e}") from e
         for q in self._tasks:
-            q.put((ref, args, kwargs))
+            q.put(payload)
         return self._collect(f"{fn.__qualname__}")
 
     def close(self) -> None:
@@ -200,8 +227,9 @@ class PartyPool:
 def run_multiprocess(world_size: int, provider: str = "dealer", timeout: float = 60.0):
     """Decorator: calling the function runs it on `world_size` parties; returns each rank's value.
 
-    The function must be defined at module level (parties are spawned processes that import
-    it). Raises PartyFailure with the failing rank's traceback.
+    The function may be defined anywhere (module, notebook cell, `python -c`, stdin, another
+    function): it travels to the spawned parties by value. Raises PartyFailure with the
+    failing rank's traceback.
     """
     def decorator(fn: Callable) -> Callable:
         @functools.wraps(fn)
