@@ -17,6 +17,7 @@ private run, only so that this demo can print torch's quantized model beside it.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import tempfile
 import time
@@ -118,6 +119,9 @@ def main() -> None:
     parser.add_argument("--no-verify", dest="verify", action="store_false",
                         help="do not reveal the images to party 0 for the comparison with torch")
     args = parser.parse_args()
+    if args.flow == "pt2e" and importlib.util.find_spec("torchao") is None:
+        raise SystemExit("--flow pt2e needs torchao (the PT2E quantization flow): "
+                         "pip install -e '.[quantization]' (or pip install 'torchao>=0.18')")
 
     from crypten_lite.quantized import QuantizedCrypTensor, run_private
     from crypten_lite.quantized.mpc_backend import load_public_program
