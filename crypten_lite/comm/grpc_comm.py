@@ -381,16 +381,20 @@ def _varint(n: int) -> bytes:
 _DATA_TAG = bytes([(8 << 3) | 2])  # Frame.data: field 8, length-delimited
 
 
-def _serialize_frame(item) -> bytes:
+def _frame_bytes(header: pb.Frame, payload: memoryview) -> bytes:
     """A Frame on the wire with one copy of the payload: header fields, then field 8 (data).
 
-    Frames are queued as (header Frame without data, memoryview of the payload) so that the
-    payload is copied once, here, instead of once into a bytes slice and once more by protobuf.
+    The payload (a view of the tensor's memory) is copied once, here, instead of once into a
+    bytes slice and once more by protobuf.
     """
+    return b"".join((header.SerializeToString(), _DATA_TAG, _varint(len(payload)), payload))
+
+
+def _serialize_frame(item) -> bytes:
+    """Request serializer of the Stream call: message frames are queued already serialized."""
     if isinstance(item, pb.Frame):
         return item.SerializeToString()
-    header, payload = item
-    return b"".join((header.SerializeToString(), _DATA_TAG, _varint(len(payload)), payload))
+    return item
 
 
 def _add_party_servicer(servicer: "_PartyServicer", server: grpc.Server) -> None:
@@ -439,8 +443,13 @@ class _Outbox:
                                      peer=self.peer)
         dtype, shape, data = serde.to_bytes(tensor)
         n = max(1, -(-len(data) // CHUNK_BYTES))
-        frames = [(pb.Frame(session=session, src=src, seq=self.seq, dtype=dtype, shape=shape,
-                            chunk=i, num_chunks=n), data[i * CHUNK_BYTES:(i + 1) * CHUNK_BYTES])
+        # Copy-on-send: the frames are serialized now, on the caller's thread, so what the
+        # peer receives is the tensor as it was at this call even if the caller changes it in
+        # place next (the stream's thread sends later). It is the one copy serialization
+        # makes anyway (tests/integration/test_copy_on_send.py).
+        frames = [_frame_bytes(pb.Frame(session=session, src=src, seq=self.seq, dtype=dtype,
+                                        shape=shape, chunk=i, num_chunks=n),
+                               data[i * CHUNK_BYTES:(i + 1) * CHUNK_BYTES])
                   for i in range(n)]
         self.seq += 1
         self.queue.put(frames)
