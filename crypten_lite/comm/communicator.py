@@ -4,6 +4,10 @@ Every protocol talks to its peers only through this interface, which also keeps 
 statistics the tests assert: `rounds` (one per collective or send; a protocol that opens
 several values at once must pack them in one call), `bytes_sent` / `bytes_received` (tensor
 payload only), `messages` (sent), and `seconds` spent inside communication calls.
+
+Every sending call (send, exchange, broadcast, all_gather, gather, all_reduce, barrier) has
+copy-on-send semantics: the peer receives the tensor as it was when the call was made, so the
+caller may modify it in place as soon as the call returns (tests/integration/test_copy_on_send.py).
 """
 
 from __future__ import annotations
@@ -41,7 +45,8 @@ class Communicator(abc.ABC):
     # -- transport primitives, implemented by subclasses ---------------------------------
     @abc.abstractmethod
     def _send(self, tensor: torch.Tensor, dst: int) -> None:
-        """Queue `tensor` for party `dst` (must not block on the receiver)."""
+        """Queue a snapshot of `tensor` for party `dst` (must not block on the receiver, and
+        must not keep a view of the tensor's memory: copy-on-send, see the module docstring)."""
 
     @abc.abstractmethod
     def _recv(self, src: int) -> torch.Tensor:
