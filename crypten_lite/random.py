@@ -7,13 +7,23 @@ Stream separation: a PRG is keyed by a 32-byte seed; each draw names a 12-byte n
 of a 4-byte domain tag and an 8-byte counter, and AES-CTR runs the remaining 4 bytes as the
 block counter (up to 64 GiB per draw). Parties that share a seed and draw in the same order
 obtain the same values, which is how pairwise zero-sharings and dealer-derived shares work.
+
+Key separation: a seed agreed between two endpoints serves several purposes (zero-sharing,
+stream opening tokens, correlated randomness, dealer request MACs); each gets its own key
+`subkey(seed, purpose)` (HKDF-SHA256 with the purpose in `info`), so no two purposes ever
+use the same key. Correlated value number k is drawn under its own AES key
+`correlation_key(key, k, kind, op, shapes, params)` (HMAC-SHA256 over an unambiguous
+encoding of the request): two different requests never share a stream, and a smaller draw
+is not a prefix of a larger one.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import os
 import struct
+from typing import Sequence
 
 import torch
 from cryptography.hazmat.primitives import hashes, serialization
@@ -86,6 +96,59 @@ def derive_key(secret: bytes, info: str) -> bytes:
     """HKDF-SHA256 of a shared secret into a 32-byte seed bound to `info`."""
     return HKDF(algorithm=hashes.SHA256(), length=SEED_BYTES, salt=None,
                 info=info.encode()).derive(secret)
+
+
+# Every purpose a seed serves; subkey() refuses any other name (a typo must not silently
+# collide with, or differ from, the other endpoint's key).
+PURPOSES = frozenset({"przs", "stream-token", "correlations", "dealer-request-mac"})
+
+
+def subkey(seed: bytes, purpose: str) -> bytes:
+    """The 32-byte key of `seed` for one `purpose` (HKDF-SHA256; one key per purpose)."""
+    if purpose not in PURPOSES:
+        raise ValueError(f"unknown key purpose {purpose!r}; known: {sorted(PURPOSES)}")
+    if len(seed) != SEED_BYTES:
+        raise ValueError(f"seed must be {SEED_BYTES} bytes")
+    return derive_key(seed, f"crypten_lite/v1/subkey/{purpose}")
+
+
+def canonical(*fields: str | int | Sequence) -> bytes:
+    """An unambiguous (prefix-free) byte encoding of strings, integers and nested sequences.
+
+    Each value is tagged with its type and length, so two different field lists never encode
+    to the same bytes (the input of the KDF and of the dealer's request MAC).
+    """
+    out = bytearray()
+
+    def put(value) -> None:
+        if isinstance(value, str):
+            data = value.encode()
+            out.extend(b"s" + struct.pack("<I", len(data)) + data)
+        elif isinstance(value, int):
+            out.extend(b"i" + int(value).to_bytes(9, "little", signed=True))
+        else:
+            items = list(value)
+            out.extend(b"t" + struct.pack("<I", len(items)))
+            for item in items:
+                put(item)
+
+    put(fields)
+    return bytes(out)
+
+
+def request_encoding(counter: int, kind: str, op: str, shapes, params) -> bytes:
+    """The canonical encoding of one correlation request (what its randomness is bound to)."""
+    return canonical("correlation/v1", counter, kind, op,
+                     [[int(s) for s in shape] for shape in shapes], [int(p) for p in params])
+
+
+def correlation_key(key: bytes, counter: int, kind: str, op: str, shapes, params) -> bytes:
+    """The AES key of request `counter` for the holder of correlation key `key`.
+
+    `key` is `subkey(seed, "correlations")`; HMAC-SHA256 is the PRF binding the key to the
+    whole request (counter, kind, op, shapes, params).
+    """
+    return hmac.new(key, request_encoding(counter, kind, op, shapes, params), hashlib.sha256).digest()
 
 
 class KeyPair:

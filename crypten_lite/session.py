@@ -17,7 +17,7 @@ from .comm.communicator import Communicator
 from .config import Config
 from .errors import ConfigError, NotInitializedError
 from .provider import Provider
-from .random import PRG
+from .random import PRG, subkey
 
 log = logging.getLogger("crypten_lite")
 
@@ -90,7 +90,7 @@ def init(config: Config | None = None, **overrides) -> Session:
         comm.close()
         raise
     session = Session(config, comm, provider,
-                      {p: PRG(seed) for p, seed in comm.pair_seeds.items()})
+                      {p: PRG(subkey(seed, "przs")) for p, seed in comm.pair_seeds.items()})
     install(session)
     # threading's exit hooks run before atexit and join the gRPC server's worker threads,
     # which wait on peer streams: close the transport first so that exit never hangs.

@@ -4,26 +4,38 @@ The dealer logic itself (which values to derive, which correction to send) lives
 `crypten_lite.provider.dealer`; this module only moves requests and tensors.
 
 1. Every party calls `Dealer.Handshake` (same checks as between parties); both sides derive
-   the party-dealer seed from X25519 + HKDF.
-2. Rank 0 sends batches of `CorrelationRequest`s; the dealer waits (up to the timeout) until
-   every rank of the session has shaken hands, derives every party's shares from their seeds
-   and answers with rank 0's correcting shares only.
+   the party-dealer seed from X25519 + HKDF, and from it (`random.subkey`) the party's
+   correlation key and, for rank 0, the request MAC key.
+2. Rank 0 sends batches of `CorrelationRequest`s, each batch with an HMAC-SHA256 under its
+   request MAC key over the session and the requests' canonical encodings (a few dozen
+   bytes per request, never the tensors). The dealer waits (up to the timeout) until every
+   rank of the session has shaken hands, then, before any work:
+   a. refuses a batch whose MAC is not rank 0's (any other party, an outsider, a modified
+      batch): with or without TLS, only rank 0 gets corrections;
+   b. refuses a request the protocols never make (`Handler.check`: kind, op, operand count,
+      parameter ranges) or whose answer is too large: every component, broadcast and matmul
+      results included, is sized by arithmetic against max_message_bytes, and the batch's
+      answer against one gRPC message;
+   c. refuses a batch naming a counter it has already answered in this session (a replay,
+      or a different request for a used counter): each counter is answered at most once.
+   Then it derives every party's components and answers with rank 0's corrections only.
 
-Hostile input (tests/integration/test_fuzz.py): without TLS nobody's identity is proven, so
-a rank's first handshake wins and a second one with another key is refused (it would
-otherwise replace that party's seed and silently corrupt every later correlation); a
-malformed request gets a refusal, never an exception; a request is refused before any work
-when its operands exceed max_message_bytes or its answer one gRPC message.
+Hostile input (tests/integration/test_fuzz.py, test_dealer_attacks.py): without TLS nobody's
+identity is proven, so a rank's first handshake wins and a second one with another key is
+refused (it would otherwise replace that party's seed and silently corrupt every later
+correlation); a malformed request gets a refusal, never an exception.
 """
 
 from __future__ import annotations
 
+import bisect
+import hashlib
+import hmac
 import logging
-import math
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Protocol, Sequence
 
 import grpc
 import torch
@@ -31,8 +43,8 @@ import torch
 from .._proto import crypten_lite_pb2 as pb
 from .._proto import crypten_lite_pb2_grpc as pb_grpc
 from ..config import Config
-from ..errors import CommunicationError, ConfigError, CryptenLiteError
-from ..random import KeyPair, pair_info
+from ..errors import CommunicationError, ConfigError, CryptenLiteError, ProtocolError
+from ..random import KeyPair, canonical, pair_info, request_encoding, subkey
 from . import serde
 from .grpc_comm import MAX_REPLY_BYTES, TlsContext, check_hello, handshake, make_hello, start_server
 
@@ -68,6 +80,74 @@ class Request:
             i += 1 + n
         return cls(msg.kind, msg.counter, msg.op, tuple(shapes), tuple(msg.params))
 
+    def encoding(self) -> bytes:
+        """The canonical encoding its randomness and its MAC are bound to."""
+        return request_encoding(self.counter, self.kind, self.op, self.shapes, self.params)
+
+
+# Only this rank receives corrections (provider.correlations.CORRECTING_RANK).
+REQUESTER_RANK = 0
+MAC_BYTES = 32
+
+
+def batch_mac(key: bytes, session: str, requests: Sequence[Request]) -> bytes:
+    """HMAC-SHA256 of a batch under rank 0's request MAC key (bound to the session and to
+    every request's counter, kind, op, shapes and parameters; the encodings are prefix-free,
+    so their concatenation is unambiguous)."""
+    mac = hmac.new(key, canonical("dealer-batch/v1", session, REQUESTER_RANK, len(requests)),
+                   hashlib.sha256)
+    for r in requests:
+        mac.update(r.encoding())
+    return mac.digest()
+
+
+class CounterLedger:
+    """The counters answered in a session, as sorted disjoint [start, end) intervals (the
+    counters of a run are nearly contiguous, so this stays a handful of intervals)."""
+
+    def __init__(self) -> None:
+        self._starts: list[int] = []
+        self._ends: list[int] = []
+        self.answered = 0
+
+    def __contains__(self, counter: int) -> bool:
+        i = bisect.bisect_right(self._starts, counter) - 1
+        return i >= 0 and counter < self._ends[i]
+
+    def claim(self, counters: Sequence[int]) -> None:
+        """Mark every counter answered; ProtocolError naming the first one already answered
+        (or repeated within `counters`), in which case nothing is marked."""
+        ordered = sorted(counters)
+        for prev, cur in zip(ordered, ordered[1:]):
+            if prev == cur:
+                raise ProtocolError(f"counter {cur} appears twice in one batch; the dealer "
+                                    "answers each counter once")
+        for c in ordered:
+            if c in self:
+                raise ProtocolError(f"counter {c} was already answered in this session; the "
+                                    "dealer answers each counter once (a replay, or a run "
+                                    "that re-requests a used counter)")
+        for c in ordered:
+            self._add(c)
+        self.answered += len(ordered)
+
+    def _add(self, c: int) -> None:
+        i = bisect.bisect_right(self._starts, c) - 1
+        if i >= 0 and self._ends[i] == c:  # extends interval i
+            self._ends[i] = c + 1
+            if i + 1 < len(self._starts) and self._starts[i + 1] == c + 1:  # joins i + 1
+                self._ends[i] = self._ends.pop(i + 1)
+                self._starts.pop(i + 1)
+        elif i + 1 < len(self._starts) and self._starts[i + 1] == c + 1:  # extends i + 1 down
+            self._starts[i + 1] = c
+        else:
+            self._starts.insert(i + 1, c)
+            self._ends.insert(i + 1, c + 1)
+
+    @property
+    def intervals(self) -> int:
+        return len(self._starts)
+
 
 def tensor_to_proto(tensor: torch.Tensor) -> pb.TensorProto:
     dtype, shape, data = serde.to_bytes(tensor)
@@ -79,12 +159,23 @@ def tensor_from_proto(msg: pb.TensorProto, max_bytes: int) -> torch.Tensor:
     return serde.from_bytes(msg.dtype, tuple(msg.shape), msg.data)
 
 
-# Sanity bounds on one request (the operations the dealer serves have at most 2 operands
-# and a dozen integer parameters).
+# Sanity bounds on one request, checked before anything else (the operations the dealer
+# serves have at most 2 operands and a few dozen integer parameters).
 MAX_OPERANDS = 8
 MAX_PARAMS = 256
+# Room left in the reply for everything but the tensors' bytes.
+ANSWER_MARGIN = 1 << 20
 
-Handler = Callable[[dict[int, bytes], Request], list[torch.Tensor]]
+
+class Handler(Protocol):
+    """The dealer's logic (provider.dealer_handler): what it accepts and what it answers."""
+
+    def check(self, request: Request, world_size: int, max_component_bytes: int) -> int:
+        """Refuse (CryptenLiteError) a request no protocol makes; else its answer's bytes.
+        Must not allocate anything in proportion to the request's shapes."""
+
+    def __call__(self, keys: dict[int, bytes], request: Request) -> list[torch.Tensor]:
+        """Rank 0's corrections for `request`, from every rank's correlation key."""
 
 
 class _DealerServicer(pb_grpc.DealerServicer):
@@ -111,6 +202,9 @@ class _DealerServicer(pb_grpc.DealerServicer):
                 log.warning("dealer refused a handshake: %s", error)
                 return pb.HelloReply(hello=d.hello, error=error)
             d.seeds[request.rank] = seed
+            d.keys[request.rank] = subkey(seed, "correlations")
+            if request.rank == REQUESTER_RANK:
+                d.mac_key = subkey(seed, "dealer-request-mac")
             d.cond.notify_all()
         log.info("dealer: party %d joined session %r", request.rank, request.session)
         return pb.HelloReply(hello=d.hello)
@@ -118,32 +212,41 @@ class _DealerServicer(pb_grpc.DealerServicer):
     def Correlations(self, request, context):
         d = self.dealer
         identity = d.tls.peer_identity(context)
-        if identity is not None and identity != "party0":
+        if identity is not None and identity != f"party{REQUESTER_RANK}":
+            d.audit(refused=1)
             context.abort(grpc.StatusCode.PERMISSION_DENIED, "only party0 may request corrections")
         try:
-            seeds = d.wait_for_parties()
-            tensors: list[pb.TensorProto] = []
-            counts: list[int] = []
-            size = 0
+            if len(request.mac) != MAC_BYTES:
+                raise ProtocolError("request not authenticated (no MAC): only party 0 may "
+                                    "request corrections")
+            keys = d.wait_for_parties()
+            requests = []
             for msg in request.requests:
                 if msg.session != d.config.session:
                     raise CommunicationError(f"request for session {msg.session!r}")
-                req = Request.from_proto(msg)
-                d.check_size(req)
-                answer = d.handler(seeds, req)
+                requests.append(Request.from_proto(msg))
+            d.authenticate(request.mac, requests)
+            answer_bytes = sum(d.check(r) for r in requests)
+            if answer_bytes > MAX_REPLY_BYTES - ANSWER_MARGIN:
+                raise CommunicationError(f"the answer ({answer_bytes} bytes) exceeds "
+                                         f"{MAX_REPLY_BYTES - ANSWER_MARGIN} bytes; request "
+                                         "fewer or smaller correlations at a time")
+            d.claim(requests)
+            tensors: list[pb.TensorProto] = []
+            counts: list[int] = []
+            for req in requests:
+                answer = d.handler(keys, req)
                 counts.append(len(answer))
-                for t in answer:
-                    tensors.append(tensor_to_proto(t))
-                    size += len(tensors[-1].data)
-                    if size > MAX_REPLY_BYTES - (1 << 20):
-                        raise CommunicationError(f"the answer exceeds {MAX_REPLY_BYTES - (1 << 20)} bytes; "
-                                                 "request fewer or smaller correlations at a time")
+                tensors.extend(tensor_to_proto(t) for t in answer)
+            d.audit(answered=len(requests))
             return pb.CorrelationReply(tensors=tensors, counts=counts)
         except CryptenLiteError as e:
+            d.audit(refused=1)
             log.warning("dealer refused a request: %s", e)
             return pb.CorrelationReply(error=str(e))
         except (ArithmeticError, IndexError, KeyError, TypeError, ValueError, RuntimeError) as e:
             # A malformed request (missing shapes or params, impossible sizes...): refuse it.
+            d.audit(refused=1)
             log.warning("dealer refused a malformed request: %s: %s", type(e).__name__, e)
             return pb.CorrelationReply(error=f"malformed request: {type(e).__name__}")
 
@@ -158,6 +261,10 @@ class DealerServer:
         self.tls = TlsContext(config.tls_dir, "dealer")
         self.hello = make_hello(config, config.world_size, self.keypair.public_bytes)
         self.seeds: dict[int, bytes] = {}
+        self.keys: dict[int, bytes] = {}     # correlation key of every rank
+        self.mac_key: bytes | None = None    # rank 0's request MAC key
+        self.ledger = CounterLedger()        # counters answered in this session
+        self.refused = 0
         self.cond = threading.Condition()
         address = address or config.bind or config.dealer
         if not address:
@@ -166,28 +273,48 @@ class DealerServer:
                                    lambda s: pb_grpc.add_DealerServicer_to_server(_DealerServicer(self), s),
                                    "dealer")
 
-    def check_size(self, request: Request) -> None:
-        """Refuse, before any work, a request whose operands exceed max_message_bytes."""
+    def authenticate(self, mac: bytes, requests: Sequence[Request]) -> None:
+        """Refuse a batch whose MAC is not rank 0's (another party, an outsider, a change)."""
+        with self.cond:
+            key = self.mac_key
+        if key is None or not hmac.compare_digest(mac, batch_mac(key, self.config.session, requests)):
+            raise ProtocolError("request not authenticated (bad MAC): only party 0 may request "
+                                "corrections, each batch with its own MAC")
+
+    def check(self, request: Request) -> int:
+        """Refuse, before any work, a request no protocol makes or whose answer is too large
+        (every component, broadcast results included, within max_message_bytes); else the
+        bytes of its answer."""
         if len(request.shapes) > MAX_OPERANDS or len(request.params) > MAX_PARAMS:
             raise CommunicationError(f"correlation request with {len(request.shapes)} shapes and "
                                      f"{len(request.params)} parameters")
-        if any(s < 0 for shape in request.shapes for s in shape):
-            raise CommunicationError("negative dimension in correlation request")
-        nbytes = 8 * sum(math.prod(shape) for shape in request.shapes)
-        if nbytes > self.config.max_message_bytes:
-            raise CommunicationError(f"correlation request {request.kind}/{request.op} of "
-                                     f"{nbytes} bytes exceeds max_message_bytes")
+        return self.handler.check(request, self.config.world_size, self.config.max_message_bytes)
+
+    def claim(self, requests: Sequence[Request]) -> None:
+        """Mark the batch's counters answered (all or none); refuse a counter already answered."""
+        with self.cond:
+            self.ledger.claim([r.counter for r in requests])
+
+    def audit(self, answered: int = 0, refused: int = 0) -> None:
+        """Log the session's totals (INFO): what the dealer answered and refused so far."""
+        with self.cond:
+            self.refused += refused
+            total, intervals, refusals = self.ledger.answered, self.ledger.intervals, self.refused
+        log.info("dealer audit: session=%s batch_answered=%d counters_answered=%d "
+                 "counter_ranges=%d batches_refused=%d", self.config.session, answered, total,
+                 intervals, refusals)
 
     def wait_for_parties(self) -> dict[int, bytes]:
+        """Every rank's correlation key, once all have shaken hands (up to the timeout)."""
         deadline = time.monotonic() + self.config.timeout
         with self.cond:
-            while len(self.seeds) < self.config.world_size:
+            while len(self.keys) < self.config.world_size:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    missing = sorted(set(range(self.config.world_size)) - set(self.seeds))
+                    missing = sorted(set(range(self.config.world_size)) - set(self.keys))
                     raise CommunicationError(f"dealer: parties {missing} never connected")
                 self.cond.wait(remaining)
-            return dict(self.seeds)
+            return dict(self.keys)
 
     def wait(self) -> None:
         self.server.wait_for_termination()
@@ -213,6 +340,8 @@ class DealerClient:
         if theirs.rank != config.world_size or theirs.session != config.session:
             raise ConfigError(f"the service at {config.dealer} is not this session's dealer")
         self.seed = keypair.shared_seed(theirs.public_key, pair_info(config.session, "dealer", config.rank))
+        # Only rank 0's key is accepted by the dealer; any other party's requests are refused.
+        self._mac_key = subkey(self.seed, "dealer-request-mac")
 
     def request_batch(self, requests: Sequence[Request]) -> Callable[[], list[list[torch.Tensor]]]:
         """Send a batch; returns a function that waits for the corrections of each request."""
@@ -234,8 +363,14 @@ class DealerClient:
         reply = self._call(requests)
         return lambda: reply()[0]
 
+    def batch_proto(self, requests: Sequence[Request]) -> pb.CorrelationBatch:
+        """The authenticated batch message for `requests`."""
+        session = self.config.session
+        return pb.CorrelationBatch(requests=[r.to_proto(session) for r in requests],
+                                   mac=batch_mac(self._mac_key, session, requests))
+
     def _call(self, requests: Sequence[Request]) -> Callable[[], tuple[list[torch.Tensor], list[int]]]:
-        batch = pb.CorrelationBatch(requests=[r.to_proto(self.config.session) for r in requests])
+        batch = self.batch_proto(requests)
         future = self.stub.Correlations.future(batch, timeout=self.config.timeout)
 
         def result() -> tuple[list[torch.Tensor], list[int]]:

@@ -42,7 +42,7 @@ from .._proto import crypten_lite_pb2 as pb
 from .._proto import crypten_lite_pb2_grpc as pb_grpc
 from ..config import Config
 from ..errors import CommunicationError, ConfigError
-from ..random import KeyPair, pair_info
+from ..random import KeyPair, pair_info, subkey
 from . import serde
 from .communicator import Communicator
 from .mailbox import Mailbox
@@ -103,8 +103,10 @@ def check_hello(mine: pb.Hello, theirs: pb.Hello, identity: str | None, dealer: 
 
 
 def stream_token(seed: bytes, session: str, src: int, dst: int) -> bytes:
-    """HMAC proving a stream from `src` to `dst` comes from the holder of their pair seed."""
-    return hmac.new(seed, f"stream/{session}/{src}->{dst}".encode(), hashlib.sha256).digest()
+    """HMAC proving a stream from `src` to `dst` comes from the holder of their pair seed
+    (under the seed's own stream-token key, never the zero-sharing key)."""
+    return hmac.new(subkey(seed, "stream-token"), f"stream/{session}/{src}->{dst}".encode(),
+                    hashlib.sha256).digest()
 
 
 class TlsContext:

@@ -8,7 +8,22 @@
 The plan is the public list of correlation requests (kinds, ops, shapes, parameters) a run
 makes; it depends on the model and the input shapes, not on any value. Rank 0 asks the
 dealer for all the corrections of the next run in one batch; other parties derive theirs
-from their seeds as always. A request that does not follow the plan is fetched as usual.
+from their seeds as always.
+
+Like every crypten_lite call, `prefetch` is collective: every party calls it with the same
+plan at the same point of the program (it checks that, in one small all-gather of the plan's
+digest, offline). Each party then knows which counters the plan covers.
+
+A run that differs from the plan (another program, or the same model on another batch size:
+a last batch of 100 after a plan recorded at 2048 has other shapes and, where large
+elementwise requests are split into chunks, another number of requests) is safe and correct:
+at the first request that differs from the plan, every party skips the rest of the prefetched
+counters and continues after them, fetching each correction as usual. A counter is never
+requested twice: the dealer answers each counter once and would refuse a second request
+(which, for a different request at the same counter, could otherwise help rank 0 solve for
+another party's masks). Unused prefetched corrections are dropped; they reveal nothing alone.
+The provider's `stats["diverged"]` counts such skips, and the first divergent request is
+logged (INFO) with its kind, op and shapes.
 """
 
 from __future__ import annotations
@@ -16,6 +31,9 @@ from __future__ import annotations
 import contextlib
 from typing import Iterator
 
+import torch
+
+from ..errors import ProtocolError
 from ..session import current
 
 
@@ -32,8 +50,20 @@ def record() -> Iterator[list]:
 
 
 def prefetch(plan: list, wait: bool = True) -> None:
-    """Fetch the corrections of the next run of `plan` now (rank 0; a no-op elsewhere)."""
-    provider = current().provider
+    """Fetch the corrections of the next run of `plan` now (collective: every party calls it
+    with the same plan; rank 0 asks the dealer, the others note the planned counters).
+
+    Raises ProtocolError if the parties' plans or counters differ (one all-gather of a
+    32-byte digest, offline)."""
+    s = current()
+    provider = s.provider
     provider.prefetch(plan)
+    mine = torch.frombuffer(bytearray(provider.plan_digest()), dtype=torch.int64).clone()
+    digests = s.comm.all_gather(mine)
+    differ = [r for r, d in enumerate(digests) if not torch.equal(d, mine)]
+    if differ:
+        raise ProtocolError(f"offline.prefetch: party {s.rank}'s plan (or request counter) "
+                            f"differs from that of parties {differ}; every party must record "
+                            "the same program and call prefetch with its plan at the same point")
     if wait:
         provider.wait_prefetched()

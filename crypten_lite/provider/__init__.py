@@ -17,6 +17,7 @@ import torch
 
 from ..comm.dealer_rpc import DealerClient, Request
 from ..config import Config
+from ..random import canonical, subkey
 from . import correlations
 from .correlations import CORRECTING_RANK
 
@@ -44,19 +45,35 @@ class Correlation:
         return self._parts
 
 
+def _spec(kind: str, op: str, shapes, params) -> tuple:
+    """A request's public description (kind, op, shapes, params) in one canonical form."""
+    return (str(kind), str(op), tuple(tuple(int(s) for s in shape) for shape in shapes),
+            tuple(int(p) for p in params))
+
+
 class Provider:
-    """Base provider: counters and seeded derivation; subclasses supply rank 0's corrections."""
+    """Base provider: counters, seeded derivation and the offline plan; subclasses supply
+    rank 0's corrections.
+
+    Counters and the plan are kept identically by every party: requests and plans are public
+    and every party makes the same ones in the same order, so a party never needs to tell
+    another which counter comes next.
+    """
 
     name = "provider"
 
     def __init__(self, config: Config, seed: bytes):
         self.rank = config.rank
         self.world_size = config.world_size
-        self._seed = seed
+        self._key = subkey(seed, "correlations")
         self.counter = 0
-        self.stats = {"requests": 0, "dealer_bytes": 0, "prefetched": 0}
+        self.stats = {"requests": 0, "dealer_bytes": 0, "prefetched": 0, "diverged": 0}
         self._recording: list[tuple] | None = None
-        self._prefetched: dict[int, tuple[tuple, Callable[[], list[torch.Tensor]]]] = {}
+        # The prefetched range [plan_start, plan_start + len(plan)): the plan's specs, and on
+        # rank 0 the (already requested) corrections of each counter not yet used.
+        self._plan: list[tuple] = []
+        self._plan_start = 0
+        self._prefetched: dict[int, Callable[[], list[torch.Tensor]]] = {}
 
     def _corrections(self, request: Request) -> Callable[[], list[torch.Tensor]]:
         raise NotImplementedError
@@ -66,24 +83,40 @@ class Provider:
 
     def get(self, kind: str, shapes, op: str = "", params=()) -> Correlation:
         """This party's share of a fresh correlated value of `kind`."""
-        shapes = tuple(tuple(int(s) for s in shape) for shape in shapes)
-        params = tuple(int(p) for p in params)
-        request = Request(kind, self.counter, op, shapes, params)
-        self.counter += 1
+        spec = _spec(kind, op, shapes, params)
+        _, _, shapes, params = spec
+        request = Request(kind, self._next_counter(spec), op, shapes, params)
         self.stats["requests"] += 1
-        spec = (kind, op, shapes, params)
         if self._recording is not None:
             self._recording.append(spec)
-        parts = correlations.derive(self._seed, request.counter, kind, op, shapes, params)
+        parts = correlations.derive(self._key, request.counter, kind, op, shapes, params)
         fetch = None
         if self.rank == CORRECTING_RANK:
-            planned = self._prefetched.pop(request.counter, None)
-            if planned is not None and planned[0] == spec:
-                fetch = planned[1]
+            fetch = self._prefetched.pop(request.counter, None)
+            if fetch is not None:
                 self.stats["prefetched"] += 1
             else:
                 fetch = self._corrections(request)
         return Correlation(parts, fetch)
+
+    def _next_counter(self, spec: tuple) -> int:
+        """The counter of the next request. Inside the prefetched range, a request that differs
+        from the plan skips the rest of the range: its counters were answered for the plan's
+        requests, and the dealer answers each counter only once (same decision on every party,
+        since requests and plan are the same everywhere)."""
+        k = self.counter
+        end = self._plan_start + len(self._plan)
+        if self._plan_start <= k < end and self._plan[k - self._plan_start] != spec:
+            planned = self._plan[k - self._plan_start]
+            log.info("request %d (%s/%s %s) differs from the prefetched plan (%s/%s %s): "
+                     "continuing past the prefetched range at counter %d", k, spec[0],
+                     spec[1] or "-", list(spec[2]), planned[0], planned[1] or "-",
+                     list(planned[2]), end)
+            self.stats["diverged"] += 1
+            self._plan, self._prefetched = [], {}
+            k = end
+        self.counter = k + 1
+        return k
 
     # -------------------------------------------------------------- offline phase
     def start_recording(self) -> None:
@@ -95,22 +128,31 @@ class Provider:
         return plan
 
     def prefetch(self, plan: list[tuple]) -> None:
-        """Offline phase: ask the dealer now, in one batch, for the corrections of the next
-        len(plan) requests, assuming they follow `plan` (a recorded run of the same program).
-        A request that turns out different is simply fetched again when it comes."""
-        self._prefetched.clear()
+        """Offline phase (every party, with the same plan): the next len(plan) counters are
+        planned as `plan` (a recorded run of the same program); rank 0 asks the dealer now, in
+        one batch, for their corrections. The range starts after any earlier prefetched range,
+        whose unused counters were answered already and are never requested again."""
+        start = max(self.counter, self._plan_start + len(self._plan))
+        self.counter = start
+        self._plan = [_spec(*entry) for entry in plan]
+        self._plan_start = start
+        self._prefetched = {}
         if self.rank != CORRECTING_RANK or not plan:
             return
-        requests = [Request(kind, self.counter + i, op, shapes, params)
-                    for i, (kind, op, shapes, params) in enumerate(plan)]
-        for r, fetch in zip(requests, self._batch_corrections(requests)):
-            self._prefetched[r.counter] = ((r.kind, r.op, r.shapes, r.params), fetch)
+        requests = [Request(kind, start + i, op, shapes, params)
+                    for i, (kind, op, shapes, params) in enumerate(self._plan)]
+        self._prefetched = dict(zip((r.counter for r in requests), self._batch_corrections(requests)))
+
+    def plan_digest(self) -> bytes:
+        """SHA-256 of the prefetched range and its plan (parties compare it: see offline)."""
+        return hashlib.sha256(canonical("plan/v1", self._plan_start, len(self._plan),
+                                        [[k, o, list(sh), list(p)] for k, o, sh, p in self._plan])).digest()
 
     def wait_prefetched(self) -> None:
         """Block until the prefetched corrections have arrived (end of the offline phase)."""
         if self._prefetched:
             first = min(self._prefetched)
-            self._prefetched[first][1]()
+            self._prefetched[first]()
 
     def close(self) -> None:
         pass
@@ -159,21 +201,32 @@ class TfpProvider(Provider):
 
     def __init__(self, config: Config):
         super().__init__(config, tfp_seed(config.session, config.rank))
-        self._seeds = {r: tfp_seed(config.session, r) for r in range(config.world_size)}
+        self._keys = {r: subkey(tfp_seed(config.session, r), "correlations")
+                      for r in range(config.world_size)}
         if config.rank == 0:
             log.warning("provider 'tfp' is INSECURE: party 0 can derive every party's randomness. "
                         "Use it only for tests and debugging; the default 'dealer' is secure.")
 
     def _corrections(self, request: Request) -> Callable[[], list[torch.Tensor]]:
-        fixes = correlations.corrections(self._seeds, request.counter, request.kind, request.op,
-                                         request.shapes, request.params)
+        fixes = dealer_handler(self._keys, request)
         return lambda: fixes
 
 
-def dealer_handler(seeds: dict[int, bytes], request: Request) -> list[torch.Tensor]:
-    """What the dealer service computes for one request (plugged into DealerServer)."""
-    return correlations.corrections(seeds, request.counter, request.kind, request.op,
-                                    request.shapes, request.params)
+class DealerHandler:
+    """What the dealer service accepts and computes (plugged into DealerServer)."""
+
+    def check(self, request: Request, world_size: int, max_component_bytes: int) -> int:
+        """Refuse a request no protocol makes (ProtocolError); else its answer's bytes."""
+        return correlations.check_request(request.kind, request.op, request.shapes,
+                                          request.params, world_size, max_component_bytes)
+
+    def __call__(self, keys: dict[int, bytes], request: Request) -> list[torch.Tensor]:
+        """Rank 0's corrections for `request`, from every rank's correlation key."""
+        return correlations.corrections(keys, request.counter, request.kind, request.op,
+                                        request.shapes, request.params)
+
+
+dealer_handler = DealerHandler()
 
 
 def make(config: Config) -> Provider:

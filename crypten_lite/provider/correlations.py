@@ -1,10 +1,17 @@
 """Correlated randomness derived from seeds: the math shared by the dealer and the parties.
 
-Every party i holds a seed s_i with the dealer. For request number k, party i derives each
-component of its share as PRG(s_i).draw(shape, counter=k, domain=component). The dealer,
-knowing every s_i, reconstructs the random values, computes the correlated value and sends
-rank 0 the single correcting share that makes the shares sum (or xor) to it. So dealer
-traffic is one share per correlated value, sent to one party (docs/design.md section 5).
+Every party i holds a seed s_i with the dealer and its correlation key
+K_i = subkey(s_i, "correlations"). For request number k, party i derives each component of
+its share from a key bound to the whole request: PRG(HMAC(K_i, encode(k, kind, op, shapes,
+params))).draw(shape, domain=component). The dealer, knowing every K_i, reconstructs the
+random values, computes the correlated value and sends rank 0 the single correcting share
+that makes the shares sum (or xor) to it. So dealer traffic is one share per correlated
+value, sent to one party (docs/design.md section 5). Because the key covers the request,
+two different requests (even at the same counter) never share a stream, and a smaller draw
+is never a prefix of a larger one.
+
+`check_request` is what the dealer accepts: the kinds, ops, operand counts and parameter
+ranges the protocols use, every component's size bounded before anything is allocated.
 
 Kinds (x = sum of arithmetic shares, ^ = xor of binary shares):
 
@@ -19,13 +26,14 @@ More kinds (binary_monomials, bit_mul, trunc_exact) are defined at the end of th
 
 from __future__ import annotations
 
+import math
 from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 
 from ..errors import ProtocolError, UnsupportedError
-from ..random import PRG
+from ..random import PRG, correlation_key
 
 CORRECTING_RANK = 0
 
@@ -100,10 +108,11 @@ def component_shapes(kind: str, op: str, shapes, params) -> list[tuple[int, ...]
     raise UnsupportedError(f"unknown correlation kind {kind!r}")
 
 
-def derive(seed: bytes, counter: int, kind: str, op: str, shapes, params) -> list[torch.Tensor]:
-    """Every seeded component of request `counter` for the holder of `seed`."""
-    prg = PRG(seed)
-    out = [prg.draw(shape, counter=counter, domain=j)
+def derive(key: bytes, counter: int, kind: str, op: str, shapes, params) -> list[torch.Tensor]:
+    """Every seeded component of request `counter` for the holder of correlation key `key`
+    (`subkey(seed, "correlations")`); the streams are bound to the whole request."""
+    prg = PRG(correlation_key(key, counter, kind, op, shapes, params))
+    out = [prg.draw(shape, counter=0, domain=j)
            for j, shape in enumerate(component_shapes(kind, op, shapes, params))]
     if kind == "bit":
         out[0] &= 1
@@ -112,10 +121,11 @@ def derive(seed: bytes, counter: int, kind: str, op: str, shapes, params) -> lis
     return out
 
 
-def corrections(seeds: dict[int, bytes], counter: int, kind: str, op: str, shapes, params) -> list[torch.Tensor]:
-    """The dealer's side: rank 0's correcting shares (rank 0's own seeded values replaced)."""
-    world = sorted(seeds)
-    parts = {r: derive(seeds[r], counter, kind, op, shapes, params) for r in world}
+def corrections(keys: dict[int, bytes], counter: int, kind: str, op: str, shapes, params) -> list[torch.Tensor]:
+    """The dealer's side: rank 0's correcting shares (rank 0's own seeded values replaced);
+    `keys` maps every rank to its correlation key."""
+    world = sorted(keys)
+    parts = {r: derive(keys[r], counter, kind, op, shapes, params) for r in world}
     if kind in EXTRA_KINDS:
         return EXTRA_KINDS[kind].corrections(parts, world, params)
     others = [r for r in world if r != CORRECTING_RANK]
@@ -263,3 +273,97 @@ EXTRA_KINDS: dict[str, _Kind] = {
     "bit_mul": _Kind(_bit_mul_shapes, _bit_mul_corrections, _bit_mul_post),
     "trunc_exact": _Kind(_trunc_exact_shapes, _trunc_exact_corrections),
 }
+
+
+# ----------------------------------------------------------------------------------------
+# What the dealer accepts: exactly the requests the protocols make. Anything else (another
+# kind, an op with no Beaver triple, parameters out of range, an answer too large) is refused
+# before any randomness is derived or any tensor allocated.
+# ----------------------------------------------------------------------------------------
+
+# Number of integer parameters of each triple op: conv1d (stride, padding, dilation, groups),
+# conv2d the same per spatial axis, conv_transpose2d with output_padding too.
+TRIPLE_PARAMS = {"mul": 0, "matmul": 0, "conv1d": 4, "conv2d": 7, "conv_transpose2d": 9}
+# Lower bound of each conv parameter, in the order of TRIPLE_PARAMS (stride and dilation >= 1,
+# padding and output_padding >= 0, groups >= 1).
+_CONV_LOWER = {"conv1d": (1, 0, 1, 1), "conv2d": (1, 1, 0, 0, 1, 1, 1),
+               "conv_transpose2d": (1, 1, 0, 0, 0, 0, 1, 1, 1)}
+MAX_CONV_PARAM = 1 << 31
+MAX_SHIFT = 63          # trunc / trunc_exact: 0 <= bits <= 63
+MAX_MONOMIAL_MASKS = 64  # binary_monomials: masks per request
+OPERANDS = {"triple": 2, "bit_mul": 2}  # every other kind has one operand shape
+
+
+def correction_count(kind: str, params: Sequence[int]) -> int:
+    """How many components (the last ones) the dealer sends rank 0 for a request."""
+    if kind == "binary_monomials":
+        return len(_split_monomial_params(params)[2])
+    if kind == "bit_mul":
+        return 2
+    if kind == "trunc_exact":
+        return 3
+    return CORRECTIONS[kind]
+
+
+def _refuse(kind: str, op: str, why: str) -> ProtocolError:
+    return ProtocolError(f"correlation request {kind}/{op or '-'} refused: {why}")
+
+
+def _check_params(kind: str, op: str, shapes, params: Sequence[int], world_size: int) -> None:
+    if kind == "triple":
+        if op not in TRIPLE_OPS:
+            raise _refuse(kind, op, f"no Beaver triple for this op; supported: {sorted(TRIPLE_OPS)}")
+        if len(params) != TRIPLE_PARAMS[op]:
+            raise _refuse(kind, op, f"{len(params)} parameters, expected {TRIPLE_PARAMS[op]}")
+        for p, low in zip(params, _CONV_LOWER.get(op, ())):
+            if not low <= p <= MAX_CONV_PARAM:
+                raise _refuse(kind, op, f"parameter {p} outside [{low}, {MAX_CONV_PARAM}]")
+        return
+    if op:
+        raise _refuse(kind, op, "only triples take an op")
+    if kind in ("trunc", "trunc_exact"):
+        if len(params) != 1 or not 0 <= params[0] <= MAX_SHIFT:
+            raise _refuse(kind, op, f"expected one shift in [0, {MAX_SHIFT}], got {list(params)[:4]}")
+    elif kind == "binary_monomials":
+        k = params[0] if params else 0
+        if not 1 <= k <= MAX_MONOMIAL_MASKS or len(params) < 1 + k:
+            raise _refuse(kind, op, f"expected 1..{MAX_MONOMIAL_MASKS} masks and their owners")
+        _, owners, subsets = _split_monomial_params(params)
+        if any(not -1 <= o < world_size for o in owners):
+            raise _refuse(kind, op, f"mask owner outside [-1, {world_size})")
+        if any(not 1 <= m < (1 << k) for m in subsets):
+            raise _refuse(kind, op, f"monomial outside [1, 2^{k})")
+    elif params:
+        raise _refuse(kind, op, "this kind takes no parameters")
+    if kind == "bit_mul":
+        bit, value = shapes
+        if len(bit) != 2 or bit[1] != 1 or len(value) != 2 or value[0] != bit[0]:
+            raise _refuse(kind, op, f"expected shapes (m, 1) and (m, w), got {bit} and {value}")
+
+
+def check_request(kind: str, op: str, shapes, params: Sequence[int], world_size: int,
+                  max_component_bytes: int) -> int:
+    """Refuse (ProtocolError) a request the protocols never make; else its answer's bytes.
+
+    Nothing is allocated: the kind, op, operand count and parameter ranges are checked, then
+    the size of every component (a broadcast or matmul result included) is computed by
+    arithmetic (or meta tensors) and compared with `max_component_bytes`.
+    """
+    if kind not in COMPONENTS and kind not in EXTRA_KINDS:
+        raise _refuse(kind, op, f"unknown kind; known: {sorted(COMPONENTS) + sorted(EXTRA_KINDS)}")
+    if len(shapes) != OPERANDS.get(kind, 1):
+        raise _refuse(kind, op, f"{len(shapes)} operand shapes, expected {OPERANDS.get(kind, 1)}")
+    limit = max_component_bytes // 8
+    for shape in shapes:
+        if any(not 0 <= s <= limit for s in shape) or math.prod(shape) > limit:
+            raise _refuse(kind, op, f"operand shape {tuple(shape)} exceeds {max_component_bytes} bytes")
+    _check_params(kind, op, shapes, params, world_size)
+    try:
+        comps = component_shapes(kind, op, shapes, params)
+    except (RuntimeError, ValueError) as e:  # shapes that do not broadcast or compose
+        raise _refuse(kind, op, f"operand shapes {[tuple(s) for s in shapes]}: {e}") from e
+    for shape in comps:
+        if math.prod(shape) > limit:
+            raise _refuse(kind, op, f"component of shape {tuple(shape)} ({8 * math.prod(shape)} "
+                                    f"bytes) exceeds {max_component_bytes} bytes")
+    return 8 * sum(math.prod(shape) for shape in comps[len(comps) - correction_count(kind, params):])
