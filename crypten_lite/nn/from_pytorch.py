@@ -285,7 +285,24 @@ class GraphModule(Module):
                 return table[leaf]
         raise KeyError(path)
 
+    def encrypt(self, src: int = 0, precision: int | None = None) -> "GraphModule":
+        """Module.encrypt; a model shipped in-band (from_pytorch(..., src=k)) is shared by party k."""
+        model_src = self.__dict__.get("_model_src")
+        if model_src is not None and src != model_src:
+            from ..errors import ProtocolError
+            raise ProtocolError(f"this model came from party {model_src} (from_pytorch(..., src="
+                                f"{model_src})), which alone holds its weights; call encrypt(src={model_src})")
+        super().encrypt(src, precision)
+        object.__setattr__(self, "_architecture_only", False)
+        return self
+
     def forward(self, *inputs):
+        if self.__dict__.get("_architecture_only"):
+            from ..errors import ProtocolError
+            from ..session import current
+            raise ProtocolError(f"party {current().rank} holds only the architecture of this model (its "
+                                f"weights are with party {self.__dict__.get('_model_src')}); call "
+                                "encrypt(src=...) on every party before running it")
         if len(inputs) != len(self._input_names):
             raise UnsupportedError(f"converted model takes {len(self._input_names)} inputs "
                                    f"({', '.join(self._input_names)}), got {len(inputs)}")
@@ -418,17 +435,30 @@ def _convert_fx(model: torch.nn.Module, traced: torch.fx.GraphModule) -> GraphMo
                 owner.register_parameter(leaf, value.detach().clone())
             else:
                 owner.register_buffer(leaf, value.detach().clone())
-        elif node.op == "call_function":
-            impl = FUNCTIONS.get(node.target)
-            if impl is None:
-                raise _unsupported(node, "FUNCTIONS", _target_name(node.target))
-            out._impl[node] = impl
-        elif node.op == "call_method":
-            impl = METHODS.get(node.target)
-            if impl is None:
-                raise _unsupported(node, "METHODS", f"Tensor.{node.target}")
-            out._impl[node] = impl
+        elif node.op in ("call_function", "call_method"):
+            bind_node(out, node)
     return out
+
+
+def bind_node(out: "GraphModule", node: torch.fx.Node) -> None:
+    """Attach the implementation of a call_function / call_method node (from the tables)."""
+    if node.op == "call_method":
+        impl = METHODS.get(node.target)
+        if impl is None:
+            raise _unsupported(node, "METHODS", f"Tensor.{node.target}")
+    elif out.source == "fx":
+        impl = FUNCTIONS.get(node.target)
+        if impl is None:
+            raise _unsupported(node, "FUNCTIONS", _target_name(node.target))
+    elif node.target is torch.ops.aten.batch_norm.default:
+        impl = _bind_batch_norm(out, node)
+    elif node.target is torch.ops.aten.dropout.default:
+        impl = lambda x, p, train, _m=out: F.dropout(x, p, _m.training)  # noqa: E731
+    else:
+        impl = _aten().get(node.target)
+        if impl is None:
+            raise _unsupported(node, "ATEN (export fallback) / FUNCTIONS", _target_name(node.target))
+    out._impl[node] = impl
 
 
 def _fetch(model: torch.nn.Module, path: str):
@@ -449,7 +479,6 @@ def _convert_export(model: torch.nn.Module, dummy_inputs: tuple) -> GraphModule:
     params = set(sig.inputs_to_parameters)
     out = GraphModule(graph, "export")
     object.__setattr__(out, "_out_spec", (exported.call_spec.out_spec, len(sig.user_outputs)))
-    table = _aten()
     for node in graph.nodes:
         if node.op == "placeholder":
             if node.name in paths:
@@ -464,15 +493,7 @@ def _convert_export(model: torch.nn.Module, dummy_inputs: tuple) -> GraphModule:
             else:
                 out._input_names.append(node.name)
         elif node.op == "call_function":
-            if node.target is torch.ops.aten.batch_norm.default:
-                out._impl[node] = _bind_batch_norm(out, node)
-            elif node.target is torch.ops.aten.dropout.default:
-                out._impl[node] = lambda x, p, train, _m=out: F.dropout(x, p, _m.training)
-            else:
-                impl = table.get(node.target)
-                if impl is None:
-                    raise _unsupported(node, "ATEN (export fallback) / FUNCTIONS", _target_name(node.target))
-                out._impl[node] = impl
+            bind_node(out, node)
         elif node.op not in ("output", "get_attr"):
             raise _unsupported(node, "ATEN (export fallback)", str(node.target))
     return out
@@ -528,13 +549,25 @@ def _fold_batch_norm(model: torch.nn.Module) -> torch.fx.GraphModule | None:
         return None
 
 
-def from_pytorch(model: torch.nn.Module, dummy_input, check: bool = True,
-                 tolerance: float = 1e-4, fold_batch_norm: bool = False) -> GraphModule:
+def from_pytorch(model: torch.nn.Module | None, dummy_input, check: bool = True,
+                 tolerance: float = 1e-4, fold_batch_norm: bool = False, *, src: int | None = None):
     """Convert a torch model to a crypten_lite.nn.Module with the same (public) parameters.
 
     `dummy_input` (a tensor or a tuple of tensors of the input shapes) drives the
     torch.export fallback and the plaintext check; call `.encrypt(src=...)` on the result to
     secret-share the parameters of the party that owns them.
+
+    With `src` (in a session), only party `src` has the model; the others pass None:
+
+        private = from_pytorch(model if rank == src else None, dummy, src=src)
+        private.encrypt(src=src)
+
+    Party `src` converts its model and broadcasts a description of it (architecture and
+    public constants, no weights: crypten_lite.nn.graph_desc); every other party rebuilds
+    the same model from it, with placeholders for the weights that `encrypt(src=src)` then
+    shares. No other party needs the model's class. `dummy_input` may then be a shape; the
+    other parties' dummy (optional) is checked against the owner's input shape. Int8 models
+    come back as a QuantizedProgram with the same calls (`encrypt`, `eval`, `__call__`).
 
     `fold_batch_norm=True` (for inference of a model in eval mode) folds each BatchNorm that
     follows a convolution into that convolution's weights and bias, in plaintext, on the
@@ -543,6 +576,8 @@ def from_pytorch(model: torch.nn.Module, dummy_input, check: bool = True,
     ResNet-18 goes from 420 to 140 rounds). The state dict then has the folded convs'
     keys instead of the BatchNorm ones.
     """
+    if src is not None:
+        return _in_band(model, dummy_input, src, check, tolerance, fold_batch_norm)
     if is_quantized(model):  # torch.ao eager/FX or torchao PT2E int8 model
         from ..quantized import from_quantized
         return from_quantized(model, dummy_input)
@@ -592,3 +627,81 @@ def _check(model: torch.nn.Module, converted: GraphModule, dummy: tuple, toleran
                 f"from_pytorch: the converted model differs from the torch model on the dummy "
                 f"input (max abs difference {(e - g).abs().max().item():.3g}); a converter in "
                 "crypten_lite.nn.from_pytorch does not match torch for this model")
+
+
+# ------------------------------------------------------------------ the model shipped in-band
+def _dummy_tuple(dummy_input) -> tuple | None:
+    """The dummy as a tuple of tensors (a shape becomes zeros of that shape); None stays None."""
+    if dummy_input is None:
+        return None
+    if isinstance(dummy_input, torch.Tensor):
+        return (dummy_input,)
+    if isinstance(dummy_input, (tuple, list, torch.Size)) and dummy_input and \
+            all(isinstance(d, int) and not isinstance(d, bool) for d in dummy_input):
+        return (torch.zeros(tuple(dummy_input)),)
+    if isinstance(dummy_input, (tuple, list)) and all(isinstance(d, torch.Tensor) for d in dummy_input):
+        return tuple(dummy_input)
+    raise UnsupportedError("dummy_input must be a tensor, a tuple of tensors or a shape (tuple of ints), "
+                           f"got {type(dummy_input).__name__}")
+
+
+def _owner_convert(model, dummy: tuple, dummy_input, check: bool, tolerance: float,
+                   fold_batch_norm: bool, src: int):
+    """Party src: convert, describe, rebuild from the description (what the others run)."""
+    from . import graph_desc as gd
+    if not isinstance(model, torch.nn.Module):
+        raise UnsupportedError(f"party {src} is the model owner (src={src}) but passed "
+                               f"{type(model).__name__}, not a torch model")
+    if dummy is None:
+        raise UnsupportedError(f"party {src} (the model owner) needs dummy_input to trace its model")
+    if is_quantized(model):
+        from ..quantized import from_quantized
+        from ..quantized.mpc_backend import public_digest
+        program = from_quantized(model, dummy[0])
+        payload = gd.describe_program(program)
+        rebuilt = gd.rebuild_program(gd.read(payload)[1])
+        if public_digest(rebuilt) != public_digest(program.public_copy()):
+            raise UnsupportedError("the int8 program does not survive its description; "
+                                   "crypten_lite.nn.graph_desc misses one of its attributes")
+        return program, payload
+    converted = from_pytorch(model, dummy if len(dummy) > 1 else dummy[0], check=False,
+                             fold_batch_norm=fold_batch_norm)
+    payload = gd.describe_graph(converted, [list(d.shape) for d in dummy])
+    rebuilt = gd.rebuild_graph(gd.read(payload)[1], values=dict(converted.state_dict()))
+    if check:
+        _check(model, rebuilt, dummy, tolerance)
+    return rebuilt, payload
+
+
+def _in_band(model, dummy_input, src: int, check: bool, tolerance: float, fold_batch_norm: bool):
+    from ..errors import ProtocolError
+    from ..session import current
+    from . import graph_desc as gd
+
+    s = current()
+    dummy = _dummy_tuple(dummy_input)
+    if s.rank == src:
+        try:
+            result, payload = _owner_convert(model, dummy, dummy_input, check, tolerance, fold_batch_norm, src)
+        except BaseException:
+            try:  # the others must not wait for a description that will not come
+                gd.broadcast(None, src)
+            except Exception:  # noqa: S110  (the owner's own error is the one to report)
+                pass
+            raise
+        gd.broadcast(payload, src)
+        kind = "quantized" if not isinstance(result, GraphModule) else "graph"
+    else:
+        kind, reader = gd.read(gd.broadcast(None, src))
+        result = gd.rebuild_graph(reader) if kind == "graph" else gd.rebuild_program(reader)
+        if model is not None:
+            raise UnsupportedError(f"party {s.rank} passed a model, but party {src} owns the model "
+                                   f"(src={src}); pass None on the other parties")
+        expected = ([result.input.out.shape] if kind == "quantized" else
+                    [tuple(d) for d in reader.doc.get("input_shapes", [])])
+        if dummy is not None and [tuple(d.shape)[1:] for d in dummy] != [tuple(e)[1:] for e in expected]:
+            raise ProtocolError(f"party {s.rank}: dummy input shapes {[tuple(d.shape) for d in dummy]} "
+                                f"differ from the model owner's {[tuple(e) for e in expected]} "
+                                "(beyond the batch dimension)")
+    object.__setattr__(result, "_model_src", src)
+    return result

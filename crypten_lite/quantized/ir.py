@@ -301,7 +301,36 @@ class QuantizedProgram:
         kwargs.setdefault("reveal", False)
         return run_private(self, x, **kwargs)
 
-    __call__ = run
+    # --- the calls of a crypten_lite.nn.Module (crypten_lite.quantized.private) ----------
+    def encrypt(self, src: int = 0, **backend_options) -> "QuantizedProgram":
+        """Secret-share the weights of party ``src`` (the model owner) now; returns self."""
+        from crypten_lite.quantized.private import encrypt
+
+        return encrypt(self, src, **backend_options)
+
+    @property
+    def encrypted(self) -> bool:
+        """True after :meth:`encrypt`."""
+        return self.__dict__.get("_backend") is not None
+
+    def eval(self) -> "QuantizedProgram":
+        """Inference mode, the only one an int8 program has; returns self."""
+        return self
+
+    def train(self, mode: bool = True) -> "QuantizedProgram":
+        """``train(False)`` is :meth:`eval`; int8 programs cannot be trained."""
+        if mode:
+            raise UnsupportedError("an int8 program runs inference only; train the float model")
+        return self
+
+    def __call__(self, x, src: int | None = None):
+        """The secret output on ``x``: a CrypTensor (quantized in MPC), or with ``src`` the
+        data owner's plaintext tensor (None elsewhere), quantized by that party exactly as
+        torch does. ``get_plain_text()`` on the result reveals what the torch model returns
+        (see :class:`crypten_lite.quantized.private.QuantizedOutput`)."""
+        from crypten_lite.quantized.private import call
+
+        return call(self, x, src)
 
     def describe(self) -> str:
         """Human-readable listing, one node a line."""
