@@ -1,0 +1,176 @@
+"""CrypTen 0.4's public API over crypten_lite:  `import crypten_lite.compat as crypten`.
+
+A thin adapter: tensors are crypten_lite CrypTensors behind CrypTen's MPCTensor interface,
+layers are crypten_lite's layers with CrypTen's module methods, parties are crypten_lite's
+gRPC parties and dealer. What maps one to one and what differs: docs/crypten_migration.md.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from typing import Any, Callable
+
+import torch
+
+import crypten_lite as _core
+from .. import session as _session
+from ..cryptensor import no_grad, enable_grad, is_grad_enabled  # noqa: F401
+from . import common, communicator, debug, gradients, mpc, nn, optim  # noqa: F401
+from .config import cfg
+from .tensor import (CrypTensor, MPCTensor, PlainTensor, get_cryptensor_type,  # noqa: F401
+                     get_default_cryptensor_type, register_cryptensor,
+                     set_default_cryptensor_type, unwrap, wrap)
+from .tensor import cryptensor_class as _cryptensor_class
+from . import config  # noqa: F401,E402
+
+__version__ = "0.4.1+crypten_lite"
+
+
+def init(config_file: str | None = None, party_name=None, device=None) -> None:
+    """Join the party's session (CRYPTEN_LITE_* environment, as set by run_multiprocess or
+    `crypten-lite launch`); without one, this process is a launcher (notebook, script)."""
+    if config_file is not None:
+        cfg.load_config(config_file)
+    if _session.is_initialized():
+        return
+    overrides = {}
+    if "CRYPTEN_LITE_PROVIDER" not in os.environ and (
+            os.environ.get("CRYPTEN_LITE_WORLD_SIZE") or os.environ.get("CRYPTEN_LITE_PARTIES")):
+        overrides["provider"] = config.provider_name()
+    _core.init(**overrides)
+
+
+def uninit() -> None:
+    _core.uninit()
+
+
+def is_initialized() -> bool:
+    return _core.is_initialized()
+
+
+def get_rank() -> int:
+    return _core.get_rank()
+
+
+def get_world_size() -> int:
+    return _core.get_world_size()
+
+
+def cryptensor(*args, cryptensor_type: str | None = None, **kwargs):
+    """Encrypt a tensor (src=0 by default) as the default cryptensor type ("mpc" or "ptt")."""
+    return _cryptensor_class(cryptensor_type)(*args, **kwargs)
+
+
+def is_encrypted_tensor(obj) -> bool:
+    return isinstance(obj, CrypTensor)
+
+
+def set_grad_enabled(mode: bool):
+    return enable_grad() if mode else no_grad()
+
+
+# ------------------------------------------------------------------------ tensor functions
+def cat(tensors, dim: int = 0):
+    if any(isinstance(t, PlainTensor) for t in tensors):
+        return PlainTensor._of(torch.cat([unwrap(t) for t in tensors], dim))
+    return wrap(_core.cat(unwrap(list(tensors)), dim))
+
+
+def stack(tensors, dim: int = 0):
+    if any(isinstance(t, PlainTensor) for t in tensors):
+        return PlainTensor._of(torch.stack([unwrap(t) for t in tensors], dim))
+    return wrap(_core.stack(unwrap(list(tensors)), dim))
+
+
+def where(condition, input, other):
+    """Elementwise condition ? input : other (condition public bool or encrypted 0/1)."""
+    cond = unwrap(condition)
+    if isinstance(cond, torch.Tensor):
+        cond = cond.bool()
+    if isinstance(input, PlainTensor) or isinstance(other, PlainTensor):
+        return PlainTensor._of(torch.where(cond.bool() if isinstance(cond, torch.Tensor) else cond,
+                                           unwrap(input), unwrap(other)))
+    return wrap(_core.where(cond, unwrap(input), unwrap(other)))
+
+
+def rand(*sizes, device=None, cryptensor_type: str | None = None):
+    """Encrypted uniform [0, 1) values that no party knows: each party shares its own random
+    fixed-point fraction (from its AES PRG) and the sum is taken mod 1."""
+    size = sizes[0] if len(sizes) == 1 and isinstance(sizes[0], (tuple, list, torch.Size)) else sizes
+    prec = int(cfg.encoder.precision_bits)
+    s = _session.current()
+    total = None
+    for party in range(s.world_size):
+        mine = None
+        if s.rank == party:
+            mine = torch.randint(0, 2 ** prec, tuple(size), dtype=torch.int64).double() / 2 ** prec
+        part = _core.cryptensor(mine, src=party)
+        total = part if total is None else total + part
+    # the sum is in [0, world_size): keep its fractional part
+    from ..functions import floor
+    return wrap(total - floor(total))
+
+
+def bernoulli(probs):
+    """Encrypted 0/1 samples with public probabilities `probs`."""
+    return rand(tuple(torch.as_tensor(probs).shape)) < torch.as_tensor(probs)
+
+
+# ---------------------------------------------------------------------------- save / load
+def save(obj: Any, f, src: int = 0, save_closure: Callable = torch.save, **kwargs) -> None:
+    """Save this party's own share of `obj` (an MPCTensor) as plain tensors and metadata."""
+    if isinstance(obj, MPCTensor):
+        core = obj._tensor
+        record = {"format": "crypten_lite.compat/share-v1", "share": obj.share.clone(),
+                  "precision": core.precision, "ptype": obj.ptype.name,
+                  "requires_grad": obj.requires_grad}
+        save_closure(record, f)
+        return
+    save_closure(obj, f)
+
+
+def load(f, load_closure: Callable = torch.load, **kwargs):
+    """Load what save() wrote at this party (its own file; nothing crosses the wire)."""
+    record = load_closure(f)
+    if isinstance(record, dict) and record.get("format") == "crypten_lite.compat/share-v1":
+        out = MPCTensor.from_shares(record["share"], precision=record["precision"],
+                                    ptype=getattr(mpc.ptype, record["ptype"]))
+        out.requires_grad = bool(record["requires_grad"])
+        return out
+    return record
+
+
+def save_from_party(obj: Any, f, src: int = 0, save_closure: Callable = torch.save, **kwargs) -> None:
+    """Party `src` saves plaintext `obj` with save_closure; the others do nothing."""
+    if get_rank() == src:
+        save_closure(obj, f)
+
+
+def load_from_party(f=None, preloaded=None, encrypted: bool = False, model_class=None,
+                    src: int = 0, load_closure: Callable = torch.load, **kwargs):
+    """Party `src` loads a tensor (or uses `preloaded`) and secret-shares it; the others pass
+    nothing. Every party gets a TypeError when what `src` loaded is not a tensor."""
+    if encrypted:
+        raise NotImplementedError("encrypted=True: use crypten.load on each party's own file")
+    c = communicator.get()
+    kind = torch.zeros(1, dtype=torch.int64)
+    value = None
+    if c.get_rank() == src:
+        value = preloaded if preloaded is not None else load_closure(f)
+        kind[0] = 1 if isinstance(value, torch.Tensor) else (2 if isinstance(value, torch.nn.Module) else 0)
+    kind = c._core.broadcast(kind if c.get_rank() == src else None, src)
+    if int(kind[0]) == 0:
+        raise TypeError("load_from_party: party src loaded something that is not a tensor")
+    if int(kind[0]) == 2:
+        raise NotImplementedError("load_from_party of a torch module: load its state_dict instead")
+    return cryptensor(value if c.get_rank() == src else [], src=src)
+
+
+__all__ = [
+    "init", "uninit", "is_initialized", "cryptensor", "CrypTensor", "MPCTensor", "cfg", "cat",
+    "stack", "where", "rand", "bernoulli", "save", "load", "save_from_party", "load_from_party",
+    "get_default_cryptensor_type", "set_default_cryptensor_type", "register_cryptensor",
+    "get_cryptensor_type", "is_encrypted_tensor", "no_grad", "enable_grad", "set_grad_enabled",
+    "communicator", "mpc", "nn", "optim", "gradients", "common", "debug",
+]

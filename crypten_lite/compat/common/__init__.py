@@ -1,0 +1,3 @@
+"""CrypTen's `crypten.common` helpers that user code imports."""
+
+from . import serial, tensor_types  # noqa: F401

@@ -1,0 +1,72 @@
+"""CrypTen's `crypten.mpc`: MPCTensor, ptypes, run_multiprocess, provider checks."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from typing import Callable
+
+from ...mpc import launcher
+from .. import config as config_mod
+from ..tensor import MPCTensor, arithmetic, binary, ptype
+
+
+def run_multiprocess(world_size: int, timeout: float = 120.0):
+    """Decorator: calling the function runs it on `world_size` parties (spawned processes
+    over gRPC, plus the dealer for cfg.mpc.provider "TTP"); returns each rank's value.
+
+    The function may live in a notebook cell or a script read from stdin (it travels by
+    value to the launcher's own children). cfg and the default cryptensor type are carried
+    into the parties."""
+    if world_size < 2:
+        raise ValueError("crypten_lite runs 2 or more parties: run_multiprocess(world_size>=2)")
+
+    def decorator(fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            settings = config_mod.cfg.to_dict()
+            from ..tensor import get_default_cryptensor_type
+            kind = get_default_cryptensor_type()
+            provider = config_mod.provider_name()
+            with launcher.PartyPool(world_size, provider, timeout) as pool:
+                return pool.run(_in_party, fn, settings, kind, args, kwargs)
+        return wrapper
+    return decorator
+
+
+def _in_party(fn, settings, kind, args, kwargs):
+    """Runs in each party: CrypTen's settings, then the user's function."""
+    from .. import init
+    from ..tensor import set_default_cryptensor_type
+    config_mod.cfg.reset()
+    _apply(settings)
+    set_default_cryptensor_type(kind)
+    init()
+    return fn(*args, **kwargs)
+
+
+def _apply(settings: dict, prefix: str = "") -> None:
+    for k, v in settings.items():
+        key = f"{prefix}.{k}" if prefix else k
+        if isinstance(v, dict):
+            _apply(v, key)
+        else:
+            config_mod.cfg[key] = v
+
+
+def ttp_required() -> bool:
+    """True when cfg.mpc.provider needs a helper process (crypten_lite: the dealer)."""
+    return config_mod.provider_name() == "dealer"
+
+
+@contextlib.contextmanager
+def ConfigManager(*args, **kwargs):
+    """Older CrypTen API: ConfigManager("max_method", "pairwise") sets functions.* keys."""
+    pairs = dict(zip(args[::2], args[1::2]), **kwargs)
+    overrides = {(k if "." in k else f"functions.{k}"): v for k, v in pairs.items()}
+    with config_mod.cfg.temp_override(overrides):
+        yield
+
+
+__all__ = ["MPCTensor", "ptype", "arithmetic", "binary", "run_multiprocess", "ttp_required",
+           "ConfigManager"]

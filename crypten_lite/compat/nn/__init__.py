@@ -1,0 +1,272 @@
+"""CrypTen's `crypten.nn` over crypten_lite.nn: the same layers, CrypTen's module API.
+
+Every crypten_lite layer is offered under its name with CrypTen's methods added
+(`encrypt(mode=, src=)`, `set_parameter`, `update_parameters`, ...); its forward is
+crypten_lite's, run on the wrapped tensors. A user's own `crypten.nn.Module` subclass
+sees MPCTensors in its forward. `from_pytorch` converts with crypten_lite and returns the
+same module tree with these classes.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ... import nn as core_nn
+from ...cryptensor import CrypTensor as CoreTensor
+from ...cryptensor import no_grad
+from ...nn import module as core_module
+from ..tensor import MPCTensor, unwrap, wrap
+from . import functional  # noqa: F401
+
+
+class _State:
+    """True while a crypten_lite layer's own forward runs (it reads core tensors)."""
+
+    in_core = False
+
+
+_STATE = _State()
+
+
+class _CompatModule:
+    """CrypTen's Module methods, mixed into every crypten_lite module class."""
+
+    _builtin = True  # a crypten_lite layer: its forward takes core CrypTensors
+
+    def __call__(self, *args, **kwargs):
+        saved = _STATE.in_core
+        try:
+            if type(self)._builtin:
+                _STATE.in_core = True
+                return wrap(core_module.Module.__call__(self, *unwrap(args), **unwrap(kwargs)))
+            _STATE.in_core = False
+            return wrap(self.forward(*wrap(list(args)), **{k: wrap(v) for k, v in kwargs.items()}))
+        finally:
+            _STATE.in_core = saved
+
+    def __getattr__(self, name: str):
+        value = core_module.Module.__getattr__(self, name)
+        return value if _STATE.in_core else wrap(value)
+
+    # --------------------------------------------------------------- parameters
+    def named_parameters(self, prefix: str = "", recurse: bool = True):
+        for name, p in core_module.Module.named_parameters(self, prefix, recurse):
+            yield name, wrap(p)
+
+    def parameters(self, recurse: bool = True):
+        for _, p in self.named_parameters(recurse=recurse):
+            yield p
+
+    def named_buffers(self, prefix: str = "", recurse: bool = True):
+        for name, b in core_module.Module.named_buffers(self, prefix, recurse):
+            yield name, wrap(b)
+
+    def buffers(self, recurse: bool = True):
+        for _, b in self.named_buffers(recurse=recurse):
+            yield b
+
+    def register_parameter(self, name: str, value, requires_grad: bool = True) -> None:
+        core_module.Module.register_parameter(self, name, unwrap(value))
+
+    def register_buffer(self, name: str, value, persistent: bool = True) -> None:
+        core_module.Module.register_buffer(self, name, unwrap(value))
+
+    def set_parameter(self, name: str, value) -> None:
+        """Replace parameter `name` (a torch tensor before encrypt(), a CrypTensor after)."""
+        if name not in self._parameters:
+            raise ValueError(f"{type(self).__name__} has no parameter {name!r}")
+        self._parameters[name] = unwrap(value) if not isinstance(value, torch.Tensor) else value.detach()
+
+    def set_buffer(self, name: str, value) -> None:
+        if name not in self._buffers:
+            raise ValueError(f"{type(self).__name__} has no buffer {name!r}")
+        self._buffers[name] = unwrap(value) if not isinstance(value, torch.Tensor) else value.detach()
+
+    def state_dict(self, destination=None, prefix: str = "", keep_vars: bool = False):
+        return {k: wrap(v) for k, v in core_module.Module.state_dict(self, prefix).items()}
+
+    def load_state_dict(self, state_dict, strict: bool = True):
+        return core_module.Module.load_state_dict(self, unwrap(dict(state_dict)), strict)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        core_module.Module.zero_grad(self)
+
+    def requires_grad_(self, requires_grad: bool = True):
+        return core_module.Module.requires_grad_(self, requires_grad)
+
+    # --------------------------------------------------------------- encryption
+    def encrypt(self, mode: bool = True, src: int = 0):
+        """Secret-share the parameters of party `src` (mode=False: decrypt)."""
+        if not mode:
+            return self.decrypt()
+        if self.encrypted:
+            return self
+        return core_module.Module.encrypt(self, src=src)
+
+    def decrypt(self):
+        if not self.encrypted:
+            return self
+        return core_module.Module.decrypt(self)
+
+    def update_parameters(self, learning_rate: float, grad_threshold: float = 100) -> None:
+        """p -= learning_rate * p.grad for every parameter with a gradient (CrypTen's SGD step)."""
+        with no_grad():
+            for p in core_module.Module.parameters(self):
+                if isinstance(p, CoreTensor) and p.grad is not None:
+                    p.sub_(p.grad.mul(learning_rate))
+                elif isinstance(p, torch.Tensor) and p.grad is not None:
+                    p.sub_(p.grad * learning_rate)
+
+    def cuda(self, device=None):
+        raise NotImplementedError("crypten_lite keeps shares on the CPU")
+
+
+class Module(_CompatModule, core_module.Module):
+    """Base class of a user's CrypTen model: its forward receives MPCTensors."""
+
+    _builtin = False
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "_builtin" not in cls.__dict__ and "forward" in cls.__dict__:
+            cls._builtin = False
+
+
+_CLASSES: dict[type, type] = {core_module.Module: Module}
+
+
+def adopt(module: core_module.Module) -> core_module.Module:
+    """Give every module of a crypten_lite tree its CrypTen-compatible class (in place)."""
+    for m in core_module.Module.modules(module):
+        cls = type(m)
+        if issubclass(cls, _CompatModule):
+            continue
+        if cls not in _CLASSES:
+            _CLASSES[cls] = type(cls.__name__, (_CompatModule, cls), {"__module__": __name__})
+        m.__class__ = _CLASSES[cls]
+    return module
+
+
+def _compat_class(core_cls: type) -> type:
+    if core_cls not in _CLASSES:
+        _CLASSES[core_cls] = type(core_cls.__name__, (_CompatModule, core_cls), {"__module__": __name__})
+    return _CLASSES[core_cls]
+
+
+def from_pytorch(pytorch_model: torch.nn.Module, dummy_input, **kwargs):
+    """CrypTen's from_pytorch: a crypten.nn module with the torch model's public parameters."""
+    return adopt(core_nn.from_pytorch(pytorch_model, dummy_input, **kwargs))
+
+
+_LAYERS = [name for name in core_nn.__all__ if isinstance(getattr(core_nn, name), type)
+           and issubclass(getattr(core_nn, name), core_module.Module) and name != "Module"]
+for _name in _LAYERS:
+    globals()[_name] = _compat_class(getattr(core_nn, _name))
+
+# CrypTen's extra names for the same layers.
+Hardtanh = None  # set below when crypten_lite's functional hardtanh is available
+
+
+class _Func(Module):
+    """A layer that applies one CrypTensor method (CrypTen's ONNX-style layers)."""
+
+    _builtin = False
+    _method = ""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__()
+        object.__setattr__(self, "_call_args", args)
+        object.__setattr__(self, "_call_kwargs", kwargs)
+
+    def forward(self, x, *more):
+        return getattr(x, self._method)(*more, *self._call_args, **self._call_kwargs)
+
+
+def _func_layer(name: str, method: str) -> type:
+    return type(name, (_Func,), {"_method": method, "__module__": __name__,
+                                 "__doc__": f"CrypTen's {name}: x.{method}(...)"})
+
+
+Hardtanh = _func_layer("Hardtanh", "hardtanh")
+Exp = _func_layer("Exp", "exp")
+Sqrt = _func_layer("Sqrt", "sqrt")
+Squeeze = _func_layer("Squeeze", "squeeze")
+Unsqueeze = _func_layer("Unsqueeze", "unsqueeze")
+Transpose = _func_layer("Transpose", "permute")
+Erf = _func_layer("Erf", "erf")
+
+
+class Add(Module):
+    """x + y."""
+
+    def forward(self, x, y):
+        return x + y
+
+
+class Sub(Module):
+    def forward(self, x, y):
+        return x - y
+
+
+class Mul(Module):
+    def forward(self, x, y):
+        return x * y
+
+
+class MatMul(Module):
+    def forward(self, x, y):
+        return x.matmul(y)
+
+
+class Concat(Module):
+    def __init__(self, dimension: int = 0):
+        super().__init__()
+        self.dimension = dimension
+
+    def forward(self, tensors):
+        from .. import cat
+        return cat(list(tensors), dim=self.dimension)
+
+
+class Reshape(Module):
+    def forward(self, x, shape):
+        return x.reshape(tuple(int(s) for s in (shape.tolist() if isinstance(shape, torch.Tensor) else shape)))
+
+
+class Constant(Module):
+    """Returns a public constant tensor."""
+
+    def __init__(self, value):
+        super().__init__()
+        self.value = value if isinstance(value, torch.Tensor) else torch.tensor(value)
+
+    def forward(self, *args):
+        return self.value
+
+
+class Gemm(Module):
+    """alpha * (A @ B) + beta * C (ONNX Gemm)."""
+
+    def __init__(self, alpha: float = 1.0, beta: float = 1.0, transposeA: bool = False,
+                 transposeB: bool = False):
+        super().__init__()
+        self.alpha, self.beta, self.transposeA, self.transposeB = alpha, beta, transposeA, transposeB
+
+    def forward(self, a, b, c):
+        a = a.t() if self.transposeA else a
+        b = b.t() if self.transposeB else b
+        return (a.matmul(b) * self.alpha) + (c * self.beta)
+
+
+class Mean(Module):
+    def __init__(self, dim, keepdim: bool = False):
+        super().__init__()
+        self.dim, self.keepdim = dim, keepdim
+
+    def forward(self, x):
+        return x.mean(self.dim, keepdim=self.keepdim)
+
+
+class Sum(Mean):
+    def forward(self, x):
+        return x.sum(self.dim, keepdim=self.keepdim)

@@ -1,0 +1,558 @@
+"""CrypTen's tensor types over crypten_lite's CrypTensor: MPCTensor, ptype, the "ptt" backend.
+
+`MPCTensor` holds one core `crypten_lite.CrypTensor` (arithmetic sharing) or, with
+`ptype.binary`, one XOR-shared word tensor; every op forwards to the core method of the
+same name and wraps the result. Where CrypTen's semantics differ from crypten_lite's the
+wrapper follows CrypTen: every value is fixed-point (integers, comparisons and bools come
+back as float 0/1 tensors), `max(dim)` / `argmax` / `max_pool2d(return_indices=True)` give
+one-hot indices, `ger` is the outer product.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+from typing import Any
+
+import torch
+
+from .. import encoding
+from ..cryptensor import CrypTensor as CoreTensor
+from ..mpc import binary as binary_mod
+from ..mpc import circuits, convert
+from ..session import current
+from . import config as config_mod
+
+_REGISTRY: dict[str, type] = {}
+_DEFAULT = {"name": "mpc"}
+
+
+class CrypTensor:
+    """Abstract base of CrypTen's encrypted tensor types (MPCTensor, the "ptt" backend)."""
+
+    def __new__(cls, *args, **kwargs):
+        if cls is CrypTensor:
+            raise TypeError("CrypTensor is abstract: use crypten.cryptensor() or mpc.MPCTensor")
+        return super().__new__(cls)
+
+    __array_priority__ = 1000
+
+
+def register_cryptensor(name: str):
+    """Class decorator registering a CrypTensor subclass under `name` (CrypTen API)."""
+    def decorator(cls):
+        if name in _REGISTRY:
+            raise ValueError(f"cryptensor type {name!r} is already registered")
+        if not issubclass(cls, CrypTensor):
+            raise ValueError(f"{cls.__name__} must subclass crypten.CrypTensor")
+        _REGISTRY[name] = cls
+        return cls
+    return decorator
+
+
+def set_default_cryptensor_type(name: str) -> None:
+    """Type `crypten.cryptensor()` builds: "mpc" (secret shared) or "ptt" (plaintext, debugging)."""
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown cryptensor type {name!r}; registered: {sorted(_REGISTRY)}")
+    _DEFAULT["name"] = name
+
+
+def get_default_cryptensor_type() -> str:
+    return _DEFAULT["name"]
+
+
+def get_cryptensor_type(tensor) -> str:
+    """Registered name of `tensor`'s type."""
+    for name, cls in _REGISTRY.items():
+        if type(tensor) is cls:
+            return name
+    raise ValueError(f"{type(tensor).__name__} is not a registered cryptensor type")
+
+
+def cryptensor_class(name: str | None = None) -> type:
+    return _REGISTRY[name or _DEFAULT["name"]]
+
+
+class ptype(enum.Enum):
+    """Sharing type of an MPCTensor: arithmetic (additive) or binary (XOR)."""
+
+    arithmetic = 0
+    binary = 1
+
+    def to_tensor(self):
+        return MPCTensor
+
+
+arithmetic = ptype.arithmetic
+binary = ptype.binary
+
+
+# ------------------------------------------------------------------------- wrapping
+def unwrap(value):
+    """Core values of compat wrappers (recursively in lists, tuples and dicts)."""
+    if isinstance(value, MPCTensor):
+        return value._arithmetic_core()
+    if isinstance(value, PlainTensor):
+        return value._tensor
+    if isinstance(value, (list, tuple)) and not isinstance(value, torch.Size):
+        out = [unwrap(v) for v in value]
+        return type(value)(out) if not hasattr(value, "_fields") else type(value)(*out)
+    if isinstance(value, dict):
+        return {k: unwrap(v) for k, v in value.items()}
+    return value
+
+
+def wrap(value):
+    """MPCTensors for core CrypTensors (bool / int results become fixed-point 0/1, CrypTen's way)."""
+    if isinstance(value, CoreTensor):
+        return MPCTensor._from_core(value)
+    if isinstance(value, tuple) and not isinstance(value, torch.Size):
+        out = [wrap(v) for v in value]
+        return tuple(out) if not hasattr(value, "_fields") else tuple(out)
+    if isinstance(value, list):
+        return [wrap(v) for v in value]
+    return value
+
+
+def _as_float(core: CoreTensor) -> CoreTensor:
+    return core if core.dtype.is_floating_point else core.to(torch.float32)
+
+
+def _forward(fn):
+    """A core method (or function) taking and returning compat tensors."""
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        return wrap(fn(*unwrap(args), **unwrap(kwargs)))
+    return call
+
+
+def _precision() -> int:
+    return int(config_mod.cfg.encoder.precision_bits)
+
+
+def _max_method() -> str:
+    return "pairwise" if config_mod.cfg.functions.max_method == "pairwise" else "tree"
+
+
+# -------------------------------------------------------------------------- MPCTensor
+class MPCTensor(CrypTensor):
+    """CrypTen's MPCTensor: a secret-shared tensor (thin wrapper over crypten_lite.CrypTensor)."""
+
+    def __init__(self, tensor, ptype=ptype.arithmetic, device=None, *args, src: int = 0,
+                 requires_grad: bool = False, precision: int | None = None,
+                 broadcast_size: bool = False, **kwargs):
+        if tensor is None:
+            raise ValueError("MPCTensor needs a tensor (parties other than src may pass [])")
+        s = current()
+        if not isinstance(src, int) or not 0 <= src < s.world_size:
+            raise ValueError(f"src must be a party rank 0..{s.world_size - 1}, got {src!r}")
+        plain = None
+        if s.rank == src:
+            plain = tensor if isinstance(tensor, torch.Tensor) else torch.as_tensor(tensor)
+            plain = plain.detach().to(torch.float64 if plain.dtype == torch.float64 else torch.float32)
+        prec = _precision() if precision is None else precision
+        core = CoreTensor.from_plain(plain, src=src, precision=prec, requires_grad=requires_grad)
+        self._tensor = core
+        self._binary = None
+        if ptype == ptype.binary:
+            self._to_binary_inplace()
+
+    @classmethod
+    def _from_core(cls, core: CoreTensor) -> "MPCTensor":
+        out = object.__new__(cls)
+        out._tensor = _as_float(core)
+        out._binary = None
+        return out
+
+    @staticmethod
+    def from_shares(share: torch.Tensor, precision: int | None = None, ptype=ptype.arithmetic, **kw):
+        """An MPCTensor from this party's share (already at fixed-point scale)."""
+        prec = _precision() if precision is None else precision
+        out = MPCTensor._from_core(CoreTensor(share, prec, torch.float32))
+        if ptype == ptype.binary:
+            out._binary, out._tensor = share, CoreTensor(torch.zeros_like(share), prec, torch.float32)
+        return out
+
+    def new(self, *args, **kwargs) -> "MPCTensor":
+        """A new MPCTensor (CrypTen: same type, fresh sharing)."""
+        return MPCTensor(*args, **kwargs)
+
+    # ------------------------------------------------------------ sharing type
+    @property
+    def ptype(self):
+        return ptype.binary if self._binary is not None else ptype.arithmetic
+
+    def _to_binary_inplace(self) -> None:
+        self._binary = convert.a2b(self._tensor.share)
+
+    def _arithmetic_core(self) -> CoreTensor:
+        if self._binary is not None:
+            raise TypeError("this op needs an arithmetic MPCTensor: call .to(crypten.mpc.arithmetic)")
+        return self._tensor
+
+    def to(self, *args, **kwargs):
+        """`.to(ptype)` converts the sharing (A2B, B2A: one conversion protocol); dtypes and
+        devices are accepted and ignored (every MPCTensor is fixed point on the CPU)."""
+        target = args[0] if args else kwargs.get("ptype")
+        if isinstance(target, ptype):
+            if target == self.ptype:
+                return self
+            out = object.__new__(MPCTensor)
+            out._tensor = self._tensor
+            out._binary = None
+            if target == ptype.binary:
+                out._binary = convert.a2b(self._tensor.share)
+            else:
+                out._tensor = CoreTensor(_b2a_words(self._binary), self._tensor.precision, torch.float32)
+            return out
+        return self
+
+    def arithmetic(self) -> "MPCTensor":
+        return self.to(ptype.arithmetic)
+
+    def binary(self) -> "MPCTensor":
+        return self.to(ptype.binary)
+
+    # ------------------------------------------------------------ reveal / shares
+    def get_plain_text(self, dst: int | None = None):
+        """Reveal to every party (or only to `dst`; the others get None)."""
+        if self._binary is not None:
+            if dst is not None:
+                raise ValueError("binary MPCTensors reveal to every party (dst=None)")
+            value = binary_mod.open_xor(self._binary)
+            return encoding.decode(value, self._tensor.precision, torch.float32)
+        return self._tensor.get_plain_text(dst)
+
+    def reveal(self, dst: int | None = None):
+        """CrypTen's reveal(): the value at its fixed-point scale."""
+        return self.get_plain_text(dst)
+
+    @property
+    def share(self) -> torch.Tensor:
+        return self._binary if self._binary is not None else self._tensor.share
+
+    @share.setter
+    def share(self, value: torch.Tensor) -> None:
+        if self._binary is not None:
+            self._binary = value
+        else:
+            self._tensor.share = value
+
+    @property
+    def encoder(self):
+        return _Encoder(self._tensor.precision)
+
+    # ------------------------------------------------------------ autograd state
+    @property
+    def requires_grad(self) -> bool:
+        return self._tensor.requires_grad
+
+    @requires_grad.setter
+    def requires_grad(self, flag: bool) -> None:
+        self._tensor.requires_grad = flag
+
+    @property
+    def grad(self):
+        g = self._tensor.grad
+        return None if g is None else wrap(g)
+
+    @grad.setter
+    def grad(self, value) -> None:
+        self._tensor.grad = None if value is None else unwrap(value)
+
+    def requires_grad_(self, flag: bool = True) -> "MPCTensor":
+        self._tensor.requires_grad = flag
+        return self
+
+    def backward(self, grad_input=None, **kwargs) -> None:
+        self._arithmetic_core().backward(unwrap(grad_input))
+
+    # ------------------------------------------------------------ CrypTen-specific ops
+    def ger(self, other) -> "MPCTensor":
+        return _forward(self._arithmetic_core().outer)(other)
+
+    def max(self, dim=None, keepdim: bool = False, one_hot: bool = True):
+        core = self._arithmetic_core()
+        if isinstance(dim, (MPCTensor, PlainTensor, torch.Tensor)):
+            return wrap(core.maximum(unwrap(dim)))
+        out = core.max(dim, keepdim, one_hot=one_hot, method=_max_method())
+        return wrap(tuple(out) if dim is not None else out)
+
+    def min(self, dim=None, keepdim: bool = False, one_hot: bool = True):
+        core = self._arithmetic_core()
+        if isinstance(dim, (MPCTensor, PlainTensor, torch.Tensor)):
+            return wrap(core.minimum(unwrap(dim)))
+        out = core.min(dim, keepdim, one_hot=one_hot, method=_max_method())
+        return wrap(tuple(out) if dim is not None else out)
+
+    def argmax(self, dim=None, keepdim: bool = False, one_hot: bool = True):
+        return wrap(self._arithmetic_core().argmax(dim, keepdim, one_hot=one_hot, method=_max_method()))
+
+    def argmin(self, dim=None, keepdim: bool = False, one_hot: bool = True):
+        return wrap(self._arithmetic_core().argmin(dim, keepdim, one_hot=one_hot, method=_max_method()))
+
+    def max_pool2d(self, kernel_size, padding=0, stride=None, return_indices: bool = False, **kw):
+        """CrypTen's argument order (kernel_size, padding, stride); indices are one-hot."""
+        core = self._arithmetic_core()
+        out = core.max_pool2d(kernel_size, stride=stride, padding=padding, **kw)
+        if not return_indices:
+            return wrap(out)
+        return wrap(out), _pool_one_hot(self, out, kernel_size, padding, stride)
+
+    def where(self, condition, y) -> "MPCTensor":
+        cond = unwrap(condition)
+        if isinstance(cond, torch.Tensor):
+            cond = cond.bool()
+        return wrap(self._arithmetic_core().where(cond, unwrap(y)))
+
+    # ------------------------------------------------------------ binary ops
+    def __xor__(self, other):
+        return self._bitwise("xor", other)
+
+    def __and__(self, other):
+        return self._bitwise("and", other)
+
+    def __or__(self, other):
+        return self._bitwise("or", other)
+
+    __rxor__, __rand__, __ror__ = __xor__, __and__, __or__
+
+    def __invert__(self):
+        return self._binary_result(binary_mod.not_(self._need_binary()))
+
+    def __lshift__(self, k: int):
+        return self._binary_result(binary_mod.lshift(self._need_binary(), k))
+
+    def __rshift__(self, k: int):
+        return self._binary_result(binary_mod.rshift(self._need_binary(), k))
+
+    def _need_binary(self) -> torch.Tensor:
+        if self._binary is None:
+            raise TypeError("bitwise ops need a binary MPCTensor: call .to(crypten.mpc.binary)")
+        return self._binary
+
+    def _binary_result(self, words: torch.Tensor) -> "MPCTensor":
+        out = object.__new__(MPCTensor)
+        out._tensor = CoreTensor(torch.zeros_like(words), self._tensor.precision, torch.float32)
+        out._binary = words
+        return out
+
+    def _bitwise(self, op: str, other):
+        x = binary_mod.BinaryShared(self._need_binary())
+        y = binary_mod.BinaryShared(other._need_binary()) if isinstance(other, MPCTensor) else \
+            encoding.encode(torch.as_tensor(other), self._tensor.precision)
+        z = {"xor": lambda: x ^ y, "and": lambda: x & y, "or": lambda: x | y}[op]()
+        return self._binary_result(z.share)
+
+    # ------------------------------------------------------------ forwarding
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name in ("_tensor", "_binary"):
+            raise AttributeError(name)
+        attr = getattr(self._arithmetic_core(), name)
+        if callable(attr):
+            return _forward(attr)
+        return wrap(attr)
+
+    def __setitem__(self, index, value) -> None:
+        self._arithmetic_core().__setitem__(unwrap(index), unwrap(value))
+
+    def __len__(self) -> int:
+        return len(self.share)
+
+    def __repr__(self) -> str:
+        return f"MPCTensor(shape={tuple(self.share.shape)}, ptype={self.ptype.name}, encrypted=True)"
+
+    def __bool__(self):
+        return self._arithmetic_core().__bool__()
+
+    def __hash__(self):
+        return id(self)
+
+    def size(self, dim=None):
+        return self.share.shape if dim is None else self.share.shape[dim]
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.share.shape
+
+    def dim(self) -> int:
+        return self.share.dim()
+
+    def nelement(self) -> int:
+        return self.share.numel()
+
+    numel = nelement
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        return wrap(func(*unwrap(args), **unwrap(kwargs or {})))
+
+
+class _Encoder:
+    """CrypTen's FixedPointEncoder view of a tensor's scale."""
+
+    def __init__(self, precision_bits: int):
+        self._precision_bits = precision_bits
+        self._scale = 2 ** precision_bits
+
+    @property
+    def scale(self) -> int:
+        return self._scale
+
+    def __eq__(self, other):
+        return isinstance(other, _Encoder) and other._scale == self._scale
+
+
+def _b2a_words(words: torch.Tensor) -> torch.Tensor:
+    """Arithmetic shares of XOR-shared 64-bit words (one round: B2A of every bit)."""
+    flat = words.reshape(-1)
+    bits = (flat.unsqueeze(-1) >> torch.arange(64)) & 1
+    packed = circuits.pack_bits(bits.reshape(-1))
+    arith = convert.b2a(packed, bits.numel()).view(-1, 64)
+    weights = torch.ones(64, dtype=torch.int64) << torch.arange(64)
+    return (arith * weights).sum(-1).view(words.shape)
+
+
+def _pool_one_hot(x: MPCTensor, out: CoreTensor, kernel_size, padding, stride):
+    """One-hot max indices of each pooling window, CrypTen's layout (..., oh, ow, kh, kw)."""
+    k = (kernel_size, kernel_size) if isinstance(kernel_size, int) else tuple(kernel_size)
+    s = k if stride is None else ((stride, stride) if isinstance(stride, int) else tuple(stride))
+    p = (padding, padding) if isinstance(padding, int) else tuple(padding)
+    core = x._arithmetic_core()
+    padded = core.pad((p[1], p[1], p[0], p[0]), value=-(2.0 ** 20)) if any(p) else core
+    windows = padded.unfold(-2, k[0], s[0]).unfold(-2, k[1], s[1]) if hasattr(padded, "unfold") else None
+    if windows is None:
+        raise NotImplementedError("max_pool2d(return_indices=True) needs CrypTensor.unfold")
+    flat = windows.reshape(*windows.shape[:-2], -1)
+    oh = flat.argmax(-1, one_hot=True, method=_max_method())
+    return wrap(oh.reshape(windows.shape))
+
+
+# ----------------------------------------------------------------- plaintext backend
+class PlainTensor(CrypTensor):
+    """The "ptt" backend: CrypTensor's method surface computed in the clear (debugging only)."""
+
+    def __init__(self, tensor, *args, src: int = 0, requires_grad: bool = False, **kwargs):
+        if tensor is None:
+            raise ValueError("PlainTensor needs a tensor")
+        t = tensor if isinstance(tensor, torch.Tensor) else torch.as_tensor(tensor)
+        t = t.detach().clone().float() if not t.dtype.is_floating_point else t.detach().clone()
+        self._tensor = t.requires_grad_(requires_grad)
+
+    @classmethod
+    def _of(cls, t: torch.Tensor) -> "PlainTensor":
+        out = object.__new__(cls)
+        out._tensor = t if t.dtype.is_floating_point else t.float()
+        return out
+
+    def get_plain_text(self, dst: int | None = None) -> torch.Tensor:
+        return self._tensor.detach().clone()
+
+    reveal = get_plain_text
+
+    def __getattr__(self, name: str):
+        if name.startswith("__") or name == "_tensor":
+            raise AttributeError(name)
+        attr = getattr(self._tensor, name)
+        if callable(attr):
+            return _plain_forward(attr)
+        return _plain_wrap(attr)
+
+    @property
+    def requires_grad(self) -> bool:
+        return self._tensor.requires_grad
+
+    @requires_grad.setter
+    def requires_grad(self, flag: bool) -> None:
+        self._tensor.requires_grad_(flag)
+
+    @property
+    def grad(self):
+        g = self._tensor.grad
+        return None if g is None else PlainTensor._of(g)
+
+    @grad.setter
+    def grad(self, value) -> None:
+        self._tensor.grad = None if value is None else _plain_unwrap(value)
+
+    def backward(self, grad_input=None, **kwargs) -> None:
+        self._tensor.backward(_plain_unwrap(grad_input))
+
+    def ger(self, other):
+        return _plain_forward(torch.outer)(self, other)
+
+    def __setitem__(self, index, value):
+        self._tensor[index] = _plain_unwrap(value)
+
+    def __len__(self):
+        return len(self._tensor)
+
+    def __repr__(self) -> str:
+        return f"PlainTensor({self._tensor!r})"
+
+    def size(self, dim=None):
+        return self._tensor.size() if dim is None else self._tensor.size(dim)
+
+    @property
+    def shape(self):
+        return self._tensor.shape
+
+    @property
+    def share(self) -> torch.Tensor:
+        return self._tensor
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        return _plain_wrap(func(*_plain_unwrap(args), **_plain_unwrap(kwargs or {})))
+
+
+def _plain_unwrap(value):
+    if isinstance(value, PlainTensor):
+        return value._tensor
+    if isinstance(value, (list, tuple)) and not isinstance(value, torch.Size):
+        return type(value)(_plain_unwrap(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _plain_unwrap(v) for k, v in value.items()}
+    return value
+
+
+def _plain_wrap(value):
+    if isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter):
+        return PlainTensor._of(value)
+    if isinstance(value, tuple) and not isinstance(value, torch.Size):
+        return tuple(_plain_wrap(v) for v in value)
+    if isinstance(value, list):
+        return [_plain_wrap(v) for v in value]
+    return value
+
+
+def _plain_forward(fn):
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        return _plain_wrap(fn(*_plain_unwrap(args), **_plain_unwrap(kwargs)))
+    return call
+
+
+# Operators: Python looks dunder methods up on the type, so forward each explicitly.
+_OPERATORS = ("add sub mul truediv matmul pow radd rsub rmul rtruediv rmatmul neg abs lt le gt ge "
+              "eq ne iadd isub imul itruediv getitem").split()
+for _op in _OPERATORS:
+    _dunder = f"__{_op}__"
+
+    def _mpc_op(self, *args, _name=_dunder):
+        if _name in ("__iadd__", "__isub__", "__imul__", "__itruediv__"):
+            getattr(self._arithmetic_core(), _name[3:-2] + "_")(*unwrap(args))
+            return self
+        return wrap(getattr(self._arithmetic_core(), _name)(*unwrap(args)))
+
+    def _plain_op(self, *args, _name=_dunder):
+        if _name in ("__iadd__", "__isub__", "__imul__", "__itruediv__"):
+            self._tensor = getattr(self._tensor, _name)(*_plain_unwrap(args))
+            return self
+        return _plain_wrap(getattr(self._tensor, _name)(*_plain_unwrap(args)))
+
+    setattr(MPCTensor, _dunder, _mpc_op)
+    setattr(PlainTensor, _dunder, _plain_op)
+
+register_cryptensor("mpc")(MPCTensor)
+register_cryptensor("ptt")(PlainTensor)
