@@ -11,13 +11,18 @@
 from __future__ import annotations
 
 import argparse
+import collections
+import json
 import logging
 import os
+import re
 import runpy
-import selectors
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 
 DESCRIPTION = __doc__
@@ -25,6 +30,7 @@ DESCRIPTION = __doc__
 
 def _launch(args: argparse.Namespace) -> int:
     from .mpc.launcher import local_env
+    from .session import REPORT_FILE_ENV
 
     if args.n < 2:
         print("crypten-lite launch: -n must be at least 2 parties", file=sys.stderr)
@@ -39,78 +45,249 @@ def _launch(args: argparse.Namespace) -> int:
     if args.tls_dir:
         extra["CRYPTEN_LITE_TLS_DIR"] = os.path.abspath(args.tls_dir)
     party_envs, dealer_env = local_env(args.n, args.provider, timeout=args.timeout, extra=extra)
-    procs: list[tuple[str, subprocess.Popen]] = []
+    children: list[_Child] = []
     base = {k: v for k, v in os.environ.items() if not k.startswith("CRYPTEN_LITE_")}
     base["PYTHONUNBUFFERED"] = "1"
     # Parties share this machine's cores: oversubscribed BLAS threads only slow everybody down.
     base.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // args.n)))
-    popen = dict(stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    popen = dict(stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                 start_new_session=True)
+    reports = tempfile.mkdtemp(prefix="crypten-lite-launch-")
+    previous_sigterm = signal.signal(signal.SIGTERM, _terminated)
     try:
         if args.provider == "dealer":
-            procs.append(("dealer", subprocess.Popen(
-                [sys.executable, "-m", "crypten_lite.cli", "dealer"], env={**base, **dealer_env}, **popen)))
+            children.append(_Child("dealer", None, subprocess.Popen(
+                [sys.executable, "-m", "crypten_lite.cli", "dealer"], env={**base, **dealer_env},
+                **popen)))
         for rank, env in enumerate(party_envs):
-            procs.append((f"rank {rank}", subprocess.Popen(
-                [sys.executable, args.script, *args.args], env={**base, **env}, **popen)))
-        return _supervise(procs, n_parties=args.n)
+            report = os.path.join(reports, f"rank-{rank}.json")
+            children.append(_Child(f"rank {rank}", rank, subprocess.Popen(
+                [sys.executable, args.script, *args.args],
+                env={**base, **env, REPORT_FILE_ENV: report}, **popen), report))
+        return _supervise(children)
     finally:
-        _stop_all([p for _, p in procs])
+        _stop_all(children)
+        signal.signal(signal.SIGTERM, previous_sigterm)
+        shutil.rmtree(reports, ignore_errors=True)
 
 
-def _supervise(procs: list[tuple[str, subprocess.Popen]], n_parties: int) -> int:
-    """Relay output prefixed by rank; stop everything at the first failure."""
-    sel = selectors.DefaultSelector()
-    for label, proc in procs:
-        sel.register(proc.stdout, selectors.EVENT_READ, label)
-    open_streams = len(procs)
-    status = 0
-    parties = [p for label, p in procs if label.startswith("rank")]
-    while open_streams:
-        for key, _ in sel.select(timeout=0.5):
-            line = key.fileobj.readline()
-            if not line:
-                sel.unregister(key.fileobj)
-                open_streams -= 1
-                continue
-            sys.stdout.write(f"[{key.data}] {line.decode(errors='replace')}")
-            sys.stdout.flush()
-        failed = [(label, p.returncode) for label, p in procs
-                  if p.poll() is not None and p.returncode not in (0, None)
-                  and not (label == "dealer" and p.returncode in (-signal.SIGTERM,))]
-        if failed:
-            label, code = failed[0]
-            print(f"crypten-lite launch: {label} exited with code {code}; stopping the others",
-                  file=sys.stderr)
-            status = code if code > 0 else 1
-            break
-        if all(p.poll() is not None for p in parties):
-            # Drain what is left, then stop the dealer.
-            for key in list(sel.get_map().values()):
-                if not key.data.startswith("rank"):
-                    continue
-                for line in key.fileobj:
-                    sys.stdout.write(f"[{key.data}] {line.decode(errors='replace')}")
-            break
-    return status
+# Seconds the other parties get to stop by themselves once a party has failed (the session's
+# abort makes them fail at once; this only bounds a party busy in local computation).
+GRACE = 10.0
+_OUTPUT = threading.Lock()
+_CHAINED = ("During handling of the above exception, another exception occurred:",
+            "The above exception was the direct cause of the following exception:")
+_LINE_END = re.compile(rb"\r\n|\r|\n")
 
 
-def _stop_all(procs: list[subprocess.Popen]) -> None:
-    for p in procs:
-        if p.poll() is None:
+class _Terminated(Exception):
+    """crypten-lite launch itself received SIGTERM."""
+
+
+def _terminated(*_) -> None:
+    raise _Terminated()
+
+
+class _Child:
+    """One launched process: a thread per output pipe relays its lines, prefixed."""
+
+    def __init__(self, label: str, rank: int | None, proc: subprocess.Popen, report: str = ""):
+        self.label, self.rank, self.proc, self.report = label, rank, proc, report
+        self.signalled = False
+        self.stderr: collections.deque[str] = collections.deque(maxlen=20_000)
+        self.last = ""  # its last line of output, either pipe
+        self.threads = [threading.Thread(target=self._pump, args=(pipe, out, keep), daemon=True)
+                        for pipe, out, keep in ((proc.stdout, sys.stdout, False),
+                                                (proc.stderr, sys.stderr, True))]
+        for t in self.threads:
+            t.start()
+
+    def _emit(self, out, text: str, keep: bool) -> None:
+        with _OUTPUT:
+            out.write(f"[{self.label}] {text}\n")
+            out.flush()
+            if text.strip():
+                self.last = text
+        if keep:
+            self.stderr.append(text)
+
+    def _pump(self, pipe, out, keep: bool) -> None:
+        """Relay `pipe` until EOF. A carriage return ends a line too: progress bars redraw
+        with '\\r', which would make one endless line; at most one redraw a second is shown
+        (the last, which ends with '\\n', always)."""
+        fd, pending, shown = pipe.fileno(), b"", 0.0
+        while True:
             try:
-                os.killpg(p.pid, signal.SIGTERM)
+                chunk = os.read(fd, 1 << 16)
+            except OSError:
+                chunk = b""
+            if not chunk:
+                break
+            pending += chunk
+            start = 0
+            for m in _LINE_END.finditer(pending):
+                if m.group() == b"\r" and m.end() == len(pending):
+                    break  # maybe the first half of "\r\n": decide with the next chunk
+                text = pending[start:m.start()].decode(errors="replace")
+                start = m.end()
+                if m.group() == b"\r":  # a redraw: show it at most once a second
+                    if text.strip() and time.monotonic() - shown >= 1.0:
+                        shown = time.monotonic()
+                        self._emit(out, text.rstrip(), keep=False)
+                    continue
+                self._emit(out, text, keep)
+            pending = pending[start:]
+        if pending.strip(b"\r"):
+            self._emit(out, pending.strip(b"\r").decode(errors="replace"), keep)
+        pipe.close()
+
+    def join(self, timeout: float) -> bool:
+        """Wait until both pipes reached EOF (every line relayed); False if still open."""
+        deadline = time.monotonic() + timeout
+        for t in self.threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        return not any(t.is_alive() for t in self.threads)
+
+    @property
+    def stopped(self) -> bool:
+        """Ended by the launcher's signal, not by itself."""
+        code = self.proc.returncode
+        # The dealer's SIGTERM handler makes it exit 0.
+        return self.signalled and (code in (-signal.SIGTERM, -signal.SIGKILL)
+                                   or (self.rank is None and code == 0))
+
+    @property
+    def failed(self) -> bool:
+        code = self.proc.returncode
+        return code not in (None, 0) and not self.stopped
+
+    def origin(self) -> int | None:
+        """Rank of the party this one's failure follows from, as the party reported it."""
+        try:
+            with open(self.report) as f:
+                return int(json.load(f)["origin"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def exit_text(self) -> str:
+        code = self.proc.returncode
+        if code is not None and code < 0:
+            try:
+                return f"exited with code {code} ({signal.Signals(-code).name})"
+            except ValueError:
+                pass
+        return f"exited with code {code}"
+
+    def traceback(self) -> list[str]:
+        """The last traceback it printed (with the exceptions chained to it)."""
+        lines = list(self.stderr)
+        starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last)")]
+        if not starts:
+            return []
+        k = len(starts) - 1
+        while k > 0:
+            j = starts[k] - 1
+            while j >= 0 and not lines[j].strip():
+                j -= 1
+            if j < 0 or lines[j] not in _CHAINED:
+                break
+            k -= 1
+        return lines[starts[k]:]
+
+
+def _supervise(children: list[_Child]) -> int:
+    """Relay output prefixed by rank; at the first failure let the other parties stop (their
+    sessions fail at once), stop what is left, and report the party that failed first."""
+    parties = [c for c in children if c.rank is not None]
+    failures: list[_Child] = []
+    failed_at = None
+    interrupted = ""
+    try:
+        while not all(c.proc.poll() is not None for c in parties):
+            for c in children:
+                if c.proc.poll() is not None and c.failed and c not in failures:
+                    failures.append(c)
+            if failures and failed_at is None:
+                failed_at = time.monotonic()
+                # A party that failed before joining the session (an import error, a bad
+                # argument) could not tell the others: stop them now.
+                if failures[0].origin() is None and failures[0].rank is not None \
+                        and failures[0].proc.returncode > 0:
+                    break
+            if failed_at is not None and time.monotonic() - failed_at > GRACE:
+                break
+            time.sleep(0.05)
+    except KeyboardInterrupt:
+        interrupted = "interrupted (SIGINT)"
+    except _Terminated:
+        interrupted = "terminated (SIGTERM)"
+    _stop_all(children)
+    complete = [c.join(timeout=10.0) for c in children]
+    for c in children:
+        if c.failed and c not in failures:
+            failures.append(c)
+    return _report(children, failures, interrupted, complete)
+
+
+def _report(children: list[_Child], failures: list[_Child], interrupted: str,
+            complete: list[bool]) -> int:
+    def say(text: str) -> None:
+        print(f"crypten-lite launch: {text}", file=sys.stderr, flush=True)
+
+    for c, done in zip(children, complete):
+        if not done:
+            say(f"the output of {c.label} may be incomplete (a process it started still holds it)")
+    stopped = [c.label for c in children if c.stopped and (c.rank is not None or failures or interrupted)]
+    party_failures = [c for c in failures if c.rank is not None] + [c for c in failures if c.rank is None]
+    if interrupted and not party_failures:
+        say(f"{interrupted}; stopped {', '.join(stopped) or 'nothing (all had exited)'}")
+        return 130 if "SIGINT" in interrupted else 143
+    if not party_failures:
+        return 0
+    by_rank = {c.rank: c for c in children if c.rank is not None}
+    first = next((c for c in party_failures if c.origin() in (None, c.rank)), None)
+    if first is None:  # every failure so far says it follows from another party's
+        first = by_rank.get(party_failures[0].origin(), party_failures[0])
+    code = first.proc.returncode or 1
+    say(f"{first.label} failed first: {first.exit_text()}")
+    lines = first.traceback()
+    if lines:
+        with _OUTPUT:
+            for line in lines:
+                print(f"[{first.label}] {line}", file=sys.stderr)
+            sys.stderr.flush()
+    for c in party_failures:
+        if c is first:
+            continue
+        last = c.traceback()[-1:] or [c.last or "(no output)"]
+        origin = c.origin()
+        why = f", because party {origin} failed" if origin not in (None, c.rank) else ""
+        say(f"{c.label} failed too{why}: {c.exit_text()}: {last[0]}")
+    if stopped:
+        say(f"stopped {', '.join(stopped)}" + (f" ({interrupted})" if interrupted else ""))
+    return code if code > 0 else 1
+
+
+def _stop_all(children: list[_Child]) -> None:
+    """SIGTERM every process group still running, SIGKILL after 5 s; reap them all."""
+    for c in children:
+        if c.proc.poll() is None:
+            c.signalled = True
+            try:
+                os.killpg(c.proc.pid, signal.SIGTERM)
             except ProcessLookupError:
                 pass
     deadline = time.monotonic() + 5
-    for p in procs:
+    for c in children:
         try:
-            p.wait(max(0.1, deadline - time.monotonic()))
+            c.proc.wait(max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
+            c.signalled = True
             try:
-                os.killpg(p.pid, signal.SIGKILL)
+                os.killpg(c.proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-            p.wait()
+            c.proc.wait()
 
 
 def _party(args: argparse.Namespace) -> int:

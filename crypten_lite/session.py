@@ -7,7 +7,10 @@ happens at import time.
 from __future__ import annotations
 
 import atexit
+import json
 import logging
+import os
+import sys
 import threading
 from dataclasses import dataclass, field
 
@@ -15,7 +18,7 @@ from . import comm as comm_module
 from . import config as config_module
 from .comm.communicator import Communicator
 from .config import Config
-from .errors import ConfigError, NotInitializedError
+from .errors import CommunicationError, ConfigError, NotInitializedError
 from .provider import Provider
 from .random import PRG, subkey
 
@@ -96,7 +99,64 @@ def init(config: Config | None = None, **overrides) -> Session:
     # which wait on peer streams: close the transport first so that exit never hangs.
     threading._register_atexit(uninit)  # noqa: SLF001 (documented CPython hook)
     atexit.register(uninit)
+    if sys.excepthook is not _excepthook:
+        global _previous_excepthook
+        _previous_excepthook, sys.excepthook = sys.excepthook, _excepthook
     return session
+
+
+# -- one failure stops the session ---------------------------------------------------------
+# `crypten-lite launch` sets this to a file per rank: a script that raises writes there which
+# party its failure comes from, so that the launcher names the party that failed first.
+REPORT_FILE_ENV = "CRYPTEN_LITE_REPORT_FILE"
+_previous_excepthook = sys.excepthook
+
+
+def failure_origin(exc: BaseException) -> tuple[int, str]:
+    """(rank, exception type) of the party whose failure `exc` follows from.
+
+    This party's own rank and `exc`'s type, unless `exc` (or an exception it was raised from)
+    is a CommunicationError about a peer known to have failed: then that failure's origin."""
+    session = current()
+    seen: BaseException | None = exc
+    for _ in range(16):
+        if seen is None:
+            break
+        if isinstance(seen, CommunicationError) and isinstance(seen.peer, int):
+            known = session.comm.peer_failure(seen.peer)
+            if known is not None:
+                return known
+        seen = seen.__cause__ or seen.__context__
+    return session.rank, type(exc).__name__
+
+
+def abort(exc: BaseException) -> None:
+    """Tell every peer that this party stops because of `exc` (its type name only, never its
+    message): their waits on this party fail at once with a CommunicationError naming the
+    party that failed first. Called for an uncaught exception (sys.excepthook, installed by
+    init()) and by run_multiprocess's workers; call it yourself where an exception is caught
+    and the process lives on (a notebook), then uninit()."""
+    if _session is None:
+        return
+    origin, error = failure_origin(exc)
+    _session.comm.abort(origin, error)
+
+
+def _excepthook(exc_type, exc, tb) -> None:
+    session = _session
+    origin = None
+    if session is not None:
+        try:
+            origin = failure_origin(exc)
+            path = os.environ.get(REPORT_FILE_ENV)
+            if path:
+                with open(path, "w") as f:
+                    json.dump({"rank": session.rank, "origin": origin[0], "error": origin[1]}, f)
+        except Exception:  # noqa: BLE001 (reporting must never hide the exception itself)
+            log.exception("could not report this party's failure")
+    _previous_excepthook(exc_type, exc, tb)
+    if session is not None and origin is not None:
+        session.comm.abort(*origin)
 
 
 def uninit() -> None:

@@ -55,6 +55,15 @@ class Communicator(abc.ABC):
     def close(self) -> None:
         """Release the transport (idempotent)."""
 
+    def abort(self, origin: int, error: str) -> None:
+        """Tell every peer that party `origin` failed with `error` (an exception type name,
+        never a message), so that their waits on this party fail at once (transports that
+        can; the default does nothing)."""
+
+    def peer_failure(self, peer: int) -> tuple[int, str] | None:
+        """(rank, short cause) of the failure known to have made `peer` unusable, or None."""
+        return None
+
     # -- statistics ------------------------------------------------------------------------
     def get_communication_stats(self) -> dict[str, float]:
         """Counters since the last reset: rounds, bytes_sent, bytes_received, messages, seconds."""

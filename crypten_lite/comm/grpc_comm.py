@@ -12,7 +12,12 @@ Protocol (see protos/crypten_lite.proto):
    refused even without TLS. Messages are split in chunks of CHUNK_BYTES and matched at the
    receiver by (src, seq), never by arrival order.
 4. A stream that ends without the closing frame marks the peer dead: every wait on it raises
-   CommunicationError at once (otherwise after CRYPTEN_LITE_TIMEOUT at the latest).
+   CommunicationError at once (otherwise after CRYPTEN_LITE_TIMEOUT at the latest). After the
+   closing frame no message can follow, so a wait for one fails at once too.
+5. A party whose script raises sends an abort frame to every peer before closing (seq
+   ABORT_SEQ; data: the rank of the party that failed first and its exception's type name,
+   never the message, which may hold values): every wait of theirs on it fails at once with
+   a CommunicationError naming that party.
 
 Hostile input (tests/integration/test_fuzz.py): a stream must send its opening frame within
 OPEN_TIMEOUT seconds or it is cancelled (idle streams would otherwise hold the server's
@@ -29,6 +34,7 @@ import hashlib
 import hmac
 import logging
 import queue
+import re
 import threading
 import time
 import weakref
@@ -54,6 +60,9 @@ CHUNK_BYTES = 1 << 22
 MAX_FRAME_BYTES = CHUNK_BYTES + (1 << 16)
 BYE_SEQ = (1 << 64) - 1
 OPEN_SEQ = (1 << 64) - 2
+ABORT_SEQ = (1 << 64) - 3
+_ABORT_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_. ]{0,100}")
+_ABORT_DATA = re.compile(rb"(\d{1,6}) ([A-Za-z_][A-Za-z0-9_. ]{0,100})")
 OPEN_TIMEOUT = 10.0  # seconds a new stream may take to send its opening frame
 # Servers accept frames of at most one chunk; clients (whose only large replies are the
 # dealer's corrections, bounded by the request they made) accept up to 2 GiB.
@@ -242,7 +251,11 @@ class _PartyServicer(pb_grpc.PartyServicer):
                     continue
                 if frame.seq == BYE_SEQ:
                     closed = True
+                    comm.mailbox.closed(src)
                     break
+                if frame.seq == ABORT_SEQ:
+                    self._abort(src, frame)
+                    continue
                 self._accept(src, frame, partial)
         except CommunicationError as e:
             if src is None:  # an unauthenticated stream: refuse it, touch nothing else
@@ -277,6 +290,17 @@ class _PartyServicer(pb_grpc.PartyServicer):
                 raise CommunicationError(f"party {src} already opened its stream in this session")
             comm.streams_opened.add(src)
         return src
+
+    def _abort(self, src: int, frame) -> None:
+        if frame.src != src or frame.session != self.comm.config.session:
+            raise CommunicationError("frame changes sender or session within a stream")
+        match = _ABORT_DATA.fullmatch(bytes(frame.data))
+        if match is None:
+            raise CommunicationError("malformed abort frame")
+        origin, error = int(match.group(1)), match.group(2).decode()
+        log.info("party %d: party %d stops because party %d failed: %s",
+                 self.comm.rank, src, origin, error)
+        self.comm.mailbox.abort(src, origin, error)
 
     def _accept(self, src: int, frame: pb.Frame, partial: dict) -> None:
         if frame.src != src or frame.session != self.comm.config.session:
@@ -456,6 +480,10 @@ class _Outbox:
         self.seq += 1
         self.queue.put(frames)
 
+    def abort(self, session: str, src: int, origin: int, error: str) -> None:
+        data = f"{origin} {error}".encode()
+        self.queue.put([pb.Frame(session=session, src=src, seq=ABORT_SEQ, data=data)])
+
     def close(self, session: str, src: int, timeout: float) -> None:
         self.queue.put([pb.Frame(session=session, src=src, seq=BYE_SEQ)])
         self.queue.put(None)
@@ -486,6 +514,7 @@ class GrpcCommunicator(Communicator):
         self.seeds_ready = threading.Event()
         self.streams_opened: set[int] = set()
         self._closed = False
+        self._aborted = False
         self._lock = threading.Lock()
         own = config.parties[config.rank]
         if not self.tls.enabled and not all(_is_loopback(a) for a in config.parties):
@@ -531,6 +560,22 @@ class GrpcCommunicator(Communicator):
 
     def _recv(self, src: int) -> torch.Tensor:
         return self.mailbox.take(src)
+
+    def abort(self, origin: int, error: str) -> None:
+        """Tell every peer that party `origin` failed with `error` (an exception type name).
+
+        Sent once; each peer's waits on this party then fail at once. Call close() after."""
+        if not _ABORT_NAME.fullmatch(error):
+            error = "an error"
+        with self._lock:
+            if self._closed or self._aborted:
+                return
+            self._aborted = True
+        for outbox in getattr(self, "outboxes", {}).values():
+            outbox.abort(self.config.session, self.rank, origin, error)
+
+    def peer_failure(self, peer: int) -> tuple[int, str] | None:
+        return self.mailbox.origin(peer)
 
     def close(self) -> None:
         with self._lock:

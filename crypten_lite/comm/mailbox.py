@@ -25,6 +25,9 @@ class Mailbox:
         self._messages: dict[tuple[int, int], torch.Tensor] = {}
         self._next_seq = [0] * world_size
         self._failed: dict[int, str] = {}
+        # Why each failed peer failed, as (rank of the party that failed first, short cause):
+        # what this party passes on when it stops because of it (see GrpcCommunicator.abort).
+        self._origin: dict[int, tuple[int, str]] = {}
         self._cond = threading.Condition()
 
     def put(self, src: int, seq: int, tensor: torch.Tensor) -> None:
@@ -37,19 +40,42 @@ class Mailbox:
             self._messages[(src, seq)] = tensor
             self._cond.notify_all()
 
-    def fail(self, src: int | str, reason: str) -> None:
-        """Record that `src` is gone (or every peer, with src='*'); wakes every waiter."""
+    def fail(self, src: int | str, reason: str, origin: tuple[int, str] | None = None) -> None:
+        """Record that `src` is gone (or every peer, with src='*'); wakes every waiter.
+
+        The first reason recorded for a peer is kept. `origin` is (rank, short cause) of the
+        party whose failure this one follows from (default: `src` itself, cause `reason`)."""
         with self._cond:
             targets = range(len(self._next_seq)) if src == "*" else [src]
             for peer in targets:
-                if peer != self.rank:
-                    self._failed.setdefault(peer, reason)
+                if peer != self.rank and peer not in self._failed:
+                    self._failed[peer] = reason
+                    self._origin[peer] = origin or (peer, reason)
             self._cond.notify_all()
+
+    def abort(self, src: int, origin: int, error: str) -> None:
+        """`src` announced that it stopped because party `origin` failed with `error`."""
+        if origin == src:
+            self.fail(src, f"failed: {error}", (origin, error))
+        else:
+            self.fail(src, f"stopped because party {origin} failed: {error}", (origin, error))
+            if 0 <= origin < len(self._next_seq):
+                self.fail(origin, f"failed: {error} (reported by party {src})", (origin, error))
+
+    def closed(self, src: int) -> None:
+        """`src` closed its stream: every message it sent is here, no other will come."""
+        self.fail(src, "closed its session (it finished or exited) before sending this message",
+                  (src, "closed its session"))
 
     def failure(self, src: int) -> str | None:
         """Why `src` is known to be unusable, or None."""
         with self._cond:
             return self._failed.get(src)
+
+    def origin(self, src: int) -> tuple[int, str] | None:
+        """(rank, short cause) of the failure that made `src` unusable, or None."""
+        with self._cond:
+            return self._origin.get(src)
 
     def take(self, src: int) -> torch.Tensor:
         """Next message from `src`; raises CommunicationError on a dead peer or at the deadline."""
@@ -58,8 +84,13 @@ class Mailbox:
             key = (src, self._next_seq[src])
             while key not in self._messages:
                 if src in self._failed:
+                    reason = self._failed[src]
+                    if reason.startswith(("failed: ", "stopped because", "closed its session")):
+                        origin = self._origin[src][0]
+                        raise CommunicationError(f"party {self.rank}: party {src} {reason}; see "
+                                                 f"party {origin}'s output for the cause", peer=src)
                     raise CommunicationError(
-                        f"party {self.rank}: party {src} is unreachable ({self._failed[src]}); "
+                        f"party {self.rank}: party {src} is unreachable ({reason}); "
                         "check that process and its logs", peer=src)
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:

@@ -129,9 +129,37 @@ def _worker(env: dict[str, str], tasks, results) -> None:
             fn, args, kwargs = _load_task(task)
             value = fn(*args, **kwargs)
             results.put((rank, True, value))
-        except BaseException:
-            results.put((rank, False, traceback.format_exc()))
+        except BaseException as e:
+            # One failure stops the session: the peers' waits on this party fail at once
+            # (the pool is closed after a failed call, so the session is not reused).
+            from ..session import abort, failure_origin
+            origin = failure_origin(e)
+            abort(e)
+            results.put((rank, False, (traceback.format_exc(), origin)))
     crypten_lite.uninit()
+
+
+def _failure_report(what: str, failures: dict[int, Any]) -> str:
+    """The party that failed first (its traceback first), then those that stopped because of it."""
+    reports = {r: v if isinstance(v, tuple) else (v, (r, "")) for r, v in failures.items()}
+    first = sorted(r for r, (_, origin) in reports.items() if origin[0] == r)
+    named = {origin for _, origin in reports.values() if origin[0] not in failures}
+    order = first + sorted(r for r in reports if r not in first)
+    lines = []
+    if first:
+        lines.append(f"{what} failed on part{'ies' if len(first) > 1 else 'y'} " + ", ".join(
+            f"{r} ({reports[r][1][1]})" if reports[r][1][1] else str(r) for r in first))
+    for rank, error in sorted(named):
+        lines.append(f"{what} failed on party {rank} ({error})")
+    consequences = [r for r in order if r not in first]
+    if not lines:
+        lines.append(f"{what} failed on parties {', '.join(map(str, order))}")
+    elif consequences:
+        lines[-1] += (f"; part{'ies' if len(consequences) > 1 else 'y'} "
+                      f"{', '.join(map(str, consequences))} stopped because of it")
+    lines[-1] += ":"
+    lines += [f"--- party {r} ---\n{reports[r][0]}" for r in order]
+    return "\n".join(lines)
 
 
 class PartyFailure(CryptenLiteError):
@@ -181,8 +209,7 @@ class PartyPool:
             (values if ok else failures)[rank] = value
         if failures:
             self.close()
-            detail = "\n".join(f"--- party {r} ---\n{tb}" for r, tb in sorted(failures.items()))
-            raise PartyFailure(f"{what} failed on parties {sorted(failures)}:\n{detail}")
+            raise PartyFailure(_failure_report(what, failures))
         return [values[r] for r in range(self.world_size)]
 
     def run(self, fn: Callable, *args, **kwargs) -> list[Any]:

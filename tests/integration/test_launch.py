@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import re
 import signal
 import socket
 import subprocess
@@ -50,7 +51,10 @@ def test_launch_stops_everything_and_fails_when_a_party_dies():
     start = time.monotonic()
     r = _launch("-n", "3", "--timeout", "20", str(SCRIPTS / "victim.py"), "1", marker)
     assert r.returncode != 0
-    assert "rank 1 exited with code -9" in r.stderr
+    assert "rank 1 failed first: exited with code -9 (SIGKILL)" in r.stderr
+    for rank in (0, 2):  # the survivors' own errors come after, naming the dead party
+        assert re.search(f"rank {rank} failed too: exited with code 3: CommunicationError after "
+                         rf".*party {rank}: party 1 is unreachable", r.stderr), r.stderr
     assert time.monotonic() - start < 60
     leftovers = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True)
     assert leftovers.stdout.strip() == ""
