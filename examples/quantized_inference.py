@@ -4,14 +4,16 @@ Party 0 (the model owner) trains a small CNN on its images and quantizes it with
 post-training static quantization, calibrated on scikit-learn digits (eager mode, FX graph
 mode or torchao PT2E). Party 1 (the data owner) holds test images. The int8 weights are
 secret-shared by party 0, the quantized images by party 1; the integer program runs in MPC
-(crypten_lite.quantized.run_private) and only the predictions are revealed.
+and only the predictions are revealed.
 
     crypten-lite launch -n 2 examples/quantized_inference.py [--flow eager|fx|pt2e] [--images 200]
 
-Party 0 publishes the program's public part (architecture, scales, zero points, bit bounds;
-no weights) in a file the other parties read, and run_private checks that every party runs
-the same one. With --verify (default), party 1 reveals its images to party 0 AFTER the
-private run, only so that this demo can print torch's quantized model beside it.
+The user code is that of a float model (examples/private_inference.py): party 0 calls
+crypten_lite.nn.from_pytorch(qmodel, dummy, src=0), which sends party 1 the program's public
+part over the session (architecture, scales, zero points, bit bounds; no weights, no file),
+then encrypt(src=0), private(...), get_plain_text(). With --verify (default), party 1
+reveals its images to party 0 AFTER the private run, only so that this demo can print
+torch's quantized model beside it.
 """
 
 from __future__ import annotations
@@ -98,17 +100,11 @@ def quantize(model: DigitsNet, calib: torch.Tensor, flow: str) -> nn.Module:
     return quantize_pt2e(model, calib)
 
 
-def model_owner(flow: str, path: str):
-    """Party 0: train, quantize, convert; publish the program's public part."""
-    from crypten_lite.quantized import from_quantized
-    from crypten_lite.quantized.mpc_backend import save_public_program
-
+def model_owner(flow: str) -> nn.Module:
+    """Party 0: train and quantize its model (no other party runs this)."""
     train_x, train_y, _, _ = load_data()
     model = train(train_x, train_y)
-    qmodel = quantize(model, train_x[:400], flow)
-    program = from_quantized(qmodel, train_x[:2])
-    save_public_program(program, path)
-    return qmodel, program
+    return quantize(model, train_x[:400], flow)
 
 
 def main() -> None:
@@ -119,37 +115,27 @@ def main() -> None:
     parser.add_argument("--no-verify", dest="verify", action="store_false",
                         help="do not reveal the images to party 0 for the comparison with torch")
     args = parser.parse_args()
-    if args.flow == "pt2e" and importlib.util.find_spec("torchao") is None:
-        raise SystemExit("--flow pt2e needs torchao (the PT2E quantization flow): "
-                         "pip install -e '.[quantization]' (or pip install 'torchao>=0.18')")
-
-    from crypten_lite.quantized import QuantizedCrypTensor, run_private
-    from crypten_lite.quantized.mpc_backend import load_public_program
 
     crypten_lite.init()
     rank, comm = crypten_lite.get_rank(), crypten_lite.comm.get()
-    session = os.environ.get("CRYPTEN_LITE_SESSION", "local")
-    path = os.path.join(tempfile.gettempdir(), f"crypten_lite_{session}_{args.flow}_program.pt")
-    qmodel = None
-    if rank == 0:
-        qmodel, program = model_owner(args.flow, path)
-    comm.barrier()  # the public program is written
-    if rank != 0:
-        program = load_public_program(path)
-    comm.barrier()
-    if rank == 0:
-        os.remove(path)
+    qmodel = model_owner(args.flow) if rank == 0 else None
     _, _, test_x, test_y = load_data()
     images = test_x[:args.images] if rank == 1 else None
 
     comm.reset_communication_stats()
+    # party 0 traces its int8 model and sends the program's public part; party 1 rebuilds it
+    private = crypten_lite.nn.from_pytorch(qmodel, (2, 1, 8, 8), src=0)
+    if rank == 1:
+        print(f"[party 1] model description from party 0: {comm.get_communication_stats()['bytes_received']} "
+              "bytes (architecture, scales, zero points, bit bounds; no weights)")
+
+    comm.reset_communication_stats()
     start = time.perf_counter()
-    secret = run_private(program, images, src_model=0, src_input=1, reveal=False)
-    if isinstance(secret, QuantizedCrypTensor):  # int8 output (eager, FX): reveal the integers
-        ints = secret.int_repr().get_plain_text()
-        logits = program.output_info.to_real(ints)
-    else:  # PT2E leaves the last linear in float (fixed point)
-        ints, logits = None, secret.get_plain_text()
+    private.encrypt(src=0)  # party 0's int8 weights become secret shares
+    private.eval()
+    # party 1 quantizes its images exactly as torch does and shares them; the same call as for
+    # a float model, private(crypten_lite.cryptensor(images, src=1)), quantizes them in MPC
+    logits = private(images, src=1).get_plain_text()  # what torch's quantized model returns
     seconds = time.perf_counter() - start
     stats = comm.get_communication_stats()
     predictions = logits.argmax(1)
@@ -173,12 +159,14 @@ def main() -> None:
     print(f"predictions equal to torch's quantized model: {100 * same:.1f}%")
     print(f"accuracy: private {100 * (predictions == labels).double().mean():.1f}%, "
           f"torch {100 * (ref.argmax(1) == labels).double().mean():.1f}%")
-    if ints is not None:
-        torch_ints = torch.round(ref.double() / program.output_info.scale).long() + program.output_info.zero_point
+    info = private.output_info
+    if info.kind == "quant":  # int8 output (eager, FX): compare the integers
+        ints = torch.round(logits.double() / info.scale).long() + info.zero_point
+        torch_ints = torch.round(ref.double() / info.scale).long() + info.zero_point
         diff = (ints - torch_ints).abs()
         print(f"int8 outputs identical: {100 * (diff == 0).double().mean():.2f}%, max difference "
               f"{int(diff.max())} step(s)")
-    else:
+    else:  # PT2E leaves the last linear in float (fixed point)
         print(f"float outputs: max |difference| {float((logits - ref).abs().max()):.2e}")
 
 
