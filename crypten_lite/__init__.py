@@ -7,24 +7,46 @@
 
 Layers, from the bottom (a layer never imports one above it): config/errors, encoding/random,
 comm, provider, session, mpc, cryptensor, autograd, nn/optim, quantized, cli.
+
+One exception: `crypten-lite health` (the containers' health check, run every few seconds)
+needs grpc only, so in that command the package skips importing torch and the API below
+(_health_check_only); everywhere else importing the package loads everything, as usual.
 """
 
 from __future__ import annotations
 
+import os
+import sys
 from typing import Sequence
 
-import torch
-
-from . import comm
 from .config import Config
-from .cryptensor import CrypTensor, cat, enable_grad, is_grad_enabled, no_grad, stack
 from .errors import (CommunicationError, ConfigError, CryptenLiteError, NotInitializedError,
                      ProtocolError, UnsupportedError)
-from .session import is_initialized
-from .session import init as _init
-from .session import uninit
 
 __version__ = "0.1.0"
+
+
+def _health_check_only() -> bool:
+    """True in a `crypten-lite health ...` process: it must answer well inside the compose
+    health check's timeout, and importing torch alone takes seconds on a loaded machine."""
+    return (os.path.basename(sys.argv[0] if sys.argv else "") == "crypten-lite"
+            and sys.argv[1:2] == ["health"])
+
+
+_FULL = not _health_check_only()
+
+if _FULL:
+    import torch
+
+    from . import comm
+    from .cryptensor import CrypTensor, cat, enable_grad, is_grad_enabled, no_grad, stack
+    from .session import is_initialized
+    from .session import init as _init
+    from .session import uninit
+else:
+    def __getattr__(name: str):
+        raise AttributeError(f"crypten_lite.{name} is not loaded in a `crypten-lite health` "
+                             "process (see crypten_lite/__init__.py)")
 
 
 def init(config: Config | None = None, **overrides) -> None:
@@ -87,12 +109,13 @@ def _load_extensions() -> None:
 
 
 # Higher layers (importing them has no side effects: nothing runs until init()).
-from . import autograd, functions, mpc, nn, optim  # noqa: E402
-from .functions import where  # noqa: E402
-from .serialization import load_from_party, save_from_party  # noqa: E402
-from .quantized.tensor import (QuantizedCrypTensor, dequantize, quantize_per_channel,  # noqa: E402
-                               quantize_per_tensor)
-from . import quantized  # noqa: E402
+if _FULL:
+    from . import autograd, functions, mpc, nn, optim  # noqa: E402
+    from .functions import where  # noqa: E402
+    from .serialization import load_from_party, save_from_party  # noqa: E402
+    from .quantized.tensor import (QuantizedCrypTensor, dequantize,  # noqa: E402
+                                   quantize_per_channel, quantize_per_tensor)
+    from . import quantized  # noqa: E402
 
 __all__ = [
     "autograd", "functions", "mpc", "nn", "optim", "where", "save_from_party", "load_from_party",

@@ -5,10 +5,23 @@ Only this package imports grpc or the generated protobuf modules.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ..errors import NotInitializedError
-from .communicator import Communicator
+
+if TYPE_CHECKING:
+    from .communicator import Communicator
 
 _current: Communicator | None = None
+
+
+def __getattr__(name: str):
+    # Communicator (and torch with it) is imported on first use, so that importing a light
+    # module of this package (health, tls) does not import torch: see crypten_lite/__init__.py.
+    if name == "Communicator":
+        from .communicator import Communicator
+        return Communicator
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def get() -> Communicator:

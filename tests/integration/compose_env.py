@@ -24,15 +24,25 @@ ENTRYPOINT = ("crypten-lite",)
 
 
 class Service(NamedTuple):
-    """One compose service: the arguments after the entrypoint, and its environment."""
+    """One compose service: the arguments after the entrypoint, its environment, and its
+    entrypoint (the image's unless the service sets its own)."""
 
     command: list[str]
     environment: dict[str, str]
+    entrypoint: tuple[str, ...] = ENTRYPOINT
 
     @property
     def argv(self) -> list[str]:
-        """The full command line: the image's entrypoint followed by `command`."""
-        return [*ENTRYPOINT, *self.command]
+        """The full command line: the entrypoint followed by `command`."""
+        return [*self.entrypoint, *self.command]
+
+
+class Mount(NamedTuple):
+    """One mount of a service: a named volume (source = its name) or a tmpfs (source None)."""
+
+    source: str | None
+    target: str
+    read_only: bool
 
 
 def load(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -46,8 +56,34 @@ def load(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 def services(path: str | os.PathLike[str]) -> dict[str, Service]:
     """``{name: (command_args, environment)}`` for every service of the compose file."""
-    return {name: Service(_command(name, spec), _environment(name, spec))
+    return {name: Service(_command(name, spec), _environment(name, spec),
+                          _entrypoint(name, spec))
             for name, spec in load(path)["services"].items()}
+
+
+def mounts(path: str | os.PathLike[str]) -> dict[str, list[Mount]]:
+    """``{name: [Mount, ...]}``: each service's named volumes and tmpfs mounts.
+
+    Only the short volume syntax ``volume:/target[:ro]`` is supported (host paths and the
+    long syntax are reported as errors: the deployment must not depend on host folders).
+    """
+    data = load(path)
+    declared = set(data.get("volumes") or {})
+    result: dict[str, list[Mount]] = {}
+    for name, spec in data["services"].items():
+        found = []
+        for entry in spec.get("volumes") or []:
+            if not isinstance(entry, str):
+                raise ValueError(f"service {name}: only the short volume syntax is supported")
+            source, target, *mode = entry.split(":")
+            if source not in declared or not target.startswith("/") or mode not in ([], ["ro"]):
+                raise ValueError(f"service {name}: {entry!r} is not `declared-volume:/path[:ro]`")
+            found.append(Mount(source, target, mode == ["ro"]))
+        tmpfs = spec.get("tmpfs") or []
+        for target in [tmpfs] if isinstance(tmpfs, str) else tmpfs:
+            found.append(Mount(None, str(target).split(":")[0], False))
+        result[name] = found
+    return result
 
 
 def healthchecks(path: str | os.PathLike[str]) -> dict[str, list[str]]:
@@ -109,6 +145,15 @@ def _command(name: str, spec: dict[str, Any]) -> list[str]:
     args = shlex.split(command) if isinstance(command, str) else [str(a) for a in command]
     _no_interpolation(name, args)
     return args
+
+
+def _entrypoint(name: str, spec: dict[str, Any]) -> tuple[str, ...]:
+    entrypoint = spec.get("entrypoint")
+    if entrypoint is None:
+        return ENTRYPOINT
+    args = shlex.split(entrypoint) if isinstance(entrypoint, str) else [str(a) for a in entrypoint]
+    _no_interpolation(name, args)
+    return tuple(args)
 
 
 def _environment(name: str, spec: dict[str, Any]) -> dict[str, str]:

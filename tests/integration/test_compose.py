@@ -10,6 +10,7 @@ import dataclasses
 import json
 import pathlib
 import re
+import shlex
 
 import pytest
 
@@ -23,6 +24,8 @@ SCHEMA = REPO / "tests" / "data" / "compose-spec.json"
 DOCUMENTED_KEYS = {PREFIX + f.name.upper() for f in dataclasses.fields(Config)} | {
     PREFIX + "CONFIG"}
 PARTY = re.compile(r"party(\d+)")
+CA_DIR = "/ca"  # the certs job's tmpfs: the CA key never leaves it
+IMAGE_UID = "10001"  # the image's unprivileged user (Dockerfile)
 
 
 @pytest.fixture(scope="module")
@@ -90,18 +93,58 @@ def test_parties_agree_on_the_session(services: dict[str, compose_env.Service],
     assert services["dealer"].environment["CRYPTEN_LITE_DEALER"].startswith("dealer:")
 
 
-def test_certificates_cover_every_party(compose: dict, services: dict[str, compose_env.Service],
+def _certs_script(services: dict[str, compose_env.Service]) -> list[list[str]]:
+    """The certs job's shell script (`/bin/sh -ec SCRIPT`), one argv per line."""
+    certs = services["certs"]
+    assert certs.entrypoint == ("/bin/sh", "-ec") and len(certs.command) == 1, certs
+    return [shlex.split(line) for line in certs.command[0].splitlines() if line.strip()]
+
+
+def test_certificates_cover_every_party(services: dict[str, compose_env.Service],
                                         parties: dict[int, str]) -> None:
-    command = services["certs"].command
-    assert command[0] == "certs"
-    assert command[command.index("--parties") + 1] == str(len(parties))
-    assert command[command.index("--out") + 1] == "/certs"
-    assert "certs" in compose.get("volumes", {})
-    for name, spec in compose["services"].items():
-        mounts = spec.get("volumes", [])
-        assert any(m.split(":")[:2] == ["certs", "/certs"] for m in mounts), name
-        if name != "certs":
-            assert "certs:/certs:ro" in mounts, f"{name} needs the certificates read-only"
+    lines = _certs_script(services)
+    generate = lines[0]
+    assert generate[:2] == ["crypten-lite", "certs"], generate
+    assert generate[generate.index("--parties") + 1] == str(len(parties))
+    assert generate[generate.index("--out") + 1] == CA_DIR
+    assert all(line[0] == "install" for line in lines[1:]), lines
+
+
+def test_each_service_mounts_only_its_own_key(compose: dict,
+                                              services: dict[str, compose_env.Service],
+                                              parties: dict[int, str]) -> None:
+    """Each service sees only the CA certificate and its own certificate and key, read-only;
+    the CA key lives in the certs job's tmpfs and in no volume."""
+    mounts = compose_env.mounts(COMPOSE_FILE)
+    identities = ["dealer", *(parties[r] for r in sorted(parties))]
+    assert set(services) == {"certs", *identities}
+    for name in identities:
+        assert mounts[name] == [compose_env.Mount(f"tls-{name}", "/certs", True)], name
+        assert services[name].environment["CRYPTEN_LITE_TLS_DIR"] == "/certs"
+    assert set(compose["volumes"]) == {f"tls-{name}" for name in identities}
+    # The certs job: a tmpfs for the CA, and every service's volume at /tls/<service>.
+    assert sorted(mounts["certs"], key=str) == sorted(
+        [compose_env.Mount(None, CA_DIR, False)]
+        + [compose_env.Mount(f"tls-{name}", f"/tls/{name}", False) for name in identities], key=str)
+    assert compose["services"]["certs"].get("user") == "root"  # to chown the keys to the image user
+
+    # What the script copies where: exactly ca.pem, <name>.pem (0644) and <name>.key (0600)
+    # into /tls/<name>/, owned by the image's user; never ca.key.
+    copied: dict[str, dict[str, str]] = {name: {} for name in identities}
+    for line in _certs_script(services)[1:]:
+        args = line[1:]
+        options = dict(zip(args[:-1:2], args[1:-1:2]))
+        files = args[6:-1]
+        assert args[:6:2] == ["-o", "-g", "-m"], line
+        assert options["-o"] == options["-g"] == IMAGE_UID, line
+        target = args[-1].rstrip("/")
+        assert target.startswith("/tls/"), line
+        for f in files:
+            assert f.startswith(CA_DIR + "/"), line
+            copied[target[len("/tls/"):]][f[len(CA_DIR) + 1:]] = options["-m"]
+    for name in identities:
+        assert copied[name] == {"ca.pem": "0644", f"{name}.pem": "0644",
+                                f"{name}.key": "0600"}, (name, copied[name])
 
 
 def test_health_checks_and_start_order(services: dict[str, compose_env.Service],
@@ -115,15 +158,20 @@ def test_health_checks_and_start_order(services: dict[str, compose_env.Service],
 
     depends = compose_env.dependencies(COMPOSE_FILE)
     assert depends["dealer"] == {"certs": "service_completed_successfully"}
-    for name in parties.values():
+    others = {parties[r]: "service_healthy" for r in sorted(parties) if r != 0}
+    for rank, name in parties.items():
+        # `up party0` (the documented command) starts party0 and what it depends on: so party0
+        # depends on every other party (healthy: serving); the others on the certs and dealer.
         assert depends[name] == {"certs": "service_completed_successfully",
-                                 "dealer": "service_healthy"}
+                                 "dealer": "service_healthy", **(others if rank == 0 else {})}
     order = compose_env.start_order(COMPOSE_FILE)
     assert order[:2] == ["certs", "dealer"] and set(order[2:]) == set(parties.values())
+    assert order[-1] == parties[0]
 
 
 def test_commands(services: dict[str, compose_env.Service], parties: dict[int, str]) -> None:
     assert services["dealer"].argv == ["crypten-lite", "dealer"]
+    assert services["dealer"].entrypoint == compose_env.ENTRYPOINT
     commands = {tuple(services[name].command) for name in parties.values()}
     assert len(commands) == 1, f"every party must run the same program, got {commands}"
     assert commands.pop()[0] == "party"
@@ -136,7 +184,17 @@ def test_party_script_exists(services: dict[str, compose_env.Service]) -> None:
 
 def test_dockerfile() -> None:
     text = DOCKERFILE.read_text()
-    assert re.search(r"^FROM python:3\.11-slim$", text, re.M)
+    # The base is a build argument whose default is the public image.
+    assert re.search(r"^ARG BASE_IMAGE=python:3\.11-slim$", text, re.M)
+    assert re.search(r"^FROM \$\{BASE_IMAGE\}$", text, re.M)
+    # A CPU-only torch by default (PyPI's Linux torch is the 5 GB CUDA build).
+    assert re.search(r'^ARG TORCH_PIP_ARGS="--index-url https://download\.pytorch\.org/whl/cpu"$',
+                     text, re.M)
+    assert re.search(r'^RUN pip install \$\{TORCH_PIP_ARGS\} "torch==\$\{TORCH_VERSION\}"$', text, re.M)
+    # What the compose parties run needs the examples extra (scikit-learn).
+    assert re.search(r"optional-dependencies.\]\[.examples.\]", text)
+    assert re.search(r'^RUN pip install --no-deps "\.\[examples\]"$', text, re.M)
+    assert re.search(rf"^RUN useradd .*--uid {IMAGE_UID} ", text, re.M)
     assert f'ENTRYPOINT {json.dumps(list(compose_env.ENTRYPOINT))}' in text
     assert 'CMD ["party"]' in text
     assert re.search(r"^COPY examples \./examples$", text, re.M)
@@ -154,7 +212,8 @@ def test_compose_env_parses_other_syntaxes(tmp_path: pathlib.Path) -> None:
         "  b:\n"
         "    healthcheck: {test: [CMD-SHELL, crypten-lite health --target b:1]}\n")
     assert compose_env.services(path)["a"] == (
-        ["party", "my script.py"], {"CRYPTEN_LITE_RANK": "1", "CRYPTEN_LITE_TLS_DIR": ""})
+        ["party", "my script.py"], {"CRYPTEN_LITE_RANK": "1", "CRYPTEN_LITE_TLS_DIR": ""},
+        compose_env.ENTRYPOINT)
     assert compose_env.start_order(path) == ["b", "a"]
     assert compose_env.healthchecks(path) == {
         "b": ["/bin/sh", "-c", "crypten-lite health --target b:1"]}
