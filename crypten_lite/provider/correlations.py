@@ -74,7 +74,8 @@ def _fast_shape(op: str, a: tuple, b: tuple, p) -> tuple[int, ...] | None:
         return tuple(torch.broadcast_shapes(a[:-2], b[:-2])) + (a[-2], b[-1])
     if op in ("conv1d", "conv2d"):
         dims = 1 if op == "conv1d" else 2
-        if len(a) == dims + 2 and len(b) == dims + 2 and a[1] == b[1] * p[3 * dims]:
+        groups = p[3 * dims]
+        if len(a) == dims + 2 and len(b) == dims + 2 and a[1] == b[1] * groups and b[0] % groups == 0:
             spatial = tuple(_conv_out(a[2 + i], b[2 + i], p[i], p[dims + i], p[2 * dims + i])
                             for i in range(dims))
             if all(s > 0 for s in spatial):
@@ -318,6 +319,14 @@ def _check_params(kind: str, op: str, shapes, params: Sequence[int], world_size:
         for p, low in zip(params, _CONV_LOWER.get(op, ())):
             if not low <= p <= MAX_CONV_PARAM:
                 raise _refuse(kind, op, f"parameter {p} outside [{low}, {MAX_CONV_PARAM}]")
+        if op in _CONV_LOWER:  # torch's meta kernels do not check channels against groups
+            x, w, groups = shapes[0], shapes[1], params[-1]
+            dims = 1 if op == "conv1d" else 2
+            channels_ok = (x[1] == w[0] if op == "conv_transpose2d" else x[1] == w[1] * groups)
+            if (len(x) != dims + 2 or len(w) != dims + 2 or not channels_ok
+                    or w[0] % groups != 0):
+                raise _refuse(kind, op, f"operand shapes {tuple(x)} and {tuple(w)} do not fit "
+                                        f"groups={groups}")
         return
     if op:
         raise _refuse(kind, op, "only triples take an op")
