@@ -652,6 +652,7 @@ class CrypTensor:
         return out.add(fill)
 
     def gather(self, dim, index: torch.Tensor) -> "CrypTensor":
+        index = _plain_index(index)
         d = self._dim(dim)
         return self._shape_op("gather", lambda t: t.gather(d, index), dim=d, index=index,
                               input_shape=self.shape, names=self._names)

@@ -77,6 +77,8 @@ def _dims_of(x, dim) -> tuple[int, ...]:
 
 def _expand_reduced(g: CrypTensor, x, dim, keepdim: bool) -> CrypTensor:
     """Broadcast the gradient of a reduction over `dim` back to x's shape."""
+    if x.dim() == 0:  # a 0-d input reduced along 0 / -1: the gradient is g itself
+        return g.reshape(())
     dims = _dims_of(x, dim)
     if not keepdim:
         shape = list(g.shape)
@@ -218,6 +220,62 @@ def _roll(g, x, shifts, dims=None, **s):
     return g.roll(neg, dims)
 
 
+def _pad_share(share: torch.Tensor, shape) -> torch.Tensor:
+    """share zero-padded at the end of every dim up to `shape` (torch allows a scatter src
+    larger than the index: its extra elements get no gradient)."""
+    pad = []
+    for have, want in reversed(list(zip(share.shape, shape))):
+        pad += [0, want - have]
+    return F.pad(share, pad) if any(pad) else share
+
+
+def _scatter(g, x, src, dim, index, **s):
+    """x.scatter(dim, index, src): x's gradient is g with the overwritten positions zeroed,
+    src's is g gathered at the index (duplicates: each source element gets its own)."""
+    gx = g._new(g.share.scatter(dim, index, 0)) if _is_private(x) else None
+    gs = None
+    if _is_private(src):
+        gs = g._new(_pad_share(g.share.gather(dim, index), tuple(src.shape)))
+    return gx, gs
+
+
+def _scatter_add(g, x, src, dim, index, **s):
+    gs = g._new(_pad_share(g.share.gather(dim, index), tuple(src.shape))) if _is_private(src) else None
+    return g, gs
+
+
+def _index_select(g, x, dim, index, input_shape, **s):
+    share = torch.zeros(input_shape, dtype=torch.int64).index_add_(dim, index, g.share)
+    return g._new(share)
+
+
+def _take(g, x, index, input_shape, **s):
+    n = math.prod(input_shape)
+    share = torch.zeros(n, dtype=torch.int64).index_add_(0, index.reshape(-1), g.share.reshape(-1))
+    return g._new(share.reshape(input_shape))
+
+
+def _trace(g, x, **s):
+    eye = torch.eye(x.shape[0], x.shape[1], dtype=torch.int64)
+    return g._new(eye * g.share)
+
+
+def _polynomial_private(g, x, coeffs, out, terms, **s):
+    """p(x) = sum_i c_i x^(i+1), secret c: dp/dx = sum_i (i+1) c_i x^i, dp/dc_i = x^(i+1)."""
+    k = coeffs.shape[0]
+    c = coeffs.detach().reshape(k, *([1] * x.dim()))
+    gx = gc = None
+    if _is_private(x):
+        deriv = c.narrow(0, 0, 1).sum(0)
+        if k > 1:
+            weights = torch.arange(2, k + 1, dtype=torch.float64).reshape(k - 1, *([1] * x.dim()))
+            deriv = deriv.add(c.narrow(0, 1, k - 1).mul(terms.narrow(0, 0, k - 1)).mul(weights).sum(0))
+        gx = g.mul(deriv)
+    if _is_private(coeffs):
+        gc = terms.mul(g.unsqueeze(0)).reshape(k, -1).sum(1)
+    return gx, gc
+
+
 def _cat(g, *inputs, dim, sizes, **s):
     grads, offset = [], 0
     for n in sizes:
@@ -346,22 +404,23 @@ def _where(g, a, b, condition, **s):
     return ga, g.sub(ga if ga is not None else g.mul(cond))
 
 
-def _clamp(g, x, *bounds, below=None, above=None, **s):
-    """clamp(x, min, max): saved below = [x <= min], above = [x > max] (None if no bound).
-
-    Private bounds follow x in `inputs`, in the order min, max.
+def _clamp(g, x, *bounds, below=None, above=None, private_bounds=(False, False), **s):
+    """clamp(x, min, max): saved below / above = where x is held at min / max (None if no
+    bound), the gradient goes to the bound there. Private bounds follow x in `inputs`, in
+    the order min, max; `private_bounds` says which of the two they are.
     """
-    masks = [m for m in (below, above) if m is not None]
-    hit = None  # [x outside the bounds]: the gradient goes to the bound there
-    for m in masks:
-        hit = m if hit is None else hit.add(m)
+    hit = None  # [x held at a bound]
+    for m in (below, above):
+        if m is not None:
+            hit = m if hit is None else hit.add(m)
     gx = g if hit is None else g.sub(g.mul(hit))
-    if bounds and len(bounds) != len(masks):
-        # clamp records only its private bounds; with one private and one public bound the
-        # saved values do not say which one is private.
-        raise UnsupportedError("gradient of clamp with one private and one public bound: "
-                               "clamp must save which bound is private")
-    return (gx, *(g.mul(m) for m in masks[:len(bounds)]))
+    grads = [g.mul(m) for m, private in zip((below, above), private_bounds) if private]
+    return (gx, *grads[:len(bounds)])
+
+
+def _zero(g, x, **s):
+    """Gradient of a piecewise-constant op: zeros of x's shape (torch gives zeros, not None)."""
+    return g._new(torch.zeros(tuple(x.shape), dtype=torch.int64), names=None)
 
 
 def _extreme(g, x, dim=None, keepdim=False, one_hot=None, **s):
@@ -465,6 +524,13 @@ RULES = {
     "narrow": _narrow,
     "getitem": lambda g, x, index, **s: _with_index_map(g, x, lambda t: t[index]),
     "gather": _gather,
+    "scatter": _scatter,
+    "scatter_add": _scatter_add,
+    "index_select": _index_select,
+    "index_add": lambda g, x, src, dim, index, **s: (g, g.index_select(dim, index)),
+    "take": _take,
+    "unfold": lambda g, x, dim, size, step, **s: _with_index_map(g, x, lambda t: t.unfold(dim, size, step)),
+    "trace": _trace,
     "pad": _pad,
     "roll": _roll,
     "flip": lambda g, x, dims, **s: g.flip(dims),
@@ -475,10 +541,10 @@ RULES = {
     # nonlinear (crypten_lite.functions)
     "relu": _relu,
     "abs": lambda g, x, neg, **s: g.sub(g.mul(neg).mul(2)),
-    "sign": lambda g, x, **s: None,       # piecewise constant: zero gradient, like torch
-    "floor": lambda g, x, **s: None,
-    "ceil": lambda g, x, **s: None,
-    "trunc": lambda g, x, **s: None,
+    "sign": _zero,        # piecewise constant: a zero gradient (not None), like torch
+    "floor": _zero,
+    "ceil": _zero,
+    "trunc": _zero,
     "clamp": _clamp,
     "max": _extreme,
     "min": _extreme,
@@ -496,6 +562,7 @@ RULES = {
     "cos": lambda g, x, out, sin, **s: g.mul(sin).neg(),
     "sin": lambda g, x, out, cos, **s: g.mul(cos),
     "polynomial": _polynomial,
+    "polynomial_private": _polynomial_private,
     "pow": _pow,
     "layer_norm": _layer_norm,
     "batch_norm": _batch_norm,

@@ -24,6 +24,11 @@ from .pooling import (adaptive_avg_pool2d, adaptive_max_pool2d, avg_pool2d, max_
                       max_pool2d, relu_max_pool2d)
 from .reductions import amax, amin, argmax, argmin, max_, min_
 from .rounding import ceil, floor, trunc, trunc_toward_zero
+from . import dropout as _dropout_mod
+from .indexing import (__imatmul__, conv_transpose1d, ger, index_add, index_select, scatter,
+                       scatter_add, take, trace, unfold)
+from .statistics import (cosine_similarity, cossin, logsigmoid, norm, pos_pow, prod, softplus, std,
+                         var)
 
 abs = abs_      # noqa: A001 - module-level names mirror torch
 max = max_      # noqa: A001
@@ -69,6 +74,41 @@ METHODS = {
     "polynomial": polynomial, "cos": cos, "sin": sin,
     "floor": floor, "ceil": ceil, "trunc": trunc, "_trunc_toward_zero": trunc_toward_zero,
 }
+
+# The ops CrypTen's CrypTensor has beyond the ones above (issue 12), and in-place variants.
+def _in_place(name: str):
+    def method(self, *args, **kwargs):
+        return self._inplace(getattr(self, name)(*args, **kwargs))
+    method.__name__ = name + "_"
+    method.__doc__ = f"In-place {name} (the share is replaced; same cost as {name})."
+    return method
+
+
+def _dropout_method(fn):
+    def method(self, p: float = 0.5, training: bool = True, inplace: bool = False):
+        return fn(self, p, training, inplace)
+    method.__name__ = fn.__name__
+    method.__doc__ = fn.__doc__
+    return method
+
+
+METHODS.update({
+    "scatter": scatter, "scatter_add": scatter_add, "index_select": index_select,
+    "index_add": index_add, "take": take, "unfold": unfold, "trace": trace, "ger": ger,
+    "conv_transpose1d": conv_transpose1d, "__imatmul__": __imatmul__,
+    "prod": prod, "var": var, "std": std, "norm": norm, "pos_pow": pos_pow,
+    "cosine_similarity": cosine_similarity, "softplus": softplus, "logsigmoid": logsigmoid,
+    "cossin": cossin,
+    "dropout": _dropout_method(_dropout_mod.dropout),
+    "dropout1d": _dropout_method(_dropout_mod.dropout1d),
+    "dropout2d": _dropout_method(_dropout_mod.dropout2d),
+    "dropout3d": _dropout_method(_dropout_mod.dropout3d),
+    "feature_dropout": _dropout_method(_dropout_mod.feature_dropout),
+    "_feature_dropout": _dropout_method(_dropout_mod.feature_dropout),
+})
+for _name in ("scatter", "scatter_add", "index_add", "pow", "square", "abs", "relu", "sqrt", "exp",
+              "log", "reciprocal", "sigmoid", "tanh", "clamp", "sign", "hardtanh", "relu6"):
+    METHODS[_name + "_"] = _in_place(_name)
 for _name, _fn in METHODS.items():
     setattr(CrypTensor, _name, _fn)
 
@@ -155,6 +195,71 @@ TORCH = {
     F.layer_norm: _layer_norm, F.batch_norm: _batch_norm, torch.cos: cos, torch.sin: sin,
     torch.floor: floor, torch.ceil: ceil, torch.trunc: trunc,
 }
+
+
+def _torch_take(x, index):
+    return take(x, index)
+
+
+def _torch_var(fn):
+    def impl(x, dim=None, unbiased=None, keepdim=False, *, correction=None, out=None):
+        return fn(x, dim, unbiased, keepdim, correction=correction)
+    return impl
+
+
+def _torch_norm(x, p="fro", dim=None, keepdim=False, out=None, dtype=None):
+    return norm(x, p, dim, keepdim)
+
+
+def _vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None, out=None):
+    return norm(x, ord, dim, keepdim)
+
+
+def _torch_prod(x, dim=None, keepdim=False, *, dtype=None, out=None):
+    return prod(x, dim, keepdim)
+
+
+def _scatter_fn(fn):
+    def impl(x, dim, index, src=None, value=None, *, reduce=None, out=None):
+        if reduce is not None:
+            raise UnsupportedError("scatter(reduce=...) is not supported on CrypTensors; use "
+                                   "scatter_add")
+        return fn(x, dim, index, src if src is not None else value)
+    return impl
+
+
+def _index_add(x, dim, index, source, *, alpha=1, out=None):
+    return index_add(x, dim, index, source, alpha)
+
+
+def _softplus(x, beta=1.0, threshold=20.0):
+    return softplus(x, beta, threshold)
+
+
+def _cosine(x1, x2, dim=1, eps=1e-8):
+    return cosine_similarity(x1, x2, dim, eps)
+
+
+def _torch_dropout(fn):
+    """torch.dropout / torch.feature_dropout: (input, p, train) positional."""
+    return lambda x, p, train: fn(x, p, train)
+
+
+TORCH.update({
+    torch.prod: _torch_prod, torch.var: _torch_var(var), torch.std: _torch_var(std),
+    torch.norm: _torch_norm, torch.linalg.vector_norm: _vector_norm, torch.trace: trace,
+    torch.ger: ger, torch.index_select: index_select, torch.take: _torch_take,
+    torch.scatter: _scatter_fn(scatter), torch.scatter_add: _scatter_fn(scatter_add),
+    torch.index_add: _index_add, torch.cosine_similarity: _cosine, F.cosine_similarity: _cosine,
+    F.conv_transpose1d: conv_transpose1d, F.softplus: _softplus, F.logsigmoid: logsigmoid,
+    F.dropout: _dropout_mod.dropout, F.dropout1d: _dropout_mod.dropout1d,
+    F.dropout2d: _dropout_mod.dropout2d, F.dropout3d: _dropout_mod.dropout3d,
+    torch.dropout: _torch_dropout(_dropout_mod.dropout),
+    torch.feature_dropout: _torch_dropout(_dropout_mod.feature_dropout),
+    # a public tensor's method with a CrypTensor operand (torch.zeros(3).scatter_add(0, i, x))
+    torch.Tensor.scatter: _scatter_fn(scatter), torch.Tensor.scatter_add: _scatter_fn(scatter_add),
+    torch.Tensor.index_add: _index_add,
+})
 # torch.nn.functional's max pools dispatch through private helpers (boolean_dispatch).
 for _mod_name, _fn, _idx in (("_max_pool1d", max_pool1d, False), ("max_pool1d_with_indices", max_pool1d, True),
                              ("_max_pool2d", max_pool2d, False), ("max_pool2d_with_indices", max_pool2d, True),
@@ -169,4 +274,6 @@ __all__ = sorted(["METHODS", "TORCH"] + [n for n in (
     "lt le gt ge eq ne sign abs relu where clamp clip hardtanh relu6 maximum minimum max min argmax amax amin "
     "argmin max_pool1d max_pool2d relu_max_pool2d avg_pool2d adaptive_avg_pool2d adaptive_max_pool2d exp log "
     "reciprocal div_private sqrt rsqrt inv_sqrt pow sigmoid tanh softmax log_softmax erf gelu silu "
-    "layer_norm batch_norm polynomial cos sin floor ceil trunc").split()])
+    "layer_norm batch_norm polynomial cos sin floor ceil trunc scatter scatter_add index_select "
+    "index_add take unfold trace ger conv_transpose1d prod var std norm pos_pow cosine_similarity "
+    "softplus logsigmoid cossin").split()])

@@ -171,26 +171,38 @@ def where(condition, input, other) -> CrypTensor:
     return _record(out, "where", (input, other), condition=condition)
 
 
-def _relus(values: list[torch.Tensor], want_masks: bool) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """relu of several shares (same scale) in one MSB circuit and one fold round."""
+def _relus(values: list[torch.Tensor], want_masks: bool,
+           strict: list[bool] | None = None) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """relu of several shares (same scale) in one MSB circuit and one fold round.
+
+    The mask of value v is [v > 0] (strict[i] False or absent) or [v < 0] (strict[i] True,
+    relu(v) = v - v [v < 0]): the same circuit either way, so a caller picks on which side
+    of a tie (v == 0) the mask falls. Returns (relus, masks).
+    """
+    strict = strict or [False] * len(values)
     flat = torch.cat([v.reshape(-1) for v in values])
-    words = convert.msb_words(-flat)
+    signed = torch.cat([(v if s else -v).reshape(-1) for v, s in zip(values, strict)])
+    words = convert.msb_words(signed)          # [v < 0] if strict else [v > 0]
     n = flat.numel()
     bs, ms = convert.finish([(words, n)] if want_masks else [], [(words, (n,), flat)])
     outs, masks, off = [], [], 0
-    for v in values:
-        outs.append(ms[0][off:off + v.numel()].view(v.shape))
+    for v, s in zip(values, strict):
+        part = ms[0][off:off + v.numel()].view(v.shape)   # v times the mask
+        outs.append(v - part if s else part)
         if want_masks:
             masks.append(bs[0][off:off + v.numel()].view(v.shape))
         off += v.numel()
     return outs, masks
 
 
-def clamp(x: CrypTensor, min=None, max=None) -> CrypTensor:
+def clamp(x: CrypTensor, min=None, max=None, *, _at_bound: bool = True) -> CrypTensor:
     """min(max(x, min), max) = min + relu(x - min) - relu(x - max) (7 rounds, one circuit).
 
-    Bounds may be public (numbers, tensors) or private. Saves `below` = [x <= min] and
-    `above` = [x > max] (bool CrypTensors, None for an absent bound) for autograd.
+    Bounds may be public (numbers, tensors) or private. Saves `below` = [x < min] and
+    `above` = [x > max] (bool CrypTensors, None for an absent bound) for autograd, so that
+    the gradient passes at a bound like torch.clamp's; `_at_bound=False` (hardtanh, relu6)
+    saves [x <= min] and [x >= max] instead: no gradient at a bound, like torch.hardtanh.
+    The same circuit computes either pair (costs unchanged).
     """
     if min is None and max is None:
         raise ValueError("clamp needs at least one of min and max")
@@ -207,7 +219,9 @@ def clamp(x: CrypTensor, min=None, max=None) -> CrypTensor:
     if hi is not None:
         values.append(x.share - hi._rescaled(p, x.dtype))
     grad = _needs_grad(x, min, max)
-    relus, masks = _relus(values, grad)
+    # Which side of a tie each mask takes: [v < 0] (strict) or [v > 0], v = x - bound.
+    strict = ([_at_bound] if lo is not None else []) + ([not _at_bound] if hi is not None else [])
+    relus, masks = _relus(values, grad, strict)
     if lo is not None and hi is not None:
         share = lo._rescaled(p, x.dtype) + relus[0] - relus[1]
     elif lo is not None:
@@ -220,24 +234,28 @@ def clamp(x: CrypTensor, min=None, max=None) -> CrypTensor:
     if grad:
         i = 0
         below = above = None
-        if lo is not None:
-            below = bool_tensor(public_share(torch.ones_like(masks[0])) - masks[0])
+        if lo is not None:   # [x < min] directly, or [x <= min] = 1 - [x > min]
+            below = bool_tensor(masks[0] if _at_bound else
+                                public_share(torch.ones_like(masks[0])) - masks[0])
             i = 1
-        if hi is not None:
-            above = bool_tensor(masks[i])
-        saved = {"below": below, "above": above}
+        if hi is not None:   # [x > max] directly, or [x >= max] = 1 - [x < max]
+            above = bool_tensor(public_share(torch.ones_like(masks[i])) - masks[i]
+                                if not _at_bound else masks[i])
+        saved = {"below": below, "above": above,
+                 "private_bounds": (isinstance(min, CrypTensor), isinstance(max, CrypTensor))}
     inputs = (x,) + tuple(b for b in (min, max) if isinstance(b, CrypTensor))
     return _record(out, "clamp", inputs, **saved)
 
 
 def hardtanh(x: CrypTensor, min_val: float = -1.0, max_val: float = 1.0) -> CrypTensor:
-    """clamp(x, min_val, max_val)."""
-    return clamp(x, min_val, max_val)
+    """clamp(x, min_val, max_val); gradient 0 at the bounds, like torch.hardtanh."""
+    return clamp(x, min_val, max_val, _at_bound=False)
 
 
 def relu6(x: CrypTensor) -> CrypTensor:
-    """clamp(x, 0, 6)."""
-    return clamp(x, 0.0 if x.dtype.is_floating_point else 0, 6.0 if x.dtype.is_floating_point else 6)
+    """clamp(x, 0, 6); gradient 0 at 0 and 6, like torch.nn.functional.relu6."""
+    return clamp(x, 0.0 if x.dtype.is_floating_point else 0, 6.0 if x.dtype.is_floating_point else 6,
+                 _at_bound=False)
 
 
 def maximum(x, y) -> CrypTensor:

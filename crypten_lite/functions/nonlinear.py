@@ -388,7 +388,13 @@ def sin(x: CrypTensor) -> CrypTensor:
 
 
 def polynomial(x: CrypTensor, coeffs) -> CrypTensor:
-    """sum_i coeffs[i] x^(i+1) (CrypTen's convention: linear term first, no constant)."""
+    """sum_i coeffs[i] x^(i+1) (CrypTen's convention: linear term first, no constant).
+
+    Coefficients may be public (list, tensor) or a 1-D CrypTensor (one more Beaver round).
+    """
+    if isinstance(coeffs, CrypTensor):
+        from .statistics import polynomial_private
+        return polynomial_private(x, coeffs)
     c = [float(v) for v in torch.as_tensor(coeffs, dtype=torch.float64).reshape(-1)]
     return _unary(x, lambda s, p: poly_share(s, [0.0] + c, p), "polynomial", coeffs=tuple(c))
 
@@ -438,8 +444,16 @@ def _log2_ceil(k: int) -> int:
     return max(0, math.ceil(math.log2(k))) if k > 1 else 0
 
 
+def _scalar_dim(x: CrypTensor, dim) -> None:
+    if dim is not None and x._dim(dim) not in (0, -1):
+        raise IndexError(f"dimension {dim} out of range for a 0-d CrypTensor (use 0 or -1)")
+
+
 def softmax(x: CrypTensor, dim=-1) -> CrypTensor:
     """exp(x - max) / sum exp(x - max) along `dim` (max: pairwise for dims <= 16)."""
+    if x.dim() == 0:  # torch: softmax of a 0-d tensor is 1
+        _scalar_dim(x, dim)
+        return softmax(x.reshape(1), 0).reshape(())
     x_f, d, shape, k, z = _softmax_parts(x, dim)
     p = x_f.precision
     e = exp_share(z, p, range(-17, 0), exact=False)
@@ -452,6 +466,9 @@ def softmax(x: CrypTensor, dim=-1) -> CrypTensor:
 
 def log_softmax(x: CrypTensor, dim=-1) -> CrypTensor:
     """(x - max) - log(sum exp(x - max)) along `dim`."""
+    if x.dim() == 0:  # torch: log_softmax of a 0-d tensor is 0
+        _scalar_dim(x, dim)
+        return log_softmax(x.reshape(1), 0).reshape(())
     x_f, d, shape, k, z = _softmax_parts(x, dim)
     p = x_f.precision
     e = exp_share(z, p, range(-17, 0), exact=False)

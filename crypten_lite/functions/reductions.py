@@ -117,8 +117,21 @@ def _index_of(oh: torch.Tensor, d: int, keepdim: bool) -> torch.Tensor:
     return (oh * weights).sum(d, keepdim=keepdim)
 
 
+def _scalar(x: CrypTensor, dim) -> bool:
+    """True for a 0-d x reduced along a dim (0 or -1, like torch): reduce x.reshape(1)."""
+    if x.dim() != 0 or dim is None:
+        return False
+    for d in (dim if isinstance(dim, (tuple, list)) else (dim,)):
+        if x._dim(d) not in (0, -1):
+            raise IndexError(f"dimension {d} out of range for a 0-d CrypTensor (use 0 or -1)")
+    return True
+
+
 def _extreme(x: CrypTensor, dim, keepdim: bool, one_hot: bool, largest: bool, method: str):
     op = "max" if largest else "min"
+    if _scalar(x, dim):  # torch: values x, index 0, whatever keepdim
+        res = _extreme(x.reshape(1), 0, False, one_hot, largest, method)
+        return MaxResult(res.values, res.indices.reshape(()))
     grad = _needs_grad(x)
     if dim is None:
         vals, oh = _reduce(x, None, False, largest, method, grad)
@@ -151,6 +164,8 @@ def min_(x: CrypTensor, dim=None, keepdim: bool = False, one_hot: bool = False, 
 
 
 def _arg(x: CrypTensor, dim, keepdim: bool, one_hot: bool, largest: bool, method: str) -> CrypTensor:
+    if _scalar(x, dim):
+        return _arg(x.reshape(1), 0, False, one_hot, largest, method).reshape(())
     if dim is None:
         _, oh = _reduce(x, None, False, largest, method, True)
         if one_hot:
@@ -180,6 +195,9 @@ def argmin(x: CrypTensor, dim=None, keepdim: bool = False, one_hot: bool = False
 
 
 def _amax(x: CrypTensor, dim, keepdim: bool, largest: bool) -> CrypTensor:
+    if x.dim() == 0:  # torch: amax of a 0-d tensor is itself
+        _scalar(x, dim)
+        return _extreme(x.reshape(1), 0, False, False, largest, "tree").values
     if dim is None or (isinstance(dim, (tuple, list)) and len(dim) == 0):
         dims = tuple(range(x.dim()))
     else:

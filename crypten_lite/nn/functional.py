@@ -5,12 +5,8 @@ operand it *is* the torch function (plaintext), otherwise it runs the private ve
 Nonlinear functions are the CrypTensor methods of crypten_lite.functions (same names as
 torch); their gradients are in crypten_lite/autograd/rules.py.
 
-Dropout masks come from a PRG whose seed all parties agree on by a coin toss (each party
-contributes 32 fresh bytes, one all-gather per session, seed = HKDF of the concatenation):
-the mask is *public*. It is independent of every private value, so making it public reveals
-nothing about the data or the model; it makes dropout a local multiplication (no Beaver
-round) and its backward the same multiplication. A secret mask would need shared random
-bits and comparisons for an arbitrary p and would buy no privacy in the semi-honest model.
+Dropout masks are public, drawn from a PRG whose seed the parties agree on by a coin
+toss (crypten_lite.functions.dropout).
 """
 
 from __future__ import annotations
@@ -23,6 +19,8 @@ import torch.nn.functional as F
 from ..autograd import record
 from ..cryptensor import CrypTensor
 from ..errors import UnsupportedError
+from ..functions.dropout import (common_prg, dropout, dropout1d, dropout2d, dropout3d,  # noqa: F401
+                                 dropout_mask, feature_dropout)
 
 
 def is_private(*values) -> bool:
@@ -111,6 +109,20 @@ def conv_transpose2d(x, weight, bias=None, stride=1, padding=0, output_padding=0
     return out if bias is None else out.add(bias.reshape(-1, 1, 1))
 
 
+def conv_transpose1d(x, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1,
+                     dilation=1):
+    """1-D transposed convolution: conv_transpose2d over a height of 1 (any operand private)."""
+    if not is_private(x, weight, bias):
+        return F.conv_transpose1d(x, weight, bias, stride, padding, output_padding, groups, dilation)
+
+    def one(v):
+        return int(v[0]) if isinstance(v, (tuple, list)) else int(v)
+    out = conv_transpose2d(x.unsqueeze(2), weight.unsqueeze(2), None, (1, one(stride)),
+                           (0, one(padding)), (0, one(output_padding)), groups, (1, one(dilation)))
+    out = out.squeeze(2)
+    return out if bias is None else out.add(bias.reshape(-1, 1))
+
+
 def pad(x, pad: Sequence[int], mode: str = "constant", value: float | None = None):
     if not is_private(x):
         return F.pad(x, list(pad), mode=mode, value=value)
@@ -162,6 +174,26 @@ def log_softmax(x, dim: int | None = None, dtype=None, _stacklevel: int = 3):
     if not is_private(x):
         return F.log_softmax(x, dim=dim, dtype=dtype)
     return _method(x, "log_softmax")(dim)
+
+
+def hardtanh(x, min_val: float = -1.0, max_val: float = 1.0, inplace: bool = False):
+    """clamp(x, min_val, max_val), gradient 0 at the bounds (like torch)."""
+    return _method(x, "hardtanh")(min_val, max_val) if is_private(x) else F.hardtanh(x, min_val, max_val)
+
+
+def softplus(x, beta: float = 1.0, threshold: float = 20.0):
+    return _method(x, "softplus")(beta, threshold) if is_private(x) else F.softplus(x, beta, threshold)
+
+
+def logsigmoid(x):
+    return _method(x, "logsigmoid")() if is_private(x) else F.logsigmoid(x)
+
+
+def cosine_similarity(x1, x2, dim: int = 1, eps: float = 1e-8):
+    if not is_private(x1, x2):
+        return F.cosine_similarity(x1, x2, dim, eps)
+    first = x1 if is_private(x1) else x2
+    return _method(first, "cosine_similarity")(x1 if first is x2 else x2, dim, eps)
 
 
 def flatten(x, start_dim: int = 0, end_dim: int = -1):
@@ -239,46 +271,8 @@ def _inv_sqrt(x: CrypTensor) -> CrypTensor:
 
 
 # ----------------------------------------------------------------------- dropout
-_COMMON: list = [None, None]  # [session, PRG] of the session-wide public PRG
-
-
-def common_prg():
-    """A PRG whose seed every party knows (coin toss, one all-gather per session).
-
-    For public randomness that no private value depends on (dropout masks); never for
-    shares or Beaver masks.
-    """
-    from ..random import PRG, derive_key, fresh_seed
-    from ..session import current
-
-    s = current()
-    if _COMMON[0] is not s:
-        mine = torch.frombuffer(bytearray(fresh_seed()), dtype=torch.int64).clone()
-        parts = s.comm.all_gather(mine)
-        joint = b"".join(p.contiguous().numpy().tobytes() for p in parts)
-        _COMMON[0], _COMMON[1] = s, PRG(derive_key(joint, "crypten_lite/v1/common-public-prg"))
-    return _COMMON[1]
-
-
-def dropout_mask(shape, p: float) -> torch.Tensor:
-    """Public keep-mask scaled by 1/(1-p), identical on every party."""
-    words = common_prg().draw(tuple(shape))
-    uniform = ((words >> 11) & ((1 << 53) - 1)).double() / float(1 << 53)
-    return (uniform >= p).double() / (1.0 - p)
-
-
-def dropout(x, p: float = 0.5, training: bool = True, inplace: bool = False):
-    if p < 0 or p > 1:
-        raise UnsupportedError(f"dropout probability must be in [0, 1], got {p}")
-    if not training or p == 0:
-        return x
-    if p == 1:
-        return x.mul(0.0)
-    from ..session import is_initialized
-    if not is_private(x) and not is_initialized():
-        return F.dropout(x, p, True)  # plain torch, outside any MPC session
-    mask = dropout_mask(x.shape, p)
-    return x.mul(mask) if is_private(x) else x * mask.to(x.dtype)
+# dropout, dropout1d/2d/3d, feature_dropout, common_prg, dropout_mask: imported above from
+# crypten_lite.functions.dropout (public masks from the parties' common PRG).
 
 
 # ----------------------------------------------------------------------- losses
@@ -389,6 +383,32 @@ def cross_entropy(x, target, weight=None, reduction: str = "mean", label_smoothi
     return _reduce(per_sample, reduction)
 
 
+def smooth_l1_loss(x, target, reduction: str = "mean", beta: float = 1.0):
+    """0.5 d^2 / beta where |d| < beta, else |d| - beta / 2 (d = x - target): one abs (its
+    comparison bit selects the branch), one Beaver round for the square, one for the select."""
+    if not is_private(x, target):
+        return F.smooth_l1_loss(x, target, reduction=reduction, beta=beta)
+    d = _diff(x, target)
+    a = _method(d, "abs")()
+    if beta == 0:
+        return _reduce(a, reduction)
+    small = _method(a, "lt")(beta)
+    quad = d.square().mul(0.5 / beta)
+    return _reduce(_where(small, quad, a.sub(beta / 2)), reduction)
+
+
+def huber_loss(x, target, reduction: str = "mean", delta: float = 1.0):
+    """delta * smooth_l1(beta=delta): 0.5 d^2 where |d| < delta, else delta (|d| - delta/2)."""
+    if not is_private(x, target):
+        return F.huber_loss(x, target, reduction=reduction, delta=delta)
+    return smooth_l1_loss(x, target, reduction, delta).mul(delta)
+
+
+def _where(cond, a, b):
+    from ..functions import where
+    return where(cond, a, b)
+
+
 def nll_loss(x, target, weight=None, reduction: str = "mean"):
     if not is_private(x, target, weight):
         return F.nll_loss(x, target, weight, reduction=reduction)
@@ -396,10 +416,56 @@ def nll_loss(x, target, weight=None, reduction: str = "mean"):
     return _reduce(x.mul(hot).sum(1).neg(), reduction)
 
 
+def _install() -> None:
+    """Loss methods on CrypTensor (CrypTen has x.binary_cross_entropy(y), ...) and the torch
+    functions of this module that a CrypTensor answers (F.mse_loss(x, y), F.linear, ...)."""
+    from .. import torch_functions
+
+    for name, fn in (("binary_cross_entropy", binary_cross_entropy),
+                     ("binary_cross_entropy_with_logits", binary_cross_entropy_with_logits),
+                     ("cross_entropy", cross_entropy), ("nll_loss", nll_loss),
+                     ("mse_loss", mse_loss), ("l1_loss", l1_loss),
+                     ("smooth_l1_loss", smooth_l1_loss), ("huber_loss", huber_loss)):
+        setattr(CrypTensor, name, fn)
+    for func, impl in ((F.binary_cross_entropy, binary_cross_entropy),
+                       (F.binary_cross_entropy_with_logits, binary_cross_entropy_with_logits),
+                       (F.cross_entropy, cross_entropy), (F.nll_loss, nll_loss),
+                       (F.mse_loss, mse_loss), (F.l1_loss, l1_loss),
+                       (F.smooth_l1_loss, smooth_l1_loss), (F.huber_loss, huber_loss),
+                       (F.linear, linear), (F.hardtanh, hardtanh)):
+        torch_functions.register(func, _torch_signature(impl))
+
+
+def _torch_signature(fn):
+    """torch's functional losses pass every keyword (size_average=None, reduce=None,
+    ignore_index=-100, weight=None, ...): drop those at their neutral value that `fn` does
+    not take, refuse the others."""
+    import inspect
+    accepted = set(inspect.signature(fn).parameters)
+    neutral = {"size_average": None, "reduce": None, "ignore_index": -100, "weight": None,
+               "pos_weight": None, "inplace": False}
+
+    def impl(*args, **kwargs):
+        for key in [k for k in kwargs if k not in accepted]:
+            value = kwargs[key]
+            if key in neutral and (value is None if neutral[key] is None else
+                                   not isinstance(value, torch.Tensor) and value == neutral[key]):
+                del kwargs[key]
+            else:
+                raise UnsupportedError(f"{fn.__name__}({key}=...) is not supported on CrypTensors")
+        return fn(*args, **kwargs)
+    impl.__name__ = fn.__name__
+    return impl
+
+
+_install()
+
 __all__ = [
     "linear", "conv1d", "conv2d", "conv_transpose2d", "pad", "relu", "relu6", "sigmoid", "tanh",
     "gelu", "silu", "softmax", "log_softmax", "flatten", "max_pool2d", "avg_pool2d",
     "adaptive_avg_pool2d", "layer_norm", "batch_norm", "dropout", "mse_loss", "l1_loss",
     "binary_cross_entropy", "binary_cross_entropy_with_logits", "cross_entropy", "nll_loss",
-    "is_private", "common_prg", "dropout_mask",
+    "is_private", "common_prg", "dropout_mask", "conv_transpose1d", "hardtanh", "softplus",
+    "logsigmoid", "cosine_similarity", "smooth_l1_loss", "huber_loss", "dropout1d", "dropout2d",
+    "dropout3d", "feature_dropout",
 ]
