@@ -28,3 +28,131 @@ def test_prefetched_plan_is_used_and_correct(pool):
     assert n > 0 and used == n  # rank 0 took every correction from the offline batch
     assert all(r[1] == 0 for r in results[1:])  # other parties never talk to the dealer
     assert err <= 1e-3
+
+
+# --- runs that differ from the plan (issue 11): never a counter requested twice -----------
+
+
+def _state():
+    provider = current().provider
+    return {"counter": provider.counter, "diverged": provider.stats["diverged"],
+            "prefetched": provider.stats["prefetched"], "requests": provider.stats["requests"]}
+
+
+def divergent_program():
+    """Plan recorded on x.square(), run x * y: the run skips the prefetched range."""
+    a, b = torch.linspace(-3, 3, 12), torch.linspace(1, 2, 12)
+    x, y = crypten_lite.cryptensor(a, src=0), crypten_lite.cryptensor(b, src=1)
+    with offline.record() as plan:
+        x.square()
+    before = _state()
+    offline.prefetch(plan)
+    start = current().provider.counter
+    got = (x * y).get_plain_text()
+    after = _state()
+    return {"err": float((got - a * b).abs().max()), "plan": len(plan), "start": start,
+            "before": before, "after": after}
+
+
+def test_divergent_run_continues_past_the_prefetched_range(pool):
+    results = pool.run(divergent_program)
+    for r in results:
+        assert r["err"] <= 1e-3
+        assert r["after"]["diverged"] - r["before"]["diverged"] == 1
+        assert r["after"]["prefetched"] == r["before"]["prefetched"]  # nothing prefetched was used
+        # the product took the first counters after the prefetched range, on every party
+        made = r["after"]["requests"] - r["before"]["requests"]
+        assert r["after"]["counter"] == r["start"] + r["plan"] + made
+    assert len({r["after"]["counter"] for r in results}) == 1
+
+
+def _mlp(batch: int, w1: torch.Tensor, w2: torch.Tensor):
+    g = torch.Generator().manual_seed(batch)  # test data only, never shares
+    data = torch.randn(batch, w1.shape[0], generator=g)
+    x = crypten_lite.cryptensor(data, src=1)
+    h = (x @ crypten_lite.cryptensor(w1, src=0)).relu()
+    out = (h @ crypten_lite.cryptensor(w2, src=0)).get_plain_text()
+    return float((out - (data @ w1).relu() @ w2).abs().max())
+
+
+def batch_size_change():
+    """An MLP plan recorded at batch 8 and run at batch 3, with chunked elementwise requests
+    (as at batch 2048 vs 100 with the default chunk size): correct, and the next prefetched
+    run at batch 8 uses every prefetched correction."""
+    from crypten_lite.mpc import binary
+    g = torch.Generator().manual_seed(0)  # test data only, never shares
+    w1, w2 = torch.randn(6, 16, generator=g) / 3, torch.randn(16, 2, generator=g) / 3
+    saved = binary.MAX_CORRECTION_BYTES
+    binary.MAX_CORRECTION_BYTES = 256  # 32 words per request: the hidden layer is chunked
+    try:
+        with offline.record() as plan:
+            errs = [_mlp(8, w1, w2)]
+        offline.prefetch(plan)
+        before = _state()
+        errs.append(_mlp(3, w1, w2))  # differs from the plan at its first request
+        mid = _state()
+        offline.prefetch(plan)
+        errs.append(_mlp(8, w1, w2))  # follows the plan
+        after = _state()
+        errs.append(_mlp(3, w1, w2))  # past every plan
+    finally:
+        binary.MAX_CORRECTION_BYTES = saved
+    return {"errs": errs, "plan": len(plan), "before": before, "mid": mid, "after": after,
+            "end": _state()}
+
+
+def test_plan_recorded_at_one_batch_size_run_at_another(pool2):
+    results = pool2.run(batch_size_change)
+    for r in results:
+        assert max(r["errs"]) <= 2e-3, r["errs"]
+        assert r["mid"]["diverged"] - r["before"]["diverged"] == 1
+        assert r["after"]["diverged"] == r["mid"]["diverged"]
+    rank0 = results[0]
+    assert rank0["after"]["prefetched"] - rank0["mid"]["prefetched"] == rank0["plan"]
+    assert len({r["end"]["counter"] for r in results}) == 1
+
+
+def prefetch_twice():
+    """A second prefetch before the first plan ran starts after the first range."""
+    a, b = torch.linspace(-1, 1, 5), torch.linspace(2, 3, 5)
+    x, y = crypten_lite.cryptensor(a, src=0), crypten_lite.cryptensor(b, src=1)
+    with offline.record() as plan:
+        x * y
+    start = current().provider.counter
+    offline.prefetch(plan)
+    offline.prefetch(plan)
+    second = current().provider.counter
+    err = float(((x * y).get_plain_text() - a * b).abs().max())
+    return {"err": err, "start": start, "second": second, "plan": len(plan), **_state()}
+
+
+def test_second_prefetch_never_reuses_counters(pool2):
+    results = pool2.run(prefetch_twice)
+    for r in results:
+        assert r["err"] <= 1e-3
+        assert r["second"] == r["start"] + r["plan"]  # the first range is never requested again
+    assert results[0]["prefetched"] >= results[0]["plan"]
+
+
+def mismatched_plans():
+    """Parties passing different plans to prefetch: a clear error on every party."""
+    from crypten_lite.errors import ProtocolError
+    x = crypten_lite.cryptensor(torch.ones(4), src=0)
+    with offline.record() as plan:
+        x.square()
+    if current().rank == 1:
+        plan = [(k, o, tuple((s + 1,) for s, in shapes), p) for k, o, shapes, p in plan]
+    try:
+        offline.prefetch(plan)
+        error = ""
+    except ProtocolError as e:
+        error = str(e)
+    offline.prefetch([])  # both ranges have the same length: every party continues after them
+    still = float((x.square().get_plain_text() - 1).abs().max())
+    return error, still
+
+
+def test_parties_with_different_plans_get_a_clear_error(pool2):
+    for error, still in pool2.run(mismatched_plans):
+        assert "plan" in error and "differs" in error
+        assert still <= 1e-3
