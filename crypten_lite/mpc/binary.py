@@ -25,6 +25,7 @@ import torch
 from ..provider.correlations import monomial_params
 from ..session import current
 from . import circuits
+from .primitives import check_agree
 
 ALL_ONES = -1
 # The dealer answers one request in one gRPC message (at most 4 MiB): requests for more
@@ -90,8 +91,11 @@ def rshift(x: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def open_xor(x: torch.Tensor) -> torch.Tensor:
-    """Reveal a binary-shared tensor to every party (one round)."""
-    parts = current().comm.all_gather(x.reshape(-1))
+    """Reveal a binary-shared tensor to every party (one round; every party checks that the
+    others' shares have its shape and dtype, primitives.check_agree)."""
+    flat = x.reshape(-1)
+    parts = current().comm.all_gather(flat)
+    check_agree(flat, parts, "binary opening")
     out = parts[0].clone()
     for p in parts[1:]:
         out ^= p

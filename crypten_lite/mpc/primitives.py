@@ -2,7 +2,9 @@
 
 1. share(x, src): every party draws a pseudo-random zero-sharing z_i (PRZS, pairwise seeds);
    `src` adds its encoded value. No traffic beyond the shape announcement.
-2. open(shares): one round; every party sends its share to every other and sums.
+2. open(shares): one round; every party sends its share to every other and sums. Before
+   summing, every receiver checks that each sender's share has its own shape and dtype
+   (carried by the message header, no extra byte), else ProtocolError naming both.
 3. open_many: several independent openings in ONE message (one round).
 """
 
@@ -15,6 +17,9 @@ import torch
 from ..errors import ProtocolError
 from ..random import zero_share
 from ..session import current
+
+# Tensors of more dimensions than a message header holds (comm.serde.MAX_DIMS) travel flat.
+MAX_WIRE_DIMS = 16
 
 
 def przs(shape) -> torch.Tensor:
@@ -33,18 +38,30 @@ def share(encoded: torch.Tensor | None, src: int, shape) -> torch.Tensor:
 
 
 def open_many(shares: list[torch.Tensor], dst: int | None = None) -> list[torch.Tensor] | None:
-    """Reveal several shared tensors in one round (to all, or only to `dst`)."""
+    """Reveal several shared tensors in one round (to all, or only to `dst`).
+
+    Every receiver first checks that each sender's share has its own shape and dtype (from the
+    message header; no extra byte), else raises ProtocolError naming both (`check_agree`).
+    One tensor travels in its own shape; several travel as one flat vector, so that their
+    total size is checked (the shapes of each are checked when they are revealed).
+    """
     comm = current().comm
-    flat = torch.cat([t.reshape(-1) for t in shares]) if len(shares) > 1 else shares[0].reshape(-1)
+    if len(shares) == 1 and shares[0].dim() <= MAX_WIRE_DIMS:
+        flat = shares[0]
+    else:
+        flat = torch.cat([t.reshape(-1) for t in shares]) if len(shares) > 1 else shares[0].reshape(-1)
     if dst is None:
         parts = comm.all_gather(flat)
     else:
         parts = comm.gather(flat, dst)
         if parts is None:
             return None
+    check_agree(flat, parts, "reveal" if len(shares) == 1 else f"opening of {len(shares)} values")
     total = parts[0].clone()
     for p in parts[1:]:
         total += p
+    if flat is shares[0]:
+        return [total]
     out, offset = [], 0
     for t in shares:
         out.append(total[offset:offset + t.numel()].view(t.shape))
@@ -60,7 +77,28 @@ def open_(share_: torch.Tensor, dst: int | None = None) -> torch.Tensor | None:
 
 def open_xor(share_: torch.Tensor) -> torch.Tensor:
     """Reveal a binary (xor) shared tensor to every party (one round)."""
-    return current().comm.all_reduce(share_, op="xor")
+    parts = current().comm.all_gather(share_)
+    check_agree(share_, parts, "reveal")
+    total = parts[0].clone()
+    for p in parts[1:]:
+        total ^= p
+    return total
+
+
+def check_agree(mine: torch.Tensor, parts: list[torch.Tensor], what: str) -> None:
+    """Raise ProtocolError unless every party's part has this party's shape and dtype.
+
+    A party whose program diverged (another shape, a reshape the others did not do) would
+    otherwise make the sum silent garbage or a raw broadcasting error. Every receiving party
+    sees each sender's shape in what it received, so every receiver raises.
+    """
+    rank = current().rank
+    for r, part in enumerate(parts):
+        if r != rank and (part.shape != mine.shape or part.dtype != mine.dtype):
+            raise ProtocolError(
+                f"party {rank}: {what} of a share of shape {tuple(mine.shape)} ({mine.dtype}) here, "
+                f"but party {r} sent shape {tuple(part.shape)} ({part.dtype}); every party must "
+                "reveal the same tensor (the parties' programs diverged: check shapes and inputs)")
 
 
 DTYPE_CODES = {torch.float32: 0, torch.float64: 1, torch.int64: 2, torch.bool: 3, torch.float16: 4,
