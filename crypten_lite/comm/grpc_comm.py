@@ -140,7 +140,20 @@ class TlsContext:
         return grpc.insecure_channel(address, CHANNEL_OPTIONS)
 
     def peer_identity(self, context: grpc.ServicerContext) -> str | None:
-        return self._tls.peer_identity(context) if self.enabled else None
+        """The peer's certificate identity (party{r} / dealer); None only when TLS is off.
+
+        With TLS on, a peer without a client certificate, or whose certificate does not name
+        exactly one valid identity, is refused here (PERMISSION_DENIED; context.abort raises),
+        so the `identity is not None and ...` checks of the servicers are skipped only
+        without TLS."""
+        if not self.enabled:
+            return None
+        identity = self._tls.peer_identity(context)
+        if identity is None:
+            context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                          "refusing the connection: TLS is on and the peer presented no client "
+                          "certificate")
+        return identity
 
 
 class _DaemonThreadPool(concurrent.futures.ThreadPoolExecutor):
