@@ -19,23 +19,34 @@ How a connection is authenticated, both ways:
    ``grpc.ssl_target_name_override``), so ``10.0.0.7:50051`` must present ``party1``.
 3. The CA only proves that the peer is *some* member; the servicer then checks *which*:
    a peer that claims rank r in its messages must present ``party{r}``
-   (:func:`peer_identity`, :func:`check_peer`).
+   (:func:`peer_identity`, :func:`check_peer`). A certificate whose subject has no CN,
+   several CNs, or a CN that is not ``party{r}`` / ``dealer`` is refused (PERMISSION_DENIED)
+   before any check of what it claims.
 
-Without TLS (no ``CRYPTEN_LITE_TLS_DIR``), :func:`peer_identity` returns ``None``.
+Without TLS (no ``CRYPTEN_LITE_TLS_DIR``), :func:`peer_identity` returns ``None``; with TLS it
+never does, so ``identity is not None and ...`` checks are skipped only without TLS.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import logging
 import pathlib
+import re
 
 import grpc
+from cryptography import x509
+from cryptography.x509.oid import NameOID
 
 from ..errors import CommunicationError, ConfigError
 
 DEALER_IDENTITY = "dealer"
 CA_CERT = "ca.pem"
 CA_KEY = "ca.key"
+log = logging.getLogger("crypten_lite.comm")
+# The only identities a certificate may name (its one Subject CN): party0, party1, ... or dealer.
+_IDENTITY = re.compile(rf"party(0|[1-9][0-9]{{0,5}})|{DEALER_IDENTITY}")
 CERTS_HINT = "run `crypten-lite certs --parties N --out DIR` and point CRYPTEN_LITE_TLS_DIR at DIR"
 
 # Substrings of gRPC's error details that mean the TLS handshake, not the network, failed.
@@ -123,12 +134,56 @@ def channel_options(target_identity: str) -> list[tuple[str, str]]:
 
 
 def peer_identity(context: grpc.ServicerContext) -> str | None:
-    """The CN of the peer's verified client certificate, or ``None`` without mutual TLS."""
-    names = context.auth_context().get("x509_common_name") or []
-    if len(names) != 1:
+    """The identity of the peer's verified client certificate, or ``None`` without mutual TLS.
+
+    The identity is the certificate's Subject common name, which must be exactly one CN of the
+    form ``party{r}`` or ``dealer``. A certificate with no CN, several CNs (gRPC itself would
+    report only one of them) or another name aborts the RPC with PERMISSION_DENIED
+    (``context.abort`` raises), so a caller never holds an identity it cannot check: under TLS
+    the result is never ``None``.
+    """
+    auth = context.auth_context()
+    pems = auth.get("x509_pem_cert") or []
+    if not pems:
+        if auth.get("x509_subject") or auth.get("x509_common_name"):
+            _refuse(context, "its certificate could not be read")
         return None
-    name = names[0]
-    return name.decode("utf-8", "replace") if isinstance(name, bytes) else str(name)
+    identity, error = certificate_identity(bytes(pems[0]))
+    if error:
+        _refuse(context, error)
+    return identity
+
+
+def certificate_identity(cert_pem: bytes) -> tuple[str, str]:
+    """``(identity, "")`` for a certificate naming exactly one valid identity, else
+    ``("", why not)``."""
+    return _certificate_identity(bytes(cert_pem))
+
+
+@functools.lru_cache(maxsize=64)
+def _certificate_identity(cert_pem: bytes) -> tuple[str, str]:
+    try:
+        cert = x509.load_pem_x509_certificate(cert_pem)
+    except ValueError:
+        return "", "is not a readable X.509 certificate"
+    names = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    if len(names) != 1:
+        return "", (f"has {len(names)} common names (subject {cert.subject.rfc4514_string()!r}); "
+                    "exactly one is required")
+    value = names[0].value
+    name = value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+    if not _IDENTITY.fullmatch(name):
+        return "", f"names {name[:64]!r}, which is neither party{{rank}} nor {DEALER_IDENTITY!r}"
+    return name, ""
+
+
+def _refuse(context: grpc.ServicerContext, why: str) -> None:
+    log.warning("refusing a connection from %s: its TLS certificate %s", context.peer(), why)
+    context.abort(
+        grpc.StatusCode.PERMISSION_DENIED,
+        f"refusing the connection: the peer's TLS certificate {why}; every principal needs a "
+        f"certificate whose subject has exactly one common name, party{{rank}} or "
+        f"{DEALER_IDENTITY!r} ({CERTS_HINT})")
 
 
 def check_peer(context: grpc.ServicerContext, expected: str) -> None:

@@ -83,3 +83,65 @@ def test_no_secret_in_debug_logs(cert_dirs):
     assert not re.search(r"[0-9a-f]{48,}", text)
     for secret in ("98304", "-131072", "196608"):  # 1.5, -2.0, 3.0 at 16 fractional bits
         assert secret not in text
+
+
+# --- identities: exactly one CN, party{r} or dealer (issue 11, finding 6) --------------------
+
+def _issue_party1(good: pathlib.Path, out: pathlib.Path, common_names: list[str]) -> None:
+    """`out`: the good folder, but party1's certificate replaced by one signed by the real CA
+    with the given Subject common names, valid for the name party1 (so that party 0's check
+    of the server it dials passes, and only the identity rule can refuse it)."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    for f in good.iterdir():
+        shutil.copy(f, out / f.name)
+    ca_key = serialization.load_pem_private_key((good / "ca.key").read_bytes(), None)
+    ca = x509.load_pem_x509_certificate((good / "ca.pem").read_bytes())
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = [x509.NameAttribute(NameOID.COMMON_NAME, cn) for cn in common_names]
+    subject = subject or [x509.NameAttribute(NameOID.ORGANIZATION_NAME, "crypten-lite test")]
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (
+        x509.CertificateBuilder().subject_name(x509.Name(subject)).issuer_name(ca.subject)
+        .public_key(key.public_key()).serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH,
+                                              ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        .add_extension(x509.SubjectAlternativeName(
+            [x509.DNSName("party1"), x509.DNSName("localhost"),
+             x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+        .sign(ca_key, hashes.SHA256()))
+    (out / "party1.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (out / "party1.key").write_bytes(key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption()))
+
+
+@pytest.mark.parametrize("case, common_names, why", [
+    ("no_cn", [], "has 0 common names"),
+    ("two_cns", ["party1", "party0"], "has 2 common names"),
+    ("party7", ["party7"], "certificate identity 'party7' does not match claimed rank 1"),
+])
+def test_certificate_identity_must_be_one_party_of_the_session(
+        cert_dirs, tmp_path, case, common_names, why):
+    """party 1 holds a certificate of the real CA naming no CN, two CNs, or party7 in a
+    2-party session: party 0 refuses its handshake, and both parties fail without a result."""
+    bad = tmp_path / case
+    bad.mkdir()
+    _issue_party1(cert_dirs["good"], bad, common_names)
+    outs = _run_pair(*_envs(str(cert_dirs["good"]), str(bad)))
+    for code, out in outs:
+        assert code != 0, out
+        assert "result [" not in out
+    party0, party1 = outs[0][1], outs[1][1]
+    # party 0 logs why it refused; party 1 is told by party 0 (PERMISSION_DENIED or the reason)
+    assert why in party0, party0
+    assert "refused" in party1, party1

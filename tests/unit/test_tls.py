@@ -221,3 +221,77 @@ class _FakeError(grpc.RpcError, grpc.Call):  # type: ignore[misc]
     initial_metadata = trailing_metadata = time_remaining = lambda self: None
     is_active = cancel = lambda self: False
     add_callback = lambda self, callback: False  # noqa: E731
+
+
+# --- identities: exactly one CN, party{r} or dealer (issue 11, finding 6) --------------------
+
+def issue_leaf(ca_dir: pathlib.Path, common_names: list[str], dns_names: list[str]) -> tls.TlsMaterial:
+    """A client/server certificate signed by the real CA of `ca_dir`, with the given Subject
+    common names (none, one or several) and SubjectAltName DNS names."""
+    import datetime
+
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    ca_key = serialization.load_pem_private_key((ca_dir / "ca.key").read_bytes(), None)
+    ca_pem = (ca_dir / "ca.pem").read_bytes()
+    ca = x509.load_pem_x509_certificate(ca_pem)
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = [x509.NameAttribute(NameOID.COMMON_NAME, cn) for cn in common_names]
+    subject = subject or [x509.NameAttribute(NameOID.ORGANIZATION_NAME, "crypten-lite test")]
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name(subject))
+        .issuer_name(ca.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH,
+                                              ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        .add_extension(x509.SubjectAlternativeName(
+            [x509.DNSName(n) for n in dns_names]
+            + [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    return tls.TlsMaterial(
+        common_names[0] if common_names else "none", ca=ca_pem,
+        cert=cert.public_bytes(serialization.Encoding.PEM),
+        key=key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                              serialization.NoEncryption()))
+
+
+@pytest.mark.parametrize("common_names, why", [
+    ([], "has 0 common names"),
+    (["party0", "party1"], "has 2 common names"),
+    (["party1", "party0"], "has 2 common names"),
+    (["party0", "party0"], "has 2 common names"),
+    (["Party0"], "neither party{rank} nor 'dealer'"),
+    (["party00"], "neither party{rank} nor 'dealer'"),
+    (["party0 "], "neither party{rank} nor 'dealer'"),
+    (["party-1"], "neither party{rank} nor 'dealer'"),
+])
+def test_certificate_without_exactly_one_identity_is_refused(
+        server: str, tls_dir: pathlib.Path, common_names: list[str], why: str) -> None:
+    # Signed by the real CA and valid as a TLS client: only the identity rule can refuse it.
+    # (gRPC reports a single x509_common_name even for a subject with two, which is why the
+    # identity is read from the certificate itself.)
+    material = issue_leaf(tls_dir, common_names, ["party0", "localhost"])
+    with pytest.raises(grpc.RpcError) as error:
+        _call(server, material)
+    assert error.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert "refusing the connection" in error.value.details() and why in error.value.details()
+
+
+def test_certificate_identity_rules() -> None:
+    assert tls.certificate_identity(b"not a certificate") == ("", "is not a readable X.509 certificate")
+
+
+def test_well_formed_identities_pass(server: str, tls_dir: pathlib.Path) -> None:
+    # party7 is a well-formed identity: whether it belongs to the session is checked by the
+    # servicer against the rank it claims (tests/integration/test_tls_sessions.py).
+    for names in (["party7"], ["dealer"], ["party12"]):
+        assert _call(server, issue_leaf(tls_dir, names, ["x"])) == f"hi|{names[0]}".encode()
