@@ -44,7 +44,13 @@ def _measure(run: Callable[[], tuple[torch.Tensor, torch.Tensor]]) -> dict:
     import sys
     from crypten_lite.mpc import offline
     from crypten_lite.session import current
-    name = sys._getframe(1).f_code.co_name
+    # The plan belongs to the workload being run (lenet_b1, lenet_b64 and resnet18_b1 share
+    # the helper that calls _measure, so the caller's own name would mix up their plans).
+    codes = {fn.__code__: workload_name for workload_name, fn in WORKLOADS.items()}
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code not in codes:
+        frame = frame.f_back
+    name = codes[frame.f_code] if frame is not None else sys._getframe(1).f_code.co_name
     c = comm.get()
     provider = current().provider
     plan = _PLANS.get(name)
