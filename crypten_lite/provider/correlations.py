@@ -364,7 +364,9 @@ def check_request(kind: str, op: str, shapes, params: Sequence[int], world_size:
         raise _refuse(kind, op, f"{len(shapes)} operand shapes, expected {OPERANDS.get(kind, 1)}")
     limit = max_component_bytes // 8
     for shape in shapes:
-        if any(not 0 <= s <= limit for s in shape) or math.prod(shape) > limit:
+        if any(s < 0 for s in shape):
+            raise _refuse(kind, op, f"negative dimension in operand shape {tuple(shape)}")
+        if any(s > limit for s in shape) or math.prod(shape) > limit:
             raise _refuse(kind, op, f"operand shape {tuple(shape)} exceeds {max_component_bytes} bytes")
     _check_params(kind, op, shapes, params, world_size)
     try:

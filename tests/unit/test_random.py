@@ -162,7 +162,7 @@ def test_every_kind_the_protocols_use_is_accepted_with_its_answer_size():
     ("binary_monomials", "", [(4,)], (2, 0, 7, 3), "mask owner"),
     ("binary_monomials", "", [(4,)], (2, 0, 1, 4), "monomial outside"),
     ("binary_monomials", "", [(4,)], (65,), "masks"),
-    ("square", "", [(-1,)], (), "exceeds"),
+    ("square", "", [(-1,)], (), "negative dimension"),
     ("square", "", [(1 << 40, 0)], (), "exceeds"),
     # broadcast and matmul results too large, from tiny operands: refused before allocating
     ("triple", "mul", [(1 << 16, 1), (1, 1 << 16)], (), "component of shape"),
