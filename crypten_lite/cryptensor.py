@@ -100,10 +100,19 @@ class CrypTensor:
         s = current()
         if tensor is not None and not isinstance(tensor, torch.Tensor):
             tensor = torch.as_tensor(tensor)
-        shape, src_dtype = primitives.announce(tensor, src)
+        encoded, refuse = None, ""
+        if s.rank == src and tensor is not None:
+            # Encoded (and range-checked) while still plaintext, before anything is sent: an
+            # input outside the fixed-point range is refused on every party (announce).
+            own = logical_dtype(primitives.CODES_DTYPE[primitives.DTYPE_CODES.get(tensor.dtype, 0)])
+            own_prec = (precision if precision is not None else s.config.precision) if _is_float(own) else 0
+            try:
+                encoded = encoding.encode(tensor, own_prec)
+            except ProtocolError as e:
+                refuse = str(e)
+        shape, src_dtype = primitives.announce(tensor, src, refuse)
         dtype = logical_dtype(src_dtype)
         prec = (precision if precision is not None else s.config.precision) if _is_float(dtype) else 0
-        encoded = encoding.encode(tensor, prec) if s.rank == src else None
         if encoded is not None and encoded.shape != shape:
             encoded = encoded.reshape(shape)
         if names is None and tensor is not None:

@@ -106,11 +106,19 @@ DTYPE_CODES = {torch.float32: 0, torch.float64: 1, torch.int64: 2, torch.bool: 3
 CODES_DTYPE = {v: k for k, v in DTYPE_CODES.items()}
 
 
-def announce(tensor: torch.Tensor | None, src: int) -> tuple[tuple[int, ...], torch.dtype]:
+# Dtype code of an announcement by which the source refuses its own input (out of range):
+# same length as a normal one, so refusing costs no extra byte and every party learns of it.
+REFUSED = -1
+
+
+def announce(tensor: torch.Tensor | None, src: int, refuse: str = "") -> tuple[tuple[int, ...], torch.dtype]:
     """`src` tells every party the shape and dtype of its input (a one-way message).
 
     Every other party checks what it passed (if anything) against the announcement, so that
-    a shape mismatch at sharing time is a clear error on every party.
+    a shape mismatch at sharing time is a clear error on every party. `refuse` (at `src`): why
+    its input cannot be shared (e.g. outside the supported range, found while it is still
+    plaintext); the announcement then says so, and every party raises ProtocolError: `src`
+    with `refuse`, the others naming `src` (no value leaves `src`).
     """
     s = current()
     if not 0 <= src < s.world_size:
@@ -118,12 +126,17 @@ def announce(tensor: torch.Tensor | None, src: int) -> tuple[tuple[int, ...], to
     if s.rank == src:
         if tensor is None:
             raise ProtocolError(f"party {src} is the source but passed no tensor to share")
-        header = torch.tensor([DTYPE_CODES.get(tensor.dtype, 0), tensor.dim(), *tensor.shape],
-                              dtype=torch.int64)
+        code = REFUSED if refuse else DTYPE_CODES.get(tensor.dtype, 0)
+        header = torch.tensor([code, tensor.dim(), *tensor.shape], dtype=torch.int64)
     else:
         header = None
     # A one-way message of public metadata, not a protocol round (nobody answers it).
     header = s.comm.broadcast(header, src, rounds=0)
+    if int(header[0]) == REFUSED:
+        if s.rank == src:
+            raise ProtocolError(f"party {src}: {refuse}")
+        raise ProtocolError(f"party {s.rank}: party {src} refused to share its input: it is outside "
+                            f"the supported range (party {src}'s error says which bound)")
     shape = tuple(int(v) for v in header[2:2 + int(header[1])])
     dtype = CODES_DTYPE[int(header[0])]
     if tensor is not None and s.rank != src and tuple(tensor.shape) != shape:

@@ -13,19 +13,48 @@ from typing import Any, Callable
 
 import torch
 
+from crypten_lite.errors import ProtocolError
 from crypten_lite.quantized.backend import Backend, PlainBackend, Value
 from crypten_lite.quantized.ir import FIXED, QUANT, Divide, Node, QuantizedProgram, Rescale, ValueInfo
 
 
-def encode_input(node: Node, x: torch.Tensor) -> torch.Tensor:
-    """The input owner's plaintext step: float tensor -> int64 tensor."""
+def encode_input(node: Node, x: torch.Tensor, clamp: bool = False) -> torch.Tensor:
+    """The input owner's plaintext step: float tensor -> int64 tensor.
+
+    A float (fixed) input must lie in :func:`input_range` (``|x| < 2**fixed_input_bits``, 256
+    by default): the program's static bit bounds, hence every comparison and rounding in MPC,
+    assume it. Outside it raises ProtocolError naming the bound, or with ``clamp=True`` is
+    clamped into it. A quantized input is clamped to ``[qmin, qmax]`` exactly as torch does.
+    NaN is refused for both. Meta tensors (parties without the input) pass unchecked.
+    """
     a = node.attrs
     x = x.detach().to(torch.float32)
+    if not x.is_meta and bool(torch.isnan(x).any()):
+        raise ProtocolError("input of the quantized program contains NaN; only numbers can be quantized")
     if a["kind"] == FIXED:
-        return torch.round(x.to(torch.float64) * (1 << a["frac_bits"])).to(torch.int64)
+        scaled = torch.round(x.to(torch.float64) * (1 << a["frac_bits"]))
+        lo, hi = node.out.lo, node.out.hi
+        if not x.is_meta and scaled.numel() and bool(((scaled < lo) | (scaled > hi)).any()):
+            if not clamp:
+                low, high = input_range(node)
+                raise ProtocolError(
+                    f"input of the quantized program outside its supported range [{low:g}, {high:.9g}] "
+                    f"(|x| < 2**{(hi + 1).bit_length() - 1 - a['frac_bits']}, the float input range "
+                    f"its static bit bounds assume): largest |x| here {float(x.abs().max()):.4g}; "
+                    "rescale the input, build the program with a larger fixed_input_bits, or pass "
+                    "clamp_input=True to clamp it into the range")
+            scaled = scaled.clamp(lo, hi)
+        return scaled.to(torch.int64)
     # the formula of torch's quantize_per_tensor (float32, half to even)
     q = torch.round(x * (1.0 / a["scale"])) + a["zero_point"]
     return torch.clamp(q, a["qmin"], a["qmax"]).to(torch.int64)
+
+
+def input_range(node: Node) -> tuple[float, float]:
+    """Real values the program's input may take: ``[-2**b, 2**b - 2**-frac_bits]`` for a float
+    (fixed) input with ``b = fixed_input_bits``; the dequantized ``[qmin, qmax]`` otherwise
+    (outside values are clamped to it, as torch's quantize_per_tensor does)."""
+    return node.out.to_real(torch.tensor([node.out.lo, node.out.hi])).tolist()
 
 
 def decode_output(info: ValueInfo, y: torch.Tensor) -> torch.Tensor:
@@ -33,7 +62,8 @@ def decode_output(info: ValueInfo, y: torch.Tensor) -> torch.Tensor:
     return info.to_real(y).to(torch.float32)
 
 
-def run(program: QuantizedProgram, x: torch.Tensor, backend: Backend, debug: bool = False):
+def run(program: QuantizedProgram, x: torch.Tensor, backend: Backend, debug: bool = False,
+        clamp_input: bool = False):
     """Execute the program on input ``x`` (a float tensor held by the data owner).
 
     In MPC, parties without the input pass ``torch.empty(shape, device="meta")``: the
@@ -41,10 +71,12 @@ def run(program: QuantizedProgram, x: torch.Tensor, backend: Backend, debug: boo
 
     Returns the backend value of the output (integers with ``program.output_info``), or
     with ``debug=True`` the pair ``(output, {value name: backend value})`` for every node.
+    A float input outside the program's range raises ProtocolError (``clamp_input=True``:
+    clamped into it; see :func:`encode_input`).
     """
     values: dict[str, Value] = {}
     first = program.input
-    values[first.name] = backend.input(encode_input(first, x))
+    values[first.name] = backend.input(encode_input(first, x, clamp_input))
     for node in program.nodes[1:]:
         args = [values[name] for name in node.inputs]
         weights = {key: backend.weight(w) for key, w in node.weights.items()}

@@ -401,21 +401,30 @@ def execute(program: QuantizedProgram, first: torch.Tensor, backend: Backend) ->
     return values
 
 
-def _input_value(node: Node, x, backend: MpcBackend) -> torch.Tensor:
-    """Shares of the encoded input: shared by the data owner, or quantized in MPC."""
+def _input_value(node: Node, x, backend: MpcBackend, clamp_input: bool = False) -> torch.Tensor:
+    """Shares of the encoded input: shared by the data owner, or quantized in MPC.
+
+    The owner encodes (and range-checks) its input while it is still plaintext, before
+    anything is sent: an input outside the program's range is refused in the shape
+    announcement, so every party raises ProtocolError (no extra byte)."""
     if isinstance(x, CrypTensor):
         from crypten_lite.quantized.tensor import encode_private_input
 
         return encode_private_input(node, x)
     s = current()
-    if s.rank == backend.src_input and not isinstance(x, torch.Tensor):
+    owner = s.rank == backend.src_input
+    if owner and not isinstance(x, torch.Tensor):
         raise ProtocolError(f"party {s.rank} is the data owner (src_input) but passed no input tensor")
-    shape, _ = primitives.announce(x if s.rank == backend.src_input else None, backend.src_input)
-    if x is not None and s.rank != backend.src_input and tuple(x.shape) != shape:
+    encoded, refuse = None, ""
+    if owner:
+        try:
+            encoded = encode_input(node, x, clamp_input)
+        except ProtocolError as e:
+            refuse = str(e)
+    shape, _ = primitives.announce(x if owner else None, backend.src_input, refuse)
+    if x is not None and not owner and tuple(x.shape) != shape:
         raise ProtocolError(f"party {s.rank} passed an input of shape {tuple(x.shape)}; the data owner's is {shape}")
-    if s.rank == backend.src_input:
-        encoded = encode_input(node, x)
-    else:
+    if not owner:
         encoded = torch.empty(shape, dtype=torch.int64, device="meta")
     return backend.input(encoded)
 
@@ -451,7 +460,8 @@ def output_value(info: ValueInfo, share: torch.Tensor):
 
 def run_private(program_or_model, x=None, src_model: int = 0, src_input: int = 1, debug: bool = False, *,
                 reveal: bool = True, dummy_input: torch.Tensor | None = None, backend: MpcBackend | None = None,
-                reference: torch.nn.Module | None = None, optimize: bool = True, **backend_options):
+                reference: torch.nn.Module | None = None, optimize: bool = True, clamp_input: bool = False,
+                **backend_options):
     """Run a quantized model privately: the model owner's weights, the data owner's input.
 
     ``program_or_model``: a :class:`~crypten_lite.quantized.ir.QuantizedProgram` or a torch
@@ -460,6 +470,9 @@ def run_private(program_or_model, x=None, src_model: int = 0, src_input: int = 1
     parts are checked against it). ``x``: the data owner's float tensor (others pass None or
     a tensor of the same shape, which is ignored), or a CrypTensor that every party holds
     (quantized in MPC, :func:`crypten_lite.quantized.tensor.quantize_per_tensor`).
+    A float input outside the program's range (``|x| < 256`` for a float-input program,
+    :func:`~crypten_lite.quantized.executor.input_range`) raises ProtocolError on every party;
+    ``clamp_input=True`` clamps it into the range instead (the data owner's plaintext).
 
     Returns what the torch model returns (float, revealed to every party), or with
     ``reveal=False`` the secret output (:class:`QuantizedCrypTensor`, or a float CrypTensor
@@ -472,7 +485,7 @@ def run_private(program_or_model, x=None, src_model: int = 0, src_input: int = 1
     s = current()
     backend = backend or MpcBackend(src_model, src_input, **backend_options)
     prepared = backend.prepare(program, optimize)
-    first = _input_value(prepared.input, x, backend)
+    first = _input_value(prepared.input, x, backend, clamp_input)
     values = execute(prepared, first, backend)
     out = values[prepared.output]
     info = prepared.output_info

@@ -250,10 +250,19 @@ def encode_private_input(node: Node, x: CrypTensor) -> torch.Tensor:
     """Shares of a program's encoded input from a CrypTensor every party holds."""
     a = node.attrs
     if a["kind"] == FIXED:
+        # The program's bounds assume the input range (executor.input_range); a secret input
+        # cannot be checked there, so it is clamped into it first (two full-width comparisons
+        # per element), at the CrypTensor's own precision so that the shift cannot overflow.
         shift = a["frac_bits"] - x.precision
+        lo, hi = node.out.lo, node.out.hi
         if shift >= 0:
-            return x.share << shift
-        return mpc_ops.round_shift(x.share, -shift, mpc_ops.MAX_BITS, "half_up")
+            bounds = (-((-lo) >> shift), hi >> shift)  # within [lo, hi] once shifted back
+        else:
+            bounds = (lo << -shift, hi << -shift)
+        share = mpc_ops.clamp(x.share, bounds[0], bounds[1], 62)
+        if shift >= 0:
+            return share << shift
+        return mpc_ops.round_shift(share, -shift, mpc_ops.MAX_BITS, "half_up")
     dtype = torch.quint8 if a["qmin"] >= 0 else torch.qint8
     q = quantize_per_tensor(x, a["scale"], a["zero_point"], dtype)
     if (a["qmin"], a["qmax"]) != QRANGES[dtype]:
