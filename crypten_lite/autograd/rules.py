@@ -404,18 +404,15 @@ def _where(g, a, b, condition, **s):
     return ga, g.sub(ga if ga is not None else g.mul(cond))
 
 
-def _clamp(g, x, *bounds, below=None, above=None, private_bounds=(False, False), **s):
-    """clamp(x, min, max): saved below / above = where x is held at min / max (None if no
-    bound), the gradient goes to the bound there. Private bounds follow x in `inputs`, in
-    the order min, max; `private_bounds` says which of the two they are.
-    """
+def _clamp(g, x, lo=None, hi=None, below=None, above=None, **s):
+    """clamp(x, min, max): inputs (x, min, max), saved below / above = where x is held at
+    min / max (None for an absent bound); there the gradient goes to the bound."""
     hit = None  # [x held at a bound]
     for m in (below, above):
         if m is not None:
             hit = m if hit is None else hit.add(m)
     gx = g if hit is None else g.sub(g.mul(hit))
-    grads = [g.mul(m) for m, private in zip((below, above), private_bounds) if private]
-    return (gx, *grads[:len(bounds)])
+    return (gx, g.mul(below) if _is_private(lo) else None, g.mul(above) if _is_private(hi) else None)
 
 
 def _zero(g, x, **s):

@@ -27,6 +27,7 @@ from .rounding import ceil, floor, trunc, trunc_toward_zero
 from . import dropout as _dropout_mod
 from .indexing import (__imatmul__, conv_transpose1d, ger, index_add, index_select, scatter,
                        scatter_add, take, trace, unfold)
+from .sampling import bernoulli, rand
 from .statistics import (cosine_similarity, cossin, logsigmoid, norm, pos_pow, prod, softplus, std,
                          var)
 
@@ -98,7 +99,7 @@ METHODS.update({
     "conv_transpose1d": conv_transpose1d, "__imatmul__": __imatmul__,
     "prod": prod, "var": var, "std": std, "norm": norm, "pos_pow": pos_pow,
     "cosine_similarity": cosine_similarity, "softplus": softplus, "logsigmoid": logsigmoid,
-    "cossin": cossin,
+    "cossin": cossin, "bernoulli": bernoulli,
     "dropout": _dropout_method(_dropout_mod.dropout),
     "dropout1d": _dropout_method(_dropout_mod.dropout1d),
     "dropout2d": _dropout_method(_dropout_mod.dropout2d),
@@ -259,6 +260,7 @@ TORCH.update({
     # a public tensor's method with a CrypTensor operand (torch.zeros(3).scatter_add(0, i, x))
     torch.Tensor.scatter: _scatter_fn(scatter), torch.Tensor.scatter_add: _scatter_fn(scatter_add),
     torch.Tensor.index_add: _index_add,
+    torch.bernoulli: lambda x, *args, generator=None, out=None: bernoulli(x),
 })
 # torch.nn.functional's max pools dispatch through private helpers (boolean_dispatch).
 for _mod_name, _fn, _idx in (("_max_pool1d", max_pool1d, False), ("max_pool1d_with_indices", max_pool1d, True),
@@ -276,4 +278,4 @@ __all__ = sorted(["METHODS", "TORCH"] + [n for n in (
     "reciprocal div_private sqrt rsqrt inv_sqrt pow sigmoid tanh softmax log_softmax erf gelu silu "
     "layer_norm batch_norm polynomial cos sin floor ceil trunc scatter scatter_add index_select "
     "index_add take unfold trace ger conv_transpose1d prod var std norm pos_pow cosine_similarity "
-    "softplus logsigmoid cossin").split()])
+    "softplus logsigmoid cossin rand bernoulli").split()])

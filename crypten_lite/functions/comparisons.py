@@ -241,10 +241,10 @@ def clamp(x: CrypTensor, min=None, max=None, *, _at_bound: bool = True) -> CrypT
         if hi is not None:   # [x > max] directly, or [x >= max] = 1 - [x < max]
             above = bool_tensor(public_share(torch.ones_like(masks[i])) - masks[i]
                                 if not _at_bound else masks[i])
-        saved = {"below": below, "above": above,
-                 "private_bounds": (isinstance(min, CrypTensor), isinstance(max, CrypTensor))}
-    inputs = (x,) + tuple(b for b in (min, max) if isinstance(b, CrypTensor))
-    return _record(out, "clamp", inputs, **saved)
+        saved = {"below": below, "above": above}
+    # Both bounds are inputs (public ones and None get no gradient), so that the rule knows
+    # which bound a private one is.
+    return _record(out, "clamp", (x, min, max), **saved)
 
 
 def hardtanh(x: CrypTensor, min_val: float = -1.0, max_val: float = 1.0) -> CrypTensor:

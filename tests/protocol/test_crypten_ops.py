@@ -183,6 +183,9 @@ CASES = {
     "clamp_private_min_public_max": (lambda a, lo: torch.clamp(a, lo, torch.tensor(0.5)),
                                      [randn(3, 4), randn(3, 4, seed=1, scale=0.3) - 0.5], None,
                                      LINEAR),
+    "clamp_public_min_private_max": (lambda a, hi: torch.clamp(a, torch.tensor(-0.5), hi),
+                                     [randn(3, 4), randn(3, 4, seed=1, scale=0.3) + 0.5], None,
+                                     LINEAR),
 }
 T = (__name__, "CASES")
 
@@ -240,3 +243,148 @@ def test_op_against_torch(pool, key):
             continue
         assert g is not None, f"{key}: no gradient for input {i} (torch has {r})"
         torch.testing.assert_close(g.double(), r, **tol, msg=lambda m, i=i: f"{key} grad {i}: {m}")
+
+
+# ----------------------------------------------------------------------------- costs
+def _cost(fn):
+    c = comm.get()
+    c.reset_communication_stats()
+    fn()
+    st = c.get_communication_stats()
+    return st["rounds"], st["bytes_sent"]
+
+
+def party_costs():
+    """(rounds, bytes sent by this party) of each op on (4, 8) inputs, along dim 1."""
+    x = crypten_lite.cryptensor(randn(4, 8) + 3.0, src=0)
+    y = crypten_lite.cryptensor(randn(4, 8, seed=1), src=1)
+    w = randn(4, 2, 3)
+    c = crypten_lite.cryptensor(randn(3, seed=2), src=1)
+    x.dropout(0.5)  # the parties' common PRG is seeded once per session (one all-gather)
+    ops = {
+        "scatter": lambda: x.scatter(1, torch.zeros(4, 2, dtype=torch.long), y[:, :2]),
+        "scatter_add": lambda: x.scatter_add(1, torch.zeros(4, 8, dtype=torch.long), y),
+        "index_select": lambda: x.index_select(1, torch.tensor([1, 1, 0])),
+        "index_add": lambda: x.index_add(1, torch.tensor([1, 1, 0]), y[:, :3]),
+        "take": lambda: x.take(torch.tensor([0, 31])),
+        "unfold": lambda: x.unfold(1, 3, 2),
+        "trace": lambda: x.trace(),
+        "cumsum": lambda: x.cumsum(1),
+        "conv_transpose1d_public_w": lambda: x.unsqueeze(0).conv_transpose1d(w),
+        "dropout": lambda: x.dropout(0.3),
+        "dropout2d": lambda: x.unsqueeze(0).dropout2d(0.3),
+        "ger": lambda: x[0].ger(y[1]),
+        "conv_transpose1d": lambda: x.unsqueeze(0).conv_transpose1d(
+            crypten_lite.cryptensor(w, src=1)),
+        "prod": lambda: x.prod(1),
+        "var": lambda: x.var(1),
+        "std": lambda: x.std(1),
+        "norm_1": lambda: x.norm(p=1, dim=1),
+        "norm_2": lambda: x.norm(dim=1),
+        "norm_inf": lambda: x.norm(p=float("inf"), dim=1),
+        "cosine_similarity": lambda: x.cosine_similarity(y, 1),
+        "polynomial_private": lambda: x.polynomial(c),
+        "softplus": lambda: x.softplus(),
+    }
+    return {k: _cost(fn) for k, fn in ops.items()}
+
+
+# Public-index ops move shares only: 0 rounds, 0 bytes at any number of parties.
+LOCAL_OPS = ("scatter", "scatter_add", "index_select", "index_add", "take", "unfold", "trace",
+             "cumsum")
+# (rounds, bytes sent by one party) on (4, 8) inputs; docs/functions.md lists the same.
+# With 2 parties truncation is local; with 3 each truncation is one dealer-assisted round,
+# so a public float product (conv with a public weight, dropout's 1/(1-p)) costs 1 round.
+COSTS = {
+    2: {"conv_transpose1d_public_w": (0, 0), "dropout": (0, 0), "dropout2d": (0, 0),
+        "ger": (1, 128), "conv_transpose1d": (1, 448), "prod": (3, 448), "var": (1, 256),
+        "std": (13, 2512), "norm_1": (7, 1016), "norm_2": (13, 2512), "norm_inf": (28, 2848),
+        "cosine_similarity": (15, 6056), "polynomial_private": (3, 1816), "softplus": (36, 50096)},
+    3: {"conv_transpose1d_public_w": (1, 320), "dropout": (1, 512), "dropout2d": (1, 512),
+        "ger": (2, 1280), "conv_transpose1d": (2, 1216), "prod": (6, 1344), "var": (4, 1152),
+        "std": (24, 8544), "norm_1": (8, 3056), "norm_2": (22, 8416), "norm_inf": (32, 7616),
+        "cosine_similarity": (26, 19536), "polynomial_private": (6, 6192),
+        "softplus": (50, 166240)},
+}
+
+
+def test_costs(pool):
+    r = pool.run(party_costs)[0]
+    for k in LOCAL_OPS:
+        assert r[k] == (0, 0), (k, r[k])
+    expected = COSTS[pool.world_size]
+    assert {k: r[k] for k in expected} == expected
+
+
+# ---------------------------------------------------------------------- random and errors
+def party_random():
+    """rand / bernoulli (secret, fresh each call) and dropout masks (public, shared PRG)."""
+    from crypten_lite.functions import rand
+    c = comm.get()
+    c.reset_communication_stats()
+    u = rand(64, 64)
+    cost = (c.get_communication_stats()["rounds"], c.get_communication_stats()["bytes_sent"])
+    probs = torch.tensor([0.0, 1.0, 0.5, 0.25]).repeat(1024)
+    b = torch.bernoulli(crypten_lite.cryptensor(probs)).get_plain_text()
+    x = crypten_lite.cryptensor(positive(4, 3, 5, 5))
+    d2 = F.dropout2d(x, 0.5).get_plain_text()
+    d3 = x.unsqueeze(0).dropout3d(0.5).get_plain_text()[0]
+    d1 = F.dropout(x, 0.25).get_plain_text()
+    y = x.clone()
+    y.dropout(0.5, inplace=True)
+    return dict(u=u.get_plain_text(), u_dtype=u.dtype, cost=cost, b=b, x=x.get_plain_text(),
+                d2=d2, d3=d3, d1=d1, inplace=y.get_plain_text())
+
+
+def test_random_and_dropout(pool):
+    r = pool.run(party_random)
+    u, b = r[0]["u"], r[0]["b"].reshape(1024, 4)
+    assert all(torch.equal(p["u"], u) for p in r)           # one secret value, revealed alike
+    assert u.min() >= 0 and u.max() < 1 and r[0]["u_dtype"] == torch.float32
+    # 4096 uniform draws: mean 0.5 +- 0.0045 (1 sigma); 0.05 is 11 sigma.
+    assert abs(u.mean().item() - 0.5) < 0.05 and u.unique().numel() > 3000
+    n = 64 * 64 * 16  # bits converted by B2A
+    assert r[0]["cost"] == (1, (pool.world_size - 1) * n // 8)   # one bit per bit, one round
+    assert torch.equal(b[:, 0], torch.zeros(1024)) and torch.equal(b[:, 1], torch.ones(1024))
+    assert abs(b[:, 2].mean().item() - 0.5) < 0.08 and abs(b[:, 3].mean().item() - 0.25) < 0.08
+    x = r[0]["x"]
+    for key, p, scale in (("d2", 0.5, 2.0), ("d3", 0.5, 2.0), ("d1", 0.25, 1 / 0.75)):
+        ratio = r[0][key] / (x * scale)
+        kept = (ratio - 1).abs() < 1e-2
+        assert bool((kept | (r[0][key] == 0)).all()), key   # every element dropped or scaled
+        assert 0 < int(kept.sum()) < x.numel(), key
+        if key in ("d2", "d3"):  # one draw per channel: a channel is all kept or all dropped
+            per_channel = kept.reshape(4, 3, -1)
+            assert bool((per_channel.all(-1) | ~per_channel.any(-1)).all()), key
+    assert not torch.equal(r[0]["inplace"], x)
+
+
+def party_errors():
+    from crypten_lite.errors import CryptenLiteError
+    x = crypten_lite.cryptensor(randn(3, 4))
+    idx = crypten_lite.cryptensor(torch.tensor([[0, 1]]))
+    out = {}
+    for name, fn in (("gather", lambda: x.gather(1, idx)), ("index_select", lambda: x.index_select(1, idx)),
+                     ("take", lambda: x.take(idx)), ("scatter", lambda: x.scatter(1, idx, 1.0)),
+                     ("scatter_add", lambda: x.scatter_add(0, idx, x)),
+                     ("index_add", lambda: x.index_add(0, idx, x)),
+                     ("float_index", lambda: x.index_select(0, torch.tensor([0.0]))),
+                     ("var_one", lambda: x[0, 0].var()), ("norm_nuc", lambda: x.norm("nuc")),
+                     ("trace_3d", lambda: x.unsqueeze(0).trace()),
+                     ("ger_2d", lambda: x.ger(x)), ("softmax_0d_dim", lambda: x[0, 0].softmax(1)),
+                     ("poly_2d_coeffs", lambda: x.polynomial(x))):
+        try:
+            fn()
+            out[name] = None
+        except (CryptenLiteError, IndexError) as e:
+            out[name] = (type(e).__name__, str(e))
+    return out
+
+
+def test_bad_input_errors(pool2):
+    r = pool2.run(party_errors)[0]
+    assert all(v is not None for v in r.values()), r
+    for k in ("gather", "index_select", "take", "scatter", "scatter_add", "index_add"):
+        assert r[k][0] == "UnsupportedError", (k, r[k])
+        assert "private" in r[k][1] or "CrypTensor" in r[k][1], (k, r[k])
+    assert r["var_one"][0] == "ProtocolError" and r["softmax_0d_dim"][0] == "IndexError"
