@@ -427,8 +427,10 @@ class CrypTensor:
             out._names = names_mod.conv_or_pool(self.names)
         return out
 
-    def dot(self, other) -> "CrypTensor":
-        return self.mul(other).sum()
+    def dot(self, other, weights=None) -> "CrypTensor":
+        """sum(self * other), or sum(self * weights * other) (CrypTen's weighted dot)."""
+        x = self if weights is None else self.mul(weights)
+        return x.mul(other).sum()
 
     def outer(self, other) -> "CrypTensor":
         return self.unsqueeze(1).mul(other.unsqueeze(0) if isinstance(other, CrypTensor)

@@ -27,7 +27,7 @@ from .rounding import ceil, floor, trunc, trunc_toward_zero
 from . import dropout as _dropout_mod
 from .indexing import (__imatmul__, conv_transpose1d, ger, index_add, index_select, scatter,
                        scatter_add, take, trace, unfold)
-from .sampling import bernoulli, rand
+from .sampling import bernoulli, rand, weighted_index, weighted_sample
 from .statistics import (cosine_similarity, cossin, logsigmoid, norm, pos_pow, prod, softplus, std,
                          var)
 
@@ -99,7 +99,8 @@ METHODS.update({
     "conv_transpose1d": conv_transpose1d, "__imatmul__": __imatmul__,
     "prod": prod, "var": var, "std": std, "norm": norm, "pos_pow": pos_pow,
     "cosine_similarity": cosine_similarity, "softplus": softplus, "logsigmoid": logsigmoid,
-    "cossin": cossin, "bernoulli": bernoulli,
+    "cossin": cossin, "bernoulli": bernoulli, "weighted_index": weighted_index,
+    "weighted_sample": weighted_sample,
     "dropout": _dropout_method(_dropout_mod.dropout),
     "dropout1d": _dropout_method(_dropout_mod.dropout1d),
     "dropout2d": _dropout_method(_dropout_mod.dropout2d),
@@ -278,4 +279,4 @@ __all__ = sorted(["METHODS", "TORCH"] + [n for n in (
     "reciprocal div_private sqrt rsqrt inv_sqrt pow sigmoid tanh softmax log_softmax erf gelu silu "
     "layer_norm batch_norm polynomial cos sin floor ceil trunc scatter scatter_add index_select "
     "index_add take unfold trace ger conv_transpose1d prod var std norm pos_pow cosine_similarity "
-    "softplus logsigmoid cossin rand bernoulli").split()])
+    "softplus logsigmoid cossin rand bernoulli weighted_index weighted_sample").split()])

@@ -35,3 +35,28 @@ def bernoulli(x: CrypTensor) -> CrypTensor:
     """1 with probability x (elementwise), else 0, in x's dtype: [rand < x]."""
     return rand(tuple(x.shape), precision=x.precision or None).lt(x).to(
         x.dtype if x.dtype.is_floating_point else torch.float32)
+
+
+def weighted_index(x: CrypTensor, dim=None) -> CrypTensor:
+    """A one-hot along `dim` (flattened x if None), drawn with probabilities x / sum(x).
+
+    x >= 0. With c = cumsum(x) and r = rand * c[-1]: the one-hot is [c > r] minus the same
+    shifted by one (CrypTen's weighted_index): rand, one product, one comparison.
+    """
+    if dim is None:
+        return weighted_index(x.reshape(-1), 0).reshape(x.shape)
+    d = x._dim(dim) % max(1, x.dim())
+    n = x.shape[d]
+    c = x.cumsum(d)
+    total = c.narrow(d, n - 1, 1)
+    above = c.gt(rand(tuple(total.shape), precision=x.precision or None).mul(total))
+    zero = torch.zeros(tuple(above.shape[:d]) + (1,) + tuple(above.shape[d + 1:]), dtype=torch.int64)
+    from ..cryptensor import cat
+    shifted = cat([zero, above.narrow(d, 0, n - 1)], d)
+    return above.sub(shifted).to(x.dtype if x.dtype.is_floating_point else torch.float32)
+
+
+def weighted_sample(x: CrypTensor, dim=None) -> tuple[CrypTensor, CrypTensor]:
+    """(the sampled value, its one-hot): x * weighted_index(x, dim) summed along dim."""
+    index = weighted_index(x, dim)
+    return x.mul(index).sum(dim), index

@@ -66,6 +66,13 @@ def _cossin(a):
     return c * 2.0 + s
 
 
+def _dot_weights(a, b):
+    w = torch.tensor([0.5, -1.0, 2.0, 0.25])
+    if isinstance(a, crypten_lite.CrypTensor):
+        return a.dot(b, weights=w)       # CrypTen's weighted dot
+    return (a * w * b).sum()
+
+
 def _conv_t1d(x, w, b):
     return F.conv_transpose1d(x, w, b, stride=1, padding=1, groups=2, dilation=2)
 
@@ -111,6 +118,7 @@ CASES = {
                                                  randn(2, seed=2)], None, LINEAR),
     "conv_transpose1d_public_w": (lambda x, w: F.conv_transpose1d(x, w, stride=3),
                                   [randn(1, 2, 4), randn(2, 3, 2, seed=1)], (True, False), LINEAR),
+    "dot_weights": (_dot_weights, [randn(4), randn(4, seed=1)], None, LINEAR),
     "imatmul": (_imatmul, [randn(3, 4), randn(4, 2, seed=1)], None, LINEAR),
     "cumsum_0d": (lambda a: a.cumsum(0), [randn(())], None, LINEAR),
     "sum_0d": (lambda a: a.sum(0) + a.sum(-1, keepdim=True) + a.sum(), [randn(())], None, LINEAR),
@@ -332,7 +340,9 @@ def party_random():
     d1 = F.dropout(x, 0.25).get_plain_text()
     y = x.clone()
     y.dropout(0.5, inplace=True)
-    return dict(u=u.get_plain_text(), u_dtype=u.dtype, cost=cost, b=b, x=x.get_plain_text(),
+    weights = crypten_lite.cryptensor(torch.tensor([[1.0, 6.0, 0.0]]).repeat(1024, 1))
+    value, onehot = weights.weighted_sample(1)
+    return dict(value=value.get_plain_text(), onehot=onehot.get_plain_text(),u=u.get_plain_text(), u_dtype=u.dtype, cost=cost, b=b, x=x.get_plain_text(),
                 d2=d2, d3=d3, d1=d1, inplace=y.get_plain_text())
 
 
@@ -357,6 +367,10 @@ def test_random_and_dropout(pool):
             per_channel = kept.reshape(4, 3, -1)
             assert bool((per_channel.all(-1) | ~per_channel.any(-1)).all()), key
     assert not torch.equal(r[0]["inplace"], x)
+    onehot, value = r[0]["onehot"], r[0]["value"]
+    assert torch.equal(onehot.sum(1), torch.ones(1024)) and bool((onehot[:, 2] == 0).all())
+    assert abs(onehot[:, 1].mean().item() - 6 / 7) < 0.06        # 1024 draws: 6 sigma
+    torch.testing.assert_close(value, onehot @ torch.tensor([1.0, 6.0, 0.0]), **LINEAR)
 
 
 def party_errors():
