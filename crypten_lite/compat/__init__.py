@@ -35,13 +35,22 @@ def init(config_file: str | None = None, party_name=None, device=None) -> None:
     if _session.is_initialized():
         return
     overrides = {}
+    if _JOINS["count"] and os.environ.get("CRYPTEN_LITE_SESSION"):
+        # joining again after uninit(): every party counts the same, so they agree on a
+        # fresh session name (the dealer binds each session to one set of party keys)
+        overrides["session"] = f"{os.environ['CRYPTEN_LITE_SESSION']}.{_JOINS['count']}"
     if "CRYPTEN_LITE_PROVIDER" not in os.environ and (
             os.environ.get("CRYPTEN_LITE_WORLD_SIZE") or os.environ.get("CRYPTEN_LITE_PARTIES")):
         overrides["provider"] = config.provider_name()
     _core.init(**overrides)
 
 
+_JOINS = {"count": 0}
+
+
 def uninit() -> None:
+    if _core.is_initialized():
+        _JOINS["count"] += 1
     _core.uninit()
 
 
@@ -104,7 +113,7 @@ def rand(*sizes, device=None, cryptensor_type: str | None = None):
     for party in range(s.world_size):
         mine = None
         if s.rank == party:
-            mine = torch.randint(0, 2 ** prec, tuple(size), dtype=torch.int64).double() / 2 ** prec
+            mine = torch.randint(0, 2 ** prec, tuple(size), dtype=torch.int64).float() / 2 ** prec
         part = _core.cryptensor(mine, src=party)
         total = part if total is None else total + part
     # the sum is in [0, world_size): keep its fractional part

@@ -37,6 +37,12 @@ class CrypTensor:
 
     __array_priority__ = 1000
 
+    @staticmethod
+    def set_grad_enabled(mode: bool) -> None:
+        """Turn autograd recording on or off globally (CrypTen's CrypTensor.set_grad_enabled)."""
+        from ..cryptensor import _GradMode
+        _GradMode.enabled = bool(mode)
+
 
 def register_cryptensor(name: str):
     """Class decorator registering a CrypTensor subclass under `name` (CrypTen API)."""

@@ -9,6 +9,7 @@ from typing import Callable
 from ...mpc import launcher
 from .. import config as config_mod
 from ..tensor import MPCTensor, arithmetic, binary, ptype
+from . import provider
 
 
 def run_multiprocess(world_size: int, timeout: float = 120.0):
@@ -59,6 +60,16 @@ def ttp_required() -> bool:
     return config_mod.provider_name() == "dealer"
 
 
+def get_default_provider():
+    """The provider class cfg.mpc.provider names (crypten_lite: dealer or TFP)."""
+    return provider.TrustedFirstParty if config_mod.provider_name() == "tfp" else provider.TrustedThirdParty
+
+
+def set_default_provider(provider_class) -> None:
+    """Older CrypTen API: select TrustedFirstParty ("TFP") or TrustedThirdParty ("TTP")."""
+    config_mod.cfg.mpc.provider = provider_class.NAME
+
+
 @contextlib.contextmanager
 def ConfigManager(*args, **kwargs):
     """Older CrypTen API: ConfigManager("max_method", "pairwise") sets functions.* keys."""
@@ -69,4 +80,4 @@ def ConfigManager(*args, **kwargs):
 
 
 __all__ = ["MPCTensor", "ptype", "arithmetic", "binary", "run_multiprocess", "ttp_required",
-           "ConfigManager"]
+           "ConfigManager", "get_default_provider", "set_default_provider", "provider"]

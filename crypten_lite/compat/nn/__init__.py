@@ -88,11 +88,20 @@ class _CompatModule:
     def load_state_dict(self, state_dict, strict: bool = True):
         return core_module.Module.load_state_dict(self, unwrap(dict(state_dict)), strict)
 
+    def _core_parameters(self):
+        for _, p in core_module.Module.named_parameters(self):
+            yield p
+
     def zero_grad(self, set_to_none: bool = True) -> None:
-        core_module.Module.zero_grad(self)
+        for p in self._core_parameters():
+            if isinstance(p, CoreTensor):
+                p.grad = None
 
     def requires_grad_(self, requires_grad: bool = True):
-        return core_module.Module.requires_grad_(self, requires_grad)
+        for p in self._core_parameters():
+            if isinstance(p, CoreTensor):
+                p.requires_grad = requires_grad
+        return self
 
     # --------------------------------------------------------------- encryption
     def encrypt(self, mode: bool = True, src: int = 0):
@@ -111,7 +120,7 @@ class _CompatModule:
     def update_parameters(self, learning_rate: float, grad_threshold: float = 100) -> None:
         """p -= learning_rate * p.grad for every parameter with a gradient (CrypTen's SGD step)."""
         with no_grad():
-            for p in core_module.Module.parameters(self):
+            for p in self._core_parameters():
                 if isinstance(p, CoreTensor) and p.grad is not None:
                     p.sub_(p.grad.mul(learning_rate))
                 elif isinstance(p, torch.Tensor) and p.grad is not None:
