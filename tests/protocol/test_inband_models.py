@@ -12,6 +12,7 @@ error on the receiving parties.
 from __future__ import annotations
 
 import importlib
+import pathlib
 import sys
 import warnings
 
@@ -396,3 +397,18 @@ def test_hostile_description_is_refused(case):
     with pytest.raises(gd.DescriptionError, match="model description") as err:
         _rebuild(payload)
     assert expected in str(err.value), str(err.value)
+
+
+def test_float_description_sizes_in_the_docs():
+    """docs/private_models.md's figures: a float description holds no tensor data, so its size
+    depends on the architecture alone."""
+    from crypten_lite.models import build_model
+
+    vendor = importlib.import_module(VENDOR)  # this test process is no party (parties are spawned)
+    cnn = crypten_lite.nn.from_pytorch(vendor.float_cnn(), torch.zeros(1, 1, 8, 8), fold_batch_norm=True)
+    resnet = crypten_lite.nn.from_pytorch(build_model(64), torch.zeros(1, 3, 32, 32), fold_batch_norm=True,
+                                          check=False)
+    sizes = (len(gd.describe_graph(cnn, [[1, 1, 8, 8]])), len(gd.describe_graph(resnet, [[1, 3, 32, 32]])))
+    assert sizes == (2432, 17041)
+    text = (pathlib.Path(__file__).parents[2] / "docs" / "private_models.md").read_text()
+    assert "2,432 bytes" in text and "17,041 bytes" in text
