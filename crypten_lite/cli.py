@@ -237,7 +237,8 @@ def _report(children: list[_Child], failures: list[_Child], interrupted: str,
     for c, done in zip(children, complete):
         if not done:
             say(f"the output of {c.label} may be incomplete (a process it started still holds it)")
-    stopped = [c.label for c in children if c.stopped and (c.rank is not None or failures or interrupted)]
+    stopped = [c.label for c in sorted(children, key=lambda c: (c.rank is None, c.rank or 0))
+               if c.stopped and (c.rank is not None or failures or interrupted)]
     party_failures = [c for c in failures if c.rank is not None] + [c for c in failures if c.rank is None]
     if interrupted and not party_failures:
         say(f"{interrupted}; stopped {', '.join(stopped) or 'nothing (all had exited)'}")

@@ -63,9 +63,11 @@ class Mailbox:
                 self.fail(origin, f"failed: {error} (reported by party {src})", (origin, error))
 
     def closed(self, src: int) -> None:
-        """`src` closed its stream: every message it sent is here, no other will come."""
+        """`src` closed its stream: every message it sent is here, no other will come.
+
+        Leaving is not a failure: a wait for one more message from it is this party's own."""
         self.fail(src, "closed its session (it finished or exited) before sending this message",
-                  (src, "closed its session"))
+                  (self.rank, "CommunicationError"))
 
     def failure(self, src: int) -> str | None:
         """Why `src` is known to be unusable, or None."""
@@ -85,7 +87,10 @@ class Mailbox:
             while key not in self._messages:
                 if src in self._failed:
                     reason = self._failed[src]
-                    if reason.startswith(("failed: ", "stopped because", "closed its session")):
+                    if reason.startswith("closed its session"):
+                        raise CommunicationError(f"party {self.rank}: party {src} {reason}; the "
+                                                 "parties ran different programs", peer=src)
+                    if reason.startswith(("failed: ", "stopped because")):
                         origin = self._origin[src][0]
                         raise CommunicationError(f"party {self.rank}: party {src} {reason}; see "
                                                  f"party {origin}'s output for the cause", peer=src)

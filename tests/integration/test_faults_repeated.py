@@ -37,8 +37,11 @@ SCRIPTS = pathlib.Path(__file__).resolve().parent / "scripts"
 VICTIM = SCRIPTS / "victim.py"
 ARITH = SCRIPTS / "arith.py"
 ROUNDS = int(os.environ.get("FAULT_ROUNDS", "20"))
-TIMEOUT = 10.0  # CRYPTEN_LITE_TIMEOUT of every session here (a dead peer is seen sooner)
-HANG = TIMEOUT + 15.0  # a survivor still running this long after the kill is hung
+# CRYPTEN_LITE_TIMEOUT of every session here. A dead peer is seen at once (its stream ends);
+# the timeout only bounds a survivor that missed the death, which then reports the timeout
+# error (counted as wrong). Large, so that no correct wait ever reaches it under load.
+TIMEOUT = 60.0
+HANG = TIMEOUT + 60.0  # hang guard: a survivor still running this long after the kill is hung
 
 ZYGOTE = r'''
 import io, json, os, select, sys, threading, time, traceback
@@ -308,9 +311,12 @@ def finish_round(zygote: Zygote, r: Round) -> dict:
     assert exits.get(party[r.dead], (None,))[0] == -signal.SIGKILL, r.logs[f"party{r.dead}"].read_text()
     text = r.logs[f"party{r.survivor}"].read_text()
     error = wait_for_line(r.logs[f"party{r.survivor}"], "CommunicationError after", 0.0)
-    outcome = {"hung": hung, "mid_protocol": "no error" not in text, "wrong": None, "seconds": None}
-    if outcome["mid_protocol"] and not hung:
-        if error is None or f"party {r.dead}" not in text or exits[party[r.survivor]][0] != 3:
+    line = next((t for _, t in lines(r.logs[f"party{r.survivor}"]) if "CommunicationError after" in t), "")
+    outcome = {"hung": hung, "wrong": None, "seconds": None}
+    if not hung:
+        # The error names the dead party and is not the timeout (the survivor saw the death).
+        if (error is None or f"party {r.dead}" not in line.split(": ", 1)[-1] or "within" in line
+                or exits[party[r.survivor]][0] != 3):
             outcome["wrong"] = text[-2000:]
         else:
             outcome["seconds"] = error - r.killed_at
@@ -319,10 +325,12 @@ def finish_round(zygote: Zygote, r: Round) -> dict:
 
 @pytest.mark.slow
 def test_kill_a_party_mid_protocol_repeatedly(zygote, lanes):
-    """SIGKILL party 0 or party 1 (in turn) in the middle of 100 multiplications, ROUNDS times.
+    """SIGKILL party 0 or party 1 (in turn) in the middle of multiplications, ROUNDS times.
 
-    Each round is a new session on the same ports as LANES rounds before (sets of ports used
-    in turn let a round's survivor and dealer wind down while the next rounds run)."""
+    The parties multiply in an endless loop (victim.py loop), so every kill lands inside the
+    protocol whatever the machine's load: the random delay after both are warm only varies
+    where. Each round is a new session on the same ports as LANES rounds before (sets of
+    ports used in turn let a round's survivor and dealer wind down while the next rounds run)."""
     rng = random.Random(11)
     order = [("dealer", 0.0), ("party0", 0.0), ("party1", 0.0)]
     outcomes, pending = [], {}
@@ -332,12 +340,12 @@ def test_kill_a_party_mid_protocol_repeatedly(zygote, lanes):
         if lane in pending:  # the previous round on these ports must be over
             outcomes.append(finish_round(zygote, pending.pop(lane)))
         pids, logs = run_session(zygote, lanes[lane], f"faults-{zygote.marker}-{i}", VICTIM,
-                                 ["99"], order)
+                                 ["loop"], order)
         r = Round(i, pids, logs, dead=i % 4 // 2)  # rank 0 twice, then rank 1 twice...
         for rank in range(2):
-            assert wait_for_line(logs[f"party{rank}"], "warm", 60) is not None, \
+            assert wait_for_line(logs[f"party{rank}"], "warm", 300) is not None, \
                 logs[f"party{rank}"].read_text()
-        time.sleep(rng.uniform(0.0, 0.2))  # somewhere in the 100 multiplications
+        time.sleep(rng.uniform(0.0, 0.2))  # somewhere in the endless multiplications
         r.killed_at = time.monotonic()
         os.kill(pids[f"party{r.dead}"], signal.SIGKILL)
         # The survivor reports the error, then winds down while the next round starts.
@@ -353,7 +361,7 @@ def test_kill_a_party_mid_protocol_repeatedly(zygote, lanes):
     times = [o["seconds"] for o in outcomes if o["seconds"] is not None]
     assert hangs == 0
     assert wrong == [], wrong
-    assert len(times) >= ROUNDS - 2, f"only {len(times)} of {ROUNDS} kills landed mid-protocol"
+    assert len(times) == ROUNDS
     figures = {"rounds": ROUNDS, "mid_protocol": len(times), "hangs": hangs, "leftovers": 0,
                "kill_to_error_ms": {"min": round(1000 * min(times), 1),
                                     "median": round(1000 * statistics.median(times), 1),
@@ -369,9 +377,9 @@ def test_kill_a_party_mid_protocol_repeatedly(zygote, lanes):
 ], ids=["party1-then-party0-and-dealer", "party1-last", "dealer-last"])
 def test_peers_started_seconds_apart_connect(zygote, order):
     pids, logs = run_session(zygote, free_ports(3), f"order-{zygote.marker}-{secrets.token_hex(2)}",
-                             ARITH, [], order, timeout=10.0)
+                             ARITH, [], order)
     parties = [pids["party0"], pids["party1"]]
-    exits = zygote.wait(parties, timeout=60)
+    exits = zygote.wait(parties, timeout=HANG)
     os.kill(pids["dealer"], signal.SIGTERM)  # reaped (or found stuck) when the module ends
     for rank in range(2):
         text = logs[f"party{rank}"].read_text()
@@ -388,7 +396,7 @@ def test_new_session_on_the_same_ports_after_a_crash(zygote, ports):
     assert exits[pids["party0"]][0] == 3, logs["party0"].read_text()
     # Same ports, a new session, started at once: it binds and computes.
     pids, logs = run_session(zygote, ports, f"after-{zygote.marker}", ARITH, [], order)
-    exits = zygote.wait([pids["party0"], pids["party1"]], timeout=60)
+    exits = zygote.wait([pids["party0"], pids["party1"]], timeout=HANG)
     stop_dealer(zygote, pids["dealer"])
     for rank in range(2):
         text = logs[f"party{rank}"].read_text()

@@ -9,7 +9,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -30,7 +29,7 @@ def _children_of(pid: int) -> list[int]:
     return [int(p) for p in out.split()]
 
 
-def _launch(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+def _launch(*args: str, timeout: float = 250) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "crypten_lite.cli", "launch", *args],
                           capture_output=True, text=True, timeout=timeout, env=_env({}))
 
@@ -48,14 +47,13 @@ def test_launch_runs_script_on_all_parties(n, provider):
 def test_launch_stops_everything_and_fails_when_a_party_dies():
     import uuid
     marker = f"marker-{uuid.uuid4().hex}"  # identifies this run's processes only
-    start = time.monotonic()
-    r = _launch("-n", "3", "--timeout", "20", str(SCRIPTS / "victim.py"), "1", marker)
+    r = _launch("-n", "3", "--timeout", "600", str(SCRIPTS / "victim.py"), "1", marker)
     assert r.returncode != 0
     assert "rank 1 failed first: exited with code -9 (SIGKILL)" in r.stderr
     for rank in (0, 2):  # the survivors' own errors come after, naming the dead party
         assert re.search(f"rank {rank} failed too: exited with code 3: CommunicationError after "
                          rf".*party {rank}: party 1 is unreachable", r.stderr), r.stderr
-    assert time.monotonic() - start < 60
+    assert "within 600 s" not in r.stdout + r.stderr  # the death was seen, not the timeout
     leftovers = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True)
     assert leftovers.stdout.strip() == ""
 
@@ -75,7 +73,7 @@ def _start_parties(n: int, script: pathlib.Path, args: list[str], timeout: float
     return procs
 
 
-def _finish(procs, timeout=90):
+def _finish(procs, timeout=250):  # hang guard (generous: a loaded machine is slow)
     outs = []
     try:
         for p in procs[1:] if len(procs) > 1 else procs:
@@ -91,7 +89,9 @@ def _finish(procs, timeout=90):
 
 @pytest.mark.parametrize("victim,n", [(1, 2), (2, 3), (0, 3)])
 def test_killed_party_becomes_error_on_every_survivor(victim, n):
-    procs = _start_parties(n, SCRIPTS / "victim.py", [str(victim)], timeout=10)
+    # The death is seen at once (the stream ends); the timeout only bounds a survivor that
+    # missed it, so it is large: no correct wait may reach it on a loaded machine.
+    procs = _start_parties(n, SCRIPTS / "victim.py", [str(victim)], timeout=600)
     outs = _finish(procs)
     for rank, (code, out) in enumerate(outs):
         if rank == victim:
@@ -99,18 +99,41 @@ def test_killed_party_becomes_error_on_every_survivor(victim, n):
             continue
         assert code == 3, out
         assert f"party {victim}" in out and "CommunicationError" in out
+        assert "within 600 s" not in out
+
+
+def _read_until(proc: subprocess.Popen, text: str, timeout: float = 200) -> str:
+    """What `proc` printed up to and including the first line holding `text`."""
+    import select
+    seen = ""
+    while text not in seen:
+        ready, _, _ = select.select([proc.stdout], [], [], timeout)
+        assert ready, f"no {text!r} from {proc.args}: {seen}"  # hang guard
+        line = proc.stdout.readline()
+        assert line, f"{proc.args} ended before {text!r}: {seen}"
+        seen += line
+    return seen
 
 
 def test_dead_dealer_becomes_error():
-    procs = _start_parties(2, SCRIPTS / "victim.py", ["99"], timeout=8)
-    time.sleep(0.5)
-    procs[0].kill()  # the dealer
-    outs = _finish(procs)
-    assert any("dealer" in out.lower() for _, out in outs), outs
+    """The dealer dies while the parties multiply endlessly (victim.py loop): they report it."""
+    procs = _start_parties(2, SCRIPTS / "victim.py", ["loop"], timeout=600)
+    try:
+        before = [_read_until(p, "warm") for p in procs[1:]]  # both used the dealer already
+    finally:
+        procs[0].kill()  # the dealer
+    try:  # read on through the same buffered file (pytest-timeout guards a hang)
+        outs = [(early + p.stdout.read(), p.wait()) for p, early in zip(procs[1:], before)]
+        outs = [(code, out) for out, code in outs]
+    finally:
+        _finish(procs)
+    assert all(code == 3 for code, _ in outs), outs
+    assert "dealer" in outs[0][1].lower(), outs  # rank 0 asks the dealer
+    assert all("within 600 s" not in out for _, out in outs), outs
 
 
 def test_config_mismatch_is_a_clear_error_on_both_sides():
-    procs = _start_parties(2, SCRIPTS / "arith.py", [], timeout=10,
+    procs = _start_parties(2, SCRIPTS / "arith.py", [], timeout=120,
                            overrides={1: {"CRYPTEN_LITE_PRECISION": "12"}})
     outs = _finish(procs)
     for code, out in outs:
@@ -134,11 +157,9 @@ def test_port_in_use_is_a_clear_error():
 
 def test_unreachable_peer_is_a_clear_error_within_timeout():
     party_envs, _ = local_env(2, "tfp", timeout=3)
-    start = time.monotonic()
     r = subprocess.run([sys.executable, str(SCRIPTS / "arith.py")], env=_env(party_envs[0]),
-                       capture_output=True, text=True, timeout=60)
-    assert r.returncode != 0 and "party 1 is unreachable" in r.stderr
-    assert time.monotonic() - start < 30
+                       capture_output=True, text=True, timeout=200)  # hang guard only
+    assert r.returncode != 0 and re.search(r"party 1 is unreachable at \S+ after 3 s", r.stderr), r.stderr
 
 
 def test_ops_before_init_explain_what_to_do():
@@ -168,3 +189,136 @@ def test_quantized_example_matches_torch():
     r = _launch("-n", "2", str(ROOT / "examples" / "quantized_inference.py"), "--images", "8", timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "[rank 0] predictions equal to torch's quantized model: 100.0%" in r.stdout
+
+
+# -- failure reports (issue 15): the party that failed first, complete, every time -----------
+
+RAISER = SCRIPTS / "raiser.py"
+RAISER_FRAMES = ["<module>", "level_a", "level_b", "level_c"]
+
+
+def _summary(stderr: str, rank: int) -> list[str]:
+    """The traceback launch's summary gives for the party that failed first."""
+    lines = stderr.splitlines()
+    head = lines.index(f"crypten-lite launch: rank {rank} failed first: exited with code 1")
+    block = []
+    for line in lines[head + 1:]:
+        if not line.startswith(f"[rank {rank}] "):
+            break
+        block.append(line[len(f"[rank {rank}] "):])
+    return block
+
+
+def _assert_raiser_traceback(block: list[str]) -> None:
+    """Every frame of raiser.py's failure, in order, then the exception line, nothing cut."""
+    assert block[0] == "Traceback (most recent call last):", block
+    frames = [line for line in block if line.startswith("  File ")]
+    assert [f.rsplit(" in ", 1)[1] for f in frames] == RAISER_FRAMES, block
+    assert all(str(RAISER) in f for f in frames), block
+    sources = [block[block.index(f) + 1].strip() for f in frames]
+    assert sources == ["level_a()", "level_b()", "level_c()", 'raise ValueError("refused at level c")']
+    assert block[-1] == "ValueError: refused at level c", block
+
+
+@pytest.mark.timeout(240)  # hang guard, far below the parties' 600 s timeout
+@pytest.mark.parametrize("mode", ["recv", "barrier"])
+def test_a_party_that_raises_stops_the_others_at_once(mode):
+    """Rank 1 raises mid-protocol; ranks 0 and 2 wait on it with a 600 s timeout. They get a
+    CommunicationError naming party 1 (not the timeout), and launch names rank 1 first."""
+    r = _launch("-n", "3", "--timeout", "600", str(RAISER), "1", mode, timeout=200)
+    assert r.returncode == 1, r.stdout + r.stderr
+    _assert_raiser_traceback(_summary(r.stderr, 1))
+    for rank in (0, 2):
+        assert f"[rank {rank}] rank {rank} got CommunicationError: party {rank}: party 1 failed: " \
+               "ValueError" in r.stdout, r.stdout
+        assert re.search(rf"crypten-lite launch: rank {rank} failed too, because party 1 failed: "
+                         rf"exited with code 1: crypten_lite.errors.CommunicationError: party {rank}: "
+                         "party 1 failed: ValueError", r.stderr), r.stderr
+    assert "within 600 s" not in r.stdout + r.stderr  # not the timeout error
+    assert "refused at level c" not in r.stdout  # the abort carries the type, not the message
+    assert "stopped rank" not in r.stderr  # every party ended by itself
+
+
+@pytest.mark.slow
+def test_failure_report_is_complete_every_time():
+    """20 launches: rank 1 writes 2000 lines to each pipe, then raises; every line and the whole
+    traceback arrive, and the summary names rank 1 with its traceback, rank 0's error after."""
+    for run in range(20):
+        r = _launch("-n", "2", "--provider", "tfp", "--timeout", "600", str(RAISER), "1", "noisy",
+                    timeout=200)
+        assert r.returncode == 1, (run, r.stdout[-3000:], r.stderr[-3000:])
+        out = [line for line in r.stdout.splitlines() if line.startswith("[rank 1] stdout line")]
+        err = [line for line in r.stderr.splitlines() if line.startswith("[rank 1] stderr line")]
+        assert out == [f"[rank 1] stdout line {i}" for i in range(2000)], run
+        assert err == [f"[rank 1] stderr line {i}" for i in range(2000)], run
+        streamed = [line[len("[rank 1] "):] for line in r.stderr.splitlines()
+                    if line.startswith("[rank 1] ") and "line" not in line.split()[2:3]]
+        _assert_raiser_traceback(_summary(r.stderr, 1))
+        assert streamed[-len(_summary(r.stderr, 1)):] == _summary(r.stderr, 1), run
+        summary_at = r.stderr.index("crypten-lite launch: rank 1 failed first")
+        assert r.stderr.index("crypten-lite launch: rank 0 failed too, because party 1 failed") \
+            > summary_at, run
+
+
+def test_module_not_found_always_appears():
+    """A rank that fails before joining the session: its error is reported, the rest stopped."""
+    for run in range(5):
+        r = _launch("-n", "2", "--provider", "tfp", "--timeout", "600",
+                    str(SCRIPTS / "missing_module.py"), timeout=200)
+        assert r.returncode == 1, (run, r.stdout, r.stderr)
+        assert "crypten-lite launch: rank 1 failed first: exited with code 1" in r.stderr, r.stderr
+        tail = r.stderr[r.stderr.index("crypten-lite launch: rank 1 failed first"):]
+        assert "[rank 1] ModuleNotFoundError: No module named 'crypten_lite_no_such_module'" in tail
+        assert "[rank 1]     import crypten_lite_no_such_module" in tail
+        assert "crypten-lite launch: stopped rank 0" in tail
+
+
+def test_a_party_that_leaves_fails_waits_on_it_at_once():
+    """Rank 1 exits 0 after the first product; rank 0's recv from it fails at once (it closed
+    its session: no message can follow), and rank 0 is the one that failed."""
+    r = _launch("-n", "2", "--provider", "tfp", "--timeout", "600", str(RAISER), "1", "exit",
+                timeout=200)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "party 0: party 1 closed its session (it finished or exited)" in r.stdout, r.stdout
+    assert "crypten-lite launch: rank 0 failed first: exited with code 1" in r.stderr, r.stderr
+
+
+def test_sigint_stops_everything_and_says_what_it_stopped():
+    import select
+    import uuid
+    marker = f"marker-{uuid.uuid4().hex}"
+    proc = subprocess.Popen([sys.executable, "-m", "crypten_lite.cli", "launch", "-n", "3",
+                             "--timeout", "600", str(RAISER), "-1", "wait", marker],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env({}))
+    try:
+        inside, seen = set(), b""
+        while len(inside) < 3:  # every party is waiting inside the protocol
+            ready, _, _ = select.select([proc.stdout], [], [], 200)
+            assert ready, "the parties never reached the protocol"
+            chunk = os.read(proc.stdout.fileno(), 65536)
+            assert chunk, proc.stderr.read().decode()
+            seen += chunk
+            inside = {line for line in seen.decode().splitlines() if "inside the protocol" in line}
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert "crypten-lite launch: interrupted (SIGINT); stopped rank 0, rank 1, rank 2, dealer" \
+        in err.decode(), err.decode()
+    leftovers = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True)
+    assert leftovers.stdout.strip() == ""
+
+
+def test_progress_bars_become_lines():
+    r = _launch("-n", "2", "--provider", "tfp", str(SCRIPTS / "progress.py"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "\r" not in r.stdout + r.stderr
+    for rank in range(2):
+        bars = [line for line in r.stderr.splitlines() if line.startswith(f"[rank {rank}] steps:")]
+        assert bars and "100%" in bars[-1] and "50/50" in bars[-1], r.stderr
+        assert f"[rank {rank}] done" in r.stdout
+    for line in r.stdout.splitlines() + r.stderr.splitlines():
+        assert line.startswith(("[rank ", "crypten-lite launch:")), line

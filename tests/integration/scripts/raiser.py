@@ -1,7 +1,13 @@
-"""Party `FAILING` raises ValueError in the middle of a protocol; the others wait for it.
+"""Party FAILING raises ValueError in the middle of a protocol while the others wait for it.
 
-argv: FAILING [WHERE]; WHERE is "recv" (the others wait in a recv from the failing party,
-default) or "barrier" (they wait in a barrier). Each surviving party prints the error it got.
+argv: FAILING MODE [MARKER]
+  recv     the others wait in a recv from the failing party
+  barrier  the others wait in a barrier
+  noisy    as barrier, and the failing party first writes 2000 lines to stdout and stderr
+  exit     the failing party leaves quietly (exit code 0); the others wait in a recv from it
+  wait     nobody fails: every party waits for a message that never comes (for SIGINT)
+Each party prints the CommunicationError it gets, then re-raises it. MARKER is ignored (it
+lets a test find this run's processes by their command line).
 """
 import sys
 
@@ -11,25 +17,39 @@ import crypten_lite
 from crypten_lite.errors import CommunicationError
 
 
-def deep_failure(level: int) -> None:
-    if level == 0:
-        raise ValueError("refused at level 0")
-    deep_failure(level - 1)
+def level_a():
+    level_b()
 
 
-failing = int(sys.argv[1]) if len(sys.argv) > 1 else 1
-where = sys.argv[2] if len(sys.argv) > 2 else "recv"
+def level_b():
+    level_c()
+
+
+def level_c():
+    raise ValueError("refused at level c")
+
+
+failing = int(sys.argv[1])
+mode = sys.argv[2]
 crypten_lite.init()
-rank = crypten_lite.get_rank()
+rank, world = crypten_lite.get_rank(), crypten_lite.get_world_size()
 comm = crypten_lite.comm.get()
 x = crypten_lite.cryptensor(torch.ones(10), src=0)
 (x * x).get_plain_text()
 print("inside the protocol", flush=True)
 if rank == failing:
-    deep_failure(5)
+    if mode == "exit":
+        sys.exit(0)
+    if mode == "noisy":
+        for i in range(2000):
+            print(f"stdout line {i}")
+            print(f"stderr line {i}", file=sys.stderr)
+    level_a()
 try:
-    if where == "barrier":
+    if mode in ("barrier", "noisy"):
         comm.barrier()
+    elif mode == "wait":
+        comm.recv((rank + 1) % world)
     else:
         comm.recv(failing)
 except CommunicationError as e:
