@@ -1,6 +1,8 @@
 """crypten_lite.nn: modules, layers, losses and model import from PyTorch (torch.fx).
 
     model = crypten_lite.nn.from_pytorch(torch_model, dummy_input).encrypt(src=0)
+    # or with the model on party 0 only (the others rebuild it from a description, graph_desc):
+    model = crypten_lite.nn.from_pytorch(torch_model if rank == 0 else None, shape, src=0).encrypt(src=0)
     x = crypten_lite.cryptensor(data, src=1)
     loss = crypten_lite.nn.CrossEntropyLoss()(model(x), labels)
     loss.backward()

@@ -3,6 +3,9 @@
     model = crypten_lite.nn.from_pytorch(torch_model, dummy_input)   # public parameters
     model.encrypt(src=0)                                              # party 0's values
 
+With `src=k`, party k alone has the torch model; the others pass None and rebuild the
+converted model from the description party k broadcasts (crypten_lite.nn.graph_desc).
+
 1. Trace: `torch.fx.symbolic_trace(model)`; where that fails (Python control flow on
    tensors, for instance), `torch.export.export(model, (dummy_input,))` (aten IR,
    specialized to the dummy input's shapes and to the model's train/eval mode at export).
@@ -297,7 +300,8 @@ class GraphModule(Module):
         return self
 
     def forward(self, *inputs):
-        if self.__dict__.get("_architecture_only"):
+        if self.__dict__.get("_architecture_only") and any(
+                isinstance(v, torch.Tensor) and v.device.type == "meta" for v in self.state_dict().values()):
             from ..errors import ProtocolError
             from ..session import current
             raise ProtocolError(f"party {current().rank} holds only the architecture of this model (its "

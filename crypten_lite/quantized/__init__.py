@@ -13,11 +13,14 @@ Modules in dependency order:
 * ``mpc_ops``: short comparisons, max pooling and exact rounding on arithmetic shares;
 * ``mpc_backend``: :class:`MpcBackend` (the program on secret shares) and :func:`run_private`;
 * ``tensor``: :class:`QuantizedCrypTensor`, ``quantize_per_tensor`` / ``quantize_per_channel``
-  of CrypTensors in MPC.
+  of CrypTensors in MPC;
+* ``private``: ``program.encrypt(src)`` / ``program(x)`` / :class:`QuantizedOutput`, the calls of a
+  float ``crypten_lite.nn`` model (docs/private_models.md).
 
 ``from_quantized`` (convert, which imports torch.ao.quantization), the executor and the MPC
 modules load on first use; running a program needs only ``ir``, ``backend`` and ``executor``.
-A program runs privately with ``run_private(program_or_model, x)`` or ``program.run(x)``.
+A program runs privately with ``run_private(program_or_model, x)`` or ``program.run(x)``, or
+like a float model: ``program.encrypt(src=0)``, ``program(x).get_plain_text()``.
 """
 
 from crypten_lite.quantized.backend import Backend, PlainBackend
@@ -30,6 +33,7 @@ __all__ = [
     "Node",
     "PlainBackend",
     "QuantizedCrypTensor",
+    "QuantizedOutput",
     "QuantizedProgram",
     "Rescale",
     "ValueInfo",
@@ -49,6 +53,7 @@ _LAZY = {
     "MpcBackend": "mpc_backend", "run_private": "mpc_backend",
     "QuantizedCrypTensor": "tensor", "quantize_per_tensor": "tensor",
     "quantize_per_channel": "tensor", "dequantize": "tensor",
+    "QuantizedOutput": "private",
 }
 
 
