@@ -412,3 +412,23 @@ def test_float_description_sizes_in_the_docs():
     assert sizes == (2432, 17041)
     text = (pathlib.Path(__file__).parents[2] / "docs" / "private_models.md").read_text()
     assert "2,432 bytes" in text and "17,041 bytes" in text
+
+
+def test_every_layer_of_the_nn_tests_survives_its_description():
+    """Each torch layer of tests/protocol/test_nn.py's table, converted, described and rebuilt
+    (the owner's values filled in), computes what torch computes, in train and eval mode."""
+    sys.path.insert(0, str(pathlib.Path(__file__).parent))
+    from test_nn import LAYERS, _layer
+
+    for key, (_, shape, _, _) in LAYERS.items():
+        for train in (False, True):
+            torch_layer = _layer(key).train(train)
+            x = torch.randn(shape, generator=torch.Generator().manual_seed(1))
+            converted = crypten_lite.nn.from_pytorch(torch_layer, x, check=False).train(train)
+            payload = gd.describe_graph(converted, [list(shape)])
+            rebuilt = gd.rebuild_graph(gd.read(payload)[1], values=dict(converted.state_dict()))
+            assert rebuilt.training == train and repr(rebuilt) == repr(converted), key
+            if "dropout" in key and train:
+                continue  # random masks
+            with torch.no_grad():
+                assert torch.allclose(rebuilt(x), torch_layer(x), atol=1e-5), key
