@@ -166,3 +166,24 @@ def test_fixed_point_overflow_is_refused_on_every_party(pool2, pool3, world_size
         else:
             assert "party 0 refused to share its input" in message, message
         assert after == [2.5]
+
+
+def test_int8_program_bounds_hold_for_inputs_of_any_magnitude():
+    """An int8 input is clamped to [qmin, qmax] by its owner (as torch does), so the static
+    bounds of every later activation hold however large the float input is: PlainBackend
+    checks every bits hint, and the output equals torch's."""
+    from crypten_lite.quantized.executor import decode_output, run
+    from crypten_lite.quantized.testing import quantize_fx
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+                          nn.Linear(8 * 4 * 4, 10)).eval()
+    calib = torch.randn(32, 3, 8, 8)
+    qmodel = quantize_fx(model, calib)
+    program = from_quantized(qmodel, calib[:2])
+    g = torch.Generator().manual_seed(3)
+    for scale in (1.0, 1e3, 1e6):
+        x = torch.randn(4, 3, 8, 8, generator=g) * scale
+        backend = PlainBackend(check_bits=True)
+        y = decode_output(program.output_info, backend.reveal(run(program, x, backend)))
+        assert torch.equal(y, qmodel(x)), scale
