@@ -737,6 +737,16 @@ class CrypTensor:
         return self._inplace(self.neg())
 
     def _inplace(self, result: "CrypTensor") -> "CrypTensor":
+        node = result.grad_fn
+        if node is not None and any(i is self for i in node.inputs):
+            # result = op(self, ...): the node must keep self's OLD value and autograd state,
+            # or the graph would loop on self (torch: version counters).
+            if self.grad_fn is None and self.requires_grad:
+                raise ProtocolError("an in-place op on a leaf CrypTensor that requires grad; "
+                                    "use the out-of-place op (x = x.add(y)) or no_grad()")
+            old = CrypTensor(self.share, self.precision, self.dtype, self._names, self.requires_grad)
+            old.grad_fn = self.grad_fn
+            node.inputs = tuple(old if i is self else i for i in node.inputs)
         self.share, self.precision, self.dtype = result.share, result.precision, result.dtype
         self._names, self.grad_fn = result._names, result.grad_fn
         self.requires_grad = self.requires_grad or result.requires_grad

@@ -118,6 +118,9 @@ CASES = {
                                                  randn(2, seed=2)], None, LINEAR),
     "conv_transpose1d_public_w": (lambda x, w: F.conv_transpose1d(x, w, stride=3),
                                   [randn(1, 2, 4), randn(2, 3, 2, seed=1)], (True, False), LINEAR),
+    "in_place": (lambda a, b: (a * 1.0).index_add_(0, torch.tensor([1, 1]), b).scatter_(
+        1, torch.tensor([[0], [2], [1]]), 0.25).clamp_(-1.5, 1.5).pow_(2).square_(),
+        [randn(3, 4), randn(2, 4, seed=1)], None, NONLINEAR),
     "dot_weights": (_dot_weights, [randn(4), randn(4, seed=1)], None, LINEAR),
     "imatmul": (_imatmul, [randn(3, 4), randn(4, 2, seed=1)], None, LINEAR),
     "cumsum_0d": (lambda a: a.cumsum(0), [randn(())], None, LINEAR),
@@ -386,7 +389,9 @@ def party_errors():
                      ("var_one", lambda: x[0, 0].var()), ("norm_nuc", lambda: x.norm("nuc")),
                      ("trace_3d", lambda: x.unsqueeze(0).trace()),
                      ("ger_2d", lambda: x.ger(x)), ("softmax_0d_dim", lambda: x[0, 0].softmax(1)),
-                     ("poly_2d_coeffs", lambda: x.polynomial(x))):
+                     ("poly_2d_coeffs", lambda: x.polynomial(x)),
+                     ("in_place_on_leaf", lambda: crypten_lite.cryptensor(
+                         torch.ones(2), requires_grad=True).pow_(2))):
         try:
             fn()
             out[name] = None
@@ -402,3 +407,4 @@ def test_bad_input_errors(pool2):
         assert r[k][0] == "UnsupportedError", (k, r[k])
         assert "private" in r[k][1] or "CrypTensor" in r[k][1], (k, r[k])
     assert r["var_one"][0] == "ProtocolError" and r["softmax_0d_dim"][0] == "IndexError"
+    assert r["in_place_on_leaf"][0] == "ProtocolError" and "leaf" in r["in_place_on_leaf"][1]
