@@ -28,6 +28,7 @@ class Mailbox:
         # Why each failed peer failed, as (rank of the party that failed first, short cause):
         # what this party passes on when it stops because of it (see GrpcCommunicator.abort).
         self._origin: dict[int, tuple[int, str]] = {}
+        self._closed: set[int] = set()  # peers that closed their stream (no failure)
         self._cond = threading.Condition()
 
     def put(self, src: int, seq: int, tensor: torch.Tensor) -> None:
@@ -65,9 +66,11 @@ class Mailbox:
     def closed(self, src: int) -> None:
         """`src` closed its stream: every message it sent is here, no other will come.
 
-        Leaving is not a failure: a wait for one more message from it is this party's own."""
-        self.fail(src, "closed its session (it finished or exited) before sending this message",
-                  (self.rank, "CommunicationError"))
+        Leaving is not a failure (failure() stays None); a wait for one more message from it
+        fails at once, and that is this party's own error (origin())."""
+        with self._cond:
+            self._closed.add(src)
+            self._cond.notify_all()
 
     def failure(self, src: int) -> str | None:
         """Why `src` is known to be unusable, or None."""
@@ -77,6 +80,8 @@ class Mailbox:
     def origin(self, src: int) -> tuple[int, str] | None:
         """(rank, short cause) of the failure that made `src` unusable, or None."""
         with self._cond:
+            if src not in self._origin and src in self._closed:
+                return (self.rank, "CommunicationError")
             return self._origin.get(src)
 
     def take(self, src: int) -> torch.Tensor:
@@ -87,9 +92,6 @@ class Mailbox:
             while key not in self._messages:
                 if src in self._failed:
                     reason = self._failed[src]
-                    if reason.startswith("closed its session"):
-                        raise CommunicationError(f"party {self.rank}: party {src} {reason}; the "
-                                                 "parties ran different programs", peer=src)
                     if reason.startswith(("failed: ", "stopped because")):
                         origin = self._origin[src][0]
                         raise CommunicationError(f"party {self.rank}: party {src} {reason}; see "
@@ -97,6 +99,10 @@ class Mailbox:
                     raise CommunicationError(
                         f"party {self.rank}: party {src} is unreachable ({reason}); "
                         "check that process and its logs", peer=src)
+                if src in self._closed:
+                    raise CommunicationError(
+                        f"party {self.rank}: party {src} closed its session (it finished or "
+                        "exited) before sending this message; see its output", peer=src)
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise CommunicationError(

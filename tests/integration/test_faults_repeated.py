@@ -315,7 +315,7 @@ def finish_round(zygote: Zygote, r: Round) -> dict:
     outcome = {"hung": hung, "wrong": None, "seconds": None}
     if not hung:
         # The error names the dead party and is not the timeout (the survivor saw the death).
-        if (error is None or f"party {r.dead}" not in line.split(": ", 1)[-1] or "within" in line
+        if (error is None or f"party {r.dead}" not in line.split(": ", 1)[-1] or "CRYPTEN_LITE_TIMEOUT" in line
                 or exits[party[r.survivor]][0] != 3):
             outcome["wrong"] = text[-2000:]
         else:

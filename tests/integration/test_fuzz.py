@@ -360,7 +360,7 @@ def _wait_for(path: pathlib.Path, text: str, procs: list[subprocess.Popen], time
 
 def test_live_session_survives_hostile_frames(tmp_path):
     rounds = 4
-    party_envs, dealer_env = local_env(2, "dealer", timeout=60, extra={
+    party_envs, dealer_env = local_env(2, "dealer", timeout=300, extra={
         "CRYPTEN_LITE_MAX_MESSAGE_BYTES": str(MAX_MESSAGE_BYTES)})
     base = {k: v for k, v in os.environ.items() if not k.startswith("CRYPTEN_LITE_")}
     base["PYTHONUNBUFFERED"] = "1"
@@ -379,7 +379,7 @@ def test_live_session_survives_hostile_frames(tmp_path):
                                               env={**base, **party_envs[rank]}, stdout=out,
                                               stderr=subprocess.STDOUT))
         for rank in range(2):
-            _wait_for(logs[f"rank{rank}"], "ready", procs, timeout=90)
+            _wait_for(logs[f"rank{rank}"], "ready", procs, timeout=300)  # hang guard
         config = Config.from_env(party_envs[0])
         party0, party1 = (Target(a) for a in config.parties)
         dealer = Target(config.dealer)
@@ -390,7 +390,10 @@ def test_live_session_survives_hostile_frames(tmp_path):
         tally = Tally()
 
         # Fill party 0's worker pool with streams that never open: it must recover by itself.
-        silent = silent_streams(party0, 40, hold=30.0)
+        # The server cancels them after OPEN_TIMEOUT; the clients' own deadline (hold) is only
+        # a hang guard, far beyond it so that a loaded machine cannot turn CANCELLED into
+        # DEADLINE_EXCEEDED.
+        silent = silent_streams(party0, 40, hold=240.0)
         start = time.monotonic()
         fuzz_party(party1, m, tally, TARGET_FRAMES, self_rank=1)
         fuzz_party(party0, m, tally, 300, self_rank=0)
@@ -401,7 +404,7 @@ def test_live_session_survives_hostile_frames(tmp_path):
         silent_codes = Counter()
         for f in silent:
             try:
-                f.result(timeout=grpc_comm.OPEN_TIMEOUT + 10)
+                f.result(timeout=250)
                 silent_codes["OK"] += 1
             except grpc.RpcError as e:
                 silent_codes[e.code().name] += 1
@@ -498,7 +501,9 @@ class AuthenticatedFuzz:
         self.cases = 0
         self.tally = Tally()
 
-    def victim(self, timeout: float = 5.0) -> GrpcCommunicator:
+    def victim(self, timeout: float = 60.0) -> GrpcCommunicator:
+        # Large: nothing here waits for it, but a shorter one would cancel a stream whose
+        # opening frame a loaded machine delays (the open watchdog is min(10 s, timeout)).
         self.cases += 1
         config = Config(rank=1, world_size=2, session=f"fuzz-auth-{self.cases}", timeout=timeout,
                         parties=(self.address, f"127.0.0.1:{free_ports(1)[0]}"),
@@ -617,11 +622,12 @@ def test_authenticated_peer_sending_malformed_frames():
                 for want in _expected(valid):
                     torch.testing.assert_close(victim.recv(0), want)
                 if name != "valid":
-                    start = time.monotonic()
                     with pytest.raises(CommunicationError) as err:
                         victim.recv(0)
                     assert err.value.peer == 0 and "party 0" in str(err.value), name
-                    assert time.monotonic() - start < 1.0, f"{name}: the failure was not immediate"
+                    # At once: the recorded failure, not the timeout (no wall clock here).
+                    assert victim.mailbox.failure(0), name
+                    assert "CRYPTEN_LITE_TIMEOUT" not in str(err.value), name
                     # The peer's authentic opening frame cannot be replayed on a new stream.
                     assert fuzz.send(victim, message(valid, torch.ones(2), victim.config.session),
                                      "auth.replay") == "PERMISSION_DENIED"
@@ -654,7 +660,7 @@ def test_authenticated_peer_sending_malformed_frames():
 
         # Random mutations of well-formed messages: refused or delivered, never a hang or crash.
         for _ in range(int(os.environ.get("FUZZ_AUTH_CASES", "60"))):
-            victim = fuzz.victim(timeout=2.0)
+            victim = fuzz.victim()
             try:
                 s = victim.config.session
                 frames = [f for seq in range(3) for f in message(

@@ -16,7 +16,7 @@ from crypten_lite.mpc.launcher import local_env
 SCRIPTS = pathlib.Path(__file__).parent / "scripts"
 
 
-def _run_pair(env0: dict, env1: dict, timeout: float = 60) -> list[tuple[int, str]]:
+def _run_pair(env0: dict, env1: dict, timeout: float = 250) -> list[tuple[int, str]]:
     import os
     base = {k: v for k, v in os.environ.items() if not k.startswith("CRYPTEN_LITE_")}
     procs = [subprocess.Popen([sys.executable, str(SCRIPTS / "arith.py")], env={**base, **e},
@@ -48,15 +48,18 @@ def cert_dirs(tmp_path_factory):
     return {"good": good, "other_ca": other_ca, "impostor": impostor}
 
 
-def _envs(tls0: str, tls1: str, log: str = "WARNING"):
-    envs, _ = local_env(2, "tfp", timeout=4)
+def _envs(tls0: str, tls1: str, log: str = "WARNING", timeout: float = 4):
+    # A refused peer is reported when the handshake's retries end (`timeout`): short where
+    # a refusal is expected; sessions that must connect get a long one (a loaded machine
+    # may start one party many seconds after the other).
+    envs, _ = local_env(2, "tfp", timeout=timeout)
     envs[0].update(CRYPTEN_LITE_TLS_DIR=tls0, CRYPTEN_LITE_LOG=log)
     envs[1].update(CRYPTEN_LITE_TLS_DIR=tls1, CRYPTEN_LITE_LOG=log)
     return envs
 
 
 def test_tls_session_works(cert_dirs):
-    outs = _run_pair(*_envs(str(cert_dirs["good"]), str(cert_dirs["good"])))
+    outs = _run_pair(*_envs(str(cert_dirs["good"]), str(cert_dirs["good"]), timeout=120))
     for code, out in outs:
         assert code == 0 and "result [4.5, -10.0, 0.0]" in out, out
 
@@ -72,7 +75,8 @@ def test_bad_peer_is_refused_on_both_sides(cert_dirs, case):
 
 
 def test_no_secret_in_debug_logs(cert_dirs):
-    outs = _run_pair(*_envs(str(cert_dirs["good"]), str(cert_dirs["good"]), log="DEBUG"))
+    outs = _run_pair(*_envs(str(cert_dirs["good"]), str(cert_dirs["good"]), log="DEBUG",
+                            timeout=120))
     text = "\n".join(out for _, out in outs)
     assert "result [4.5" in text
     key_material = [(cert_dirs["good"] / f"party{r}.key").read_text() for r in range(2)]
