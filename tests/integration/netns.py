@@ -260,7 +260,7 @@ def _kill_remaining(ns: str) -> None:
             os.kill(int(pid), signal.SIGKILL)
         except (ProcessLookupError, ValueError):
             pass
-    deadline = time.monotonic() + 3.0
+    deadline = time.monotonic() + 30.0  # SIGKILLed: they go as soon as the kernel reaps them
     while time.monotonic() < deadline:
         left = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True,
                               timeout=_COMMAND_TIMEOUT).stdout.split()

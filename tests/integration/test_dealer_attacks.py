@@ -397,7 +397,7 @@ def _tls_outsider(tls_dir: str):
         try:
             stub = pb_grpc.DealerStub(channel)
             try:
-                stub.Correlations(_outsider_batch(config.session, 0, os.urandom(32)), timeout=10)
+                stub.Correlations(_outsider_batch(config.session, 0, os.urandom(32)), timeout=60)
                 return {"code": "OK"}
             except grpc.RpcError as e:
                 return {"code": e.code().name}
