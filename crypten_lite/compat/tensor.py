@@ -18,12 +18,18 @@ import torch
 
 from .. import encoding
 from ..cryptensor import CrypTensor as CoreTensor
+from ..errors import ProtocolError
 from ..mpc import binary as binary_mod
 from ..mpc import circuits, convert
 from ..session import current
 from . import config as config_mod
 
 _REGISTRY: dict[str, type] = {}
+
+
+class SecretBoolError(ProtocolError, RuntimeError):
+    """bool() of a secret tensor (CrypTen raises RuntimeError)."""
+
 _DEFAULT = {"name": "mpc"}
 
 
@@ -369,7 +375,8 @@ class MPCTensor(CrypTensor):
         return f"MPCTensor(shape={tuple(self.share.shape)}, ptype={self.ptype.name}, encrypted=True)"
 
     def __bool__(self):
-        return self._arithmetic_core().__bool__()
+        raise SecretBoolError("an MPCTensor is secret and cannot be used as a Python bool; "
+                              "reveal it with get_plain_text() first, or use crypten.where()")
 
     def __hash__(self):
         return id(self)
