@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import logging
 from typing import Any
 
 import torch
@@ -303,13 +304,15 @@ class MPCTensor(CrypTensor):
     def argmin(self, dim=None, keepdim: bool = False, one_hot: bool = True):
         return wrap(self._arithmetic_core().argmin(dim, keepdim, one_hot=one_hot, method=_max_method()))
 
-    def max_pool2d(self, kernel_size, padding=0, stride=None, return_indices: bool = False, **kw):
+    def max_pool2d(self, kernel_size, padding=0, stride=None, dilation=1, ceil_mode: bool = False,
+                   return_indices: bool = False):
         """CrypTen's argument order (kernel_size, padding, stride); indices are one-hot."""
         core = self._arithmetic_core()
-        out = core.max_pool2d(kernel_size, stride=stride, padding=padding, **kw)
+        out = core.max_pool2d(kernel_size, stride=stride, padding=padding, dilation=dilation,
+                              ceil_mode=ceil_mode)
         if not return_indices:
             return wrap(out)
-        return wrap(out), _pool_one_hot(self, out, kernel_size, padding, stride)
+        return wrap(out), _pool_one_hot(self, out, kernel_size, padding, stride, dilation, ceil_mode)
 
     def where(self, condition, y) -> "MPCTensor":
         cond = unwrap(condition)
@@ -360,13 +363,83 @@ class MPCTensor(CrypTensor):
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__") or name in ("_tensor", "_binary"):
             raise AttributeError(name)
-        attr = getattr(self._arithmetic_core(), name)
-        if callable(attr):
-            return _forward(attr)
-        return wrap(attr)
+        core = self._arithmetic_core()
+        attr = getattr(core, name)
+        if not callable(attr):
+            return wrap(attr)
+        if name.endswith("_"):  # in-place: the same MPCTensor comes back (CrypTen)
+            def inplace(*args, **kwargs):
+                out = attr(*unwrap(args), **unwrap(kwargs))
+                return self if out is core else wrap(out)
+            return inplace
+        return _forward(attr)
 
     def __setitem__(self, index, value) -> None:
-        self._arithmetic_core().__setitem__(unwrap(index), unwrap(value))
+        """Write into this tensor's shares in place: views (squeeze, [i], ...) see the change,
+        as in CrypTen."""
+        core = self._arithmetic_core()
+        index = unwrap(index)
+        if isinstance(value, MPCTensor):
+            v = value._arithmetic_core()._rescaled(core.precision, core.dtype)
+        else:
+            encoded = encoding.encode(torch.as_tensor(unwrap(value)), core.precision)
+            v = encoded if current().rank == 0 else torch.zeros_like(encoded)
+        core.share[index] = v
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cpu")
+
+    @property
+    def is_cuda(self) -> bool:
+        return False
+
+    def shallow_copy(self) -> "MPCTensor":
+        """A new MPCTensor sharing this one's underlying tensor."""
+        out = object.__new__(MPCTensor)
+        out._tensor, out._binary = self._tensor, self._binary
+        return out
+
+    def set(self, value) -> "MPCTensor":
+        """Make this tensor hold `value` (an MPCTensor, or a public tensor encrypted from src 0)."""
+        if not isinstance(value, MPCTensor):
+            value = MPCTensor(value)
+        self._tensor, self._binary = value._tensor, value._binary
+        return self
+
+    def pad(self, pad, mode: str = "constant", value=0):
+        """F.pad; `value` may itself be an encrypted scalar."""
+        core = self._arithmetic_core()
+        if not isinstance(value, MPCTensor):
+            return wrap(core.pad(tuple(pad), mode=mode, value=value))
+        out = core.pad(tuple(pad), mode=mode, value=0.0)
+        border = 1.0 - torch.nn.functional.pad(torch.ones(core.shape), tuple(pad), value=0.0)
+        return wrap(out + value._arithmetic_core().mul(border))
+
+    def dropout(self, p: float = 0.5, training: bool = True, inplace: bool = False):
+        return self._dropout("dropout", p, training, inplace)
+
+    def _feature_dropout(self, p: float = 0.5, training: bool = True, inplace: bool = False):
+        return self._dropout("_feature_dropout", p, training, inplace)
+
+    def dropout2d(self, p: float = 0.5, training: bool = True, inplace: bool = False):
+        return self._dropout("_feature_dropout", p, training, inplace)
+
+    dropout3d = dropout2d
+
+    def _dropout(self, name: str, p: float, training: bool, inplace: bool):
+        from ..functions import dropout as dropout_mod
+        if inplace:
+            logging.warning(f"CrypTen {name} does not support inplace computation during training.")
+        fn = dropout_mod.dropout if name == "dropout" else dropout_mod.feature_dropout
+        core = self._arithmetic_core()
+        out = fn(core, p, training)
+        if out is core:
+            out = core.clone()
+        if inplace:
+            self._tensor = out
+            return self
+        return wrap(out)
 
     def __len__(self) -> int:
         return len(self.share)
@@ -426,19 +499,27 @@ def _b2a_words(words: torch.Tensor) -> torch.Tensor:
     return (arith * weights).sum(-1).view(words.shape)
 
 
-def _pool_one_hot(x: MPCTensor, out: CoreTensor, kernel_size, padding, stride):
-    """One-hot max indices of each pooling window, CrypTen's layout (..., oh, ow, kh, kw)."""
-    k = (kernel_size, kernel_size) if isinstance(kernel_size, int) else tuple(kernel_size)
-    s = k if stride is None else ((stride, stride) if isinstance(stride, int) else tuple(stride))
-    p = (padding, padding) if isinstance(padding, int) else tuple(padding)
+def _pool_one_hot(x: MPCTensor, out: CoreTensor, kernel_size, padding, stride, dilation=1,
+                  ceil_mode: bool = False):
+    """One-hot position of each window's maximum, CrypTen's layout (..., oh, ow, kh, kw)."""
+    def pair(v):
+        return (v, v) if isinstance(v, int) else tuple(v)
+    k, p, d = pair(kernel_size), pair(padding), pair(dilation)
+    s = k if stride is None else pair(stride)
+    oh, ow = out.shape[-2], out.shape[-1]
     core = x._arithmetic_core()
-    padded = core.pad((p[1], p[1], p[0], p[0]), value=-(2.0 ** 20)) if any(p) else core
-    windows = padded.unfold(-2, k[0], s[0]).unfold(-2, k[1], s[1]) if hasattr(padded, "unfold") else None
-    if windows is None:
-        raise NotImplementedError("max_pool2d(return_indices=True) needs CrypTensor.unfold")
-    flat = windows.reshape(*windows.shape[:-2], -1)
-    oh = flat.argmax(-1, one_hot=True, method=_max_method())
-    return wrap(oh.reshape(windows.shape))
+    h, w = core.shape[-2], core.shape[-1]
+    # windows that reach past the input (padding, ceil_mode) see a very negative filler
+    need_h = (oh - 1) * s[0] + d[0] * (k[0] - 1) + 1
+    need_w = (ow - 1) * s[1] + d[1] * (k[1] - 1) + 1
+    pads = (p[1], max(0, need_w - w - p[1]), p[0], max(0, need_h - h - p[0]))
+    padded = core.pad(pads, value=-(2.0 ** 20)) if any(pads) else core
+    span = (d[0] * (k[0] - 1) + 1, d[1] * (k[1] - 1) + 1)
+    windows = padded.unfold(-2, span[0], s[0]).unfold(-2, span[1], s[1])
+    windows = windows[..., :oh, :ow, ::d[0], ::d[1]]
+    flat = windows.reshape(*windows.shape[:-2], k[0] * k[1])
+    onehot = flat.argmax(-1, one_hot=True, method=_max_method())
+    return wrap(onehot.reshape(*windows.shape[:-2], k[0], k[1]))
 
 
 # ----------------------------------------------------------------- plaintext backend
