@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -244,7 +245,9 @@ def run(names: list[str], parties: int, provider: str, repeat: int, tls_dir: str
                    "online_dealer_bytes": first[0]["dealer_bytes"],
                    "offline_seconds": statistics.median(max(r.get("offline_seconds", 0.0) for r in s) for s in samples),
                    "offline_dealer_bytes": first[0].get("offline_dealer_bytes", 0),
-                   "max_error": first[0]["max_error"]}
+                   "max_error": first[0]["max_error"],
+                   # seconds depend on what else runs on the machine: record how busy it was
+                   "load_average_1min": round(os.getloadavg()[0], 1), "cpus": os.cpu_count()}
             if name == "transport_16MB":
                 row["mb_per_s"] = statistics.median(min(r["mb_per_s"] for r in s) for s in samples)
                 bare = bare_grpc_echo()
