@@ -9,6 +9,9 @@ same module tree with these classes.
 
 from __future__ import annotations
 
+import logging
+import sys
+
 import torch
 
 from ... import nn as core_nn
@@ -196,7 +199,65 @@ def _func_layer(name: str, method: str) -> type:
                                  "__doc__": f"CrypTen's {name}: x.{method}(...)"})
 
 
-Hardtanh = _func_layer("Hardtanh", "hardtanh")
+class Hardtanh(Module):
+    """hardtanh(x, min_val, max_val)."""
+
+    def __init__(self, min_val: float = -1.0, max_val: float = 1.0, inplace: bool = False):
+        super().__init__()
+        _warn_inplace("Hardtanh", inplace)
+        self.min_val, self.max_val = min_val, max_val
+
+    def forward(self, x):
+        return x.hardtanh(self.min_val, self.max_val)
+
+
+def _warn_inplace(name: str, inplace: bool) -> None:
+    if inplace:
+        logging.warning(f"CrypTen {name} module does not support inplace computation.")
+
+
+def _inplace_layer(core_name: str, warn_name: str):
+    base = _compat_class(getattr(core_nn, core_name))
+
+    def __init__(self, *args, inplace: bool = False, **kwargs):
+        _warn_inplace(warn_name, inplace)
+        base.__init__(self, *args, **kwargs)
+    return type(core_name, (base,), {"__init__": __init__, "__module__": __name__})
+
+
+ReLU = _inplace_layer("ReLU", "ReLU")
+ReLU6 = _inplace_layer("ReLU6", "ReLU6")
+Dropout = _inplace_layer("Dropout", "Dropout")
+
+
+class DropoutNd(Module):
+    """Channel dropout (CrypTen's Dropout2d / Dropout3d): whole channels are zeroed."""
+
+    _warn_name = "DropoutNd"
+
+    def __init__(self, p: float = 0.5, inplace: bool = False):
+        super().__init__()
+        _warn_inplace(self._warn_name, inplace)
+        self.p = p
+
+    def forward(self, x):
+        return x._feature_dropout(self.p, training=self.training)
+
+
+class Dropout2d(DropoutNd):
+    pass
+
+
+class Dropout3d(DropoutNd):
+    pass
+
+
+class GlobalAveragePool(Module):
+    """Mean over every spatial dim, keeping them as size 1 (ONNX GlobalAveragePool)."""
+
+    def forward(self, x):
+        dims = tuple(range(2, x.dim()))
+        return x.mean(dims, keepdim=True) if dims else x
 Exp = _func_layer("Exp", "exp")
 Sqrt = _func_layer("Sqrt", "sqrt")
 Squeeze = _func_layer("Squeeze", "squeeze")
@@ -279,3 +340,7 @@ class Mean(Module):
 class Sum(Mean):
     def forward(self, x):
         return x.sum(self.dim, keepdim=self.keepdim)
+
+
+# `crypten.nn.module` (CrypTen's module file) names the same classes.
+module = sys.modules[__name__]
