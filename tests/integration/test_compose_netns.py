@@ -2,9 +2,12 @@
 
 Each compose service (certs, dealer, party0, party1) becomes a host on a private LAN
 (netns.Network: own namespace, own IP, names resolved by a per-namespace hosts file) and runs
-the command and environment written in docker-compose.yml, in dependency order. The certs
-service runs first and writes into a temporary folder that stands for the /certs volume;
-then the dealer, whose compose health check must pass, then the parties, which run the
+the command and environment written in docker-compose.yml, in dependency order. Each named
+volume and tmpfs of the compose file is a temporary folder, substituted for its mount point
+in that service's command and environment. The certs service runs first (its script, as
+root); each service's volume must then hold exactly the CA certificate and that service's
+certificate and key; then the dealer, whose compose health check must pass, then the
+parties, which run the
 compose command (the private inference example) over mutual TLS between namespaces. Both
 parties must succeed and print the same prediction (a checkout without the compose party
 script runs tests/integration/scripts/arith.py instead). `crypten-lite health --target
@@ -34,14 +37,30 @@ pytestmark = [
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 COMPOSE_FILE = REPO / "docker-compose.yml"
-VOLUME = "/certs"  # the certs volume's mount point in docker-compose.yml
 PARTY_TIMEOUT = 240  # seconds for the example (it trains party 0's model first)
 # Stands in for the compose party script in a checkout that does not have it.
 FALLBACK_SCRIPT = REPO / "tests" / "integration" / "scripts" / "arith.py"
 
 
-def _replace_volume(value: str, certs: pathlib.Path) -> str:
-    return re.sub(rf"(?<![\w/]){re.escape(VOLUME)}(?![\w])", str(certs), value)
+def _replace_mounts(value: str, mounts: dict[str, pathlib.Path]) -> str:
+    """`value` with each mount point (`/certs`, `/tls/party0` ...) replaced by its folder."""
+    if not mounts:
+        return value
+    targets = "|".join(re.escape(t) for t in sorted(mounts, key=len, reverse=True))
+    return re.sub(rf"(?<![\w/])({targets})(?![\w])", lambda m: str(mounts[m.group(1)]), value)
+
+
+def _folders(root: pathlib.Path) -> dict[str, dict[str, pathlib.Path]]:
+    """``{service: {mount point: folder}}``: one folder per named volume (shared by the
+    services that mount it) and one per tmpfs."""
+    result = {}
+    for name, mounts in compose_env.mounts(COMPOSE_FILE).items():
+        result[name] = {}
+        for m in mounts:
+            folder = root / (m.source or f"tmpfs-{name}-{m.target.strip('/').replace('/', '-')}")
+            folder.mkdir(exist_ok=True)
+            result[name][m.target] = folder
+    return result
 
 
 def _base_env() -> dict[str, str]:
@@ -52,14 +71,14 @@ def _base_env() -> dict[str, str]:
     return env
 
 
-def _service_argv_env(service: compose_env.Service, certs: pathlib.Path,
+def _service_argv_env(service: compose_env.Service, mounts: dict[str, pathlib.Path],
                       net: netns.Network) -> tuple[list[str], dict[str, str]]:
-    argv = [_replace_volume(a, certs) for a in service.argv]
+    argv = [_replace_mounts(a, mounts) for a in service.argv]
     if "party" in argv and argv.index("party") + 1 < len(argv):
         script = argv.index("party") + 1
         if not (REPO / argv[script]).exists():
             argv[script] = str(FALLBACK_SCRIPT)
-    env = {k: _replace_volume(v, certs) for k, v in service.environment.items()}
+    env = {k: _replace_mounts(v, mounts) for k, v in service.environment.items()}
     return argv, {**_base_env(), **net.substitute(env)}
 
 
@@ -94,18 +113,23 @@ def test_compose_services_in_network_namespaces(tmp_path):
     parties = sorted((name for name in services if re.fullmatch(r"party\d+", name)),
                      key=lambda n: int(n[5:]))
     assert order[0] == "certs" and "dealer" in order and len(parties) >= 2, order
-    certs = tmp_path / "certs"
-    certs.mkdir()
+    folders = _folders(tmp_path)
     with netns.Network(order) as net:
-        # 1. certs: a one-shot job that must succeed before anything else starts.
-        argv, env = _service_argv_env(services["certs"], certs, net)
+        # 1. certs: a one-shot job that must succeed before anything else starts. Afterwards
+        #    each service's volume holds the CA certificate and its own certificate and key
+        #    only (the CA key stays in the certs job's tmpfs).
+        argv, env = _service_argv_env(services["certs"], folders["certs"], net)
         code, out = _finish(net.run("certs", argv, env=env, cwd=REPO, stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT, text=True), 120)
         assert code == 0, out
-        assert (certs / "ca.pem").exists() and (certs / "dealer.pem").exists(), sorted(certs.iterdir())
+        for name in ["dealer", *parties]:
+            (folder,) = folders[name].values()
+            assert sorted(f.name for f in folder.iterdir()) == sorted(
+                ["ca.pem", f"{name}.pem", f"{name}.key"]), (name, sorted(folder.iterdir()))
+            assert (folder / f"{name}.key").stat().st_mode & 0o777 == 0o600
 
         # 2. the dealer, healthy by its own compose health check (names resolve in the LAN).
-        argv, dealer_env = _service_argv_env(services["dealer"], certs, net)
+        argv, dealer_env = _service_argv_env(services["dealer"], folders["dealer"], net)
         dealer = net.run("dealer", argv, env=dealer_env, cwd=REPO, stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True)
         ok, out = _healthy(net, "dealer", checks["dealer"], dealer_env, timeout=120)
@@ -115,7 +139,7 @@ def test_compose_services_in_network_namespaces(tmp_path):
         procs = {}
         party_envs = {}
         for name in parties:
-            argv, party_envs[name] = _service_argv_env(services[name], certs, net)
+            argv, party_envs[name] = _service_argv_env(services[name], folders[name], net)
             procs[name] = net.run(name, argv, env=party_envs[name], cwd=REPO,
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
@@ -136,11 +160,11 @@ def test_compose_services_in_network_namespaces(tmp_path):
             ok, out = _healthy(net, name, checks[name], party_envs[name], 60)
             assert ok, f"{name}: {out}"
 
-        results = {}
-        for name, proc in procs.items():
-            code, out = _finish(proc, PARTY_TIMEOUT)
-            assert code == 0, f"{name} failed:\n{out}"
-            results[name] = out
+        finished = {name: _finish(proc, PARTY_TIMEOUT) for name, proc in procs.items()}
+        for name, (code, out) in finished.items():
+            assert code == 0, f"{name} failed:\n" + "\n".join(
+                f"--- {n} (exit {c})\n{o}" for n, (c, o) in finished.items())
+        results = {name: out for name, (_, out) in finished.items()}
         assert dealer.poll() is None, "the dealer must keep serving"
 
     predictions = {name: re.findall(r"^(?:private prediction|result):? (.*)$", out, re.M)
