@@ -76,6 +76,7 @@ METHODS = {
     "floor": floor, "ceil": ceil, "trunc": trunc, "_trunc_toward_zero": trunc_toward_zero,
 }
 
+
 # The ops CrypTen's CrypTensor has beyond the ones above (issue 12), and in-place variants.
 def _in_place(name: str):
     def method(self, *args, **kwargs):
@@ -263,6 +264,7 @@ TORCH.update({
     torch.Tensor.index_add: _index_add,
     torch.bernoulli: lambda x, *args, generator=None, out=None: bernoulli(x),
 })
+
 # torch.nn.functional's max pools dispatch through private helpers (boolean_dispatch).
 for _mod_name, _fn, _idx in (("_max_pool1d", max_pool1d, False), ("max_pool1d_with_indices", max_pool1d, True),
                              ("_max_pool2d", max_pool2d, False), ("max_pool2d_with_indices", max_pool2d, True),

@@ -345,7 +345,8 @@ def party_random():
     y.dropout(0.5, inplace=True)
     weights = crypten_lite.cryptensor(torch.tensor([[1.0, 6.0, 0.0]]).repeat(1024, 1))
     value, onehot = weights.weighted_sample(1)
-    return dict(value=value.get_plain_text(), onehot=onehot.get_plain_text(),u=u.get_plain_text(), u_dtype=u.dtype, cost=cost, b=b, x=x.get_plain_text(),
+    return dict(value=value.get_plain_text(), onehot=onehot.get_plain_text(),
+                u=u.get_plain_text(), u_dtype=u.dtype, cost=cost, b=b, x=x.get_plain_text(),
                 d2=d2, d3=d3, d1=d1, inplace=y.get_plain_text())
 
 
@@ -397,11 +398,18 @@ def party_errors():
             out[name] = None
         except (CryptenLiteError, IndexError) as e:
             out[name] = (type(e).__name__, str(e))
+    s = x[1, 2]                                    # 0-d: torch gives index 0, values x
+    values, index = s.min(0)
+    out["zero_d"] = (s.argmax(0).get_plain_text(), s.argmin().get_plain_text(),
+                     index.get_plain_text(), values.get_plain_text(), s.get_plain_text())
     return out
 
 
 def test_bad_input_errors(pool2):
     r = pool2.run(party_errors)[0]
+    argmax, argmin, index, value, s = r.pop("zero_d")
+    assert argmax.dim() == argmin.dim() == index.dim() == 0 and int(argmax) == int(index) == 0
+    assert int(argmin) == 0 and torch.equal(value, s)
     assert all(v is not None for v in r.values()), r
     for k in ("gather", "index_select", "take", "scatter", "scatter_add", "index_add"):
         assert r[k][0] == "UnsupportedError", (k, r[k])
