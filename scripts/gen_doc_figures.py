@@ -169,7 +169,9 @@ def functions_accuracy(costs: dict, bench: dict) -> str:
 
 def training_resnet(costs: dict, bench: dict) -> str:
     c, row = costs[key("resnet18_b1", 2)], bench.get(("resnet18_b1", 2, False))
-    seconds = f"{row['seconds_median']:.1f} s online and " if row else ""
+    load = f" (measured at a 1-minute load average of {row['load_average_1min']:g} on {row['cpus']} cores)" \
+        if row and "load_average_1min" in row else ""
+    seconds = f"{row['seconds_median']:.1f} s online{load} and " if row else ""
     return (f"The standard ResNet-18 (width 64, 11.2 M parameters, BatchNorm folded into the convolutions by\n"
             f"`from_pytorch(..., fold_batch_norm=True)`), one 32x32 image (`crypten-lite bench --only\n"
             f"resnet18_b1`): {seconds}{c['rounds']} rounds, {max(c['bytes_sent']) / 2**20:.1f} MiB sent per party, "
