@@ -115,6 +115,9 @@ def main() -> None:
     parser.add_argument("--no-verify", dest="verify", action="store_false",
                         help="do not reveal the images to party 0 for the comparison with torch")
     args = parser.parse_args()
+    if args.flow == "pt2e" and importlib.util.find_spec("torchao") is None:
+        raise SystemExit("--flow pt2e needs torchao (the PT2E quantization flow): "
+                         "pip install -e '.[quantization]' (or pip install 'torchao>=0.18')")
 
     crypten_lite.init()
     rank, comm = crypten_lite.get_rank(), crypten_lite.comm.get()
