@@ -96,11 +96,17 @@ class _Child:
         self.signalled = False
         self.stderr: collections.deque[str] = collections.deque(maxlen=20_000)
         self.last = ""  # its last line of output, either pipe
+        self.exited_at = float("inf")  # when its exit was seen (a thread waits for it)
         self.threads = [threading.Thread(target=self._pump, args=(pipe, out, keep), daemon=True)
                         for pipe, out, keep in ((proc.stdout, sys.stdout, False),
                                                 (proc.stderr, sys.stderr, True))]
         for t in self.threads:
             t.start()
+        threading.Thread(target=self._wait, daemon=True).start()
+
+    def _wait(self) -> None:
+        self.proc.wait()
+        self.exited_at = time.monotonic()
 
     def _emit(self, out, text: str, keep: bool) -> None:
         with _OUTPUT:
@@ -246,9 +252,19 @@ def _report(children: list[_Child], failures: list[_Child], interrupted: str,
     if not party_failures:
         return 0
     by_rank = {c.rank: c for c in children if c.rank is not None}
-    first = next((c for c in party_failures if c.origin() in (None, c.rank)), None)
-    if first is None:  # every failure so far says it follows from another party's
-        first = by_rank.get(party_failures[0].origin(), party_failures[0])
+
+    def cause(c: _Child) -> int:
+        """0: certainly a cause (it reported its own failure, or a signal killed it); 1: it
+        exited with an error without saying why; 2: it says it failed because of another."""
+        origin = c.origin()
+        if origin == c.rank or (origin is None and c.proc.returncode < 0):
+            return 0
+        return 1 if origin is None else 2
+
+    party_failures.sort(key=lambda c: (cause(c), c.exited_at))
+    first = party_failures[0]
+    if cause(first) == 2:  # every failure says it follows from another party's
+        first = by_rank.get(first.origin(), first)
     code = first.proc.returncode or 1
     say(f"{first.label} failed first: {first.exit_text()}")
     lines = first.traceback()
