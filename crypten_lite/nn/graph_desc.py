@@ -497,7 +497,7 @@ def rebuild_graph(reader: _Reader, values: dict[str, torch.Tensor] | None = None
             raise _fail(f"state {path!r} has unknown kind {str(e.get('kind'))[:40]!r}")
     _rebuild_nodes(reader, out, source)
     out.train(bool(doc.get("training")))
-    for i, e in enumerate(doc["modules"]):  # per-layer modes as the owner had them
+    for e in doc["modules"]:  # per-layer modes as the owner had them
         object.__setattr__(out._get(e["path"]), "training", bool(e.get("training")))
     object.__setattr__(out, "_architecture_only", placeholders)
     return out
@@ -584,12 +584,16 @@ def _rebuild_nodes(reader: _Reader, out, source: str) -> None:
 
 
 # ---------------------------------------------------------------------- int8 models
-def _info(w_or_r, info, reading: bool = False, what: str = ""):
+def _info_out(info) -> list:
+    """A ValueInfo as [kind, scale, zero_point, lo, hi, shape]."""
+    return [info.kind, info.scale, info.zero_point, info.lo, info.hi, list(info.shape)]
+
+
+def _info_in(v: Any, what: str):
+    """The ValueInfo of [kind, scale, zero_point, lo, hi, shape], validated."""
     from ..quantized.ir import FIXED, QUANT, ValueInfo
 
-    if not reading:
-        return [info.kind, info.scale, info.zero_point, info.lo, info.hi, list(info.shape)]
-    v = _list(info, f"{what} value info", 6)
+    v = _list(v, f"{what} value info", 6)
     if len(v) != 6 or v[0] not in (QUANT, FIXED) or not isinstance(v[1], (int, float)) or \
             isinstance(v[1], bool) or not (math.isfinite(v[1]) and v[1] > 0) or \
             not all(_is_int(x) for x in v[2:5]) or v[3] > v[4]:
@@ -600,11 +604,11 @@ def _info(w_or_r, info, reading: bool = False, what: str = ""):
 def describe_program(program) -> bytes:
     """The description of an int8 program: its public part (weights by shape only)."""
     w = _Writer()
-    nodes = [{"op": n.op, "name": n.name, "inputs": list(n.inputs), "out": _info(w, n.out),
+    nodes = [{"op": n.op, "name": n.name, "inputs": list(n.inputs), "out": _info_out(n.out),
               "attrs": {k: w.value(v) for k, v in n.attrs.items()},
               "weights": {k: w.tensor(t, secret=True) for k, t in n.weights.items()},
               "source": n.source} for n in program.nodes]
-    sources = [[k, name, _info(w, info)] for k, (name, info) in program.sources.items()]
+    sources = [[k, name, _info_out(info)] for k, (name, info) in program.sources.items()]
     return w.encode("quantized", {"nodes": nodes, "output": program.output, "sources": sources})
 
 
@@ -632,7 +636,7 @@ def rebuild_program(reader: _Reader):
             if t.device.type != "meta" or t.dtype != torch.int64:
                 raise _fail(f"weight {k!r} of node {name!r} must be an int64 secret placeholder")
             weights[_str(k, "weight name", 200)] = t
-        nodes.append(Node(op, name, inputs, _info(None, e.get("out"), True, f"node {name!r}"), attrs,
+        nodes.append(Node(op, name, inputs, _info_in(e.get("out"), f"node {name!r}"), attrs,
                           weights, _str(e.get("source", ""), f"node {name!r} source")))
     sources = {}
     for i, s in enumerate(_list(doc.get("sources"), "sources", MAX_NODES)):
@@ -640,7 +644,7 @@ def rebuild_program(reader: _Reader):
         if len(s) != 3:
             raise _fail(f"source {i} is [torch name, value name, value info]")
         sources[_str(s[0], "source name", 200)] = (_str(s[1], "value name", 200),
-                                                   _info(None, s[2], True, f"source {i}"))
+                                                   _info_in(s[2], f"source {i}"))
     try:
         return QuantizedProgram(nodes, _str(doc.get("output"), "output", 200), sources)
     except ValueError as e:
