@@ -128,25 +128,41 @@ def bernoulli(probs):
 
 # ---------------------------------------------------------------------------- save / load
 def save(obj: Any, f, src: int = 0, save_closure: Callable = torch.save, **kwargs) -> None:
-    """Save this party's own share of `obj` (an MPCTensor) as plain tensors and metadata."""
-    if isinstance(obj, MPCTensor):
-        core = obj._tensor
-        record = {"format": "crypten_lite.compat/share-v1", "share": obj.share.clone(),
-                  "precision": core.precision, "ptype": obj.ptype.name,
-                  "requires_grad": obj.requires_grad}
-        save_closure(record, f)
-        return
-    save_closure(obj, f)
+    """Save this party's own shares of `obj` (an MPCTensor, or a dict / list of them such as
+    an encrypted state_dict) as plain tensors and metadata; public values as they are."""
+    save_closure(_to_record(obj), f)
 
 
 def load(f, load_closure: Callable = torch.load, **kwargs):
     """Load what save() wrote at this party (its own file; nothing crosses the wire)."""
-    record = load_closure(f)
-    if isinstance(record, dict) and record.get("format") == "crypten_lite.compat/share-v1":
+    return _from_record(load_closure(f))
+
+
+_SHARE_FORMAT = "crypten_lite.compat/share-v1"
+
+
+def _to_record(obj):
+    if isinstance(obj, MPCTensor):
+        return {"format": _SHARE_FORMAT, "share": obj.share.clone(),
+                "precision": obj._tensor.precision, "ptype": obj.ptype.name,
+                "requires_grad": obj.requires_grad}
+    if isinstance(obj, dict):
+        return {k: _to_record(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to_record(v) for v in obj)
+    return obj
+
+
+def _from_record(record):
+    if isinstance(record, dict) and record.get("format") == _SHARE_FORMAT:
         out = MPCTensor.from_shares(record["share"], precision=record["precision"],
                                     ptype=getattr(mpc.ptype, record["ptype"]))
         out.requires_grad = bool(record["requires_grad"])
         return out
+    if isinstance(record, dict):
+        return {k: _from_record(v) for k, v in record.items()}
+    if isinstance(record, (list, tuple)):
+        return type(record)(_from_record(v) for v in record)
     return record
 
 

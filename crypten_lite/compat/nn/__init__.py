@@ -344,3 +344,82 @@ class Sum(Mean):
 
 # `crypten.nn.module` (CrypTen's module file) names the same classes.
 module = sys.modules[__name__]
+
+
+# ------------------------------------------------------------------------ containers
+class ModuleDict(_compat_class(core_module.ModuleDict)):
+    """torch.nn.ModuleDict's methods (CrypTen): a dict or (name, module) pairs."""
+
+    def __init__(self, modules=None):
+        pairs = modules.items() if isinstance(modules, dict) else (modules or [])
+        super().__init__()
+        for name, m in pairs:
+            self.add_module(name, m)
+
+    def pop(self, key: str):
+        return self._modules.pop(key)
+
+    def clear(self) -> None:
+        self._modules.clear()
+
+
+class ModuleList(_compat_class(core_module.ModuleList)):
+    """torch.nn.ModuleList's methods (CrypTen): insert and del renumber the entries."""
+
+    def _renumber(self, items) -> None:
+        self._modules.clear()
+        for i, m in enumerate(items):
+            self._modules[str(i)] = m
+
+    def insert(self, index: int, module) -> None:
+        items = list(self._modules.values())
+        items.insert(index, module)
+        self._renumber(items)
+
+    def __delitem__(self, idx) -> None:
+        items = list(self._modules.values())
+        del items[idx]
+        self._renumber(items)
+
+
+_CLASSES[core_module.ModuleDict] = ModuleDict
+_CLASSES[core_module.ModuleList] = ModuleList
+
+
+# ---------------------------------------------------------------------------- losses
+def _loss_layer(core_name: str):
+    base = _compat_class(getattr(core_nn, core_name))
+
+    def __init__(self, *args, skip_forward: bool = False, **kwargs):
+        # CrypTen's skip_forward only saved work; the value is computed either way here
+        base.__init__(self, *args, **kwargs)
+        if not hasattr(self, "reduction"):
+            object.__setattr__(self, "reduction", kwargs.get("reduction", "mean"))
+    return type(core_name, (base,), {"__init__": __init__, "__module__": __name__})
+
+
+for _name in ("MSELoss", "L1Loss", "BCELoss", "BCEWithLogitsLoss", "CrossEntropyLoss", "NLLLoss"):
+    globals()[_name] = _loss_layer(_name)
+
+
+class CosineSimilarity(Module):
+    """Cosine similarity along `dim` (torch.nn.CosineSimilarity)."""
+
+    def __init__(self, dim: int = 1, eps: float = 1e-8):
+        super().__init__()
+        self.dim, self.eps = dim, eps
+
+    def forward(self, x1, x2):
+        return x1.cosine_similarity(x2, dim=self.dim, eps=self.eps)
+
+
+def _load_state_dict(self, state_dict, strict: bool = True):
+    from ..tensor import CrypTensor as CompatTensor
+    encrypted = any(isinstance(v, (CompatTensor, CoreTensor)) for v in dict(state_dict).values())
+    if encrypted != bool(self.encrypted):
+        raise AssertionError("cannot load an encrypted state dict into an unencrypted module "
+                             "(or the reverse): encrypt() or decrypt() the module first")
+    return core_module.Module.load_state_dict(self, unwrap(dict(state_dict)), strict)
+
+
+_CompatModule.load_state_dict = _load_state_dict
