@@ -432,7 +432,8 @@ def _install() -> None:
                        (F.cross_entropy, cross_entropy), (F.nll_loss, nll_loss),
                        (F.mse_loss, mse_loss), (F.l1_loss, l1_loss),
                        (F.smooth_l1_loss, smooth_l1_loss), (F.huber_loss, huber_loss),
-                       (F.linear, linear), (F.hardtanh, hardtanh)):
+                       (F.linear, linear), (F.hardtanh, hardtanh),
+                       (F.conv_transpose1d, conv_transpose1d)):  # also a public input
         torch_functions.register(func, _torch_signature(impl))
 
 

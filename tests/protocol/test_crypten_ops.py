@@ -122,6 +122,8 @@ CASES = {
         1, torch.tensor([[0], [2], [1]]), 0.25).clamp_(-1.5, 1.5).pow_(2).square_(),
         [randn(3, 4), randn(2, 4, seed=1)], None, NONLINEAR),
     "dot_weights": (_dot_weights, [randn(4), randn(4, seed=1)], None, LINEAR),
+    "conv_transpose1d_public_x": (lambda x, w: F.conv_transpose1d(x, w, padding=1),
+                                  [randn(1, 2, 4), randn(2, 3, 3, seed=1)], (False, True), LINEAR),
     "imatmul": (_imatmul, [randn(3, 4), randn(4, 2, seed=1)], None, LINEAR),
     "cumsum_0d": (lambda a: a.cumsum(0), [randn(())], None, LINEAR),
     "sum_0d": (lambda a: a.sum(0) + a.sum(-1, keepdim=True) + a.sum(), [randn(())], None, LINEAR),
