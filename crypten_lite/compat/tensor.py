@@ -278,7 +278,11 @@ class MPCTensor(CrypTensor):
         return self
 
     def backward(self, grad_input=None, **kwargs) -> None:
-        self._arithmetic_core().backward(unwrap(grad_input))
+        """Backpropagate; like CrypTen, a no-op on a tensor that does not require grad."""
+        core = self._arithmetic_core()
+        if not core.requires_grad:
+            return
+        core.backward(unwrap(grad_input))
 
     # ------------------------------------------------------------ CrypTen-specific ops
     def ger(self, other) -> "MPCTensor":

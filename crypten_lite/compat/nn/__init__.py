@@ -423,3 +423,24 @@ def _load_state_dict(self, state_dict, strict: bool = True):
 
 
 _CompatModule.load_state_dict = _load_state_dict
+
+
+class Conv(Module):
+    """CrypTen's Conv: forward((input, weight[, bias])) with fixed stride, padding, dilation."""
+
+    def __init__(self, stride=1, padding=0, dilation=1, groups: int = 1):
+        super().__init__()
+        self.stride, self.padding, self.dilation, self.groups = stride, padding, dilation, groups
+
+    def forward(self, x):
+        inputs = list(x) if isinstance(x, (list, tuple)) else [x]
+        inp, weight = inputs[0], inputs[1]
+        bias = inputs[2] if len(inputs) > 2 else None
+        op = {3: "conv1d", 4: "conv2d"}.get(inp.dim())
+        if op is None:
+            raise ValueError(f"Conv supports 1-D and 2-D convolutions, got a {inp.dim()}-D input")
+        return getattr(inp, op)(weight, bias=bias, stride=self.stride, padding=self.padding,
+                                dilation=self.dilation, groups=self.groups)
+
+
+from . import init  # noqa: E402,F401
