@@ -324,6 +324,20 @@ class MPCTensor(CrypTensor):
             cond = cond.bool()
         return wrap(self._arithmetic_core().where(cond, unwrap(y)))
 
+    # ------------------------------------------------------------ losses as methods
+    def cross_entropy(self, target, skip_forward: bool = False):
+        """Softmax cross-entropy with one-hot `target` (CrypTen's form), mean over the batch."""
+        from ..nn import functional as nnf
+        return _forward(nnf.cross_entropy)(self, target)
+
+    def binary_cross_entropy(self, target, weights=None, skip_forward: bool = False):
+        from ..nn import functional as nnf
+        return _forward(nnf.binary_cross_entropy)(self, target, weights)
+
+    def binary_cross_entropy_with_logits(self, target, weights=None, skip_forward: bool = False):
+        from ..nn import functional as nnf
+        return _forward(nnf.binary_cross_entropy_with_logits)(self, target, weights)
+
     # ------------------------------------------------------------ binary ops
     def __xor__(self, other):
         return self._bitwise("xor", other)
