@@ -68,7 +68,8 @@ def _run(argv: list[str], timeout: float, check: bool = True, **kwargs) -> subpr
         proc = subprocess.run(argv, env=ENV, cwd=REPO, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True, timeout=timeout, **kwargs)
     except subprocess.TimeoutExpired as e:
-        pytest.fail(f"{shlex.join(argv)} did not finish within {timeout} s:\n{e.output}")
+        out = e.output.decode(errors="replace") if isinstance(e.output, bytes) else e.output
+        pytest.fail(f"{shlex.join(argv)} did not finish within {timeout} s:\n{out}")
     if check and proc.returncode != 0:
         pytest.fail(f"{shlex.join(argv)} exited {proc.returncode}:\n{proc.stdout[-6000:]}")
     return proc
@@ -254,6 +255,12 @@ def test_compose_up_with_docker(image: dict, tmp_path: pathlib.Path) -> None:
         assert PREDICTION.findall(logs["party1"]) == predictions, logs["party1"]
         plain = re.findall(r"plaintext torch prediction: (\[[\d, ]*\])", logs["party0"])
         assert plain == predictions, logs["party0"]
+        # The example is seeded: the same predictions as in plain launch mode on this machine.
+        script = services["party0"].command[1]
+        launch = _run([sys.executable, "-m", "crypten_lite.cli", "launch", "-n", "2",
+                       "--timeout", "600", script], timeout=UP_TIMEOUT)
+        assert re.findall(r"\[rank 0\] " + PREDICTION.pattern, launch.stdout) == predictions, (
+            launch.stdout)
         assert not any("TLS is off" in text for text in logs.values())
 
         # Each service mounts only its own volume, read-only at /certs, holding only the CA
