@@ -485,13 +485,13 @@ class _Outbox:
         # Copy-on-send: the frames are serialized now, on the caller's thread, so what the
         # peer receives is the tensor as it was at this call even if the caller changes it in
         # place next (the stream's thread sends later). It is the one copy serialization
-        # makes anyway (tests/integration/test_copy_on_send.py).
-        frames = [_frame_bytes(pb.Frame(session=session, src=src, seq=self.seq, dtype=dtype,
-                                        shape=shape, chunk=i, num_chunks=n),
-                               data[i * CHUNK_BYTES:(i + 1) * CHUNK_BYTES])
-                  for i in range(n)]
+        # makes anyway (tests/integration/test_copy_on_send.py). Each chunk is queued as soon
+        # as it is copied, so the stream sends chunk i while chunk i + 1 is being copied.
+        for i in range(n):
+            header = pb.Frame(session=session, src=src, seq=self.seq, dtype=dtype, shape=shape,
+                              chunk=i, num_chunks=n)
+            self.queue.put([_frame_bytes(header, data[i * CHUNK_BYTES:(i + 1) * CHUNK_BYTES])])
         self.seq += 1
-        self.queue.put(frames)
 
     def abort(self, session: str, src: int, origin: int, error: str) -> None:
         data = f"{origin} {error}".encode()
