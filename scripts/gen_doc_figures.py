@@ -428,6 +428,9 @@ def _digits_float_party(model, images) -> dict:
             "output": out}
 
 
+_DIGITS: dict = {}
+
+
 def digits_costs(pool, modes) -> dict[str, dict]:
     """Exact cost of each int8 mode on the digits CNN of examples/quantized_inference.py."""
     import torch
@@ -438,9 +441,10 @@ def digits_costs(pool, modes) -> dict[str, dict]:
 
     cloudpickle.register_pickle_by_value(demo)  # the parties need DigitsNet's code, not its module
 
-    train_x, train_y, test_x, _ = demo.load_data()
-    model = demo.train(train_x, train_y)
-    images = test_x[:DIGITS_IMAGES]
+    if "model" not in _DIGITS:  # trained once per process (seeded: the same model every time)
+        train_x, train_y, test_x, _ = demo.load_data()
+        _DIGITS.update(model=demo.train(train_x, train_y), calib=train_x[:400], images=test_x[:DIGITS_IMAGES])
+    model, images = _DIGITS["model"], _DIGITS["images"]
     out = {}
     if "float" in modes:
         plain = copy.deepcopy(model).eval()
@@ -455,7 +459,7 @@ def digits_costs(pool, modes) -> dict[str, dict]:
             "argmax_agree": round(float((got.argmax(1) == ref.argmax(1)).double().mean()), 4),
             "max_abs_diff": float(f"{float((got - ref).abs().max()):.1e}")}}
     for mode in [m for m in modes if m != "float"]:
-        qmodel = demo.quantize(model, train_x[:400], mode.split("-")[1])
+        qmodel = demo.quantize(model, _DIGITS["calib"], mode.split("-")[1])
         program = from_quantized(qmodel, images[:2])
         options = {"truncation": "probabilistic"} if mode.endswith("probabilistic") else {}
         results = pool.run(_digits_party, program, images, options)
