@@ -444,3 +444,20 @@ class Conv(Module):
 
 
 from . import init  # noqa: E402,F401
+
+
+class BatchNorm3d(_compat_class(core_nn.layers._BatchNorm)):
+    """crypten_lite's batch normalization on (N, C, D, H, W) inputs."""
+
+    _dims = (5,)
+
+
+class AdaptiveMaxPool2d(Module):
+    """Adaptive 2-D max pooling (torch.nn.AdaptiveMaxPool2d)."""
+
+    def __init__(self, output_size, return_indices: bool = False):
+        super().__init__()
+        self.output_size, self.return_indices = output_size, return_indices
+
+    def forward(self, x):
+        return x.adaptive_max_pool2d(self.output_size, return_indices=self.return_indices)
