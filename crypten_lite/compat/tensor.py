@@ -666,5 +666,8 @@ for _op in _OPERATORS:
     setattr(MPCTensor, _dunder, _mpc_op)
     setattr(PlainTensor, _dunder, _plain_op)
 
+# CrypTen's x @= y returns the product as a new tensor (the operand keeps its value and graph).
+MPCTensor.__imatmul__ = MPCTensor.__matmul__
+
 register_cryptensor("mpc")(MPCTensor)
 register_cryptensor("ptt")(PlainTensor)
