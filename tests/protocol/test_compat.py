@@ -337,3 +337,19 @@ def test_compat_run_multiprocess_carries_cfg_and_provider():
     assert torch.allclose(results[0][0], torch.tensor([9.0, 36.0]), **TOL)
     with pytest.raises(ValueError):
         mpc.run_multiprocess(world_size=1)
+
+
+def test_alias_loads_compat_by_name():
+    import importlib
+    import sys
+
+    from crypten_lite.compat.testing import install_alias
+    install_alias()
+    try:
+        crypten_alias = importlib.import_module("crypten")
+        mpc_alias = importlib.import_module("crypten.mpc")
+        assert crypten_alias is crypten and mpc_alias is mpc
+        assert importlib.import_module("crypten.nn").Linear is crypten.nn.Linear
+    finally:
+        for name in [n for n in sys.modules if n == "crypten" or n.startswith("crypten.")]:
+            del sys.modules[name]
