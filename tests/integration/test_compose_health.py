@@ -1,6 +1,6 @@
 """The compose health check (`crypten-lite health`) imports grpc, not torch.
 
-The containers run it every 2 s with a 5 s timeout; importing torch alone takes seconds on a
+The containers run it every 2 s with a 10 s timeout; importing torch alone takes seconds on a
 loaded machine. Checked by the interpreter's own import log (PYTHONPROFILEIMPORTTIME), so the
 assertion does not depend on timing. That the check answers SERVING over mutual TLS against
 live services: test_compose_netns.py and test_compose_docker.py.
