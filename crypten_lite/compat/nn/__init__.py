@@ -461,3 +461,29 @@ class AdaptiveMaxPool2d(Module):
 
     def forward(self, x):
         return x.adaptive_max_pool2d(self.output_size, return_indices=self.return_indices)
+
+
+class Parameter(Module):
+    """CrypTen's Parameter module: one tensor (public or encrypted) that forward returns; a
+    parameter when trainable, else a buffer."""
+
+    def __init__(self, param, trainable: bool = True):
+        super().__init__()
+        from ..tensor import CrypTensor as CompatTensor
+        if not isinstance(param, (torch.Tensor, CompatTensor)):
+            # CrypTen raises AssertionError here; the compat layer follows it
+            raise AssertionError(f"Parameter needs a torch tensor or a CrypTensor, got {type(param).__name__}")
+        object.__setattr__(self, "trainable", trainable)
+        if trainable:
+            self.register_parameter("data", param)
+        else:
+            self.register_buffer("data", param)
+        if isinstance(param, CompatTensor):
+            object.__setattr__(self, "_encrypted", True)
+
+    @property
+    def requires_grad(self) -> bool:
+        return self.trainable
+
+    def forward(self, x=None):
+        return self.data
