@@ -236,17 +236,19 @@ def test_compose_up_with_docker(image: dict, tmp_path: pathlib.Path) -> None:
                 for name, c in containers.items()}
         assert up.returncode == 0, f"`up` exited {up.returncode}:\n{log[-6000:]}\n{logs}"
 
-        # Every service ran; the one-shot ones exited 0; the dealer still serves, healthy.
+        # Every service ran; the one-shot ones exited 0; the dealer still serves. That party0
+        # ran at all shows the dealer and party1 passed their health checks: compose starts
+        # party0 only then (depends_on: service_healthy), else `up` fails naming the service.
+        # (The probes' own log is not asserted: it keeps the last 5 only, whose outcome
+        # depends on load.)
         assert set(containers) == set(services), sorted(containers)
         for name in ("certs", "party0", "party1"):
             state = containers[name]["State"]
             assert state["Status"] == "exited" and state["ExitCode"] == 0, (name, state, logs[name])
-        dealer = containers["dealer"]["State"]
-        assert dealer["Running"] and dealer["Health"]["Status"] == "healthy", dealer
-        # party1 was healthy (party0 starts only then: depends_on service_healthy), and the
-        # health checks answered by TLS identity (one probe's output names its target).
-        probes = containers["party1"]["State"]["Health"]["Log"]
-        assert any(p["ExitCode"] == 0 and "SERVING" in p["Output"] for p in probes), probes
+        assert containers["dealer"]["State"]["Running"], containers["dealer"]["State"]
+        for name in ("dealer", "party0", "party1"):
+            assert containers[name]["Config"]["Healthcheck"]["Test"] == [
+                "CMD", *compose_env.healthchecks(COMPOSE_FILE)[name]], name
 
         # The example's private predictions, in party0's log (which `up` showed).
         predictions = PREDICTION.findall(logs["party0"])
