@@ -2,7 +2,7 @@
 # The role is the command: `docker run IMAGE dealer`, `docker run IMAGE party script.py`.
 # All configuration comes from CRYPTEN_LITE_* environment variables (see docker-compose.yml).
 #
-# Build arguments (defaults give the public, CPU-only image of about 1 GB):
+# Build arguments (defaults give the public, CPU-only image of about 1.4 GB):
 #   BASE_IMAGE      a Debian-based image with Python 3.11 and pip (default python:3.11-slim)
 #   TORCH_VERSION   the torch release to install (default 2.13.0)
 #   TORCH_PIP_ARGS  where pip finds torch; the default is PyTorch's CPU-only index, which
