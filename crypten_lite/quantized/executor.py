@@ -40,7 +40,7 @@ def encode_input(node: Node, x: torch.Tensor, clamp: bool = False) -> torch.Tens
                 raise ProtocolError(
                     f"input of the quantized program outside its supported range [{low:g}, {high:.9g}] "
                     f"(|x| < 2**{(hi + 1).bit_length() - 1 - a['frac_bits']}, the float input range "
-                    f"its static bit bounds assume): largest |x| here {float(x.abs().max()):.4g}; "
+                    f"its static bit bounds assume; the values themselves are not shown); "
                     "rescale the input, build the program with a larger fixed_input_bits, or pass "
                     "clamp_input=True to clamp it into the range")
             scaled = scaled.clamp(lo, hi)
