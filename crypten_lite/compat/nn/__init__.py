@@ -166,8 +166,16 @@ def _compat_class(core_cls: type) -> type:
 
 
 def from_pytorch(pytorch_model: torch.nn.Module, dummy_input, **kwargs):
-    """CrypTen's from_pytorch: a crypten.nn module with the torch model's public parameters."""
-    return adopt(core_nn.from_pytorch(pytorch_model, dummy_input, **kwargs))
+    """CrypTen's from_pytorch: a crypten.nn module with the torch model's public parameters.
+
+    CrypTen only reads the dummy input's shape (tutorials pass torch.empty): values that are
+    not finite are replaced by zeros for crypten_lite's conversion check."""
+    def finite(t):
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and not torch.isfinite(t).all():
+            return torch.zeros_like(t)
+        return t
+    dummy = tuple(finite(t) for t in dummy_input) if isinstance(dummy_input, tuple) else finite(dummy_input)
+    return adopt(core_nn.from_pytorch(pytorch_model, dummy, **kwargs))
 
 
 _LAYERS = [name for name in core_nn.__all__ if isinstance(getattr(core_nn, name), type)
