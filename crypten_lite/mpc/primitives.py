@@ -125,9 +125,12 @@ def announce(tensor: torch.Tensor | None, src: int, refuse: str = "") -> tuple[t
         raise ProtocolError(f"src={src} is out of range: ranks are 0..{s.world_size - 1}")
     if s.rank == src:
         if tensor is None:
-            raise ProtocolError(f"party {src} is the source but passed no tensor to share")
-        code = REFUSED if refuse else DTYPE_CODES.get(tensor.dtype, 0)
-        header = torch.tensor([code, tensor.dim(), *tensor.shape], dtype=torch.int64)
+            # refused through the announcement, so the others do not wait for it
+            refuse = f"party {src} is the source but passed no tensor to share"
+            header = torch.tensor([REFUSED, 0], dtype=torch.int64)
+        else:
+            code = REFUSED if refuse else DTYPE_CODES.get(tensor.dtype, 0)
+            header = torch.tensor([code, tensor.dim(), *tensor.shape], dtype=torch.int64)
     else:
         header = None
     # A one-way message of public metadata, not a protocol round (nobody answers it).
@@ -135,11 +138,14 @@ def announce(tensor: torch.Tensor | None, src: int, refuse: str = "") -> tuple[t
     if int(header[0]) == REFUSED:
         if s.rank == src:
             raise ProtocolError(f"party {src}: {refuse}")
-        raise ProtocolError(f"party {s.rank}: party {src} refused to share its input: it is outside "
-                            f"the supported range (party {src}'s error says which bound)")
+        raise ProtocolError(f"party {s.rank}: party {src} refused to share its input (outside the "
+                            f"supported range, or no tensor passed; party {src}'s error says which)")
     shape = tuple(int(v) for v in header[2:2 + int(header[1])])
     dtype = CODES_DTYPE[int(header[0])]
     if tensor is not None and s.rank != src and tuple(tensor.shape) != shape:
+        # The source goes on and draws its share of the zero sharing: draw ours too, so that
+        # this party's PRZS stream stays in step with the others' after the error.
+        przs(shape)
         raise ProtocolError(f"party {s.rank} passed shape {tuple(tensor.shape)} but the source "
                             f"party {src} shares shape {shape}; pass None or the same shape")
     if math.prod(shape) > (1 << 31):

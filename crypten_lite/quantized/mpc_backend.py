@@ -413,16 +413,19 @@ def _input_value(node: Node, x, backend: MpcBackend, clamp_input: bool = False) 
         return encode_private_input(node, x)
     s = current()
     owner = s.rank == backend.src_input
-    if owner and not isinstance(x, torch.Tensor):
-        raise ProtocolError(f"party {s.rank} is the data owner (src_input) but passed no input tensor")
     encoded, refuse = None, ""
-    if owner:
+    if owner and not isinstance(x, torch.Tensor):
+        # refused through the announcement (below), so the other parties do not wait for it
+        x, refuse = torch.empty(0), f"party {s.rank} is the data owner (src_input) but passed no input tensor"
+    elif owner:
         try:
             encoded = encode_input(node, x, clamp_input)
         except ProtocolError as e:
             refuse = str(e)
     shape, _ = primitives.announce(x if owner else None, backend.src_input, refuse)
     if x is not None and not owner and tuple(x.shape) != shape:
+        # the owner goes on sharing its input: take our share too, so the streams stay in step
+        backend.input(torch.empty(shape, dtype=torch.int64, device="meta"))
         raise ProtocolError(f"party {s.rank} passed an input of shape {tuple(x.shape)}; the data owner's is {shape}")
     if not owner:
         encoded = torch.empty(shape, dtype=torch.int64, device="meta")

@@ -199,6 +199,14 @@ def bad_inputs():
         crypten_lite.cryptensor(torch.tensor([1e20], dtype=torch.float64) if rank == 0 else None, src=0)
     except crypten_lite.ProtocolError as e:
         out["range"] = str(e)
+    try:
+        crypten_lite.cryptensor(None, src=0)
+    except crypten_lite.ProtocolError as e:
+        out["none"] = str(e)
+    # after every refusal the parties are still in step: a product of both inputs is exact
+    a = crypten_lite.cryptensor(torch.arange(4.0) if rank == 0 else None, src=0)
+    b = crypten_lite.cryptensor(torch.arange(4.0) if rank == 1 else None, src=1)
+    out["after"] = (a * b).get_plain_text().tolist()
     return out
 
 
@@ -207,7 +215,9 @@ def test_bad_input_gives_clear_errors(pool2):
     assert "passed shape (4,)" in r1["shape"] and "shares shape (3,)" in r1["shape"]
     assert "src=7 is out of range" in r0["src"] and "src=7 is out of range" in r1["src"]
     assert "cannot be used as a Python bool" in r0["bool"]
-    assert "fixed-point range" in r0["range"]
+    assert "fixed-point range" in r0["range"] and "party 0 refused" in r1["range"]
+    assert "passed no tensor" in r0["none"] and "party 0 refused" in r1["none"]
+    assert r0["after"] == r1["after"] == [0.0, 1.0, 4.0, 9.0]
 
 
 @crypten_lite.mpc.run_multiprocess(world_size=2)
