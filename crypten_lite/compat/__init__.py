@@ -15,6 +15,7 @@ import torch
 
 import crypten_lite as _core
 from .. import session as _session
+from ..random import PRG, fresh_seed
 from ..cryptensor import no_grad, enable_grad, is_grad_enabled  # noqa: F401
 from . import common, communicator, debug, gradients, mpc, nn, optim  # noqa: F401
 from .config import cfg
@@ -113,7 +114,8 @@ def rand(*sizes, device=None, cryptensor_type: str | None = None):
     for party in range(s.world_size):
         mine = None
         if s.rank == party:
-            mine = torch.randint(0, 2 ** prec, tuple(size), dtype=torch.int64).float() / 2 ** prec
+            words = PRG(fresh_seed()).draw(tuple(size))  # this party's secret contribution
+            mine = (words & ((1 << prec) - 1)).float() / 2 ** prec
         part = _core.cryptensor(mine, src=party)
         total = part if total is None else total + part
     # the sum is in [0, world_size): keep its fractional part

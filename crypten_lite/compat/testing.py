@@ -79,9 +79,9 @@ def get_random_test_tensor(max_value=6, min_value=None, size=(1, 5), is_float=Fa
     if min_value is None:
         min_value = -max_value
     if is_float:
-        tensor = torch.rand(torch.Size(size)) * (max_value - min_value) + min_value
+        tensor = torch.rand(torch.Size(size)) * (max_value - min_value) + min_value  # insecure-ok: public test data
     else:
-        tensor = torch.randint(min_value, max_value, torch.Size(size), dtype=torch.int64)
+        tensor = torch.randint(min_value, max_value, torch.Size(size), dtype=torch.int64)  # insecure-ok: public test data
     if ex_zero:
         tensor[tensor == 0] = 1
     return communicator.get().broadcast(tensor, 0)
