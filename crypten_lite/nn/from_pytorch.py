@@ -535,7 +535,7 @@ _QUANTIZED_MODULES = ("torch.ao.nn.quantized", "torch.ao.nn.intrinsic.quantized"
 
 def is_quantized(model: torch.nn.Module) -> bool:
     """Whether `model` is an int8 model of torch.ao.quantization (eager/FX) or torchao PT2E."""
-    if any(type(m).__module__.startswith(_QUANTIZED_MODULES) and type(m).__name__ not in ("QuantStub", "DeQuantStub")
+    if any(type(m).__module__.startswith(_QUANTIZED_MODULES) and type(m).__name__ not in ("QuantStub", "DeQuantStub", "FloatFunctional")
            for m in model.modules()):
         return True
     if isinstance(model, torch.fx.GraphModule):

@@ -239,3 +239,29 @@ def test_from_pytorch_detects_quantized_models():
         from crypten_lite.nn import from_pytorch
         converted = from_pytorch(q, torch.zeros(1, 1, 8, 8))
     assert isinstance(converted, QuantizedProgram)
+
+
+class _FloatWithFunctional(nn.Module):
+    """A float model prepared for eager quantization (FloatFunctional, stubs) but not converted."""
+
+    def __init__(self):
+        super().__init__()
+        self.quant = torch.ao.quantization.QuantStub()
+        self.fc = nn.Linear(6, 4)
+        self.skip = torch.ao.nn.quantized.FloatFunctional()
+        self.dequant = torch.ao.quantization.DeQuantStub()
+
+    def forward(self, x):
+        x = self.quant(x)
+        return self.dequant(self.skip.add(self.fc(x), x[:, :4]))
+
+
+def test_float_model_with_float_functional_is_not_int8():
+    from crypten_lite.nn.from_pytorch import is_quantized
+    torch.manual_seed(0)
+    model = _FloatWithFunctional().eval()
+    assert not is_quantized(model)
+    x = torch.randn(3, 6)
+    converted = cnn.from_pytorch(model, x)
+    assert isinstance(converted, cnn.Module)
+    assert torch.allclose(converted(x), model(x), atol=1e-6)
