@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import settings
 
 from crypten_lite.mpc import PartyPool
+
+# Property tests never depend on timing (no per-example deadline: a loaded machine is slow,
+# not wrong) and draw the same examples on every run (a rerun never changes the verdict).
+settings.register_profile("crypten_lite", deadline=None, derandomize=True, print_blob=True)
+settings.load_profile("crypten_lite")
 
 _POOLS: dict[tuple[int, str], PartyPool] = {}
 
