@@ -89,3 +89,31 @@ def test_docs_link_only_to_files_that_exist():
             if not (path.parent / target).exists():
                 missing.append(f"{path.relative_to(ROOT)} -> {target}")
     assert not missing, missing
+
+
+def test_nonlinear_table_rounds_agree_with_the_measured_rows():
+    """functions.md's method table repeats the 2-party rounds of the measured accuracy rows
+    (docs/benchmarks.jsonl): the two must say the same."""
+    import json
+    measured = {}
+    for line in (ROOT / "docs" / "benchmarks.jsonl").read_text().splitlines():
+        row = json.loads(line) if line.strip() else {}
+        if row.get("workload") == "accuracy" and row.get("parties") == 2:
+            measured.setdefault(row["function"].split(" ")[0], row["rounds"])
+    names = {"div": "x", "inv_sqrt": "inv_sqrt", "softmax": "softmax"}
+    text = (ROOT / "docs" / "functions.md").read_text()
+    section = text.split("## Nonlinear functions", 1)[1].split("\n## ", 1)[0]
+    checked = 0
+    for row in section.splitlines():
+        cells = [c.strip() for c in row.strip().strip("|").split("|")]
+        if len(cells) != 4 or not cells[0].startswith("`"):
+            continue
+        rounds = re.match(r"\d+", cells[3])
+        if not rounds:
+            continue
+        for fn in re.findall(r"`(\w+)`", cells[0]):
+            key = names.get(fn, fn)
+            if key in measured:
+                assert int(rounds.group()) == measured[key], (fn, cells[3], measured[key])
+                checked += 1
+    assert checked >= 10, checked
