@@ -38,7 +38,7 @@ import re
 import threading
 import time
 import weakref
-from typing import Iterator
+from typing import Callable, Iterator
 
 import grpc
 import torch
@@ -86,6 +86,11 @@ def make_hello(config: Config, rank: int, public_key: bytes) -> pb.Hello:
     return pb.Hello(protocol_version=PROTOCOL_VERSION, session=config.session,
                     world_size=config.world_size, rank=rank,
                     config_digest=config.digest(), public_key=public_key)
+
+
+# Refusals by which a party knows its peer's configuration differs (not an impostor's rank or
+# key): a party that gives one stops waiting for that peer (see handshake()).
+_CONFIG_REFUSALS = ("protocol version", "session", "world size", "configuration digest")
 
 
 def check_hello(mine: pb.Hello, theirs: pb.Hello, identity: str | None, dealer: bool = False) -> str:
@@ -200,13 +205,21 @@ def start_server(address: str, tls: TlsContext, register, what: str) -> grpc.Ser
     return server
 
 
-def handshake(stub, hello: pb.Hello, timeout: float, target: str, who: str) -> pb.Hello:
-    """Call Handshake on `target`, retrying with backoff until `timeout`; returns its Hello."""
+def handshake(stub, hello: pb.Hello, timeout: float, target: str, who: str,
+              refused: Callable[[], str] | None = None) -> pb.Hello:
+    """Call Handshake on `target`, retrying with backoff until `timeout`; returns its Hello.
+
+    `refused()` (if given) says why this party already refused that peer's own handshake
+    (a configuration that differs): then the peer cannot join, so waiting for it stops at once.
+    """
     deadline = time.monotonic() + timeout
     delay = 0.05
     last = ""
     last_error: grpc.RpcError | None = None
     while True:
+        why = refused() if refused is not None else ""
+        if why:
+            raise ConfigError(f"this party refused {who}'s handshake: {why}")
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             if last_error is not None:
@@ -243,6 +256,10 @@ class _PartyServicer(pb_grpc.PartyServicer):
         error = check_hello(self.comm.hello, request, identity)
         if error:
             log.warning("party %d refused a handshake: %s", self.comm.rank, error)
+            if error.startswith(_CONFIG_REFUSALS) and 0 <= request.rank < self.comm.world_size:
+                # The peer that claims this rank runs another configuration: the session
+                # cannot start, so this party's own wait for it ends at once as well.
+                self.comm.refused.setdefault(int(request.rank), error)
         return pb.HelloReply(hello=self.comm.hello, error=error)
 
     def Stream(self, request_iterator, context):
@@ -529,6 +546,7 @@ class GrpcCommunicator(Communicator):
         self._closed = False
         self._aborted = False
         self._lock = threading.Lock()
+        self.refused: dict[int, str] = {}  # peer rank -> why its handshake was refused
         own = config.parties[config.rank]
         if not self.tls.enabled and not all(_is_loopback(a) for a in config.parties):
             log.warning("party %d: TLS is off (CRYPTEN_LITE_TLS_DIR unset) on a non-loopback network: "
@@ -554,7 +572,8 @@ class GrpcCommunicator(Communicator):
 
         def greet(peer: int) -> tuple[int, bytes]:
             theirs = handshake(stubs[peer], self.hello, self.config.timeout,
-                               self.config.parties[peer], f"party {peer}")
+                               self.config.parties[peer], f"party {peer}",
+                               refused=lambda: self.refused.get(peer, ""))
             error = check_hello(self.hello, theirs, None)
             if error or theirs.rank != peer:
                 raise ConfigError(f"party at {self.config.parties[peer]} is not a valid party {peer}: "
@@ -591,6 +610,12 @@ class GrpcCommunicator(Communicator):
         return self.mailbox.origin(peer)
 
     def close(self) -> None:
+        # A session that ends after a peer failed (even where the error was caught) ends with an
+        # abort naming that first failure, not a plain goodbye: a party still waiting on this
+        # one then learns the real cause, whichever of its peers it happens to be waiting on.
+        first = self.mailbox.first_failure()
+        if first is not None:
+            self.abort(*first)
         with self._lock:
             if self._closed:
                 return

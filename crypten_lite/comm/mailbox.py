@@ -84,6 +84,11 @@ class Mailbox:
                 return (self.rank, "CommunicationError")
             return self._origin.get(src)
 
+    def first_failure(self) -> tuple[int, str] | None:
+        """(rank, short cause) of the first peer failure this party saw, or None."""
+        with self._cond:
+            return next(iter(self._origin.values()), None)
+
     def take(self, src: int) -> torch.Tensor:
         """Next message from `src`; raises CommunicationError on a dead peer or at the deadline."""
         deadline = time.monotonic() + self.timeout
