@@ -66,7 +66,6 @@ def init(config: Config | None = None, **overrides) -> None:
 
 
 def _session_described() -> bool:
-    import os
     return any(os.environ.get(f"CRYPTEN_LITE_{k}") for k in ("WORLD_SIZE", "PARTIES", "CONFIG"))
 
 
