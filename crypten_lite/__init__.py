@@ -8,15 +8,17 @@
 Layers, from the bottom (a layer never imports one above it): config/errors, encoding/random,
 comm, provider, session, mpc, cryptensor, autograd, nn/optim, quantized, cli.
 
-One exception: `crypten-lite health` (the containers' health check, run every few seconds)
-needs grpc only, so in that command the package skips importing torch and the API below
-(_health_check_only); everywhere else importing the package loads everything, as usual.
+Importing the package is light (config and errors only, no torch): everything else loads on
+the first access of any other public name (PEP 562 `__getattr__`), all at once, so that
+CrypTensor has its methods from functions/ whichever name comes first. The containers' health
+check (`crypten-lite health`, run every few seconds) therefore never imports torch.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import types
 from typing import Sequence
 
 from .config import Config
@@ -26,27 +28,46 @@ from .errors import (CommunicationError, ConfigError, CryptenLiteError, NotIniti
 __version__ = "0.1.0"
 
 
-def _health_check_only() -> bool:
-    """True in a `crypten-lite health ...` process: it must answer well inside the compose
-    health check's timeout, and importing torch alone takes seconds on a loaded machine."""
-    return (os.path.basename(sys.argv[0] if sys.argv else "") == "crypten-lite"
-            and sys.argv[1:2] == ["health"])
+_LAZY = {
+    "torch": ("torch", None), "comm": ("crypten_lite.comm", None),
+    "CrypTensor": ("crypten_lite.cryptensor", "CrypTensor"), "cat": ("crypten_lite.cryptensor", "cat"),
+    "stack": ("crypten_lite.cryptensor", "stack"), "no_grad": ("crypten_lite.cryptensor", "no_grad"),
+    "enable_grad": ("crypten_lite.cryptensor", "enable_grad"),
+    "is_grad_enabled": ("crypten_lite.cryptensor", "is_grad_enabled"),
+    "is_initialized": ("crypten_lite.session", "is_initialized"),
+    "_init": ("crypten_lite.session", "init"), "uninit": ("crypten_lite.session", "uninit"),
+    "autograd": ("crypten_lite.autograd", None), "functions": ("crypten_lite.functions", None),
+    "mpc": ("crypten_lite.mpc", None), "nn": ("crypten_lite.nn", None),
+    "optim": ("crypten_lite.optim", None), "quantized": ("crypten_lite.quantized", None),
+    "where": ("crypten_lite.functions", "where"),
+    "save_from_party": ("crypten_lite.serialization", "save_from_party"),
+    "load_from_party": ("crypten_lite.serialization", "load_from_party"),
+    "QuantizedCrypTensor": ("crypten_lite.quantized.tensor", "QuantizedCrypTensor"),
+    "dequantize": ("crypten_lite.quantized.tensor", "dequantize"),
+    "quantize_per_channel": ("crypten_lite.quantized.tensor", "quantize_per_channel"),
+    "quantize_per_tensor": ("crypten_lite.quantized.tensor", "quantize_per_tensor"),
+}
 
 
-_FULL = not _health_check_only()
+def _load_all() -> None:
+    """Bind every lazy name (imports torch and the whole API, once)."""
+    import importlib
+    g = globals()
+    for name, (module, attr) in _LAZY.items():
+        if name not in g:
+            mod = importlib.import_module(module)
+            g[name] = mod if attr is None else getattr(mod, attr)
 
-if _FULL:
-    import torch
 
-    from . import comm
-    from .cryptensor import CrypTensor, cat, enable_grad, is_grad_enabled, no_grad, stack
-    from .session import is_initialized
-    from .session import init as _init
-    from .session import uninit
-else:
-    def __getattr__(name: str):
-        raise AttributeError(f"crypten_lite.{name} is not loaded in a `crypten-lite health` "
-                             "process (see crypten_lite/__init__.py)")
+def __getattr__(name: str):
+    if name in _LAZY:
+        _load_all()
+        return globals()[name]
+    raise AttributeError(f"module 'crypten_lite' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
 
 
 def init(config: Config | None = None, **overrides) -> None:
@@ -56,6 +77,7 @@ def init(config: Config | None = None, **overrides) -> None:
     _PARTIES or _CONFIG), this process is a launcher, as in a script or notebook that calls
     init() and then a run_multiprocess function: init() only loads the extensions, the
     parties build their own sessions, and an op outside them says how to start parties."""
+    _load_all()
     _load_extensions()
     if config is None and not overrides and not _session_described():
         import logging
@@ -71,17 +93,20 @@ def _session_described() -> bool:
 
 def get_rank() -> int:
     """This party's rank."""
+    _load_all()
     return comm.get().rank
 
 
 def get_world_size() -> int:
     """Number of computing parties."""
+    _load_all()
     return comm.get().world_size
 
 
 def cryptensor(tensor=None, src: int = 0, precision: int | None = None, requires_grad: bool = False,
                names: Sequence[str | None] | None = None, ptype=None) -> CrypTensor:
     """Secret-share `tensor`, held by party `src` (other parties may pass None)."""
+    _load_all()
     if tensor is not None and not isinstance(tensor, torch.Tensor):
         tensor = torch.as_tensor(tensor)
     out = CrypTensor.from_plain(tensor, src=src, precision=precision, requires_grad=requires_grad,
@@ -107,14 +132,17 @@ def _load_extensions() -> None:
     _EXTENSIONS_LOADED = True
 
 
-# Higher layers (importing them has no side effects: nothing runs until init()).
-if _FULL:
-    from . import autograd, functions, mpc, nn, optim  # noqa: E402
-    from .functions import where  # noqa: E402
-    from .serialization import load_from_party, save_from_party  # noqa: E402
-    from .quantized.tensor import (QuantizedCrypTensor, dequantize,  # noqa: E402
-                                   quantize_per_channel, quantize_per_tensor)
-    from . import quantized  # noqa: E402
+class _Package(types.ModuleType):
+    """The function `cryptensor` keeps its name when the submodule of the same name loads
+    (the import system would otherwise bind the submodule over it)."""
+
+    def __setattr__(self, name, value):
+        if name == "cryptensor" and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 __all__ = [
     "autograd", "functions", "mpc", "nn", "optim", "where", "save_from_party", "load_from_party",
