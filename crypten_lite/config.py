@@ -8,6 +8,8 @@ Environment variables (docs/design.md section 6), all optional except where a se
 ``CRYPTEN_LITE_PARTIES``          comma-separated ``host:port`` of every party, in rank order
 ``CRYPTEN_LITE_DEALER``           ``host:port`` of the dealer service
 ``CRYPTEN_LITE_PROVIDER``         ``dealer`` (default) or ``tfp`` (insecure, tests only)
+``CRYPTEN_LITE_PROTOCOL``         ``additive`` (default: N >= 2 parties, dealer or TFP) or ``rss``
+                                  (3-party replicated sharing, honest majority, no dealer)
 ``CRYPTEN_LITE_TLS_DIR``          folder made by ``crypten-lite certs``; absent = plaintext
 ``CRYPTEN_LITE_TIMEOUT``          seconds any single wait may take (default 60)
 ``CRYPTEN_LITE_PRECISION``        fractional bits of the fixed-point encoding (default 16)
@@ -31,6 +33,9 @@ from typing import Any, Iterator, Mapping
 from .errors import ConfigError
 
 PROVIDERS = ("dealer", "tfp")
+# Sharing schemes: "additive" (N >= 2 parties, correlated randomness from a dealer or TFP) and
+# "rss" (2-out-of-3 replicated secret sharing, exactly 3 parties, honest majority, no dealer).
+PROTOCOLS = ("additive", "rss")
 PREFIX = "CRYPTEN_LITE_"
 
 
@@ -51,6 +56,8 @@ class Config:
     # Truncation after fixed-point products between 2 parties: "local" (SecureML, no
     # communication, tiny documented failure probability) or "exact" (dealer-assisted, 1 round).
     truncation: str = "local"
+    # Sharing scheme (see PROTOCOLS); every party must use the same (part of the digest).
+    protocol: str = "additive"
     # Largest message a party accepts from a peer, in bytes (bounded memory under attack).
     max_message_bytes: int = 1 << 31
 
@@ -75,11 +82,20 @@ class Config:
             raise ConfigError(f"timeout must be positive seconds, got {self.timeout}")
         if self.truncation not in ("local", "exact"):
             raise ConfigError(f"truncation must be 'local' or 'exact', got {self.truncation!r}")
+        if self.protocol not in PROTOCOLS:
+            raise ConfigError(f"protocol must be one of {PROTOCOLS}, got {self.protocol!r} "
+                              "(CRYPTEN_LITE_PROTOCOL)")
+        if self.protocol == "rss" and self.world_size not in (1, 3):
+            raise ConfigError(
+                f"protocol 'rss' (replicated secret sharing) needs exactly 3 parties, got "
+                f"world_size {self.world_size}; use protocol 'additive' for {self.world_size} "
+                "parties, or start 3 (`crypten-lite launch -n 3 --protocol rss script.py`)")
 
     def digest(self) -> str:
         """Hash of the settings every party must share (checked in the handshake)."""
         shared = f"ring=64;precision={self.precision};provider={self.provider};" \
-                 f"world_size={self.world_size};truncation={self.truncation};tls={bool(self.tls_dir)}"
+                 f"world_size={self.world_size};truncation={self.truncation};tls={bool(self.tls_dir)}" \
+                 + (f";protocol={self.protocol}" if self.protocol != "additive" else "")
         return hashlib.sha256(shared.encode()).hexdigest()[:16]
 
     @classmethod
