@@ -1,6 +1,7 @@
 """The `crypten-lite` command: launch, party, dealer, certs, health, bench.
 
     crypten-lite launch -n 2 examples/private_inference.py     # local parties + dealer
+    crypten-lite launch -n 3 --protocol rss script.py         # 3 parties, replicated, no dealer
     crypten-lite party script.py                              # one party (container entrypoint)
     crypten-lite dealer                                       # the dealer service
     crypten-lite certs --parties 2 --out certs                # CA + per-party certificates
@@ -26,15 +27,33 @@ import threading
 import time
 
 DESCRIPTION = __doc__
+# crypten_lite.config.PROTOCOLS (not imported here: `crypten-lite health` must stay light).
+PROTOCOL_CHOICES = ("additive", "rss")
 
 
 def _launch(args: argparse.Namespace) -> int:
-    from .mpc.launcher import local_env
+    from .mpc.launcher import PROTOCOL_ENV, local_env
     from .session import REPORT_FILE_ENV
 
     if args.n < 2:
         print("crypten-lite launch: -n must be at least 2 parties", file=sys.stderr)
         return 2
+    protocol = args.protocol or os.environ.get(PROTOCOL_ENV) or "additive"
+    if protocol not in PROTOCOL_CHOICES:
+        print(f"crypten-lite launch: {PROTOCOL_ENV}={protocol!r} is not one of "
+              f"{', '.join(PROTOCOL_CHOICES)}", file=sys.stderr)
+        return 2
+    if protocol == "rss" and args.n != 3:
+        print(f"crypten-lite launch: --protocol rss (replicated secret sharing) runs exactly 3 "
+              f"parties, got -n {args.n}: use -n 3, or --protocol additive for {args.n} parties",
+              file=sys.stderr)
+        return 2
+    if protocol == "rss" and args.provider is not None:
+        print("crypten-lite launch: --provider chooses the additive protocol's correlated "
+              "randomness; --protocol rss needs none (no dealer, no TFP): drop --provider",
+              file=sys.stderr)
+        return 2
+    args.provider = args.provider or "dealer"
     if not os.path.exists(args.script):
         print(f"crypten-lite launch: no such script {args.script!r}", file=sys.stderr)
         return 2
@@ -44,7 +63,8 @@ def _launch(args: argparse.Namespace) -> int:
     extra = {}
     if args.tls_dir:
         extra["CRYPTEN_LITE_TLS_DIR"] = os.path.abspath(args.tls_dir)
-    party_envs, dealer_env = local_env(args.n, args.provider, timeout=args.timeout, extra=extra)
+    party_envs, dealer_env = local_env(args.n, args.provider, timeout=args.timeout, extra=extra,
+                                       protocol=protocol)
     children: list[_Child] = []
     base = {k: v for k, v in os.environ.items() if not k.startswith("CRYPTEN_LITE_")}
     base["PYTHONUNBUFFERED"] = "1"
@@ -55,7 +75,7 @@ def _launch(args: argparse.Namespace) -> int:
     reports = tempfile.mkdtemp(prefix="crypten-lite-launch-")
     previous_sigterm = signal.signal(signal.SIGTERM, _terminated)
     try:
-        if args.provider == "dealer":
+        if dealer_env is not None and args.provider == "dealer":  # none under rss
             children.append(_Child("dealer", None, subprocess.Popen(
                 [sys.executable, "-m", "crypten_lite.cli", "dealer"], env={**base, **dealer_env},
                 **popen)))
@@ -309,6 +329,8 @@ def _stop_all(children: list[_Child]) -> None:
 
 def _party(args: argparse.Namespace) -> int:
     from .config import Config
+    if args.protocol:  # the flag wins over the environment (the script's init() reads it)
+        os.environ["CRYPTEN_LITE_PROTOCOL"] = args.protocol
     Config.from_env()  # fail early with a clear message on a bad environment
     sys.argv = [args.script, *args.args]
     runpy.run_path(args.script, run_name="__main__")
@@ -321,6 +343,11 @@ def _dealer(args: argparse.Namespace) -> int:
     from .provider import dealer_handler
 
     config = Config.from_env()
+    if config.protocol == "rss":
+        print("crypten-lite dealer: CRYPTEN_LITE_PROTOCOL=rss needs no dealer (the 3 parties "
+              "make their own randomness); start the dealer for protocol 'additive' only",
+              file=sys.stderr)
+        return 2
     server = DealerServer(config, dealer_handler, address=args.listen)
     logging.getLogger("crypten_lite").info("dealer listening")
     print(f"dealer: serving session {config.session!r} for {config.world_size} parties", flush=True)
@@ -355,10 +382,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="crypten-lite", description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("launch", help="run a script as N local parties plus the dealer")
+    p = sub.add_parser("launch", help="run a script as N local parties (plus the dealer under "
+                                      "the additive protocol)")
     p.add_argument("-n", type=int, default=2, help="number of parties (default 2)")
-    p.add_argument("--provider", choices=("dealer", "tfp"), default="dealer",
-                   help="correlated randomness: dealer (secure, default) or tfp (INSECURE)")
+    p.add_argument("--protocol", choices=PROTOCOL_CHOICES, default=None,
+                   help="sharing scheme: additive (N >= 2 parties, correlated randomness from "
+                        "the dealer or --provider tfp) or rss (replicated secret sharing: "
+                        "exactly 3 parties, honest majority, no dealer process); default "
+                        "CRYPTEN_LITE_PROTOCOL, else additive; see docs/protocols.md")
+    p.add_argument("--provider", choices=("dealer", "tfp"), default=None,
+                   help="additive protocol's correlated randomness: dealer (secure, default) or "
+                        "tfp (INSECURE); not with --protocol rss")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds any wait may take")
     p.add_argument("--tls-dir", default="", help="certificates from `crypten-lite certs`")
     p.add_argument("script", help="Python script calling crypten_lite.init()")
@@ -367,9 +401,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("party", help="run one party of a session configured by CRYPTEN_LITE_*",
                        description="Run SCRIPT as one party of a session. The session comes from the "
                                    "environment (CRYPTEN_LITE_RANK, CRYPTEN_LITE_WORLD_SIZE, "
-                                   "CRYPTEN_LITE_PARTIES, CRYPTEN_LITE_DEALER, CRYPTEN_LITE_TLS_DIR, ... "
-                                   "or CRYPTEN_LITE_CONFIG); the script calls crypten_lite.init(). "
-                                   "This is the container entrypoint; see docs/deployment.md.")
+                                   "CRYPTEN_LITE_PARTIES, CRYPTEN_LITE_DEALER, CRYPTEN_LITE_TLS_DIR, "
+                                   "CRYPTEN_LITE_PROTOCOL, ... or CRYPTEN_LITE_CONFIG); the script "
+                                   "calls crypten_lite.init(). This is the container entrypoint; "
+                                   "see docs/deployment.md.")
+    p.add_argument("--protocol", choices=PROTOCOL_CHOICES, default=None,
+                   help="sharing scheme, overriding CRYPTEN_LITE_PROTOCOL: additive (default; "
+                        "needs CRYPTEN_LITE_DEALER with the dealer provider) or rss (exactly 3 "
+                        "parties, no dealer); every party must use the same (checked at the "
+                        "handshake); see docs/protocols.md")
     p.add_argument("script", help="Python script calling crypten_lite.init()")
     p.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed on to the script")
     p.set_defaults(fn=_party)

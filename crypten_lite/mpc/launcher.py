@@ -1,8 +1,8 @@
 """Local multi-party launching: a persistent pool of party processes and run_multiprocess.
 
 Parties are separate processes started with the `spawn` method (gRPC objects do not survive
-fork), each building its own server and channels; a dealer process serves correlated
-randomness. Functions travel to the workers by value (cloudpickle), so that functions defined
+fork), each building its own server and channels; under the additive protocol a dealer process
+serves correlated randomness, under `rss` (3 parties, replicated sharing) there is none. Functions travel to the workers by value (cloudpickle), so that functions defined
 in a notebook cell, in `python -c`, in a script read from stdin or inside another function
 work; results come back through multiprocessing queues. Both are local IPC between the
 launcher and its own children, never between parties (parties exchange only tensors).
@@ -25,9 +25,26 @@ from typing import Any, Callable, Iterator
 
 import cloudpickle
 
-from ..errors import CryptenLiteError
+from ..config import PREFIX, PROTOCOLS
+from ..errors import ConfigError, CryptenLiteError
 
 _CTX = mp.get_context("spawn")
+PROTOCOL_ENV = PREFIX + "PROTOCOL"
+
+
+def resolve_protocol(world_size: int, protocol: str | None = None,
+                     env: dict[str, str] | None = None) -> str:
+    """The sharing scheme of a local session: `protocol` if given, else CRYPTEN_LITE_PROTOCOL
+    from `env`, else from this process's environment, else "additive"; checked against
+    `world_size` ("rss" needs exactly 3 parties) before any process starts."""
+    chosen = protocol or (env or {}).get(PROTOCOL_ENV) or os.environ.get(PROTOCOL_ENV) or "additive"
+    if chosen not in PROTOCOLS:
+        raise ConfigError(f"protocol must be one of {PROTOCOLS}, got {chosen!r} ({PROTOCOL_ENV})")
+    if chosen == "rss" and world_size != 3:
+        raise ConfigError(
+            f"protocol 'rss' (replicated secret sharing) needs exactly 3 parties, got "
+            f"{world_size}; use protocol 'additive' for {world_size} parties")
+    return chosen
 
 
 def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
@@ -46,8 +63,14 @@ def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
 
 
 def local_env(world_size: int, provider: str = "dealer", session: str | None = None,
-              timeout: float = 60.0, extra: dict[str, str] | None = None) -> tuple[list[dict[str, str]], dict[str, str]]:
-    """Environment of each party and of the dealer for a session on loopback."""
+              timeout: float = 60.0, extra: dict[str, str] | None = None,
+              protocol: str | None = None) -> tuple[list[dict[str, str]], dict[str, str] | None]:
+    """Environment of each party and of the dealer for a session on loopback.
+
+    The protocol comes from :func:`resolve_protocol` (`protocol`, else CRYPTEN_LITE_PROTOCOL
+    in `extra` or in this process's environment); under "rss" there is no dealer: the parties
+    get no dealer address and the dealer environment is None."""
+    protocol = resolve_protocol(world_size, protocol, extra)
     ports = free_ports(world_size + 1)
     parties = ",".join(f"127.0.0.1:{p}" for p in ports[:world_size])
     common = {
@@ -59,8 +82,11 @@ def local_env(world_size: int, provider: str = "dealer", session: str | None = N
         "CRYPTEN_LITE_TIMEOUT": str(timeout),
     }
     common.update(extra or {})
+    common[PROTOCOL_ENV] = protocol
+    if protocol == "rss":
+        del common["CRYPTEN_LITE_DEALER"]
     party_envs = [dict(common, CRYPTEN_LITE_RANK=str(r)) for r in range(world_size)]
-    return party_envs, dict(common, CRYPTEN_LITE_RANK="0")
+    return party_envs, (dict(common, CRYPTEN_LITE_RANK="0") if protocol != "rss" else None)
 
 
 def _apply_env(env: dict[str, str]) -> None:
@@ -167,24 +193,29 @@ class PartyFailure(CryptenLiteError):
 
 
 class PartyPool:
-    """`world_size` party processes (plus a dealer) that stay up between calls."""
+    """`world_size` party processes (plus a dealer under the additive protocol with the dealer
+    provider) that stay up between calls.
+
+    `protocol`: "additive" or "rss" (3 parties, no dealer); default CRYPTEN_LITE_PROTOCOL from
+    `env`, else from this process's environment, else "additive"."""
 
     def __init__(self, world_size: int, provider: str = "dealer", timeout: float = 60.0,
-                 env: dict[str, str] | None = None):
+                 env: dict[str, str] | None = None, protocol: str | None = None):
         self.world_size = world_size
         self.provider = provider
         self.timeout = timeout
         self.extra_env = env or {}
+        self.protocol = resolve_protocol(world_size, protocol, self.extra_env)
         self._procs: list = []
         self._start()
 
     def _start(self) -> None:
         party_envs, dealer_env = local_env(self.world_size, self.provider, timeout=self.timeout,
-                                           extra=self.extra_env)
+                                           extra=self.extra_env, protocol=self.protocol)
         self._results = _CTX.Queue()
         self._tasks = [_CTX.Queue() for _ in range(self.world_size)]
         self._procs = []
-        if self.provider == "dealer":
+        if dealer_env is not None and self.provider == "dealer":
             dealer = _CTX.Process(target=dealer_main, args=(dealer_env,), daemon=True)
             with _children_skip_main():
                 dealer.start()
@@ -251,17 +282,21 @@ class PartyPool:
         self.close()
 
 
-def run_multiprocess(world_size: int, provider: str = "dealer", timeout: float = 60.0):
+def run_multiprocess(world_size: int, provider: str = "dealer", timeout: float = 60.0,
+                     protocol: str | None = None):
     """Decorator: calling the function runs it on `world_size` parties; returns each rank's value.
 
     The function may be defined anywhere (module, notebook cell, `python -c`, stdin, another
     function): it travels to the spawned parties by value. Raises PartyFailure with the
-    failing rank's traceback.
+    failing rank's traceback. `protocol` as for PartyPool ("rss": 3 parties, no dealer).
     """
+    if protocol is not None:
+        resolve_protocol(world_size, protocol)  # a wrong protocol fails here, not at the call
+
     def decorator(fn: Callable) -> Callable:
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
-            with PartyPool(world_size, provider, timeout) as pool:
+            with PartyPool(world_size, provider, timeout, protocol=protocol) as pool:
                 return pool.run(fn, *args, **kwargs)
         return wrapper
     return decorator
