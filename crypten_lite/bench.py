@@ -36,11 +36,12 @@ def workload(name: str):
 _PLANS: dict[str, list] = {}
 
 
-def _measure(run: Callable[[], tuple[torch.Tensor, torch.Tensor]]) -> dict:
+def _measure(run: Callable[[], tuple[torch.Tensor, torch.Tensor]], plan_name: str | None = None) -> dict:
     """Run `run` (returns private result revealed and the torch reference) and collect stats.
 
     The first run of a workload records its correlation plan; later runs fetch the
     corrections in an offline phase first (timed and counted separately), then run online.
+    `plan_name` keeps a variant's plan apart from its workload's (default: the workload's name).
     """
     import sys
     from crypten_lite.mpc import offline
@@ -52,6 +53,7 @@ def _measure(run: Callable[[], tuple[torch.Tensor, torch.Tensor]]) -> dict:
     while frame is not None and frame.f_code not in codes:
         frame = frame.f_back
     name = codes[frame.f_code] if frame is not None else sys._getframe(1).f_code.co_name
+    name = plan_name or name
     c = comm.get()
     provider = current().provider
     plan = _PLANS.get(name)
@@ -176,7 +178,11 @@ def resnet18_b1():
 
 
 @workload("logreg_sgd_step")
-def logreg_step():
+def logreg_step(read_loss: bool = False):
+    """One SGD step of logistic regression (100 features, batch 100, BCE-with-logits): party
+    0's model, party 1's data. read_loss=True also reveals the loss value inside the step
+    (abs, exp, log: computed only because it is read; scripts/gen_doc_figures.py's
+    logreg_sgd_step_loss)."""
     from crypten_lite import nn, optim
     rank = comm.get().rank
     torch.manual_seed(0)  # insecure-ok: benchmark inputs and public model init, not shares
@@ -188,13 +194,13 @@ def logreg_step():
     opt = optim.SGD(model.parameters(), lr=0.1)
     loss_fn = nn.BCEWithLogitsLoss()
 
-    def step():  # forward, backward, update (the loss value itself is not needed)
+    def step():  # forward, backward, update (the loss value only with read_loss)
         opt.zero_grad()
         loss = loss_fn(model(x), y)
         loss.backward()
         opt.step()
-        return torch.zeros(1), None
-    return _measure(step)
+        return (loss.get_plain_text().reshape(1) * 0 if read_loss else torch.zeros(1)), None
+    return _measure(step, "logreg_sgd_step_loss" if read_loss else None)
 
 
 @workload("transport_16MB")

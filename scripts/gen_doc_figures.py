@@ -374,28 +374,9 @@ def mlp_sgd_step() -> dict:
 
 
 def logreg_sgd_step_loss() -> dict:
-    """The bench's logreg_sgd_step, also revealing the loss value (abs, exp, log: computed
-    only because it is read)."""
-    import torch
-    import crypten_lite
-    from crypten_lite import bench, comm, nn, optim
-    rank = comm.get().rank
-    torch.manual_seed(0)  # insecure-ok: benchmark inputs and public model init, not shares
-    features, labels = bench._data(14, 100, 100), (bench._data(15, 100, 1) > 0).float()
-    model = nn.Sequential(nn.Linear(100, 1))
-    model.encrypt(src=0)
-    x = crypten_lite.cryptensor(features if rank == 1 else None, src=1)
-    y = crypten_lite.cryptensor(labels if rank == 1 else None, src=1)
-    opt = optim.SGD(model.parameters(), lr=0.1)
-    loss_fn = nn.BCEWithLogitsLoss()
-
-    def step():
-        opt.zero_grad()
-        loss = loss_fn(model(x), y)
-        loss.backward()
-        opt.step()
-        return loss.get_plain_text().reshape(1) * 0, None
-    return bench._measure(step)
+    """The bench's logreg_sgd_step, also revealing the loss value."""
+    from crypten_lite import bench
+    return bench.logreg_step(read_loss=True)
 
 
 EXTRA_WORKLOADS = {"eq_100k": eq_100k, "sign_100k": sign_100k, "mlp_sgd_step": mlp_sgd_step,
