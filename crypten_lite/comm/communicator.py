@@ -75,6 +75,10 @@ class Communicator(abc.ABC):
                        "seconds": 0.0}
 
     def _count_send(self, tensor: torch.Tensor) -> None:
+        if getattr(tensor, "is_replicated_share", False):
+            # A replicated share is two components; a protocol sends one of them by name.
+            raise CommunicationError(f"party {self.rank}: a replicated share cannot be sent as "
+                                     "one tensor; send its component .a or .b")
         self._stats["bytes_sent"] += payload_bytes(tensor)
         self._stats["messages"] += 1
 
