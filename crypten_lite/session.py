@@ -14,7 +14,7 @@ import sys
 import threading
 from dataclasses import dataclass, field
 
-from . import comm as comm_module
+import crypten_lite.comm as comm_module  # not `from . import`: that asks the lazy package first
 from . import config as config_module
 from .comm.communicator import Communicator
 from .config import Config
@@ -33,6 +33,19 @@ class Session:
     comm: Communicator
     provider: Provider
     pair_prgs: dict[int, PRG] = field(default_factory=dict)
+    # Seeds agreed with each peer in the handshake; pair_prg() derives one stream per purpose.
+    pair_seeds: dict[int, bytes] = field(default_factory=dict, repr=False)
+    _purpose_prgs: dict[tuple[str, int], PRG] = field(default_factory=dict, repr=False)
+
+    def pair_prg(self, purpose: str, peer: int) -> PRG:
+        """The PRG this party shares with `peer` for `purpose` (a random.PURPOSES name): both
+        derive the same key, and draw the same values as long as they draw in the same order."""
+        key = (purpose, peer)
+        if key not in self._purpose_prgs:
+            if peer not in self.pair_seeds:
+                raise ConfigError(f"party {self.rank} has no seed agreed with party {peer}")
+            self._purpose_prgs[key] = PRG(subkey(self.pair_seeds[peer], purpose))
+        return self._purpose_prgs[key]
 
     @property
     def rank(self) -> int:
@@ -75,7 +88,7 @@ def install(session: Session) -> None:
 def init(config: Config | None = None, **overrides) -> Session:
     """Join the session described by `config` (default: the CRYPTEN_LITE_* environment)."""
     from .comm.grpc_comm import GrpcCommunicator
-    from .provider import make as make_provider
+    from .provider import NoProvider, make as make_provider
 
     global _session
     if _session is not None:
@@ -88,12 +101,15 @@ def init(config: Config | None = None, **overrides) -> Session:
             "CRYPTEN_LITE_PARTIES, or start the script with `crypten-lite launch -n 2 script.py`")
     comm = GrpcCommunicator(config)
     try:
-        provider = make_provider(config)
+        # Replicated sharing needs no correlated randomness: no dealer is contacted, and a
+        # protocol that would still ask for a correlation gets a clear error naming it.
+        provider = NoProvider(config) if config.protocol == "rss" else make_provider(config)
     except BaseException:
         comm.close()
         raise
     session = Session(config, comm, provider,
-                      {p: PRG(subkey(seed, "przs")) for p, seed in comm.pair_seeds.items()})
+                      {p: PRG(subkey(seed, "przs")) for p, seed in comm.pair_seeds.items()},
+                      dict(comm.pair_seeds))
     install(session)
     # threading's exit hooks run before atexit and join the gRPC server's worker threads,
     # which wait on peer streams: close the transport first so that exit never hangs.
