@@ -100,7 +100,10 @@ def derive_key(secret: bytes, info: str) -> bytes:
 
 # Every purpose a seed serves; subkey() refuses any other name (a typo must not silently
 # collide with, or differ from, the other endpoint's key).
-PURPOSES = frozenset({"przs", "stream-token", "correlations", "dealer-request-mac"})
+PURPOSES = frozenset({"przs", "stream-token", "correlations", "dealer-request-mac",
+                      # replicated sharing (3 parties): zero-sharings of reshares, input
+                      # sharing, and the randomness of dealer-free correlated values
+                      "rss-zero", "rss-share", "rss-rand"})
 
 
 def subkey(seed: bytes, purpose: str) -> bytes:

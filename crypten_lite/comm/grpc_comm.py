@@ -104,7 +104,7 @@ def check_hello(mine: pb.Hello, theirs: pb.Hello, identity: str | None, dealer: 
         return (f"world size {theirs.world_size} != {mine.world_size}: "
                 "set the same CRYPTEN_LITE_WORLD_SIZE everywhere")
     if theirs.config_digest != mine.config_digest:
-        return ("configuration digest differs (precision, provider, truncation or TLS): "
+        return ("configuration digest differs (precision, provider, truncation, protocol or TLS): "
                 "use the same CRYPTEN_LITE_* settings on every party")
     limit = theirs.world_size if not dealer else mine.world_size
     if not 0 <= theirs.rank < limit or (not dealer and theirs.rank == mine.rank):

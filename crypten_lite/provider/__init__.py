@@ -17,6 +17,7 @@ import torch
 
 from ..comm.dealer_rpc import DealerClient, Request
 from ..config import Config
+from ..errors import UnsupportedError
 from ..random import canonical, subkey
 from . import correlations
 from .correlations import CORRECTING_RANK
@@ -227,6 +228,27 @@ class DealerHandler:
 
 
 dealer_handler = DealerHandler()
+
+
+class NoProvider(Provider):
+    """The provider of a session without a dealer (protocol "rss"): every request is refused
+    by name. Offline recording and prefetching are no-ops (nothing to fetch)."""
+
+    name = "none"
+
+    def __init__(self, config: Config):
+        super().__init__(config, bytes(32))
+        self._protocol = config.protocol
+
+    def get(self, kind: str, shapes, op: str = "", params=()) -> Correlation:
+        what = f"{kind}/{op}" if op else kind
+        raise UnsupportedError(
+            f"party {self.rank}: protocol {self._protocol!r} has no dealer, but a protocol asked "
+            f"for correlated randomness ({what} of shapes {[tuple(s) for s in shapes]}): this op "
+            "has no replicated implementation yet; run it with CRYPTEN_LITE_PROTOCOL=additive")
+
+    def _corrections(self, request: Request) -> Callable[[], list[torch.Tensor]]:
+        raise UnsupportedError(f"protocol {self._protocol!r} has no dealer")
 
 
 def make(config: Config) -> Provider:
