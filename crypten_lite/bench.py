@@ -1,9 +1,11 @@
-"""`crypten-lite bench`: workloads between local parties over gRPC, with the dealer process.
+"""`crypten-lite bench`: workloads between local parties over gRPC, with the dealer process
+(protocol additive) or without one (--protocol rss: 3 parties, replicated secret sharing).
 
 Every workload runs on a persistent pool of party processes; each repetition resets the
 communication counters, runs the private computation, and reports seconds (wall clock of the
-slowest party), rounds and bytes sent per party (online), dealer bytes received by rank 0,
-and the max error against torch. Output: a table on stderr and one JSON line per workload on
+slowest party), rounds and bytes sent per party (online), dealer bytes received by rank 0
+(0 under rss), and the max error against torch. A workload that needs an operation the chosen
+protocol does not implement yet is reported as not run, naming the operation. Output: a table on stderr and one JSON line per workload on
 stdout (or --out FILE). Rounds and bytes are deterministic; seconds are medians of --repeat.
 """
 
@@ -12,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import sys
 import time
@@ -56,9 +59,11 @@ def _measure(run: Callable[[], tuple[torch.Tensor, torch.Tensor]], plan_name: st
     name = plan_name or name
     c = comm.get()
     provider = current().provider
+    # No dealer under rss: no offline phase, no plan, dealer bytes 0.
+    dealer = current().config.protocol == "additive"
     plan = _PLANS.get(name)
     offline_seconds, offline_dealer = 0.0, 0
-    if plan is not None:
+    if plan is not None and dealer:
         before = provider.stats["dealer_bytes"]
         start = time.perf_counter()
         offline.prefetch(plan)
@@ -66,8 +71,8 @@ def _measure(run: Callable[[], tuple[torch.Tensor, torch.Tensor]], plan_name: st
         offline_dealer = provider.stats["dealer_bytes"] - before
     c.barrier()
     c.reset_communication_stats()
-    dealer_before = provider.stats["dealer_bytes"]
-    recording = offline.record() if plan is None else None
+    dealer_before = _dealer_bytes(provider)
+    recording = offline.record() if plan is None and dealer else None
     if recording is not None:
         new_plan = recording.__enter__()
     start = time.perf_counter()
@@ -80,9 +85,15 @@ def _measure(run: Callable[[], tuple[torch.Tensor, torch.Tensor]], plan_name: st
     err = float((got.double() - ref.double()).abs().max()) if ref is not None else 0.0
     return {"seconds": seconds, "rounds": stats["rounds"], "bytes_sent": stats["bytes_sent"],
             "bytes_received": stats["bytes_received"], "messages": stats["messages"],
-            "comm_seconds": stats["seconds"], "dealer_bytes": provider.stats["dealer_bytes"] - dealer_before,
+            "comm_seconds": stats["seconds"], "dealer_bytes": _dealer_bytes(provider) - dealer_before,
             "offline_seconds": offline_seconds, "offline_dealer_bytes": offline_dealer,
             "max_error": err}
+
+
+def _dealer_bytes(provider) -> int:
+    """Bytes this party received from the dealer so far (0 where there is no dealer)."""
+    stats = getattr(provider, "stats", None) or {}
+    return int(stats.get("dealer_bytes", 0))
 
 
 def _data(seed: int, *shape, scale: float = 1.0) -> torch.Tensor:
@@ -227,10 +238,27 @@ def bare_grpc_echo(nbytes: int = 16 * 1024 * 1024, repeat: int = 3) -> float:
     return statistics.median(echo_seconds(nbytes) for _ in range(repeat))
 
 
-def run(names: list[str], parties: int, provider: str, repeat: int, tls_dir: str = "") -> list[dict]:
+_UNSUPPORTED = re.compile(r"^(?:crypten_lite\.errors\.)?UnsupportedError: (.*)$", re.M)
+
+
+def _failure_row(name: str, parties: int, protocol: str, error: Exception) -> dict:
+    """The row of a workload that failed: `missing` names the operation the protocol lacks
+    (an UnsupportedError on a party) where that is the cause."""
+    text = str(error)
+    row = {"workload": name, "parties": parties, "protocol": protocol,
+           "error": text.splitlines()[0] if text else type(error).__name__}
+    missing = _UNSUPPORTED.search(text)
+    if missing:
+        row["missing"] = missing.group(1).strip()
+        row["error"] = f"not run: protocol {protocol} lacks an operation: {row['missing']}"
+    return row
+
+
+def run(names: list[str], parties: int, provider: str, repeat: int, tls_dir: str = "",
+        protocol: str = "additive") -> list[dict]:
     env = {"CRYPTEN_LITE_TLS_DIR": tls_dir} if tls_dir else {}
     rows = []
-    with PartyPool(parties, provider=provider, timeout=300, env=env) as pool:
+    with PartyPool(parties, provider=provider, timeout=300, env=env, protocol=protocol) as pool:
         for name in names:
             if name == "transport_16MB" and parties != 2:
                 continue
@@ -240,11 +268,12 @@ def run(names: list[str], parties: int, provider: str, repeat: int, tls_dir: str
                 for _ in range(repeat):
                     samples.append(pool.run(WORKLOADS[name]))
             except Exception as e:  # report and go on with the other workloads
-                rows.append({"workload": name, "parties": parties, "error": str(e).splitlines()[0]})
+                rows.append(_failure_row(name, parties, protocol, e))
                 continue
             seconds = [max(r["seconds"] for r in s) for s in samples]
             first = samples[-1]
-            row = {"workload": name, "parties": parties, "provider": provider, "tls": bool(tls_dir),
+            row = {"workload": name, "parties": parties, "protocol": protocol,
+                   "provider": provider if protocol == "additive" else None, "tls": bool(tls_dir),
                    "seconds_median": statistics.median(seconds), "seconds_min": min(seconds),
                    "seconds_max": max(seconds), "rounds": first[0]["rounds"],
                    "bytes_sent_per_party": [r["bytes_sent"] for r in first],
@@ -269,8 +298,13 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--parties", type=int, default=2,
                         help="number of computing parties (default %(default)s)")
+    parser.add_argument("--protocol", choices=("additive", "rss"), default=None,
+                        help="sharing scheme: additive (any number of parties, with --provider) or "
+                             "rss (exactly 3 parties, no dealer); default CRYPTEN_LITE_PROTOCOL, "
+                             "else additive")
     parser.add_argument("--provider", choices=("dealer", "tfp"), default="dealer",
-                        help="correlated randomness: dealer process (default) or tfp (INSECURE, party 0 deals)")
+                        help="additive protocol's correlated randomness: dealer process (default) "
+                             "or tfp (INSECURE, party 0 deals); ignored under rss")
     parser.add_argument("--tls", action="store_true", help="run with mutual TLS (fresh certificates)")
     parser.add_argument("--only", action="append", choices=sorted(WORKLOADS), metavar="NAME",
                         help="run only this workload (repeatable); one of: " + ", ".join(sorted(WORKLOADS)))
@@ -281,7 +315,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    from crypten_lite.errors import ConfigError
+    from crypten_lite.mpc.launcher import resolve_protocol
+    try:
+        protocol = resolve_protocol(args.parties, args.protocol)
+    except ConfigError as e:
+        parser.error(str(e))
     tls_dir = ""
     if args.tls:
         import tempfile
@@ -289,16 +330,19 @@ def main(argv: list[str] | None = None) -> int:
         tls_dir = tempfile.mkdtemp(prefix="crypten-lite-bench-certs-")
         certs.generate(tls_dir, parties=args.parties)
     names = args.only or list(WORKLOADS)
-    rows = run(names, args.parties, args.provider, args.repeat, tls_dir)
+    rows = run(names, args.parties, args.provider, args.repeat, tls_dir, protocol)
     out = sys.stdout if args.out == "-" else open(args.out, "a")
     for row in rows:
         out.write(json.dumps(row) + "\n")
-    print(f"{'workload':18} {'parties':>7} {'median s':>9} {'rounds':>7} {'MB sent/party':>14} {'max err':>9}",
-          file=sys.stderr)
+    print(f"{'workload':18} {'parties':>7} {'protocol':>8} {'median s':>9} {'rounds':>7} "
+          f"{'MB sent/party':>14} {'dealer MB':>9} {'max err':>9}", file=sys.stderr)
     for r in rows:
         if "error" in r:
-            print(f"{r['workload']:18} {r['parties']:>7} error: {r['error'][:80]}", file=sys.stderr)
+            status = r["error"] if "missing" in r else f"error: {r['error'][:80]}"
+            print(f"{r['workload']:18} {r['parties']:>7} {r['protocol']:>8} {status}", file=sys.stderr)
             continue
-        print(f"{r['workload']:18} {r['parties']:>7} {r['seconds_median']:>9.3f} {r['rounds']:>7} "
-              f"{max(r['bytes_sent_per_party']) / 1e6:>14.3f} {r['max_error']:>9.2e}", file=sys.stderr)
+        dealer_mb = (r["online_dealer_bytes"] + r["offline_dealer_bytes"]) / 1e6
+        print(f"{r['workload']:18} {r['parties']:>7} {r['protocol']:>8} {r['seconds_median']:>9.3f} "
+              f"{r['rounds']:>7} {max(r['bytes_sent_per_party']) / 1e6:>14.3f} {dealer_mb:>9.2f} "
+              f"{r['max_error']:>9.2e}", file=sys.stderr)
     return 0 if all("error" not in r for r in rows) else 1

@@ -70,12 +70,13 @@ def load_costs() -> dict[str, dict]:
 
 
 def load_bench() -> dict[tuple[str, int, bool], dict]:
-    """The last measured line of each (workload, parties, tls) in benchmarks.jsonl."""
+    """The last measured line of each (workload, parties, tls) in benchmarks.jsonl, additive
+    protocol (lines without a protocol field are additive; rss lines are not mixed in)."""
     rows = {}
     for line in BENCH.read_text().splitlines():
         if line.strip():
             row = json.loads(line)
-            if "error" not in row and "tls" in row:
+            if "error" not in row and "tls" in row and row.get("protocol", "additive") == "additive":
                 rows[(row["workload"], row["parties"], row["tls"])] = row
     return rows
 
