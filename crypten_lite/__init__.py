@@ -59,11 +59,24 @@ def _load_all() -> None:
             g[name] = mod if attr is None else getattr(mod, attr)
 
 
+def _importing_the_package() -> bool:
+    """True while a crypten_lite module is still executing (an import in progress): then a
+    lazy name is resolved alone, so that `from . import comm` inside the package never
+    pulls in the modules that import it."""
+    return any(getattr(getattr(m, "__spec__", None), "_initializing", False)
+               for n, m in list(sys.modules.items()) if n.startswith("crypten_lite."))
+
+
 def __getattr__(name: str):
-    if name in _LAZY:
-        _load_all()
-        return globals()[name]
-    raise AttributeError(f"module 'crypten_lite' has no attribute {name!r}")
+    if name not in _LAZY:
+        raise AttributeError(f"module 'crypten_lite' has no attribute {name!r}")
+    module, attr = _LAZY[name]
+    if _importing_the_package():
+        import importlib
+        mod = importlib.import_module(module)
+        return mod if attr is None else getattr(mod, attr)
+    _load_all()
+    return globals()[name]
 
 
 def __dir__():
