@@ -37,11 +37,15 @@ import os
 import pathlib
 import re
 import sys
+import textwrap
 from typing import Callable
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 COSTS = ROOT / "docs" / "costs.json"
 BENCH = ROOT / "docs" / "benchmarks.jsonl"
+NETNS = ROOT / "docs" / "netns_bench.jsonl"  # benchmarks/netns_bench.py --json
+# docs/NAME.json: figures of other producers, each with its provenance (see load_sources)
+JSON_SOURCES = ("external_figures", "container", "faults", "fuzz", "crypten_compat")
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 BLOCK = re.compile(r"(<!-- figures:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /figures -->)", re.S)
 
@@ -105,7 +109,7 @@ def mb(nbytes: float) -> str:
     return f"{nbytes / 1e6:.3f}"
 
 
-def readme_bench(costs: dict, bench: dict) -> str:
+def readme_bench(costs: dict, bench: dict, sources: dict) -> str:
     lines = ["| workload | parties | TLS | online s (median of 3) | rounds | MB sent / party | dealer MB (offline) "
              "| max error |", "|---|---|---|---|---|---|---|---|"]
     for tls in (False, True):
@@ -125,24 +129,28 @@ def readme_bench(costs: dict, bench: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def readme_transport(costs: dict, bench: dict) -> str:
+def readme_transport(costs: dict, bench: dict, sources: dict) -> str:
     row = bench[("transport_16MB", 2, False)]
     return (f"The 16 MB transport exchange (`transport_16MB`) reaches {row['mb_per_s']:.0f} MB/s per direction "
             f"against\n{row['bare_grpc_mb_per_s']:.0f} MB/s for a bare gRPC echo of the same bytes measured in "
             "the same run (the bare echo\nruns client and server in one process).\n")
 
 
-def functions_comm(costs: dict, bench: dict) -> str:
+def functions_comm(costs: dict, bench: dict, sources: dict) -> str:
     def cell(workload: str, parties: int, per: int, digits: int = 1) -> str:
         c = costs[key(workload, parties)]
         return f"{c['rounds']} / {max(c['bytes_sent']) / per:.{digits}f}"
+    def other(system: str, op: str) -> str:
+        f = external(sources, system, op)
+        return f"{f['rounds']} / {f['bytes_per_element']:g}"
     lt2, relu2 = costs[key("lt_1M", 2)], costs[key("relu_1M", 2)]
     return "\n".join([
         "| op | 2 parties: rounds / bytes | 3 parties: rounds / bytes | CrypTen (2p) | SPU (2p) |",
         "|---|---|---|---|---|",
-        f"| lt, le, gt, ge (also vs public) | **{cell('lt_1M', 2, 10**6)}** | {cell('lt_1M', 3, 10**6)} | 8 / 216 "
-        "| 7 / 56 |",
-        f"| relu, abs | **{cell('relu_1M', 2, 10**6)}** | {cell('relu_1M', 3, 10**6)} | 9 / 232 | 8 / 72 |",
+        f"| lt, le, gt, ge (also vs public) | **{cell('lt_1M', 2, 10**6)}** | {cell('lt_1M', 3, 10**6)} | "
+        f"{other('crypten', 'lt')} | {other('spu', 'lt')} |",
+        f"| relu, abs | **{cell('relu_1M', 2, 10**6)}** | {cell('relu_1M', 3, 10**6)} | {other('crypten', 'relu')} | "
+        f"{other('spu', 'relu')} |",
         f"| eq, ne | {cell('eq_100k', 2, 10**5)} | {cell('eq_100k', 3, 10**5)} | | |",
         f"| sign | {cell('sign_100k', 2, 10**5)} | {cell('sign_100k', 3, 10**5)} | | |",
         f"| softmax [1000, 10] (per logit) | {cell('softmax_1000x10', 2, 10**4, 0)} | "
@@ -150,11 +158,13 @@ def functions_comm(costs: dict, bench: dict) -> str:
         "",
         f"(2 parties: 10^6 elements, lt = {max(lt2['bytes_sent']):,} bytes and relu = "
         f"{max(relu2['bytes_sent']):,} bytes exactly,\n`crypten-lite bench --only lt_1M --only relu_1M`; eq and sign "
-        "on 10^5 elements, workloads of\n`scripts/gen_doc_figures.py`.)",
+        "on 10^5 elements, workloads of\n`scripts/gen_doc_figures.py`. The CrypTen and SPU columns are measurements of "
+        f"those systems\n({systems(sources)}), not of this code: `docs/external_figures.json` says where they come "
+        "from.)",
     ]) + "\n"
 
 
-def functions_accuracy(costs: dict, bench: dict) -> str:
+def functions_accuracy(costs: dict, bench: dict, sources: dict) -> str:
     rows = [json.loads(line) for line in BENCH.read_text().splitlines()
             if line.strip() and json.loads(line).get("workload") == "accuracy"]
     rows = list({r["function"]: r for r in rows}.values())  # the last measurement of each function
@@ -168,7 +178,7 @@ def functions_accuracy(costs: dict, bench: dict) -> str:
         "points per function, 2 parties.)\n"
 
 
-def training_resnet(costs: dict, bench: dict) -> str:
+def training_resnet(costs: dict, bench: dict, sources: dict) -> str:
     c, row = costs[key("resnet18_b1", 2)], bench.get(("resnet18_b1", 2, False))
     load = f" (measured at a 1-minute load average of {row['load_average_1min']:g} on {row['cpus']} cores)" \
         if row and "load_average_1min" in row else ""
@@ -180,7 +190,7 @@ def training_resnet(costs: dict, bench: dict) -> str:
             f"{row['max_error']:.1e} against torch.\n" if row else "")
 
 
-def quantized_mpc(costs: dict, bench: dict) -> str:
+def quantized_mpc(costs: dict, bench: dict, sources: dict) -> str:
     names = {"float": "float (fixed point, `nn.from_pytorch`)", "int8-eager": "int8 eager", "int8-fx": "int8 FX",
              "int8-pt2e": "int8 PT2E (float last linear)",
              "int8-eager-probabilistic": "int8 eager, probabilistic truncation"}
@@ -215,7 +225,7 @@ def load_examples() -> dict[str, dict]:
     return rows
 
 
-def training_steps(costs: dict, bench: dict) -> str:
+def training_steps(costs: dict, bench: dict, sources: dict) -> str:
     def cell(workload: str, parties: int) -> str:
         c = costs[key(workload, parties)]
         row = bench.get((workload, parties, False))
@@ -231,7 +241,7 @@ def training_steps(costs: dict, bench: dict) -> str:
     ]) + "\n"
 
 
-def training_examples(costs: dict, bench: dict) -> str:
+def training_examples(costs: dict, bench: dict, sources: dict) -> str:
     rows = load_examples()
     lines = ["| example | private test accuracy | plaintext torch (same init, same batches) | per SGD step, party 0 |",
              "|---|---|---|---|"]
@@ -251,7 +261,288 @@ def training_examples(costs: dict, bench: dict) -> str:
         "`python scripts/gen_doc_figures.py --measure-examples`.)\n"
 
 
-RENDERERS: dict[str, Callable[[dict, dict], str]] = {
+# ------------------------------------------------- measured figures of other sources (docs/*.json)
+# Each file records where its figures come from ("provenance": command, commit, date, machine,
+# and whether they were re-measured or transcribed once from the docs).
+def load_sources() -> dict:
+    """The JSON sources of the figures that are not rounds, bytes or bench seconds."""
+    out = {name: json.loads((ROOT / "docs" / f"{name}.json").read_text()) for name in JSON_SOURCES}
+    out["netns_bench"] = [json.loads(line) for line in NETNS.read_text().splitlines() if line.strip()]
+    health = re.search(r"x-healthcheck:.*?\n\s+timeout: (\d+)s", (ROOT / "docker-compose.yml").read_text(), re.S)
+    out["compose_health_timeout_s"] = int(health[1]) if health else None
+    return out
+
+
+def external(sources: dict, system: str, workload: str) -> dict:
+    """The figures of another system (docs/external_figures.json) for one workload."""
+    for f in sources["external_figures"]["figures"]:
+        if f["system"] == system and f["workload"] == workload:
+            return f
+    raise KeyError(f"docs/external_figures.json has no {system} figures for {workload}")
+
+
+def systems(sources: dict) -> str:
+    return " and ".join(f"{s['system']} {s['version']}" for s in sources["external_figures"]["systems"].values())
+
+
+def para(text: str) -> str:
+    """One paragraph, its lines filled to 100 columns (the renderers' prose)."""
+    return textwrap.fill(" ".join(text.split()), 100, break_long_words=False, break_on_hyphens=False) + "\n"
+
+
+def span(values, fmt: str = "g", unit: str = "") -> str:
+    lo, hi = values
+    return f"{lo:{fmt}}-{hi:{fmt}}{unit}"
+
+
+def readme_external(costs: dict, bench: dict, sources: dict) -> str:
+    def lenet(system: str, workload: str) -> str:
+        f = external(sources, system, workload)
+        parts = [f"{f['seconds']:g} s"] + ([f"{f['rounds']} rounds"] if "rounds" in f else []) + \
+            [f"{f['mb_sent_per_party']:g} MB"]
+        return ", ".join(parts)
+    relu_c, relu_s = external(sources, "crypten", "relu"), external(sources, "spu", "relu")
+    ext = sources["external_figures"]
+    return para(f"Figures of other systems, for comparison only: measured for {systems(sources)} (not for this code)\n"
+            f"on {ext['provenance']['machine']}; `docs/external_figures.json` says where they come from. "
+            f"CrypTen / SPU:\nLeNet batch 1 {lenet('crypten', 'lenet_b1')} / {lenet('spu', 'lenet_b1')}; batch 64 "
+            f"{lenet('crypten', 'lenet_b64')} / {lenet('spu', 'lenet_b64')};\nCrypTen's logistic-regression step "
+            f"{external(sources, 'crypten', 'logreg_sgd_step')['seconds']:g} s; ReLU {relu_c['rounds']} rounds, "
+            f"{relu_c['bytes_per_element']:g} B per element (CrypTen) and\n{relu_s['rounds']} rounds, "
+            f"{relu_s['bytes_per_element']:g} B (SPU).\n")
+
+
+def readme_image(costs: dict, bench: dict, sources: dict) -> str:
+    image = sources["container"]["image"]
+    return para(f"The image measured {image['size_gb']:g} GB (torch {image['torch']}, scikit-learn) in the container "
+            f"test's run of\n{image['provenance']['date']} (`docs/container.json`).\n")
+
+
+def deployment_health(costs: dict, bench: dict, sources: dict) -> str:
+    h = sources["container"]["health"]
+    c, host = h["container"], h["host"]
+    return para(f"Health checks run `crypten-lite health --target NAME:PORT` (the standard gRPC health service);\n"
+            f"that command imports grpc only, not torch ({span(c['grpc_only_s'], unit=' s')} in the container against "
+            f"{span(c['whole_package_s'], unit=' s')} with\nthe whole package, measured at load average "
+            f"{c['load_average']} on 2 cores; {span(host['grpc_only_s'])} s against "
+            f"{span(host['whole_package_s'], unit=' s')} on\nthe host at {host['load_average']} load; "
+            f"{h['provenance']['date']}), so it answers inside its {sources['compose_health_timeout_s']} s timeout "
+            "(`docker-compose.yml`).\n")
+
+
+def deployment_image(costs: dict, bench: dict, sources: dict) -> str:
+    image, ex = sources["container"]["image"], sources["container"]["example_online"]
+    return para("The image (`Dockerfile`) installs a CPU-only torch from PyTorch's CPU index by default (build\n"
+            f"argument `TORCH_PIP_ARGS`; PyPI's Linux torch is the CUDA build: an image of {image['cuda_torch_image_gb']:g} "
+            "GB) and the\n`examples` extra (scikit-learn) that the parties' script needs. `BASE_IMAGE` (default\n"
+            "`python:3.11-slim`) and `TORCH_VERSION` are build arguments too; where no registry is\n"
+            "reachable, `scripts/docker_base_image.sh` builds a local Debian 12 base with debootstrap.\n"
+            "Party 0 trains its model on its own digits, shares the weights; party 1 shares its images; both\n"
+            "print the same `private prediction: [...]` line and the online cost\n"
+            f"(`online: {ex['seconds']:.2f} s, {ex['rounds']} rounds, {ex['mb_sent']:.2f} MB sent by this party` in a "
+            "run of the example;\nrounds and bytes are the same in every run, the seconds depend on the machine).\n")
+
+
+def minutes(seconds: float) -> str:
+    m, s = divmod(int(seconds), 60)
+    return f"{m} min {s} s" if m and s else f"{m} min" if m else f"{s} s"
+
+
+def deployment_container_test(costs: dict, bench: dict, sources: dict) -> str:
+    i = sources["container"]["image"]
+    lo, hi = i["rebuild_s"]
+    return para(f"Measured in a passing run ({i['provenance']['date']}, `docs/container.json`): image {i['size_gb']:g} GB "
+            f"(torch\n{i['torch']}, scikit-learn); debootstrap base {minutes(i['debootstrap_base_s'])}; first image build "
+            f"{minutes(i['first_build_s'])},\nrebuild after a code change {minutes(lo)} to {minutes(hi)} (at load average "
+            f"{i['rebuild_load_average']}); the whole test with engine,\nbase and torch layer already there "
+            f"{i['whole_test_min']} min at load average {span(i['whole_test_load_average'])} (the compose run about "
+            f"{i['compose_run_min']} min\nof it, party 0's training included; predictions `{i['predictions']}` in the "
+            f"container and\nunder launch); `down --volumes` {minutes(i['down_s'])}.\n")
+
+
+def deployment_compose_netns(costs: dict, bench: dict, sources: dict) -> str:
+    n = sources["container"]["compose_netns"]
+    return para(f"The test takes {span(n['seconds'], unit=' s')} on an idle machine, mostly party 0 training its model "
+            f"({n['provenance']['date']}).\n")
+
+
+RATE_NAMES = {"unlimited": "unlimited", "100mbit": "100 Mbit/s", "10mbit": "10 Mbit/s"}
+NETNS_LABELS = {"example:private_inference": ("examples/private_inference.py, 16 img", "private inference"),
+                "matmul_256": ("matmul 256x256 (`matmul_256`)", "matmul 256"),
+                "lenet_b1": ("LeNet-5, batch 1 (`lenet_b1`)", "LeNet batch 1"),
+                "logreg_sgd_step": ("logistic regression SGD step, 100x100 (`logreg_sgd_step`)", "logreg SGD step")}
+
+
+def netns_rows(sources: dict) -> dict[tuple[str, str], dict]:
+    """(workload, rate) -> the last line of docs/netns_bench.jsonl without a delay."""
+    return {(r["workload"], r["rate"]): r for r in sources["netns_bench"] if r.get("delay", "0ms") == "0ms"}
+
+
+def netns_disagreements(costs: dict | None = None, sources: dict | None = None) -> list[str]:
+    """Lines of docs/netns_bench.jsonl whose rounds or bytes differ from costs.json."""
+    costs, sources = costs or load_costs(), sources or load_sources()
+    out = []
+    for r in sources["netns_bench"]:
+        c = costs.get(key(r["workload"], 2))
+        if c is None or "rounds" not in r:
+            continue
+        for field, got in (("rounds", r["rounds"]), ("bytes_sent", r.get("bytes_sent_per_party", c["bytes_sent"]))):
+            if got != c[field]:
+                out.append(f"docs/netns_bench.jsonl: {r['workload']} at {r['rate']} has {field}={got}, the code does "
+                           f"{c[field]}: rerun `sudo python benchmarks/netns_bench.py --json docs/netns_bench.jsonl`")
+    return out
+
+
+def _cost_of(workload: str, rows: dict, costs: dict) -> tuple[int, float, float | None]:
+    """Rounds, MB sent per party and dealer MB: costs.json for a bench workload, else the measured line."""
+    c = costs.get(key(workload, 2))
+    if c is not None:
+        return c["rounds"], max(c["bytes_sent"]) / 1e6, c["dealer_bytes"] / 1e6
+    r = rows[(workload, "unlimited")]
+    return r["rounds"], r.get("mb_sent_per_party", max(r.get("bytes_sent_per_party", [0])) / 1e6), None
+
+
+def deployment_network(costs: dict, bench: dict, sources: dict) -> str:
+    rows = netns_rows(sources)
+    rates = [rate for rate in RATE_NAMES if any(k[1] == rate for k in rows)]
+    first = rows[("matmul_256", "unlimited")]
+    lines = [para(f"Measured by `benchmarks/netns_bench.py` (commit {first.get('commit', '?')}, {first['date']}; "
+             "`docs/netns_bench.jsonl`, its\nlines " + ("transcribed once from this page" if first.get("measured") ==
+                                                     "transcribed" else "as the script wrote them")
+             + "): dealer and two parties in separate network namespaces on a bridge\n(RTT < 0.1 ms), mutual TLS, "
+             "each host's egress shaped with `tc ... tbf` (burst 256 kbit, queue 50 ms).\nOnline phase, seconds of the "
+             "slowest party; the bench workloads fetch the dealer's corrections in\nan offline phase first (last column, "
+             "at 10 Mbit/s), the example fetches them during its run;\nrounds and bytes as in `docs/costs.json`:"), 
+             "| workload (2 parties) | R | MB sent / party | dealer MB | " + " | ".join(RATE_NAMES[r] for r in rates)
+             + " | offline at 10 Mbit/s |", "|---|---:|---:|---:|" + "---:|" * len(rates) + "---:|"]
+    workloads = [w for w in NETNS_LABELS if (w, "unlimited") in rows]
+    for w in workloads:
+        rounds, mb, dealer = _cost_of(w, rows, costs)
+        off = rows.get((w, "10mbit"), {}).get("offline_seconds")
+        lines.append(f"| {NETNS_LABELS[w][0]} | {rounds} | {mb:.2f} | {'-' if dealer is None else f'{dealer:.2f}'} | "
+                     + " | ".join(f"{rows[(w, r)]['seconds']:.2f} s" if (w, r) in rows else "-" for r in rates)
+                     + f" | {'(in the run)' if off is None else f'{off:.2f} s'} |")
+    ex = rows[("example:private_inference", "10mbit")]
+    repeat = rows[("matmul_256", "unlimited")]["repeat"]
+    lo, hi = ex["seconds_range_of_3_runs"]
+    lines += ["", f"(Medians of {repeat} runs for the bench workloads, one run for the example, which varied between\n"
+              f"{lo:g} and {hi:g} s at 10 Mbit/s over three runs; differences under 0.1 s are noise on this VM.)", ""]
+    # what the table says about the links (from its rounded seconds)
+    m_mb = _cost_of("matmul_256", rows, costs)[1]
+    seconds = {r: rows[("matmul_256", r)]["seconds"] for r in rates}
+    eff = {r: m_mb * 8 / (seconds[r] - seconds["unlimited"]) for r in ("100mbit", "10mbit")}
+    m_dealer = _cost_of("matmul_256", rows, costs)[2]
+    off = rows[("matmul_256", "10mbit")]["offline_seconds"]
+    ex_rounds, ex_mb, _ = _cost_of("example:private_inference", rows, costs)
+    ex_unl = rows[("example:private_inference", "unlimited")]["seconds"]
+    predicted = ex_unl + ex_mb * 8 / eff["10mbit"]
+    l_rounds, l_mb, _ = _cost_of("lenet_b1", rows, costs)
+    l_extra = rows[("lenet_b1", "10mbit")]["seconds"] - rows[("lenet_b1", "unlimited")]["seconds"]
+    lines += [para(
+        f"Bandwidth. The bulk exchange (`matmul_256`: {m_mb:.2f} MB each way at once, one round) reached\n"
+        f"{eff['100mbit']:.0f} Mbit/s on the 100 Mbit/s link and {eff['10mbit']:.1f} Mbit/s on the 10 Mbit/s one "
+        f"({eff['100mbit']:.0f} % and {eff['10mbit'] * 10:.0f} % of\nthe shaped rate, from the seconds above), while the "
+        f"one-way offline transfer of the dealer's {m_dealer:.2f} MB\nreached {m_dealer * 8 / off:.1f} Mbit/s "
+        f"({off:.2f} s). So the loss comes from both directions being saturated together,\nprobably each direction's "
+        "ACKs queueing behind the other's data in the 50 ms tbf queue. With\nthat effective bandwidth the model "
+        f"predicts the example at 10 Mbit/s as {ex_unl:.2f} + {ex_mb * 8:.1f} Mbit /\n{eff['10mbit']:.1f} Mbit/s = "
+        f"{predicted:.1f} s (measured {lo:g}-{hi:g} s). Workloads whose bytes are spread over many rounds do\n"
+        f"better than the bulk figure: LeNet's extra {l_extra:.2f} s at 10 Mbit/s is what its {l_mb * 8:.1f} Mbit take "
+        f"at the\nfull rate ({l_mb * 8 / 10:.2f} s), compute overlapping the transfers. Budget the bytes term at "
+        "60-100 % of the\nnominal rate, the low end when both parties send at once."),
+        para("Latency. This kernel has no `sch_netem`, so delay was not emulated (`netns_bench.py --delay 20ms` "
+             "does it where netem exists). Each round costs one RTT, so the rounds above give:"),
+        "| workload | R | + at 1 ms RTT (LAN) | + at 20 ms (region) | + at 80 ms (intercontinental) |",
+        "|---|---:|---:|---:|---:|"]
+    for w in workloads:
+        rounds = _cost_of(w, rows, costs)[0]
+        cells = [rounds * rtt for rtt in (0.001, 0.020, 0.080)]
+        lines.append(f"| {NETNS_LABELS[w][1]} | {rounds} | "
+                     + " | ".join(f"{t:.1f} s" if t >= 1 else f"{t:.2f} s" for t in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def deployment_faults(costs: dict, bench: dict, sources: dict) -> str:
+    k = sources["faults"]["kill_detection"]
+    runs = k["runs"]
+    lines = [f"Time from SIGKILL to the survivor's error line, over {len(runs)} runs of {k['kills_per_run']} kills each "
+             f"({len(runs) * k['kills_per_run']} kills;\n{k['provenance']['date']}, commit {k['provenance']['commit']}, "
+             "`docs/faults.json`):", "", "| run | min | median | max |", "|-----|----:|-------:|----:|"]
+    lines += [f"| {r['run']} | {r['min_ms']:.1f} ms | {r['median_ms']:.1f} ms | {r['max_ms']:.1f} ms |" for r in runs]
+    slow = [r["max_ms"] for r in runs if r["max_ms"] >= 500]
+    outliers = f", and the {'one ' if len(slow) == 1 else ''}{' / '.join(f'{s / 1000:.1f} s' for s in slow)} " \
+        f"outlier{'s' if len(slow) > 1 else ''}," if slow else ""
+    worst = max(r["max_ms"] for r in runs) / 1000
+    lines += ["", para(f"(the spread{outliers} is CPU scheduling on the loaded VM; the worst, {worst:.2f} s, is far "
+                       f"from the {k['timeout_s']} s deadline).")]
+    return "\n".join(lines)
+
+
+def deployment_kill_loop(costs: dict, bench: dict, sources: dict) -> str:
+    k = sources["faults"]["kill_loop"]
+    a, *rest = k["runs"]
+    text = (f"With the machine's two cores loaded far beyond capacity (load average about {a['load_average']:g}), "
+            f"{a['mid_protocol']} of\n{a['kills']} kills landed mid-protocol and {a['reported']} were reported, "
+            f"{a['hangs']} hangs: kill to error {a['min_ms']:g} ms min,\n{a['median_ms']:g} ms median, "
+            f"{a['max_ms']:g} ms max")
+    for b in rest:
+        text += (f"; again with {b['extra_load']} (load average about {b['load_average']:g}):\n"
+                 f"{b['mid_protocol']} of {b['kills']}, {b['hangs']} hangs, {b['min_ms']:g} ms min, "
+                 f"{b['median_ms']:g} ms median, {b['max_ms']:g} ms max")
+    return para(text + f" ({k['provenance']['date']}, `docs/faults.json`).")
+
+
+def deployment_fuzz(costs: dict, bench: dict, sources: dict) -> str:
+    f = sources["fuzz"]
+    mem = ", ".join(f"{who} +{mib} MiB" for who, mib in f["memory_growth_mib"].items())
+    return para(f"Figures of the last run ({f['provenance']['date']}, `docs/fuzz.json`): {f['frames']:,} frames "
+            f"({f['frames_first_pass']:,} in the\nfirst pass, {f['frames_during_computation']:,} during the computation), "
+            f"{f['rpcs']:,} RPCs, {f['frames_per_s']} frames/s from the\nsingle-threaded Python fuzzer "
+            f"({span(f['frames_per_s_range_across_runs'])} frames/s across runs, depending on the load); "
+            f"{f['crashes']} crashes,\n{f['wrong_results']} wrong results, every server healthy afterwards; memory "
+            f"growth over the whole\nfuzzing: {mem} (peak RSS {span(f['peak_rss_mib_range'])} MiB).\n")
+
+
+def migration_acceptance(costs: dict, bench: dict, sources: dict) -> str:
+    data = sources["crypten_compat"]
+    rows, prov = data["rows"], data["provenance"]
+
+    def passed(r: dict) -> int:
+        return r["verified"] if r["verified"] is not None else r["first_run"]
+    lines = ["| file | variant | tests in file | public | passed | pass rate |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        variant = f"{r['variant']} ({r['variant_note']})" if r["variant_note"] else r["variant"]
+        if r["verified"] is None:
+            cell = f"{r['first_run']} (one run)"
+        elif r["verified"] == r["first_run"]:
+            cell = f"{r['first_run']}"
+        else:
+            cell = f"{r['first_run']} first run, {r['verified']} verified"
+        lines.append(f"| {r['file']} | {variant} | {r['tests_in_file']} | {r['public']} | {cell} | "
+                     f"{100 * passed(r) / r['public']:.0f} % |")
+    totals = {}
+    for r in rows:
+        t = totals.setdefault(r["variant"], [0, 0])
+        t[0], t[1] = t[0] + passed(r), t[1] + r["public"]
+    names = {"TFP": "TFP", "TTP": "TTP", "3PC": "3-party"}
+    by_variant = ", ".join(f"{names.get(v, v)} {p} of {n} public tests ({100 * p / n:.1f} %)"
+                           for v, (p, n) in totals.items())
+    p_all, n_all = sum(p for p, _ in totals.values()), sum(n for _, n in totals.values())
+    low = {}
+    for r in rows:
+        f = low.setdefault(r["file"], [0, 0])
+        f[0], f[1] = f[0] + passed(r), f[1] + r["public"]
+    below = [f for f, (p, n) in low.items() if p < 0.9 * n]
+    reasons = "; ".join(f"{f} stays below 90 %: {data['below_90_reasons'].get(f, 'see the failures below')}"
+                        for f in below)
+    return "\n".join(lines) + "\n\n" + para(
+        f"By variant: {by_variant}. All files: {p_all} of {n_all} ({100 * p_all / n_all:.1f} %)."
+        f"{' ' + reasons + '.' if reasons else ''}") + "\n" + para(
+        f"(`docs/crypten_compat.json`: measured {prov['date'].split(' ')[0]} on {prov['machine']} by a harness kept "
+        "outside this repository, as described under Reproducing below; not re-measured since.)")
+
+
+RENDERERS: dict[str, Callable[[dict, dict, dict], str]] = {
     "training-steps": training_steps,
     "training-examples": training_examples,
     "readme-bench": readme_bench,
@@ -260,26 +551,39 @@ RENDERERS: dict[str, Callable[[dict, dict], str]] = {
     "functions-accuracy": functions_accuracy,
     "training-resnet": training_resnet,
     "quantized-mpc": quantized_mpc,
+    "readme-external": readme_external,
+    "readme-image": readme_image,
+    "deployment-health": deployment_health,
+    "deployment-image": deployment_image,
+    "deployment-container-test": deployment_container_test,
+    "deployment-compose-netns": deployment_compose_netns,
+    "deployment-network": deployment_network,
+    "deployment-faults": deployment_faults,
+    "deployment-kill-loop": deployment_kill_loop,
+    "deployment-fuzz": deployment_fuzz,
+    "migration-acceptance": migration_acceptance,
 }
 
 
-def render(path: pathlib.Path, costs: dict, bench: dict) -> str:
-    """The text of `path` with every figures block rewritten."""
+def render(path: pathlib.Path, costs: dict, bench: dict, sources: dict | None = None) -> str:
+    """The text of `path` with every figures block rewritten (sources: load_sources())."""
+    sources = load_sources() if sources is None else sources
+
     def sub(m: re.Match) -> str:
         name = m["name"]
         if name not in RENDERERS:
             raise SystemExit(f"{path.relative_to(ROOT)}: unknown figures block {name!r} (known: {sorted(RENDERERS)})")
-        return m.group(1) + RENDERERS[name](costs, bench) + m.group(4)
+        return m.group(1) + RENDERERS[name](costs, bench, sources) + m.group(4)
     return BLOCK.sub(sub, path.read_text())
 
 
 def stale_blocks() -> list[str]:
     """One message per block whose text differs from what render() writes, with the diff."""
-    costs, bench = load_costs(), load_bench()
+    costs, bench, sources = load_costs(), load_bench(), load_sources()
     out = []
     for path in DOCS:
         old = path.read_text()
-        new = render(path, costs, bench)
+        new = render(path, costs, bench, sources)
         if old == new:
             continue
         old_blocks = {m["name"]: m["body"] for m in BLOCK.finditer(old)}
@@ -536,9 +840,9 @@ def main(argv: list[str] | None = None) -> int:
         problems = stale_blocks() + bench_disagreements()
         print("\n\n".join(problems) or "every figure is up to date")
         return 1 if problems else 0
-    costs, bench = load_costs(), load_bench()
+    costs, bench, sources = load_costs(), load_bench(), load_sources()
     for path in DOCS:
-        new = render(path, costs, bench)
+        new = render(path, costs, bench, sources)
         if new != path.read_text():
             path.write_text(new)
             print(f"updated {path.relative_to(ROOT)}")
