@@ -207,7 +207,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workloads", default="example,matmul_256,lenet_b1,logreg_sgd_step")
     parser.add_argument("--images", type=int, default=16, help="images for the example")
     parser.add_argument("--repeat", type=int, default=3, help="median of this many runs (workloads)")
-    parser.add_argument("--out", default=None, help="also append the JSON lines to this file")
+    parser.add_argument("--out", "--json", dest="out", default=None,
+                        help="also append the JSON lines to this file, each with the commit, date, cores and "
+                             "load it was measured at (docs/netns_bench.jsonl is what docs/deployment.md shows)")
     args = parser.parse_args(argv)
     ok, reason = netns.available()
     if not ok:
@@ -221,6 +223,11 @@ def main(argv: list[str] | None = None) -> int:
 
     workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
     rows: list[dict] = []
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
+                            text=True).stdout.strip() or "unknown"
+    measured = {"measured": "by this script", "repeat": args.repeat, "commit": commit,
+                "date": time.strftime("%Y-%m-%d", time.gmtime()), "cpus": os.cpu_count(),
+                "command": "sudo python benchmarks/netns_bench.py " + " ".join(argv if argv is not None else sys.argv[1:])}
     with tempfile.TemporaryDirectory(prefix="netns-bench-") as tmp:
         tls_dir = pathlib.Path(tmp) / "certs"
         certs.generate(tls_dir, parties=2)
@@ -228,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
             rate_bits(rate)
             for row in run_rate(rate, args.delay, workloads, args.images, str(tls_dir),
                                 pathlib.Path(tmp), args.repeat):
+                row.update(measured, load_average_1min=round(os.getloadavg()[0], 1))
                 rows.append(row)
                 print(json.dumps(row), flush=True)
                 if args.out:

@@ -45,7 +45,7 @@ COSTS = ROOT / "docs" / "costs.json"
 BENCH = ROOT / "docs" / "benchmarks.jsonl"
 NETNS = ROOT / "docs" / "netns_bench.jsonl"  # benchmarks/netns_bench.py --json
 # docs/NAME.json: figures of other producers, each with its provenance (see load_sources)
-JSON_SOURCES = ("external_figures", "container", "faults", "fuzz", "crypten_compat")
+JSON_SOURCES = ("external_figures", "container", "faults", "fuzz", "crypten_compat", "model_descriptions")
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 BLOCK = re.compile(r"(<!-- figures:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /figures -->)", re.S)
 
@@ -424,9 +424,10 @@ def deployment_network(costs: dict, bench: dict, sources: dict) -> str:
                      + f" | {'(in the run)' if off is None else f'{off:.2f} s'} |")
     ex = rows[("example:private_inference", "10mbit")]
     repeat = rows[("matmul_256", "unlimited")]["repeat"]
-    lo, hi = ex["seconds_range_of_3_runs"]
-    lines += ["", f"(Medians of {repeat} runs for the bench workloads, one run for the example, which varied between\n"
-              f"{lo:g} and {hi:g} s at 10 Mbit/s over three runs; differences under 0.1 s are noise on this VM.)", ""]
+    lo, hi = ex.get("seconds_range_of_3_runs", (ex["seconds"], ex["seconds"]))
+    varied = f", which varied between {lo:g} and {hi:g} s at 10 Mbit/s over three runs" if lo != hi else ""
+    lines += ["", para(f"(Medians of {repeat} runs for the bench workloads, one run for the example{varied}; "
+                       "differences under 0.1 s are noise on this VM.)")]
     # what the table says about the links (from its rounded seconds)
     m_mb = _cost_of("matmul_256", rows, costs)[1]
     seconds = {r: rows[("matmul_256", r)]["seconds"] for r in rates}
@@ -446,7 +447,7 @@ def deployment_network(costs: dict, bench: dict, sources: dict) -> str:
         f"({off:.2f} s). So the loss comes from both directions being saturated together,\nprobably each direction's "
         "ACKs queueing behind the other's data in the 50 ms tbf queue. With\nthat effective bandwidth the model "
         f"predicts the example at 10 Mbit/s as {ex_unl:.2f} + {ex_mb * 8:.1f} Mbit /\n{eff['10mbit']:.1f} Mbit/s = "
-        f"{predicted:.1f} s (measured {lo:g}-{hi:g} s). Workloads whose bytes are spread over many rounds do\n"
+        f"{predicted:.1f} s (measured {span((lo, hi)) if lo != hi else f'{lo:g}'} s). Workloads whose bytes are spread over many rounds do\n"
         f"better than the bulk figure: LeNet's extra {l_extra:.2f} s at 10 Mbit/s is what its {l_mb * 8:.1f} Mbit take "
         f"at the\nfull rate ({l_mb * 8 / 10:.2f} s), compute overlapping the transfers. Budget the bytes term at "
         "60-100 % of the\nnominal rate, the low end when both parties send at once."),
@@ -501,6 +502,37 @@ def deployment_fuzz(costs: dict, bench: dict, sources: dict) -> str:
             f"({span(f['frames_per_s_range_across_runs'])} frames/s across runs, depending on the load); "
             f"{f['crashes']} crashes,\n{f['wrong_results']} wrong results, every server healthy afterwards; memory "
             f"growth over the whole\nfuzzing: {mem} (peak RSS {span(f['peak_rss_mib_range'])} MiB).\n")
+
+
+def description_sizes() -> dict:
+    """Exact sizes of the float model descriptions docs/private_models.md quotes (deterministic:
+    the architecture alone; no parties needed): the test suite's vendor CNN and ResNet-18."""
+    import importlib.util
+    import torch
+    import crypten_lite
+    from crypten_lite.models import build_model
+    from crypten_lite.nn import graph_desc
+
+    spec = importlib.util.spec_from_file_location("_vendor_models", ROOT / "tests" / "protocol" / "_vendor_models.py")
+    vendor = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(vendor)
+    resnet_torch = build_model(64)
+    cnn = crypten_lite.nn.from_pytorch(vendor.float_cnn(), torch.zeros(1, 1, 8, 8), fold_batch_norm=True)
+    resnet = crypten_lite.nn.from_pytorch(resnet_torch, torch.zeros(1, 3, 32, 32), fold_batch_norm=True, check=False)
+    return {"vendor_cnn_bytes": len(graph_desc.describe_graph(cnn, [[1, 1, 8, 8]])),
+            "resnet18_bytes": len(graph_desc.describe_graph(resnet, [[1, 3, 32, 32]])),
+            "resnet18_float32_parameter_bytes": 4 * sum(p.numel() for p in resnet_torch.parameters())}
+
+
+def private_models_sizes(costs: dict, bench: dict, sources: dict) -> str:
+    d = sources["model_descriptions"]["sizes"]
+    return para("The description is small: for a float model it holds no tensor data at all (the digits CNN of "
+                f"the tests: {d['vendor_cnn_bytes']:,} bytes; ResNet-18 with BatchNorm folded: {d['resnet18_bytes']:,} "
+                f"bytes, for a model of {d['resnet18_float32_parameter_bytes'] / 2**20:.1f} MiB of float32 parameters; "
+                "`docs/model_descriptions.json`, written by `python scripts/gen_doc_figures.py --measure-descriptions` "
+                "and asserted by `tests/protocol/test_inband_models.py`, which recomputes them). An "
+                "int8 program adds its public constants (a few KB for the examples' digits CNNs; "
+                "`examples/quantized_inference.py` prints the figure).")
 
 
 def migration_acceptance(costs: dict, bench: dict, sources: dict) -> str:
@@ -562,6 +594,7 @@ RENDERERS: dict[str, Callable[[dict, dict, dict], str]] = {
     "deployment-kill-loop": deployment_kill_loop,
     "deployment-fuzz": deployment_fuzz,
     "migration-acceptance": migration_acceptance,
+    "private-models-sizes": private_models_sizes,
 }
 
 
@@ -822,11 +855,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="only report stale blocks (exit 1 if any)")
     parser.add_argument("--measure-costs", nargs="*", metavar="KEY",
                         help="rerun these workloads (default: all) and update docs/costs.json first")
+    parser.add_argument("--measure-descriptions", action="store_true",
+                        help="recompute the model description sizes of docs/model_descriptions.json first")
     parser.add_argument("--measure-examples", action="store_true",
                         help="run the training examples and append their figures to docs/benchmarks.jsonl first")
     args = parser.parse_args(argv)
     if args.measure_examples:
         measure_examples()
+    if args.measure_descriptions:
+        path = ROOT / "docs" / "model_descriptions.json"
+        data = json.loads(path.read_text())
+        data["sizes"] = description_sizes()
+        path.write_text(json.dumps(data, indent=1) + "\n")
     if args.measure_costs is not None:
         keys = args.measure_costs or all_cost_keys()
         unknown = sorted(set(keys) - set(all_cost_keys()))
