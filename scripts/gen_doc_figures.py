@@ -6,7 +6,7 @@
     python scripts/gen_doc_figures.py --measure-costs lenet_b1/2p digits_cnn/int8-eager/2p
     python scripts/gen_doc_figures.py --measure-examples  # run the training examples (minutes)
 
-Sources (both in docs/):
+Sources (all in docs/):
 
 * ``costs.json``: exact online rounds, bytes sent per party and dealer bytes of every
   workload, keyed ``WORKLOAD/Np`` (the bench workloads, EXTRA_WORKLOADS below, and the digits
@@ -20,6 +20,17 @@ Sources (both in docs/):
   docs/benchmarks.jsonl``; the training examples' rows (``"workload": "example"``) of
   ``--measure-examples``; the error table's rows (``"workload": "accuracy"``) of
   ``benchmarks/accuracy_table.py --json``.
+
+* the figures of other producers, each file or group with its provenance (command, commit,
+  date, machine, and whether its script wrote it or it was transcribed once from the docs):
+  ``netns_bench.jsonl`` (``benchmarks/netns_bench.py --json``: the network tables of
+  deployment.md; their rounds and bytes come from costs.json), ``faults.json`` (fault
+  detection timings), ``fuzz.json``, ``container.json`` (image, build, health-check and run
+  times; the health-check timeout is read from docker-compose.yml), ``model_descriptions.json``
+  (exact description sizes, ``--measure-descriptions``), ``quantized_agreement.json`` (the
+  plaintext agreement tables of quantized.md, ``--measure-quantized``), ``crypten_compat.json``
+  (CrypTen's tests on crypten_lite.compat, ``benchmarks/crypten_compat_tests.py``), and
+  ``external_figures.json``: measurements of OTHER systems (CrypTen, SPU), comparison only.
 
 A block in a Markdown file is the text between ``<!-- figures:NAME -->`` and
 ``<!-- /figures -->``; RENDERERS[NAME] writes it. tests/unit/test_doc_figures.py fails when a
@@ -877,7 +888,7 @@ def main(argv: list[str] | None = None) -> int:
         data["costs"] = {k: data["costs"][k] for k in all_cost_keys() if k in data["costs"]}
         write_costs(data)
     if args.check:
-        problems = stale_blocks() + bench_disagreements()
+        problems = stale_blocks() + bench_disagreements() + netns_disagreements()
         print("\n\n".join(problems) or "every figure is up to date")
         return 1 if problems else 0
     costs, bench, sources = load_costs(), load_bench(), load_sources()
@@ -886,7 +897,7 @@ def main(argv: list[str] | None = None) -> int:
         if new != path.read_text():
             path.write_text(new)
             print(f"updated {path.relative_to(ROOT)}")
-    for problem in bench_disagreements(costs, bench):
+    for problem in bench_disagreements(costs, bench) + netns_disagreements(costs, sources):
         print(f"warning: {problem}", file=sys.stderr)
     return 0
 

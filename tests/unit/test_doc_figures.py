@@ -14,6 +14,8 @@ import importlib.util
 import pathlib
 import re
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
@@ -117,3 +119,99 @@ def test_nonlinear_table_rounds_agree_with_the_measured_rows():
                 assert int(rounds.group()) == measured[key], (fn, cells[3], measured[key])
                 checked += 1
     assert checked >= 10, checked
+
+
+# Each JSON source: a changed value in it changes the block that shows it (the check can fail).
+SOURCE_CHANGES = [
+    # (source, change, file, block)
+    ("external_figures", lambda s: s["figures"][0].update(seconds=0.36), "README.md", "readme-external"),
+    ("external_figures", lambda s: s["figures"][5].update(rounds=10), "docs/functions.md", "functions-comm"),
+    ("container", lambda s: s["image"].update(size_gb=1.38), "README.md", "readme-image"),
+    ("container", lambda s: s["image"].update(first_build_s=203), "docs/deployment.md", "deployment-container-test"),
+    ("container", lambda s: s["image"].update(cuda_torch_image_gb=5.3), "docs/deployment.md", "deployment-image"),
+    ("container", lambda s: s["example_online"].update(rounds=23), "docs/deployment.md", "deployment-image"),
+    ("container", lambda s: s["health"]["container"].update(grpc_only_s=[1.8, 4.2]), "docs/deployment.md",
+     "deployment-health"),
+    ("compose_health_timeout_s", None, "docs/deployment.md", "deployment-health"),
+    ("container", lambda s: s["compose_netns"].update(seconds=[26, 45]), "docs/deployment.md",
+     "deployment-compose-netns"),
+    ("netns_bench", lambda s: s[4].update(seconds=s[4]["seconds"] + 0.01), "docs/deployment.md", "deployment-network"),
+    ("faults", lambda s: s["kill_detection"]["runs"][0].update(median_ms=37.0), "docs/deployment.md",
+     "deployment-faults"),
+    ("faults", lambda s: s["kill_loop"]["runs"][1].update(max_ms=1419), "docs/deployment.md", "deployment-kill-loop"),
+    ("fuzz", lambda s: s.update(frames=12048), "docs/deployment.md", "deployment-fuzz"),
+    ("crypten_compat", lambda s: s["rows"][3].update(verified=49), "docs/crypten_migration.md",
+     "migration-acceptance"),
+    ("model_descriptions", lambda s: s["sizes"].update(resnet18_bytes=17042), "docs/private_models.md",
+     "private-models-sizes"),
+]
+
+
+def _block(text: str, name: str) -> str:
+    return next(m["body"] for m in gen.BLOCK.finditer(text) if m["name"] == name)
+
+
+@pytest.mark.parametrize("source,change,doc,block", SOURCE_CHANGES,
+                         ids=[f"{s}->{b}" for s, _, _, b in SOURCE_CHANGES])
+def test_a_changed_source_value_makes_its_block_stale(source, change, doc, block):
+    costs, bench, sources = gen.load_costs(), gen.load_bench(), gen.load_sources()
+    current = _block(gen.render(ROOT / doc, costs, bench, sources), block)
+    assert current == _block((ROOT / doc).read_text(), block)
+    changed = copy.deepcopy(sources)
+    if change is None:
+        changed[source] += 1
+    else:
+        change(changed[source])
+    assert _block(gen.render(ROOT / doc, costs, bench, changed), block) != current
+
+
+def test_every_json_source_says_where_its_figures_come_from():
+    """Each measured group names how, when and where it was measured, and whether it was
+    re-measured by its script or transcribed once from the docs."""
+    sources = gen.load_sources()
+
+    def provenances(value):
+        if isinstance(value, dict):
+            if "provenance" in value:
+                yield value["provenance"]
+            for v in value.values():
+                yield from provenances(v)
+    found = [p for name in ("external_figures", "container", "faults", "fuzz", "crypten_compat")
+             for p in provenances(sources[name])]
+    found += sources["netns_bench"]  # every line carries its own
+    assert len(found) >= 10
+    for p in found:
+        assert p.get("command") and p.get("date") and p.get("how" if "how" in p else "measured"), p
+    assert "not for crypten_lite" in sources["external_figures"]["about"]
+
+
+def test_netns_lines_agree_with_the_exact_costs():
+    """A netns_bench line that records rounds or bytes must give costs.json's (a stale run)."""
+    assert not gen.netns_disagreements()
+    costs, sources = gen.load_costs(), copy.deepcopy(gen.load_sources())
+    c = costs["lenet_b1/2p"]
+    sources["netns_bench"].append({"workload": "lenet_b1", "rate": "unlimited", "delay": "0ms", "seconds": 0.1,
+                                   "rounds": c["rounds"] + 1, "bytes_sent_per_party": c["bytes_sent"]})
+    assert any("rounds=" in p for p in gen.netns_disagreements(costs, sources))
+
+
+def test_rtt_table_and_netns_cost_columns_follow_costs_json():
+    """Rounds and bytes of docs/deployment.md's network tables are costs.json's, not transcribed."""
+    costs, bench, sources = gen.load_costs(), gen.load_bench(), gen.load_sources()
+    doc = ROOT / "docs" / "deployment.md"
+    current = _block(gen.render(doc, costs, bench, sources), "deployment-network")
+    changed = copy.deepcopy(costs)
+    changed["lenet_b1/2p"]["rounds"] = 38
+    new = _block(gen.render(doc, changed, bench, sources), "deployment-network")
+    assert "| LeNet batch 1 | 38 | 0.04 s | 0.76 s | 3.0 s |" in new and new != current
+
+
+def test_acceptance_totals_are_computed_from_the_rows():
+    sources = copy.deepcopy(gen.load_sources())
+    doc = ROOT / "docs" / "crypten_migration.md"
+    text = _block(gen.render(doc, gen.load_costs(), gen.load_bench(), sources), "migration-acceptance")
+    rows = sources["crypten_compat"]["rows"]
+    passed = sum(r["verified"] if r["verified"] is not None else r["first_run"] for r in rows)
+    public = sum(r["public"] for r in rows)
+    assert f"All files: {passed} of {public} ({100 * passed / public:.1f} %)" in text
+    assert "harness kept outside this repository" in text  # the doc says how it was measured
