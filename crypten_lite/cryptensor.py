@@ -17,9 +17,8 @@ import torch.nn.functional as F
 from . import encoding
 from . import names as names_mod
 from .errors import ProtocolError, UnsupportedError
-from .mpc import beaver as beaver_mod
-from .mpc import primitives
-from .mpc.truncation import truncate
+from .mpc import primitives, protocol
+from .mpc.protocol import truncate
 from .session import current
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -117,20 +116,18 @@ class CrypTensor:
             encoded = encoded.reshape(shape)
         if names is None and tensor is not None:
             names = getattr(tensor, "names", None)  # older torch with named tensors
-        out = cls(primitives.share(encoded, src, shape), prec, dtype, requires_grad=requires_grad,
+        out = cls(protocol.share(encoded, src, shape), prec, dtype, requires_grad=requires_grad,
                   names=names_mod.normalize(names, len(shape)) if names is not None else None)
         return out
 
     @classmethod
     def _public(cls, tensor: torch.Tensor, precision: int, dtype: torch.dtype) -> "CrypTensor":
-        """A 'sharing' of a public value: rank 0 holds it, everybody else zero."""
-        encoded = encoding.encode(tensor, precision)
-        share = encoded if current().rank == 0 else torch.zeros_like(encoded)
-        return cls(share, precision, dtype)
+        """The trivial sharing of a public value (no communication)."""
+        return cls(protocol.public_share(encoding.encode(tensor, precision)), precision, dtype)
 
     def get_plain_text(self, dst: int | None = None, named: bool = False):
         """Reveal the value (to every party, or only to party `dst`; others get None)."""
-        value = primitives.open_(self.share, dst)
+        value = protocol.open_(self.share, dst)
         if value is None:
             return None
         plain = encoding.decode(value, self.precision, self.dtype)
@@ -336,11 +333,7 @@ class CrypTensor:
             return _record(self._new(share, prec, dtype, names), "add" if sign > 0 else "sub", (self, other))
         prec = self._target_precision(dtype)
         encoded = encoding.encode(torch.as_tensor(other), prec)
-        share = self._rescaled(prec, dtype)
-        if current().rank == 0:
-            share = share + sign * encoded
-        else:
-            share = share + torch.zeros_like(encoded)  # broadcast like torch
+        share = protocol.add_public(self._rescaled(prec, dtype), sign * encoded)
         names = _unify(self, other)
         return _record(self._new(share, prec, dtype, names), "add" if sign > 0 else "sub", (self, other))
 
@@ -359,14 +352,21 @@ class CrypTensor:
         dtype = self._arith_dtype(other)
         target = self._target_precision(dtype, other if isinstance(other, CrypTensor) else None)
         if isinstance(other, CrypTensor):
-            share = beaver_mod.beaver("mul", self.share, other.share)
-            prec = self.precision + other.precision
+            share = self._product("mul", self.share, other.share, (), self.precision + other.precision, target)
         else:
             encoded, pprec = self._encode_public(other, dtype)
-            share = self.share * encoded
-            prec = self.precision + pprec
-        share = self._fit(share, prec, target)
+            share = self._fit(self.share * encoded, self.precision + pprec, target)
         return _record(self._new(share, target, dtype, _unify(self, other)), "mul", (self, other))
+
+    @staticmethod
+    def _product(op: str, x: torch.Tensor, y: torch.Tensor, params: Sequence[int], prec: int,
+                 target: int) -> torch.Tensor:
+        """Shares of op(x, y) (private operands, result at `prec`) brought to `target`: the
+        truncation goes with the product (one round under rss, as the protocol layer fuses)."""
+        if prec > target:
+            return protocol.mul_trunc(op, x, y, params, prec - target)
+        share = protocol.mul(op, x, y, params)
+        return share << (target - prec) if prec < target else share
 
     def _fit(self, share: torch.Tensor, prec: int, target: int) -> torch.Tensor:
         if prec > target:
@@ -377,7 +377,8 @@ class CrypTensor:
 
     def square(self) -> "CrypTensor":
         dtype = torch.int64 if self.dtype == torch.bool else self.dtype
-        share = self._fit(beaver_mod.square(self.share), 2 * self.precision, self.precision)
+        bits = self.precision  # x^2 is at 2 * precision
+        share = protocol.square_trunc(self.share, bits) if bits else protocol.square(self.share)
         return _record(self._new(share, dtype=dtype, names=self._names), "square", (self,))
 
     def div(self, other, rounding_mode: str | None = None) -> "CrypTensor":
@@ -412,15 +413,15 @@ class CrypTensor:
         if isinstance(other, CrypTensor):
             dtype = self._arith_dtype(other)
             target = self._target_precision(dtype, other)
-            share = beaver_mod.beaver(op, self.share, other.share, params)
-            prec = self.precision + other.precision
+            share = self._product(op, self.share, other.share, params,
+                                  self.precision + other.precision, target)
         else:
             dtype = self._arith_dtype(other)
             target = self._target_precision(dtype)
             encoded, pprec = self._encode_public(other, dtype)
             share = fn(encoded, self.share, params) if swap else fn(self.share, encoded, params)
-            prec = self.precision + pprec
-        out = self._new(self._fit(share, prec, target), target, dtype)
+            share = self._fit(share, self.precision + pprec, target)
+        out = self._new(share, target, dtype)
         if op == "matmul":
             out._names = _pair_names(self, other, names_mod.matmul, swap)
         elif self._names is not None:
@@ -619,8 +620,7 @@ class CrypTensor:
         if isinstance(value, CrypTensor):
             v = value._rescaled(self.precision, self.dtype)
         else:
-            encoded = encoding.encode(torch.as_tensor(value), self.precision)
-            v = encoded if current().rank == 0 else torch.zeros_like(encoded)
+            v = protocol.public_share(encoding.encode(torch.as_tensor(value), self.precision))
         self.share = self.share.clone()
         self.share[index] = v
 

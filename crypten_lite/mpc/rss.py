@@ -1,0 +1,249 @@
+"""Arithmetic protocols on 2-out-of-3 replicated shares (3 parties, honest majority, no dealer).
+
+Party i holds (x_i, x_{i+1}) of x = x_0 + x_1 + x_2 mod 2^64 (``Replicated``: ``.a``, ``.b``);
+next = i + 1, prev = i - 1 (mod 3). Pairwise seeds from the handshake give each pair {i, j} a
+common PRG per purpose (``Session.pair_prg``); F(k_ij) below is the next draw of that stream,
+drawn by both i and j at the same point of the program. A la [AFL+16] / [MR18] (ABY3).
+
+1. share(v, src): x_src = F(k_{src,prev}) (purpose "rss-share"; src and prev draw it),
+   x_prev = 0, x_next = v - x_src, sent by src to next: one one-way message of 8 bytes per
+   element (counted like the shape announcement: bytes and a message, not a round).
+2. open (to all): party i sends x_{i+1} (its .b) to prev, which lacks it: 1 round, 8 B per
+   element per party. To one party dst: only next(dst) sends (dst's missing component).
+3. bilinear product f (mul, matmul, conv): z_i = f(x_i, y_i + y_{i+1}) + f(x_{i+1}, y_i) + alpha_i
+   (the 9 cross terms split over the parties), alpha_i = F(k_{i,next}) - F(k_{prev,i}) a fresh
+   zero-sharing (purpose "rss-zero", a new draw every call); party i sends z_i to prev and
+   receives z_{next}: (z_i, z_{i+1}). 1 round, 8 B per output element per party.
+4. product + truncation by 2^bits (fixed point), fused, with a pair ([r], [r >> bits],
+   [msb r]) made without a dealer (``rss_binary.trunc_pairs``), exact as
+   ``truncation.truncate_exact``: every party sends u_i = z_i + alpha_i + r_i (+ 2^62 on
+   party 0) to BOTH others (16 B per output element per party, 1 round), everyone sums
+   c = xy + 2^62 + r; then [x' >> bits] = (c >> bits) - [rt] + 2^(64-bits) (1 - msb c) [m],
+   minus 2^(62-bits), with no further round. Error at most 1 ulp, never catastrophic
+   (|xy| < 2^62). u_i alone is uniform to each receiver (alpha_i hides z_i from next... and
+   r_i, unknown to next, hides it; the two received values are jointly uniform because
+   r_{i-1} is unknown to i).
+5. truncate(x, bits) of a replicated x: open c = x + 2^62 + r like 2. (1 round, 8 B/element).
+
+The re-randomization in 3. is what CrypTen's RSS once missed (its issue #518): the test suite
+checks that the values a party receives for the same product twice are fresh and uniform.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from ..errors import ProtocolError, UnsupportedError
+from ..provider.correlations import TRIPLE_OPS, logical_shift
+from ..session import current
+from .replicated import Replicated
+
+BIAS_BITS = 62
+WORLD = 3
+
+
+def _peers(rank: int) -> tuple[int, int]:
+    return (rank + 1) % WORLD, (rank + 2) % WORLD
+
+
+def zero_share(shape) -> torch.Tensor:
+    """alpha_i of a fresh 3-party zero sharing: F(k_{i,next}) - F(k_{prev,i})."""
+    s = current()
+    nxt, prev = _peers(s.rank)
+    shape = tuple(shape)
+    return s.pair_prg("rss-zero", nxt).draw(shape) - s.pair_prg("rss-zero", prev).draw(shape)
+
+
+def _check(mine: torch.Tensor, got: torch.Tensor, peer: int, what: str) -> None:
+    if got.shape != mine.shape or got.dtype != mine.dtype:
+        rank = current().rank
+        raise ProtocolError(
+            f"party {rank}: {what} of a share of shape {tuple(mine.shape)} ({mine.dtype}) here, "
+            f"but party {peer} sent shape {tuple(got.shape)} ({got.dtype}); every party must "
+            "reveal the same tensor (the parties' programs diverged: check shapes and inputs)")
+
+
+# ------------------------------------------------------------------------- sharing
+def share(encoded: torch.Tensor | None, src: int, shape) -> Replicated:
+    """This party's replicated share of `encoded` (held by `src`; None elsewhere)."""
+    s = current()
+    rank = s.rank
+    nxt, prev = _peers(rank)
+    shape = tuple(shape)
+    if rank == src:
+        x_src = s.pair_prg("rss-share", prev).draw(shape)
+        x_next = encoded.reshape(shape) - x_src
+        # One-way: nobody answers it (counted in bytes and messages, like the announcement).
+        s.comm.exchange({nxt: x_next}, [], rounds=0)
+        return Replicated(x_src, x_next, rank)
+    if nxt == src:  # this party is src's prev: (x_prev, x_src) = (0, F(k_{src,prev}))
+        x_src = s.pair_prg("rss-share", src).draw(shape)
+        return Replicated(torch.zeros(shape, dtype=torch.int64), x_src, rank)
+    # this party is src's next: (x_next, x_prev) = (received, 0)
+    x_next = s.comm.exchange({}, [src], rounds=0)[src]
+    _check(torch.empty(shape, dtype=torch.int64), x_next, src, "input sharing")
+    return Replicated(x_next, torch.zeros(shape, dtype=torch.int64), rank)
+
+
+def public(encoded: torch.Tensor) -> Replicated:
+    """The trivial sharing (c, 0, 0) of a public value (no communication)."""
+    rank = current().rank
+    zero = torch.zeros_like(encoded)
+    if rank == 0:
+        return Replicated(encoded.clone(), zero, rank)
+    if rank == 2:
+        return Replicated(zero, encoded.clone(), rank)
+    return Replicated(zero, zero.clone(), rank)
+
+
+# ------------------------------------------------------------------------- opening
+def _as_rep(x) -> Replicated:
+    if not isinstance(x, Replicated):
+        raise ProtocolError(f"protocol 'rss' expects replicated shares, got {type(x).__name__} "
+                            "(a share made under another protocol, or a plain tensor)")
+    return x
+
+
+def open_many(shares: Sequence[Replicated], dst: int | None = None, binary: bool = False
+              ) -> list[torch.Tensor] | None:
+    """Reveal several replicated tensors in one round (to all, or only to `dst`)."""
+    s = current()
+    rank = s.rank
+    nxt, prev = _peers(rank)
+    shares = [_as_rep(x) for x in shares]
+    flat_b = torch.cat([x.b.reshape(-1) for x in shares]) if len(shares) > 1 else shares[0].b.reshape(-1)
+    what = "reveal" if len(shares) == 1 else f"opening of {len(shares)} values"
+    if dst is None:
+        got = s.comm.exchange({prev: flat_b}, [nxt])[nxt]
+    else:
+        if not 0 <= dst < WORLD:
+            raise ProtocolError(f"dst={dst} is out of range: ranks are 0..2")
+        if rank == dst:
+            got = s.comm.exchange({}, [nxt])[nxt]
+        else:
+            s.comm.exchange({dst: flat_b} if prev == dst else {}, [])
+            return None
+    _check(flat_b, got, nxt, what)
+    out, offset = [], 0
+    for x in shares:
+        n = x.numel()
+        missing = got[offset:offset + n].view(x.shape)
+        offset += n
+        out.append(x.a ^ x.b ^ missing if binary else x.a + x.b + missing)
+    return out
+
+
+def open_(x: Replicated, dst: int | None = None) -> torch.Tensor | None:
+    """Reveal one replicated tensor (one round)."""
+    got = open_many([x], dst)
+    return None if got is None else got[0]
+
+
+def open_xor(x: Replicated) -> torch.Tensor:
+    """Reveal a binary (xor) replicated tensor to every party (one round)."""
+    return open_many([x], binary=True)[0]
+
+
+# ------------------------------------------------------------------------- products
+def _cross(op: str, x: Replicated, y: Replicated, params: Sequence[int]) -> torch.Tensor:
+    """z_i = f(x_i, y_i + y_{i+1}) + f(x_{i+1}, y_i): this party's 3-of-3 share of f(x, y)."""
+    if op not in TRIPLE_OPS:
+        raise UnsupportedError(f"no replicated product for op {op!r}; supported: {sorted(TRIPLE_OPS)}")
+    fn = TRIPLE_OPS[op]
+    x, y = _as_rep(x), _as_rep(y)
+    return fn(x.a, y.a + y.b, params) + fn(x.b, y.a, params)
+
+
+def reshare(z: torch.Tensor) -> Replicated:
+    """A 3-of-3 additive sharing z_i -> replicated: add a fresh zero sharing, send to prev,
+    receive from next (one round, 8 B per element per party)."""
+    s = current()
+    nxt, prev = _peers(s.rank)
+    z = z + zero_share(z.shape)
+    got = s.comm.exchange({prev: z}, [nxt])[nxt]
+    _check(z, got, nxt, "reshare")
+    return Replicated(z, got, s.rank)
+
+
+def mul(op: str, x: Replicated, y: Replicated, params: Sequence[int] = ()) -> Replicated:
+    """Replicated shares of op(x, y) at the sum of the scales (one round)."""
+    return reshare(_cross(op, x, y, params))
+
+
+def square(x: Replicated) -> Replicated:
+    """Replicated shares of x * x (one round): z_i = x_i (x_i + 2 x_{i+1})."""
+    x = _as_rep(x)
+    return reshare(x.a * (x.a + 2 * x.b))
+
+
+def _trunc_pairs(n: int, bits: int):
+    """(r, rt, m) replicated, of n elements each, made without a dealer (rss_binary)."""
+    try:
+        from . import rss_binary
+    except ImportError:
+        rss_binary = None
+    gen = getattr(rss_binary, "trunc_pairs", None)
+    if gen is None:
+        raise UnsupportedError("truncation under protocol 'rss' needs crypten_lite.mpc.rss_binary."
+                               "trunc_pairs (dealer-free truncation pairs), which is not available")
+    return gen(n, bits)
+
+
+def _finish_trunc(c: torch.Tensor, rt: Replicated, m: Replicated, bits: int) -> Replicated:
+    """(c >> bits) - [rt] + 2^(64-bits) (1 - msb c) [m] - 2^(62-bits) (local)."""
+    wrap = m * (1 - logical_shift(c, 63))
+    out = -rt + (wrap << (64 - bits))
+    return out + (logical_shift(c, bits) - (1 << (BIAS_BITS - bits)))
+
+
+def truncate(x: Replicated, bits: int) -> Replicated:
+    """Replicated shares of x / 2^bits (+-1 ulp, |x| < 2^62; one round, 8 B per element)."""
+    if bits == 0:
+        return x
+    x = _as_rep(x)
+    shape = x.shape
+    r, rt, m = _trunc_pairs(x.numel(), bits)
+    c = open_(x.reshape(-1) + r + (1 << BIAS_BITS))
+    return _finish_trunc(c, rt, m, bits).view(shape)
+
+
+def open_additive(u: torch.Tensor) -> torch.Tensor:
+    """Sum of a 3-of-3 additive sharing, revealed to every party (each sends u_i to both
+    others: one round, 16 B per element per party)."""
+    s = current()
+    nxt, prev = _peers(s.rank)
+    got = s.comm.exchange({nxt: u, prev: u}, [nxt, prev])
+    for peer in (nxt, prev):
+        _check(u, got[peer], peer, "opening")
+    return u + got[nxt] + got[prev]
+
+
+def mul_trunc(op: str, x: Replicated, y: Replicated, params: Sequence[int], bits: int) -> Replicated:
+    """op(x, y) / 2^bits in ONE round (truncation fused into the reshare): 16 B per output
+    element per party; integer products (bits == 0) cost 8 B (plain reshare)."""
+    if bits == 0:
+        return mul(op, x, y, params)
+    z = _cross(op, x, y, params)
+    return _trunc_additive(z, bits)
+
+
+def square_trunc(x: Replicated, bits: int) -> Replicated:
+    """x * x / 2^bits in one round (see mul_trunc)."""
+    if bits == 0:
+        return square(x)
+    x = _as_rep(x)
+    return _trunc_additive(x.a * (x.a + 2 * x.b), bits)
+
+
+def _trunc_additive(z: torch.Tensor, bits: int) -> Replicated:
+    """Replicated shares of (sum_i z_i) / 2^bits from a 3-of-3 additive sharing z (one round)."""
+    rank = current().rank
+    shape = z.shape
+    r, rt, m = _trunc_pairs(z.numel(), bits)
+    u = z.reshape(-1) + zero_share((z.numel(),)) + r.a
+    if rank == 0:
+        u = u + (1 << BIAS_BITS)
+    c = open_additive(u)
+    return _finish_trunc(c, rt, m, bits).view(shape)
