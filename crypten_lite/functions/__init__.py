@@ -19,7 +19,7 @@ from .comparisons import (abs_, clamp, eq, ge, gt, hardtanh, le, lt, maximum, mi
                           relu6, sign, where)
 from .nonlinear import (cos, div_private, erf, exp, gelu, inv_sqrt, log, log_softmax, polynomial,
                         pow_, reciprocal, sigmoid, silu, sin, softmax, sqrt, tanh)
-from .normalization import batch_norm, layer_norm
+from .normalization import batch_norm, layer_norm, rms_norm
 from .pooling import (adaptive_avg_pool2d, adaptive_max_pool2d, avg_pool2d, max_pool1d,
                       max_pool2d, relu_max_pool2d)
 from .reductions import amax, amin, argmax, argmin, max_, min_
@@ -72,6 +72,7 @@ METHODS = {
     "sqrt": sqrt, "rsqrt": inv_sqrt, "inv_sqrt": inv_sqrt, "pow": pow_,
     "sigmoid": sigmoid, "tanh": tanh, "softmax": softmax, "log_softmax": log_softmax,
     "erf": erf, "gelu": gelu, "silu": silu, "layer_norm": layer_norm, "batch_norm": batch_norm,
+    "rms_norm": rms_norm,
     "polynomial": polynomial, "cos": cos, "sin": sin,
     "floor": floor, "ceil": ceil, "trunc": trunc, "_trunc_toward_zero": trunc_toward_zero,
 }
@@ -272,6 +273,8 @@ for _mod_name, _fn, _idx in (("_max_pool1d", max_pool1d, False), ("max_pool1d_wi
                              ("adaptive_max_pool2d_with_indices", adaptive_max_pool2d, True)):
     if hasattr(F, _mod_name):
         TORCH[getattr(F, _mod_name)] = _pool(_fn, _idx)
+if hasattr(F, "rms_norm"):
+    TORCH[F.rms_norm] = rms_norm
 for _func, _impl in TORCH.items():
     torch_functions.register(_func, _impl)
 
@@ -279,6 +282,6 @@ __all__ = sorted(["METHODS", "TORCH"] + [n for n in (
     "lt le gt ge eq ne sign abs relu where clamp clip hardtanh relu6 maximum minimum max min argmax amax amin "
     "argmin max_pool1d max_pool2d relu_max_pool2d avg_pool2d adaptive_avg_pool2d adaptive_max_pool2d exp log "
     "reciprocal div_private sqrt rsqrt inv_sqrt pow sigmoid tanh softmax log_softmax erf gelu silu "
-    "layer_norm batch_norm polynomial cos sin floor ceil trunc scatter scatter_add index_select "
+    "layer_norm batch_norm rms_norm polynomial cos sin floor ceil trunc scatter scatter_add index_select "
     "index_add take unfold trace ger conv_transpose1d prod var std norm pos_pow cosine_similarity "
     "softplus logsigmoid cossin rand bernoulli weighted_index weighted_sample").split()])

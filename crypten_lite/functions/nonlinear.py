@@ -35,6 +35,7 @@ from ..cryptensor import CrypTensor, _record, no_grad
 from ..errors import UnsupportedError
 from ..mpc import circuits, convert, primitives
 from ..session import current
+from . import fast
 from ._common import float_view, mul_shares, mul_trunc, new_like, poly_share, public_share, rank0, truncate
 from .comparisons import _needs_grad
 
@@ -341,9 +342,17 @@ def erf(x: CrypTensor) -> CrypTensor:
 
 
 def gelu(x: CrypTensor, approximate: str = "none") -> CrypTensor:
-    """x * Phi(x); approximate="tanh" uses torch's tanh formula. Saves `cdf` = Phi(x)."""
+    """x * Phi(x); approximate="tanh" uses torch's tanh formula. Saves `cdf` = Phi(x).
+
+    Without autograd: the piecewise polynomial of functions.fast (11 rounds, one MSB
+    circuit); with requires_grad: x * sigmoid-based Phi(x), which the backward rule needs."""
     x_f = float_view(x)
     s, p = x_f.share, x_f.precision
+    if approximate not in ("none", "tanh"):
+        raise UnsupportedError(f"gelu approximate must be 'none' or 'tanh', got {approximate!r}")
+    if not _needs_grad(x):
+        out = fast.half_plus_even(s, p, "gelu" if approximate == "none" else "gelu_tanh")
+        return _record(new_like(x_f, out), "gelu", (x,), approximate=approximate)
     if approximate == "tanh":
         c = math.sqrt(2.0 / math.pi)
         (sq,) = mul_trunc([(s, s)], p)
@@ -361,8 +370,12 @@ def gelu(x: CrypTensor, approximate: str = "none") -> CrypTensor:
 
 
 def silu(x: CrypTensor) -> CrypTensor:
-    """x * sigmoid(x). Saves `sigmoid`."""
+    """x * sigmoid(x). Saves `sigmoid`. Without autograd: the piecewise polynomial of
+    functions.fast (11 rounds, one MSB circuit)."""
     x_f = float_view(x)
+    if not _needs_grad(x):
+        out = fast.half_plus_even(x_f.share, x_f.precision, "silu")
+        return _record(new_like(x_f, out), "silu", (x,))
     sig = sigmoid_share(x_f.share, x_f.precision)
     (out,) = mul_trunc([(x_f.share, sig)], x_f.precision)
     saved = {"sigmoid": new_like(x_f, sig)} if _needs_grad(x) else {}
@@ -428,14 +441,12 @@ def pow_(x: CrypTensor, exponent) -> CrypTensor:
 
 
 def _softmax_parts(x: CrypTensor, dim):
-    from .reductions import argmax_pairwise, argmax_tree
     x_f = float_view(x)
     d = x_f._dim(dim) % max(1, x_f.dim())
     moved = x_f.share.movedim(d, -1)
     k = moved.shape[-1]
     flat = moved.reshape(-1, k)
-    algo = argmax_pairwise if k <= 16 else argmax_tree
-    mx, _ = algo(flat, True, False)
+    mx = fast.row_max(flat)                           # all-pairs over groups of <= 16
     z = flat - mx.unsqueeze(-1)                       # <= 0
     return x_f, d, moved.shape, k, z
 
@@ -456,10 +467,10 @@ def softmax(x: CrypTensor, dim=-1) -> CrypTensor:
         return softmax(x.reshape(1), 0).reshape(())
     x_f, d, shape, k, z = _softmax_parts(x, dim)
     p = x_f.precision
-    e = exp_share(z, p, range(-17, 0), exact=False)
-    total = e.sum(-1)
+    e = fast.exp_nonpos(z, p)                         # 4 thresholds; 0 below z = -11.1
+    total = e.sum(-1)                                 # in [1, k]: one reciprocal per row
     inv = reciprocal_share(total, p, range(1, _log2_ceil(k) + 1), signed=False, exact=False)
-    (out,) = mul_trunc([(e, inv.unsqueeze(-1))], p)
+    out = truncate(fast.mul_rows(e, inv), p)
     out = out.view(shape).movedim(-1, d)
     return _record(new_like(x_f, out), "softmax", (x,), dim=d)
 
@@ -471,7 +482,7 @@ def log_softmax(x: CrypTensor, dim=-1) -> CrypTensor:
         return log_softmax(x.reshape(1), 0).reshape(())
     x_f, d, shape, k, z = _softmax_parts(x, dim)
     p = x_f.precision
-    e = exp_share(z, p, range(-17, 0), exact=False)
+    e = fast.exp_nonpos(z, p)
     total = e.sum(-1)
     lse = log_share(total, p, range(1, _log2_ceil(k) + 1))
     out = (z - lse.unsqueeze(-1)).view(shape).movedim(-1, d)

@@ -83,3 +83,25 @@ def batch_norm(x: CrypTensor, running_mean=None, running_var=None, weight=None, 
     inputs = (x, weight, bias)
     saved = {"x_hat": x_hat, "inv_std": inv_std} if _needs_grad(*inputs) else {}
     return _record(out, "batch_norm", inputs, training=training, eps=eps, dims=dims, **saved)
+
+
+def rms_norm(x: CrypTensor, normalized_shape: Sequence[int] | int, weight=None,
+             eps: float | None = None) -> CrypTensor:
+    """x / sqrt(mean(x^2) + eps) * weight over the trailing `normalized_shape` dims (like
+    torch.nn.functional.rms_norm; eps None: float32's machine epsilon).
+
+    One square per element and ONE inv_sqrt per row (mean(x^2) + eps must lie in inv_sqrt's
+    domain [6.1e-5, 4.2e6)). Built from recorded ops, so autograd follows them."""
+    if isinstance(normalized_shape, int):
+        normalized_shape = (normalized_shape,)
+    if tuple(x.shape[x.dim() - len(normalized_shape):]) != tuple(normalized_shape):
+        raise ValueError(f"rms_norm: normalized_shape {tuple(normalized_shape)} does not match "
+                         f"the trailing dims of an input of shape {tuple(x.shape)}")
+    eps = torch.finfo(torch.float32).eps if eps is None else float(eps)
+    dims = tuple(range(x.dim() - len(normalized_shape), x.dim()))
+    xf = x if x.dtype.is_floating_point else x.float()
+    inv_rms = inv_sqrt(xf.square().mean(dims, keepdim=True).add(eps))
+    out = xf.mul(inv_rms)
+    if weight is not None:
+        out = out.mul(weight)
+    return out

@@ -1,0 +1,271 @@
+"""Transformer nonlinearities at the cost levels of PUMA / BumbleBee: piecewise polynomials
+selected by comparisons batched in ONE MSB circuit, and softmax with coarse range reduction.
+
+GELU and SiLU (no autograd; with requires_grad the sigmoid-based forms of nonlinear.py run,
+they save what the backward rule needs). Both are x/2 + E(x) with E even and analytic:
+  gelu(x) = x/2 + x erf(x / sqrt 2) / 2,   silu(x) = x/2 + (x/2) tanh(x/2),
+E(x) -> |x|/2 for |x| -> inf. So E is a polynomial in y = x^2 on [0, T^2] (half the degree of a
+fit in x) and |x|/2 beyond T:
+  out = x/2 + P_0(y) + sum_j [y >= s_j] (P_j(y) - P_{j-1}(y))
+            + [x >= T] (x/2 - P_m(y)) + [x <= -T] (-x/2 - P_m(y)).
+Every bit comes out of one MSB circuit and multiplies its value in the B2A round (kind
+bit_mul); the selection is exact in the ring, so a polynomial evaluated outside its segment
+(even wrapped) cancels. Each segment has its own variable t in [-1, 1] (Chebyshev fit,
+monomials in t); the powers of every segment are computed together, squares (t^2, t^4, t^6)
+by square pairs (one opened value) in the same round as the other products.
+  gelu (erf and tanh forms): T = 4, one segment of degree 7 in y: |err| <= 2.8e-4 (fit).
+  silu: T = 10, segments y in [0, 25) (degree 7) and [25, 100) (degree 5): |err| <= 5.5e-4.
+Rounds (2 parties): 1 (y) + 3 (powers) + 6 (MSB) + 1 (fold) = 11. Domain: |x| < 2^14 at 16
+fractional bits (y = x^2 must not wrap); the tails are exact relu beyond.
+
+Softmax's exp on z = x - max <= 0: y = z log2 e bucketed by FOUR thresholds at y = -4, -8,
+-12, -16 (one MSB circuit; below -16: 0, which also clips masked entries) and
+exp(z) = 2^(4k - 20) 2^f, f in [0, 4), 2^f by a degree-7 polynomial (relative error 1e-5):
+the same 11 rounds as the old 17-threshold exp with a quarter of its comparisons. The row max
+is an all-pairs maximum over groups of 8, then over the <= 16 group winners: 21 rounds for
+128 columns instead of 49 for the binary tree. One reciprocal per row; the final product
+broadcasts it (a mul triple of shapes (R, k) and (R, 1): only e and the R sums are opened).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from .. import encoding
+from ..mpc import beaver, circuits, convert
+from ..mpc.binary import provider_get
+from ..mpc.primitives import open_many
+from ..session import current
+from ._common import mul_shares, mul_trunc, public_share, truncate
+
+LOG2E = 1.0 / math.log(2.0)
+
+
+# ---------------------------------------------------------------------- products
+def _additive() -> bool:
+    return getattr(current().config, "protocol", "additive") == "additive"
+
+
+def _products(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], prec: int) -> list[torch.Tensor]:
+    """Truncated products of several pairs (same-shape operands) in ONE round; a pair whose
+    two operands are the same tensor is a square (one opened value instead of two)."""
+    if not _additive():
+        return mul_trunc(list(pairs), prec)
+    s = current()
+    sq = [i for i, (a, b) in enumerate(pairs) if a is b]
+    ml = [i for i, (a, b) in enumerate(pairs) if a is not b]
+    sq_x = torch.cat([pairs[i][0].reshape(-1) for i in sq]) if sq else None
+    ml_x = torch.cat([pairs[i][0].reshape(-1) for i in ml]) if ml else None
+    ml_y = torch.cat([pairs[i][1].reshape(-1) for i in ml]) if ml else None
+    opened, corr_sq, corr_ml = [], None, None
+    if sq:
+        n = sq_x.numel()
+        corr_sq = provider_get("square", n, lambda m: [(m,)], 1)
+        opened.append(sq_x - corr_sq[0])
+    if ml:
+        n = ml_x.numel()
+        corr_ml = provider_get("triple", n, lambda m: [(m,), (m,)], 1, op="mul")
+        opened += [ml_x - corr_ml[0], ml_y - corr_ml[1]]
+    vals = open_many(opened)
+    flat = []
+    if sq:
+        e = vals[0]
+        a, c = corr_sq.corrected()
+        z = c + 2 * e * a
+        if s.rank == 0:
+            z += e * e
+        flat.append(z)
+    if ml:
+        e, d = vals[-2], vals[-1]
+        a, b, c = corr_ml.corrected()
+        z = c + e * b + a * d
+        if s.rank == 0:
+            z += e * d
+        flat.append(z)
+    both = truncate(torch.cat(flat), prec)
+    out: list = [None] * len(pairs)
+    off = 0
+    for i in sq + ml:
+        m = pairs[i][0].numel()
+        out[i] = both[off:off + m].view(pairs[i][0].shape)
+        off += m
+    return out
+
+
+def powers_many(ts: Sequence[torch.Tensor], degree: Sequence[int], prec: int) -> list[dict[int, torch.Tensor]]:
+    """Powers t^1..t^d of several variables, all in ceil(log2 max d) rounds; t^(2j) = (t^j)^2
+    by squares."""
+    pws = [{1: t} for t in ts]
+    have = 1
+    while have < max(degree):
+        top = 2 * have
+        jobs = []
+        for pw, d in zip(pws, degree):
+            for k in range(have + 1, min(top, d) + 1):
+                if k % 2 == 0:
+                    jobs.append((pw, k, pw[k // 2], pw[k // 2]))
+                else:
+                    jobs.append((pw, k, pw[have], pw[k - have]))
+        prods = _products([(a, b) for _, _, a, b in jobs], prec)
+        for (pw, k, _, _), p in zip(jobs, prods):
+            pw[k] = p
+        have = top
+    return pws
+
+
+def _poly_from_powers(pw: dict[int, torch.Tensor], coeffs: Sequence[float], prec: int, like) -> torch.Tensor:
+    acc = torch.zeros_like(like)
+    for k in range(1, len(coeffs)):
+        acc = acc + pw[k] * int(round(coeffs[k] * (1 << prec)))
+    return truncate(acc, prec) + public_share(torch.full_like(like, int(round(coeffs[0] * (1 << prec)))))
+
+
+def _to_unit(y: torch.Tensor, prec: int, lo: float, hi: float) -> torch.Tensor:
+    """Shares of t = (2y - lo - hi) / (hi - lo) (in [-1, 1] for y in [lo, hi])."""
+    scale = 2.0 / (hi - lo)
+    if scale == int(scale):
+        t = y * int(scale)
+    else:
+        t = truncate(y * int(round(scale * (1 << prec))), prec)
+    return t - public_share(torch.full_like(y, int(round((lo + hi) / (hi - lo) * (1 << prec)))))
+
+
+# ------------------------------------------------------------------------- fits
+def _gelu_e(y):
+    from math import erf
+    r = np.sqrt(y)
+    return r * np.vectorize(erf)(r / math.sqrt(2.0)) / 2
+
+
+def _gelu_tanh_e(y):
+    r = np.sqrt(y)
+    return r / 2 * np.tanh(math.sqrt(2.0 / math.pi) * (r + 0.044715 * r ** 3))
+
+
+def _silu_e(y):
+    r = np.sqrt(y)
+    return r / 2 * np.tanh(r / 2)
+
+
+def _exp2(f):
+    return np.exp2(f)
+
+
+FITS = {"gelu": _gelu_e, "gelu_tanh": _gelu_tanh_e, "silu": _silu_e, "exp2": _exp2}
+
+
+@functools.lru_cache(maxsize=None)
+def fit(name: str, lo: float, hi: float, degree: int) -> tuple[float, ...]:
+    """Monomial coefficients in t = (2y - lo - hi) / (hi - lo) of the Chebyshev interpolant of
+    FITS[name] on [lo, hi]."""
+    nodes = np.cos(np.pi * (np.arange(degree + 1) + 0.5) / (degree + 1))
+    ys = (nodes * (hi - lo) + (lo + hi)) / 2
+    cheb = np.polynomial.chebyshev.chebfit(nodes, FITS[name](ys), degree)
+    return tuple(float(c) for c in np.polynomial.chebyshev.cheb2poly(cheb))
+
+
+# (tail T, segments of y = x^2 as (lo, hi, degree)); the last hi is T^2.
+EVEN_SPECS = {
+    "gelu": (4.0, ((0.0, 16.0, 7),)),
+    "gelu_tanh": (4.0, ((0.0, 16.0, 7),)),
+    "silu": (10.0, ((0.0, 25.0, 7), (25.0, 100.0, 5))),
+}
+
+
+def _enc(v: float, prec: int, like: torch.Tensor) -> torch.Tensor:
+    return public_share(torch.full_like(like, int(round(v * (1 << prec)))))
+
+
+def half_plus_even(xs: torch.Tensor, prec: int, name: str) -> torch.Tensor:
+    """Shares of x/2 + E(x) for EVEN_SPECS[name] (gelu, gelu_tanh, silu)."""
+    tail, segs = EVEN_SPECS[name]
+    (y,) = _products([(xs, xs)], prec)
+    ts = [_to_unit(y, prec, lo, hi) for lo, hi, _ in segs]
+    pws = powers_many(ts, [d for _, _, d in segs], prec)
+    polys = [_poly_from_powers(pw, fit(name, lo, hi, d), prec, xs) for pw, (lo, hi, d) in zip(pws, segs)]
+    # Bits: [y >= s_j] for the inner breakpoints, [x >= T], [x <= -T]; one MSB circuit.
+    items = [y - _enc(lo, prec, xs) for lo, _, _ in segs[1:]]
+    items += [xs - _enc(tail, prec, xs), -xs - _enc(tail, prec, xs)]
+    flats = [v.reshape(-1) for v in items]
+    n = xs.numel()
+    words = convert.msb_words(torch.cat(flats))          # [v < 0]: the complement of each bit
+    bits = circuits.unpack_bits(words, n * len(items))
+    if current().rank == 0:
+        bits = bits ^ 1                                   # [v >= 0]
+    half = _half(xs)
+    values = [polys[j] - polys[j - 1] for j in range(1, len(polys))]
+    values += [half - polys[-1], -half - polys[-1]]
+    muls = [(circuits.pack_bits(bits[i * n:(i + 1) * n]), (n, 1), v.reshape(n, 1))
+            for i, v in enumerate(values)]
+    _, prods = convert.finish((), muls)
+    out = half + polys[0]
+    for p in prods:
+        out = out + p.view(xs.shape)
+    return out
+
+
+def _half(xs: torch.Tensor) -> torch.Tensor:
+    """Shares of x / 2 (one local truncation at 2 parties)."""
+    return truncate(xs, 1)
+
+
+# ---------------------------------------------------------------------- softmax
+EXP_BUCKETS = (-16, -12, -8, -4)   # thresholds of y = z log2 e; below the first: 0
+EXP_DEGREE = 7
+
+
+def exp_nonpos(z: torch.Tensor, prec: int) -> torch.Tensor:
+    """Shares of exp(z) for z <= 0 (0 where z log2 e < -16), 11 rounds between 2 parties."""
+    items = [(z - public_share(encoding.encode(torch.tensor(float(t) / LOG2E), prec).expand_as(z)))
+             for t in EXP_BUCKETS]
+    flats = [v.reshape(-1) for v in items]
+    n = z.numel()
+    words = convert.msb_words(torch.cat(flats))          # [z < tau]
+    bits = circuits.unpack_bits(words, n * len(items))
+    if current().rank == 0:
+        bits = bits ^ 1                                   # [z >= tau]
+    arith = convert.b2a(circuits.pack_bits(bits), n * len(items)).view(len(items), *z.shape)
+    k = arith.sum(0)                                      # 0..4
+    y = truncate(z * int(round(LOG2E * (1 << prec))), prec)
+    # bucket k >= 1: y in [4k - 20, 4k - 16), f = y + 20 - 4k in [0, 4)
+    f = y + _enc(20.0, prec, z) - (k << (prec + 2))
+    q = 16                                                # a = 2^(4k - 20) at 2^q: 1, 16, 256, 4096
+    weights = [1, 15, 240, 3840]
+    a = torch.zeros_like(z)
+    for b, w in zip(arith, weights):
+        a = a + b * w
+    t = _to_unit(f, prec, 0.0, 4.0)
+    (pw,) = powers_many([t], [EXP_DEGREE], prec)
+    p = _poly_from_powers(pw, fit("exp2", 0.0, 4.0, EXP_DEGREE), prec, z)
+    (prod,) = mul_shares([(a, p)])
+    return truncate(prod, q)
+
+
+def row_max(flat: torch.Tensor) -> torch.Tensor:
+    """Shares of the max of each row of `flat` (R, k): all-pairs over groups of 8 while more
+    than 16 remain, then all-pairs over the rest."""
+    from .reductions import SENTINEL, argmax_pairwise
+    v = flat
+    rows = v.shape[0]
+    while v.shape[1] > 16:
+        k = v.shape[1]
+        pad = (-k) % 8
+        if pad:
+            v = torch.cat([v, public_share(torch.full((rows, pad), -SENTINEL, dtype=torch.int64))], 1)
+        vals, _ = argmax_pairwise(v.reshape(-1, 8), True, False)
+        v = vals.view(rows, -1)
+    return argmax_pairwise(v, True, False)[0]
+
+
+def mul_rows(e: torch.Tensor, inv: torch.Tensor) -> torch.Tensor:
+    """Shares of e * inv[:, None] (untruncated): a broadcasting mul triple, so only e and the
+    R row values are opened."""
+    if not _additive():
+        (out,) = mul_shares([(e, inv.unsqueeze(-1))])
+        return out
+    return beaver.beaver("mul", e, inv.unsqueeze(-1))
