@@ -18,9 +18,11 @@ from .layers import (AdaptiveAvgPool2d, AvgPool2d, BatchNorm1d, BatchNorm2d, BCE
                      Flatten, GELU, Identity, L1Loss, LayerNorm, Linear, LogSoftmax, MaxPool2d,
                      MSELoss, NLLLoss, ReLU, ReLU6, Sigmoid, SiLU, Softmax, Tanh)
 from .module import Module, ModuleDict, ModuleList, Sequential
+from .transformer_ops import PrivateTokens, share_tokens
 
 __all__ = [
     "Module", "Sequential", "ModuleList", "ModuleDict", "functional", "from_pytorch",
+    "share_tokens", "PrivateTokens",
     "CONVERTERS", "FUNCTIONS", "METHODS",
     "Linear", "Conv1d", "Conv2d", "ConvTranspose2d", "BatchNorm1d", "BatchNorm2d", "LayerNorm",
     "Dropout", "ReLU", "ReLU6", "GELU", "SiLU", "Sigmoid", "Tanh", "Softmax", "LogSoftmax",

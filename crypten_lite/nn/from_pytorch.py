@@ -238,7 +238,16 @@ def _aten_table() -> dict[Any, Callable]:
         aten.pad.default: lambda x, pad, mode="constant", value=None: F.pad(x, pad, mode, value),
         aten.constant_pad_nd.default: lambda x, pad, value=0: F.pad(x, pad, "constant", value),
         aten.alias.default: lambda x: x, aten.detach.default: lambda x: x.detach(),
+        # transformers: ops on public values (bound per node), embeddings, masked attention
+        **{op: _transformer_ops().public_only for op in _transformer_ops().public_ops()},
+        **_transformer_ops().private_table(),
+        _transformer_ops().public_constant: _transformer_ops().public_constant,
     }
+
+
+def _transformer_ops():
+    from . import transformer_ops
+    return transformer_ops
 
 
 ATEN: dict[Any, Callable] = {}
@@ -299,7 +308,9 @@ class GraphModule(Module):
         object.__setattr__(self, "_architecture_only", False)
         return self
 
-    def forward(self, *inputs):
+    def forward(self, *inputs, **named):
+        if named:  # keyword inputs (input_ids=..., attention_mask=...) by placeholder name
+            inputs = _transformer_ops().by_name(self._input_names, inputs, named)
         if self.__dict__.get("_architecture_only") and any(
                 isinstance(v, torch.Tensor) and v.device.type == "meta" for v in self.state_dict().values()):
             from ..errors import ProtocolError
@@ -462,6 +473,8 @@ def bind_node(out: "GraphModule", node: torch.fx.Node) -> None:
         impl = _aten().get(node.target)
         if impl is None:
             raise _unsupported(node, "ATEN (export fallback) / FUNCTIONS", _target_name(node.target))
+        if impl is _transformer_ops().public_only:
+            impl = impl(node)  # the exported op itself on public operands; names the node otherwise
     out._impl[node] = impl
 
 
@@ -472,8 +485,10 @@ def _fetch(model: torch.nn.Module, path: str):
     return obj
 
 
-def _convert_export(model: torch.nn.Module, dummy_inputs: tuple) -> GraphModule:
-    exported = torch.export.export(model, dummy_inputs)
+def _convert_export(model: torch.nn.Module, dummy_inputs: tuple | dict) -> GraphModule:
+    args, kwargs = ((), dict(dummy_inputs)) if isinstance(dummy_inputs, dict) else (dummy_inputs, None)
+    with _transformer_ops().no_cache(model):
+        exported = torch.export.export(model, args, kwargs)
     graph = exported.graph_module.graph
     sig = exported.graph_signature
     state = dict(model.state_dict(keep_vars=True))
@@ -481,6 +496,8 @@ def _convert_export(model: torch.nn.Module, dummy_inputs: tuple) -> GraphModule:
     paths = {**sig.inputs_to_parameters, **sig.inputs_to_buffers,
              **getattr(sig, "inputs_to_lifted_tensor_constants", {})}
     params = set(sig.inputs_to_parameters)
+    # non-persistent buffers and code constants are public: folded with what they compute
+    _transformer_ops().publicize(graph, sig, state)
     out = GraphModule(graph, "export")
     object.__setattr__(out, "_out_spec", (exported.call_spec.out_spec, len(sig.user_outputs)))
     for node in graph.nodes:
@@ -585,7 +602,7 @@ def from_pytorch(model: torch.nn.Module | None, dummy_input, check: bool = True,
     if is_quantized(model):  # torch.ao eager/FX or torchao PT2E int8 model
         from ..quantized import from_quantized
         return from_quantized(model, dummy_input)
-    dummy = dummy_input if isinstance(dummy_input, tuple) else (dummy_input,)
+    dummy = dummy_input if isinstance(dummy_input, (tuple, dict)) else (dummy_input,)
     if fold_batch_norm and model.training:
         raise UnsupportedError("fold_batch_norm=True needs the model in eval mode (model.eval())")
     try:
@@ -607,7 +624,7 @@ def from_pytorch(model: torch.nn.Module | None, dummy_input, check: bool = True,
                                    f"failed ({export_error}); simplify the model's control flow") \
                 from export_error
     converted.train(model.training)
-    if check and all(isinstance(d, torch.Tensor) for d in dummy):
+    if check and all(isinstance(d, torch.Tensor) for d in _values(dummy)):
         _check(model, converted, dummy, tolerance)
     return converted
 
@@ -617,14 +634,17 @@ def _check(model: torch.nn.Module, converted: GraphModule, dummy: tuple, toleran
     model.eval()
     converted.eval()
     try:
-        with torch.no_grad():
-            expected = model(*dummy)
-            got = converted(*dummy)
+        with torch.no_grad(), _transformer_ops().no_cache(model):
+            expected = model(**dummy) if isinstance(dummy, dict) else model(*dummy)
+            got = converted(**dummy) if isinstance(dummy, dict) else converted(*dummy)
     finally:
         model.train(was_training)
         converted.train(was_training)
-    flat_e = expected if isinstance(expected, (tuple, list)) else (expected,)
-    flat_g = got if isinstance(got, (tuple, list)) else (got,)
+    from torch.utils._pytree import tree_leaves
+    flat_e, flat_g = tree_leaves(expected), tree_leaves(got)  # HF ModelOutput / dict outputs
+    if len(flat_e) != len(flat_g):
+        raise UnsupportedError(f"from_pytorch: the converted model returns {len(flat_g)} values, the "
+                               f"torch model {len(flat_e)}")
     for e, g in zip(flat_e, flat_g):
         if isinstance(e, torch.Tensor) and not torch.allclose(e, g, atol=tolerance, rtol=tolerance):
             raise UnsupportedError(
@@ -645,8 +665,15 @@ def _dummy_tuple(dummy_input) -> tuple | None:
         return (torch.zeros(tuple(dummy_input)),)
     if isinstance(dummy_input, (tuple, list)) and all(isinstance(d, torch.Tensor) for d in dummy_input):
         return tuple(dummy_input)
+    if isinstance(dummy_input, dict) and all(isinstance(d, torch.Tensor) for d in dummy_input.values()):
+        return dict(dummy_input)  # keyword inputs (HF models: input_ids=..., attention_mask=...)
     raise UnsupportedError("dummy_input must be a tensor, a tuple of tensors or a shape (tuple of ints), "
                            f"got {type(dummy_input).__name__}")
+
+
+def _values(dummy) -> tuple:
+    """The dummy inputs as a tuple (a dict of keyword inputs: its values, in order)."""
+    return tuple(dummy.values()) if isinstance(dummy, dict) else tuple(dummy)
 
 
 def _owner_convert(model, dummy: tuple, dummy_input, check: bool, tolerance: float,
@@ -668,9 +695,9 @@ def _owner_convert(model, dummy: tuple, dummy_input, check: bool, tolerance: flo
             raise UnsupportedError("the int8 program does not survive its description; "
                                    "crypten_lite.nn.graph_desc misses one of its attributes")
         return program, payload
-    converted = from_pytorch(model, dummy if len(dummy) > 1 else dummy[0], check=False,
-                             fold_batch_norm=fold_batch_norm)
-    payload = gd.describe_graph(converted, [list(d.shape) for d in dummy])
+    converted = from_pytorch(model, dummy if isinstance(dummy, dict) or len(dummy) > 1 else dummy[0],
+                             check=False, fold_batch_norm=fold_batch_norm)
+    payload = gd.describe_graph(converted, [list(d.shape) for d in _values(dummy)])
     rebuilt = gd.rebuild_graph(gd.read(payload)[1], values=dict(converted.state_dict()))
     if check:
         _check(model, rebuilt, dummy, tolerance)
@@ -703,8 +730,8 @@ def _in_band(model, dummy_input, src: int, check: bool, tolerance: float, fold_b
                                    f"(src={src}); pass None on the other parties")
         expected = ([result.input.out.shape] if kind == "quantized" else
                     [tuple(d) for d in reader.doc.get("input_shapes", [])])
-        if dummy is not None and [tuple(d.shape)[1:] for d in dummy] != [tuple(e)[1:] for e in expected]:
-            raise ProtocolError(f"party {s.rank}: dummy input shapes {[tuple(d.shape) for d in dummy]} "
+        if dummy is not None and [tuple(d.shape)[1:] for d in _values(dummy)] != [tuple(e)[1:] for e in expected]:
+            raise ProtocolError(f"party {s.rank}: dummy input shapes {[tuple(d.shape) for d in _values(dummy)]} "
                                 f"differ from the model owner's {[tuple(e) for e in expected]} "
                                 "(beyond the batch dimension)")
     object.__setattr__(result, "_model_src", src)

@@ -58,10 +58,11 @@ DTYPES: dict[str, torch.dtype] = {str(d).removeprefix("torch."): d for d in (
     torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
     torch.int16, torch.int8, torch.uint8, torch.bool)}
 
-# torch constants that appear in graph arguments (dtype=..., memory_format=..., layout=...)
+# torch constants that appear in graph arguments (dtype=..., memory_format=..., layout=...,
+# device=... in exported HF models: the CPU is the only device a receiver ever rebuilds)
 CONSTANTS: dict[str, Any] = {str(c): c for c in (
     *DTYPES.values(), torch.contiguous_format, torch.preserve_format, torch.channels_last,
-    torch.strided)}
+    torch.strided, torch.device("cpu"))}
 
 _PART = re.compile(r"[A-Za-z0-9_]{1,200}")
 NODE_OPS = ("placeholder", "get_attr", "call_module", "call_function", "call_method", "output")
