@@ -1,0 +1,820 @@
+"""Binary protocols and conversions on 2-out-of-3 replicated shares (3 parties, no dealer).
+
+Same functions and semantics as binary.py / convert.py (protocol.py routes to them under
+``rss``): shares are ``Replicated`` (party i holds components (x_i, x_{i+1})); binary words
+are XOR sharings x = x_0 ^ x_1 ^ x_2 of bit-packed int64 words, arithmetic values sums mod
+2^64. F(k_ij) is the next draw of the stream that parties i and j share (purpose "rss-rand",
+``Session.pair_prg``); every protocol call draws fresh values, and every party draws its
+pairwise values at the start of a call in one canonical order, so the streams stay in step.
+A la [AFL+16] (replicated AND), [MR18] (ABY3), [KS73] (carry trees), [DSZ15] (B2A by a masked
+opening), [RW19]/[EGK+20] (random shared bits).
+
+**Roles.** A protocol on n elements runs on three chunks at once; chunk k gives party k+j
+role j (mod 3), so every party plays every role on a third of the elements and the bytes
+below (per element, per role) average out evenly. Component j of a chunk's role indexing
+is held by roles j and j-1.
+
+**AND** (``and_many``, 1 round): party i computes t_i = x_i y_i ^ x_i y_{i+1} ^ x_{i+1} y_i
+^ alpha_i, alpha_i = F(k_{i,i+1}) ^ F(k_{i-1,i}) (a fresh zero sharing), and sends t_i to
+i-1: (t_i, t_{i+1}). 8 B per AND word per party.
+
+**Carry of a + b** (``_carry``), a known to roles 0 and 2, b known to role 1 (for x
+replicated: a = x_0, b = x_1 + x_2): every term of the 2-bit-group generate and propagate
+G2 = a1 b1 ^ a1 a0 b0 ^ a0 (b1 b0),  P2 = a1 a0 ^ a1 b0 ^ a0 b1 ^ b1 b0
+is (function of a) & (function of b). Then roles 0 and 2 evaluate the carry tree as two
+parties with role 1 as their dealer:
+  1. (round 1) role 1 sends m = h(b) ^ rho to role 0 (h = the planes b0, b1, b1 b0 of the 32
+     groups, plus any extra bit planes; rho = F(k_12)), and to role 2 the correcting shares
+     of the AND triples of every tree level (role 0's triple shares and masks are F(k_01),
+     role 2's F(k_12); role 1 knows both and sends c_2 = a b ^ c_0). Role 0 computes f(a) & m,
+     role 2 f(a) & rho: an XOR sharing of (G2, P2) between roles 0 and 2.
+  2. (rounds 2..) per level of circuits.carry_tree, roles 0 and 2 open e = P_hi ^ alpha,
+     d = G_lo ^ gamma, d' = P_lo ^ gamma' to each other (P_hi is one operand of both ANDs of a
+     level, so one mask serves both: 3 words for 2 ANDs) and compute Beaver's shares.
+  Privacy: role 0 receives h ^ rho (rho unknown to it) and role 2's openings, masked by
+  role 2's mask shares F(k_12) (unknown to role 0); role 2 receives c_2, masked by c_0 =
+  F(k_01), and role 0's openings, masked by F(k_01); role 1 receives nothing. Fresh masks on
+  every level and call.
+
+**MSB** (``msb_words``): a = x_0 with bit 63 := 0, b = x_1 + x_2 with bit 63 := 1, so the
+G of the 64 bits is the carry into bit 63; msb = a_63 ^ b_63 ^ carry (roles 0/2 XOR shares).
+  Rounds 1-6 as above (1 + 5 levels), then round 7 turns the XOR sharing (u at role 0, v at
+  role 2) into replicated shares: z_1 = F(k_01), z_0 = u ^ z_1 ^ F(k_02) sent by role 0 to
+  role 2, z_2 = v ^ F(k_02) sent by role 2 to role 1 (each masked by a seed the receiver
+  lacks). Bytes per element: role 0 and role 2 11.5 + 0.125, role 1 12.125 + 7.625.
+
+**Bit injection** (``finish``, ``b2a``, ``bit_mul``, a la [DSZ15] with a random bit made by
+the parties): r = s ^ t with s = F(k_01) ^ F(k_02) (known to role 0 alone) and t = F(k_12)
+(roles 1 and 2): nobody knows r. [s] = (s - S_1, S_1, 0) (role 0 sends s - S_1 to role 2,
+S_1 = F(k_01)), [t] = (0, 0, t), [st] by the product's cross terms (S_1 t at role 1, (s - S_1) t
+at role 2, reshared with role 0 idle: 8 B from roles 1 and 2), [r] = [s] + [t] - 2[st]. For
+b * v: [t v] (cross terms at roles 1 and 2, same reshare), [r v] = [s (v - 2 t v)] + [t v] (one
+product). The bit b (XOR shared by roles 0 and 2, or replicated: role 0 takes x_0 ^ x_1, role 2
+x_2) is opened masked: c = b ^ r, role 0 sending b_0 ^ s ^ F(k_02) and role 2 b_2 ^ t ^ F(k_02)
+to both others (1 round, 2 bits each); then [b] = c + (1 - 2c)[r], [b v] = c [v] + (1 - 2c)[r v].
+Everything but the opening is input-independent and runs during the rounds of the MSB.
+  * ``finish`` on replicated words: 2 rounds (opening with the first).
+  * ``msb_finish`` (lt, ReLU): the MSB's XOR sharing is opened at once: 7 rounds in all.
+
+**A2B** (``a2b``): [a] = (a, 0, 0), [b] = (0, b ^ rho, rho) (role 1 sends b ^ rho: 1 round),
+then circuits.kogge_stone_add with ``and_many``: 8 rounds.
+
+**Exact rounding** (``round_exact``) and **truncation pairs** (``trunc_pairs``): carries of
+a + b computed as above on the low bits and at the top, converted by bit injection; see
+their docstrings.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Generator, Sequence
+
+import torch
+
+from ..errors import ProtocolError
+from ..provider.correlations import logical_shift
+from ..session import current
+from . import circuits
+from .replicated import Replicated
+
+WORLD = 3
+PURPOSE = "rss-rand"
+ALL_ONES = -1
+BIAS_BITS = 62
+
+# A protocol step: (outgoing {dst: 1-D int64 tensor}, expected {src: numel}) -> received.
+Request = tuple[dict[int, torch.Tensor], dict[int, int]]
+Gen = Generator[Request, dict[int, torch.Tensor], object]
+
+_EMPTY = torch.zeros(0, dtype=torch.int64)
+
+
+# ------------------------------------------------------------------ rounds and streams
+def _run(gen: Gen):
+    """Drive a protocol generator: one exchange (one round) per request it yields."""
+    comm = current().comm
+    try:
+        request = next(gen)
+        while True:
+            send, recv = request
+            # A message exists iff it has words (both ends decide from public sizes).
+            send = {d: t for d, t in send.items() if t.numel()}
+            recv = {src: n for src, n in recv.items() if n}
+            got = comm.exchange(send, sorted(recv))
+            for src, n in recv.items():
+                if got[src].dtype != torch.int64 or got[src].dim() != 1 or got[src].numel() != n:
+                    raise ProtocolError(
+                        f"party {current().rank}: expected {n} words from party {src} in a binary "
+                        f"protocol round, got shape {tuple(got[src].shape)} ({got[src].dtype}); "
+                        "the parties' programs diverged (check shapes and inputs)")
+            got = {src: got.get(src, _EMPTY) for src in range(WORLD)}
+            request = gen.send(got)
+    except StopIteration as stop:
+        return stop.value
+
+
+def _par(gens: Sequence[Gen]) -> Gen:
+    """Several protocol generators in lockstep: their messages of a round travel together."""
+    results: list = [None] * len(gens)
+    pending: dict[int, Request] = {}
+    for i, g in enumerate(gens):
+        try:
+            pending[i] = next(g)
+        except StopIteration as stop:
+            results[i] = stop.value
+    while pending:
+        order = sorted(pending)
+        send: dict[int, list[torch.Tensor]] = {}
+        recv: dict[int, list[tuple[int, int]]] = {}
+        for i in order:
+            out, exp = pending[i]
+            for dst, t in out.items():
+                send.setdefault(dst, []).append(t.reshape(-1))
+            for src, n in exp.items():
+                recv.setdefault(src, []).append((i, n))
+        got = yield ({d: torch.cat(ts) for d, ts in send.items()},
+                     {s: sum(n for _, n in lst) for s, lst in recv.items()})
+        parts: dict[int, dict[int, torch.Tensor]] = {i: {} for i in order}
+        for src, lst in recv.items():
+            off = 0
+            for i, n in lst:
+                parts[i][src] = got[src][off:off + n]
+                off += n
+        nxt: dict[int, Request] = {}
+        for i in order:
+            try:
+                nxt[i] = gens[i].send(parts[i])
+            except StopIteration as stop:
+                results[i] = stop.value
+        pending = nxt
+    return results
+
+
+class _Roles:
+    """Chunk k's role view of this party: role j is party (j + k) mod 3."""
+
+    def __init__(self, k: int):
+        self.k = k
+        self.rank = current().rank
+        self.role = (self.rank - k) % WORLD
+
+    def party(self, role: int) -> int:
+        return (role + self.k) % WORLD
+
+    def draws(self, spec: dict[tuple[int, int], list[int]]) -> dict[tuple[int, int], list[torch.Tensor]]:
+        """Fresh pairwise draws: spec[(i, j)] lists the numels role pair (i, j) draws, in order.
+        Every party draws the pairs it belongs to, pairs in the order (0,1), (1,2), (0,2)."""
+        s = current()
+        out: dict[tuple[int, int], list[torch.Tensor]] = {}
+        for pair in ((0, 1), (1, 2), (0, 2)):
+            if pair not in spec or self.role not in pair:
+                continue
+            other = self.party(pair[0] if pair[1] == self.role else pair[1])
+            prg = s.pair_prg(PURPOSE, other)
+            out[pair] = [prg.draw((n,)) for n in spec[pair]]
+        return out
+
+
+def _chunks(n: int) -> list[tuple[int, int, int]]:
+    """(rotation, start, stop) of the three chunks (word-aligned: multiples of 64)."""
+    words = -(-n // 64)
+    per = -(-words // WORLD) * 64
+    out = []
+    for k in range(WORLD):
+        lo, hi = min(n, k * per), min(n, (k + 1) * per)
+        if hi > lo:
+            out.append((k, lo, hi))
+    return out
+
+
+def _rep(a: torch.Tensor, b: torch.Tensor) -> Replicated:
+    return Replicated(a.contiguous(), b.contiguous(), current().rank)
+
+
+def _as_rep(x, what: str) -> Replicated:
+    if not isinstance(x, Replicated):
+        raise ProtocolError(f"protocol 'rss': {what} expects replicated shares, got "
+                            f"{type(x).__name__} (a share made under another protocol?)")
+    return x
+
+
+def _lin(fn: Callable[[torch.Tensor], torch.Tensor], x: Replicated) -> Replicated:
+    """A GF(2)- or Z-linear map with no public constant, applied to both components."""
+    return _rep(fn(x.a), fn(x.b))
+
+
+def _role_comps(ro: _Roles, x: Replicated) -> dict[int, torch.Tensor]:
+    """This party's components in chunk role indexing: {role: x_role, role+1: ...}."""
+    return {ro.role: x.a, (ro.role + 1) % WORLD: x.b}
+
+
+def _from_comps(ro: _Roles, comps: dict[int, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    return comps[ro.role], comps[(ro.role + 1) % WORLD]
+
+
+# --------------------------------------------------------------------------- AND, XOR
+def _g_and(pairs: Sequence[tuple[Replicated, Replicated]]) -> Gen:
+    s = current()
+    rank = s.rank
+    nxt, prev = (rank + 1) % WORLD, (rank + 2) % WORLD
+    xs, ys, shapes = [], [], []
+    for x, y in pairs:
+        x, y = _as_rep(x, "AND"), _as_rep(y, "AND")
+        shape = torch.broadcast_shapes(x.shape, y.shape)
+        shapes.append(shape)
+        xs.append((x.a.expand(shape).reshape(-1), x.b.expand(shape).reshape(-1)))
+        ys.append((y.a.expand(shape).reshape(-1), y.b.expand(shape).reshape(-1)))
+    xa = torch.cat([a for a, _ in xs]) if xs else _EMPTY
+    xb = torch.cat([b for _, b in xs]) if xs else _EMPTY
+    ya = torch.cat([a for a, _ in ys]) if ys else _EMPTY
+    yb = torch.cat([b for _, b in ys]) if ys else _EMPTY
+    n = xa.numel()
+    # alpha_i = F(k_{i,i+1}) ^ F(k_{i-1,i}): draw the lower pair first on both of its parties.
+    alpha = torch.zeros(n, dtype=torch.int64)
+    for peer in sorted((nxt, prev)):
+        alpha ^= s.pair_prg(PURPOSE, peer).draw((n,))
+    t = (xa & ya) ^ (xa & yb) ^ (xb & ya) ^ alpha
+    got = yield ({prev: t}, {nxt: n})
+    z = got[nxt]
+    out, off = [], 0
+    for shape in shapes:
+        m = 1
+        for d in shape:
+            m *= d
+        out.append(_rep(t[off:off + m].view(shape), z[off:off + m].view(shape)))
+        off += m
+    return out
+
+
+def and_many(pairs: Sequence[tuple[Replicated, Replicated]], triple=None) -> list[Replicated]:
+    """Shares of x & y for every pair, in ONE round (8 B per AND word per party)."""
+    if triple is not None:
+        raise ProtocolError("protocol 'rss' needs no binary triples (the AND is one reshare)")
+    return _run(_g_and(pairs))
+
+
+def and_(x: Replicated, y: Replicated) -> Replicated:
+    """Shares of x & y (one round)."""
+    return and_many([(x, y)])[0]
+
+
+def or_(x: Replicated, y: Replicated) -> Replicated:
+    """Shares of x | y = x ^ y ^ (x & y) (one round)."""
+    return x ^ y ^ and_(x, y)
+
+
+def xor(x: Replicated, y: Replicated) -> Replicated:
+    """Shares of x ^ y (local)."""
+    return x ^ y
+
+
+def xor_public(x: Replicated, c) -> Replicated:
+    """x ^ c for a public c (on share index 0: party 0's a, party 2's b)."""
+    return _as_rep(x, "xor") ^ c
+
+
+def not_(x: Replicated) -> Replicated:
+    """Bitwise NOT (local)."""
+    return xor_public(x, ALL_ONES)
+
+
+def lshift(x: Replicated, k: int) -> Replicated:
+    """Shares of x << k (local)."""
+    return _lin(lambda t: t << k, x)
+
+
+def rshift(x: Replicated, k: int) -> Replicated:
+    """Shares of the LOGICAL right shift x >>> k (local)."""
+    return _lin(lambda t: logical_shift(t, k), x)
+
+
+def lead_of(like: torch.Tensor) -> Replicated:
+    """A binary sharing of all-ones words (xor public constants through `lead & c`)."""
+    from . import rss
+    return rss.public(torch.full(tuple(like.shape), ALL_ONES, dtype=torch.int64))
+
+
+def open_xor(x: Replicated) -> torch.Tensor:
+    """Reveal a binary replicated tensor to every party (one round)."""
+    from . import rss
+    return rss.open_xor(x)
+
+
+def and_bits(x: Replicated, y: Replicated) -> Replicated:
+    """AND of 0/1-valued XOR shares (any shape), packed for the wire (one round)."""
+    shape = torch.broadcast_shapes(x.shape, y.shape)
+    n = 1
+    for d in shape:
+        n *= d
+    px = _lin(lambda t: circuits.pack_bits(t.expand(shape).reshape(-1)), x)
+    py = _lin(lambda t: circuits.pack_bits(t.expand(shape).reshape(-1)), y)
+    (z,) = and_many([(px, py)])
+    return _lin(lambda t: circuits.unpack_bits(t, n).view(shape), z)
+
+
+def not_bits(x: Replicated) -> Replicated:
+    """NOT of 0/1-valued XOR shares (local)."""
+    return xor_public(x, 1)
+
+
+def and_reduce_bits(x: Replicated) -> Replicated:
+    """AND over the last axis of 0/1 XOR shares, by a tree (ceil(log2 k) rounds)."""
+    while x.shape[-1] > 1:
+        k = x.shape[-1]
+        half = k // 2
+        both = and_bits(x[..., :half], x[..., half:2 * half])
+        x = torch.cat([both, x[..., 2 * half:]], -1) if k % 2 else both
+    return x[..., 0]
+
+
+# --------------------------------------------------------- carries of a + b (2 roles)
+def _carry_levels(words: int, width: int) -> tuple[int, list[tuple[int, bool]]]:
+    """Words of the level-1 planes, and (words, computes P) of each carry-tree level, for
+    `words` lane-packed words of `width`-bit lanes."""
+    w = -(-words // 2)
+    first = w
+    levels = []
+    width //= 2
+    while width > 1:
+        w = -(-w // 2)
+        levels.append((w, width > 2))
+        width //= 2
+    return first, levels
+
+
+def _g_carry(ro: _Roles, a_words, b_words, words: int, width: int, extra_b: Sequence, extra_sizes: Sequence[int]) -> Gen:
+    """XOR shares (roles 0 and 2; role 1 gets zeros) of the carry out of every `width`-bit
+    lane of a + b, and of role 1's `extra_b` words. `a_words`: roles 0 and 2 (None on role
+    1); `b_words`, `extra_b`: role 1 (None elsewhere). Returns (carry words, one bit per lane
+    packed 64 per word in lane order, [extra shares])."""
+    first, levels = _carry_levels(words, width)
+    n_extra = sum(extra_sizes)
+    spec01, spec12 = [], [3 * first, n_extra]
+    for w, has_p in levels:
+        spec01 += [w, w] + ([w] if has_p else []) + [w] + ([w] if has_p else [])
+        spec12 += [w, w] + ([w] if has_p else [])
+    d = ro.draws({(0, 1): spec01, (1, 2): spec12})
+    out_words = levels[-1][0] if levels else first
+
+    def masks(pair_draws: list[torch.Tensor], with_c: bool) -> list[dict]:
+        """Per level: alpha, gamma (for G_lo), gamma_p (P_lo), c, c_p (role 0's products)."""
+        it = iter(pair_draws)
+        per = []
+        for _, has_p in levels:
+            m = {"alpha": next(it), "gamma": next(it)}
+            m["gamma_p"] = next(it) if has_p else None
+            if with_c:
+                m["c"] = next(it)
+                m["c_p"] = next(it) if has_p else None
+            per.append(m)
+        return per
+
+    if ro.role == 1:
+        rho_h, rho_x = d[(1, 2)][0], d[(1, 2)][1]
+        m0, m2 = masks(d[(0, 1)], True), masks(d[(1, 2)][2:], False)
+        b_hi, b_lo = circuits.halves(b_words)
+        h = torch.cat([b_lo, b_hi, b_hi & b_lo])
+        ex = torch.cat([t.reshape(-1) for t in extra_b]) if extra_b else _EMPTY
+        corr = []
+        for x0, x2 in zip(m0, m2):
+            alpha = x0["alpha"] ^ x2["alpha"]
+            corr.append((alpha & (x0["gamma"] ^ x2["gamma"])) ^ x0["c"])
+            if x0["gamma_p"] is not None:
+                corr.append((alpha & (x0["gamma_p"] ^ x2["gamma_p"])) ^ x0["c_p"])
+        yield ({ro.party(0): torch.cat([h ^ rho_h, ex ^ rho_x]),
+                ro.party(2): torch.cat(corr) if corr else _EMPTY}, {})
+        for _ in levels:
+            yield ({}, {})
+        zeros = torch.zeros(out_words, dtype=torch.int64)
+        return zeros, [torch.zeros(n, dtype=torch.int64) for n in extra_sizes]
+
+    lead = ro.role == 0
+    other = ro.party(2 if lead else 0)
+    if lead:
+        mine = masks(d[(0, 1)], True)
+        got = yield ({}, {ro.party(1): 3 * first + n_extra})
+        m = got[ro.party(1)]
+    else:
+        mine = masks(d[(1, 2)][2:], False)
+        n_corr = sum(w * (2 if has_p else 1) for w, has_p in levels)
+        got = yield ({}, {ro.party(1): n_corr})
+        corr = got[ro.party(1)]
+        off = 0
+        for x, (w, has_p) in zip(mine, levels):
+            x["c"] = corr[off:off + w]
+            off += w
+            if has_p:
+                x["c_p"] = corr[off:off + w]
+                off += w
+        m = torch.cat([d[(1, 2)][0], d[(1, 2)][1]])
+    mb0, mb1, mb10 = m[:first], m[first:2 * first], m[2 * first:3 * first]
+    ex = m[3 * first:]
+    a1, a0 = circuits.halves(a_words)
+    a10 = a1 & a0
+    g = (a1 & mb1) ^ (a10 & mb0) ^ (a0 & mb10)
+    p = (a1 & mb0) ^ (a0 & mb1) ^ mb10
+    if lead:
+        p = p ^ a10
+    for x, (w, has_p) in zip(mine, levels):
+        g_hi, g_lo = circuits.halves(g)
+        p_hi, p_lo = circuits.halves(p)
+        opened = [p_hi ^ x["alpha"], g_lo ^ x["gamma"]] + ([p_lo ^ x["gamma_p"]] if has_p else [])
+        mine_open = torch.cat(opened)
+        got = yield ({other: mine_open}, {other: mine_open.numel()})
+        both = mine_open ^ got[other]
+        e, dg = both[:w], both[w:2 * w]
+        z = x["c"] ^ (e & x["gamma"]) ^ (x["alpha"] & dg)
+        if lead:
+            z = z ^ (e & dg)
+        g = g_hi ^ z
+        if has_p:
+            dp = both[2 * w:]
+            p = x["c_p"] ^ (e & x["gamma_p"]) ^ (x["alpha"] & dp)
+            if lead:
+                p = p ^ (e & dp)
+    extras, off = [], 0
+    for n in extra_sizes:
+        extras.append(ex[off:off + n])
+        off += n
+    return g, extras
+
+
+def _g_to_rss(ro: _Roles, u: torch.Tensor, nw: int) -> Gen:
+    """XOR shares u of roles 0 and 2 (role 1: anything) -> this party's replicated (a, b).
+    z_1 = F(k_01); z_0 = u_0 ^ z_1 ^ F(k_02) (role 0 -> role 2); z_2 = u_2 ^ F(k_02)
+    (role 2 -> role 1). One round; nw words from roles 0 and 2."""
+    d = ro.draws({(0, 1): [nw], (0, 2): [nw]})
+    if ro.role == 0:
+        z1, f = d[(0, 1)][0], d[(0, 2)][0]
+        z0 = u ^ z1 ^ f
+        yield ({ro.party(2): z0}, {})
+        return z0, z1
+    if ro.role == 1:
+        got = yield ({}, {ro.party(2): nw})
+        return d[(0, 1)][0], got[ro.party(2)]
+    z2 = u ^ d[(0, 2)][0]
+    got = yield ({ro.party(1): z2}, {ro.party(0): nw})
+    return z2, got[ro.party(0)]
+
+
+def _g_open_c(ro: _Roles, beta: torch.Tensor, r2: torch.Tensor, nw: int) -> Gen:
+    """Open c = beta ^ r to all three (beta, r: XOR shares of roles 0 and 2), each share
+    re-masked by a fresh F(k_02) so that role 1 sees only c. One round, nw words from roles
+    0 and 2 to each of the others."""
+    d = ro.draws({(0, 2): [nw]})
+    if ro.role == 1:
+        got = yield ({}, {ro.party(0): nw, ro.party(2): nw})
+        return got[ro.party(0)] ^ got[ro.party(2)]
+    other = ro.party(2 if ro.role == 0 else 0)
+    u = beta ^ r2 ^ d[(0, 2)][0]
+    got = yield ({other: u, ro.party(1): u}, {other: nw})
+    return u ^ got[other]
+
+
+# ------------------------------------------------------------ random bits and injection
+def _dabit_words(ro: _Roles, nw: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(s words on role 0 / t words on roles 1 and 2, this party's XOR share of r = s ^ t
+    between roles 0 and 2). s = F(k_01) ^ F(k_02), t = F(k_12)."""
+    d = ro.draws({(0, 1): [nw], (1, 2): [nw], (0, 2): [nw]})
+    if ro.role == 0:
+        s = d[(0, 1)][0] ^ d[(0, 2)][0]
+        return s, s
+    t = d[(1, 2)][0]
+    return t, (t if ro.role == 2 else torch.zeros_like(t))
+
+
+def _g_inject(ro: _Roles, n: int, bits_words: torch.Tensor, values: Sequence[tuple[torch.Tensor, torch.Tensor]],
+              want_bit: bool) -> Gen:
+    """[r] (if want_bit) and [r v] for each value v (components (n, w)), r = s ^ t of
+    _dabit_words (bits_words: s on role 0, t on roles 1 and 2). Two rounds, input-independent
+    but for v. Returns ((r_a, r_b) or None, [(rv_a, rv_b)])."""
+    sizes = [va.numel() for va, _ in values]
+    spec01 = [n] + ([n] if want_bit else []) + [m for m in sizes for _ in range(2)]
+    spec12 = list(sizes)
+    spec02 = ([n] if want_bit else []) + [m for m in sizes for _ in range(2)]
+    d = ro.draws({(0, 1): spec01, (1, 2): spec12, (0, 2): spec02})
+    bit = circuits.unpack_bits(bits_words, n)          # s on role 0, t on roles 1 and 2
+    it01 = iter(d.get((0, 1), []))
+    it12 = iter(d.get((1, 2), []))
+    it02 = iter(d.get((0, 2), []))
+    role = ro.role
+    r0, r1, r2 = ro.party(0), ro.party(1), ro.party(2)
+    S1 = next(it01) if role in (0, 1) else None
+    st_c1 = next(it01) if want_bit and role in (0, 1) else None
+    st_c0 = next(it02) if want_bit and role in (0, 2) else None
+    tv_c1, tv_c0, z01, z12, z02 = [], [], [], [], []
+    for _ in sizes:
+        if role in (0, 1):
+            tv_c1.append(next(it01))
+            z01.append(next(it01))
+        if role in (1, 2):
+            z12.append(next(it12))
+        if role in (0, 2):
+            tv_c0.append(next(it02))
+            z02.append(next(it02))
+
+    # Round A: role 0 shares s ([s] = (s - S1, S1, 0)); [t v] by cross terms at roles 1, 2.
+    send: dict[int, list] = {}
+    recv: dict[int, int] = {}
+    if role == 0:
+        S0 = bit - S1
+        send[r2] = [S0]
+    else:
+        t = bit.unsqueeze(1)
+        terms = []
+        for (va, vb), c1, c0 in zip(values, tv_c1 or [None] * len(values), tv_c0 or [None] * len(values)):
+            if role == 1:      # holds (v_1, v_2)
+                terms.append((va * t - c1.view(va.shape)).reshape(-1))
+            else:              # holds (v_2, v_0)
+                terms.append(((va + vb) * t - c0.view(va.shape)).reshape(-1))
+        send[r2 if role == 1 else r1] = terms
+        recv[r2 if role == 1 else r1] = sum(sizes)
+    if role == 2:
+        recv[r0] = n
+    got = yield ({k: torch.cat(v) if v else _EMPTY for k, v in send.items()}, recv)
+    # [t v] components in role indexing
+    tvs = []
+    off = 0
+    for i, (va, vb) in enumerate(values):
+        m = sizes[i]
+        if role == 0:
+            tvs.append((tv_c0[i].view(va.shape), tv_c1[i].view(va.shape)))
+        else:
+            mine = send[r2 if role == 1 else r1][i]
+            theirs = got[r2 if role == 1 else r1][off:off + m]
+            c2 = (mine + theirs).view(va.shape)
+            tvs.append((tv_c1[i].view(va.shape), c2) if role == 1 else (c2, tv_c0[i].view(va.shape)))
+        off += m
+    if role == 0:
+        s_comps = (S0, S1)                           # (s_0, s_1)
+    elif role == 1:
+        s_comps = (S1, torch.zeros(n, dtype=torch.int64))
+    else:
+        S0 = got[r0]
+        s_comps = (torch.zeros(n, dtype=torch.int64), S0)
+
+    # Round B: [s t] (roles 1, 2 hold terms; role 0 idle) and [s (v - 2 t v)] (a product).
+    send, recv = {}, {}
+    msgs = []
+    if want_bit:
+        if role == 1:
+            msgs.append(S1 * bit - st_c1)
+        elif role == 2:
+            msgs.append(S0 * bit - st_c0)
+    prods = []
+    for i, (va, vb) in enumerate(values):
+        ya, yb = va - 2 * tvs[i][0], vb - 2 * tvs[i][1]
+        sa, sb = s_comps[0].unsqueeze(1), s_comps[1].unsqueeze(1)
+        z = sa * (ya + yb) + sb * ya                  # s_i (y_i + y_{i+1}) + s_{i+1} y_i
+        if role == 0:
+            z = z + z01[i].view(z.shape) - z02[i].view(z.shape)
+        elif role == 1:
+            z = z + z12[i].view(z.shape) - z01[i].view(z.shape)
+        else:
+            z = z + z02[i].view(z.shape) - z12[i].view(z.shape)
+        prods.append(z)
+    prev, nxt = ro.party((role + 2) % WORLD), ro.party((role + 1) % WORLD)
+    out_prev = [z.reshape(-1) for z in prods]
+    if role == 1:
+        send[r2] = msgs
+        recv[r2] = n if want_bit else 0
+    elif role == 2:
+        send[r1] = msgs
+        recv[r1] = n if want_bit else 0
+    send.setdefault(prev, [])
+    send[prev] = send[prev] + out_prev
+    recv[nxt] = recv.get(nxt, 0) + sum(sizes)
+    send = {k: torch.cat(v) if v else _EMPTY for k, v in send.items()}
+    got = yield (send, recv)
+    # unpack: role 1 and 2 exchange with each other: st first, then (for the one whose prev
+    # or next it is) the products. Order on the wire per destination: st msgs, then products.
+    r_comps = None
+    if want_bit:
+        if role == 0:
+            st = (st_c0, st_c1)
+        else:
+            peer = r2 if role == 1 else r1
+            c2 = msgs[0] + got[peer][:n]
+            st = (st_c1, c2) if role == 1 else (c2, st_c0)
+        t_comps = {0: (torch.zeros(n, dtype=torch.int64), torch.zeros(n, dtype=torch.int64)),
+                   1: (torch.zeros(n, dtype=torch.int64), bit),
+                   2: (bit, torch.zeros(n, dtype=torch.int64))}[role]
+        r_comps = tuple(s_comps[j] + t_comps[j] - 2 * st[j] for j in range(2))
+    # products: received from nxt; skip the st part when nxt is the st peer
+    skip = 0
+    if want_bit and ((role == 1 and nxt == r2) or (role == 2 and nxt == r1)):
+        skip = n
+    rvs, off = [], skip
+    for i, (va, _) in enumerate(values):
+        m = sizes[i]
+        theirs = got[nxt][off:off + m].view(va.shape)
+        off += m
+        rvs.append((prods[i] + tvs[i][0], theirs + tvs[i][1]))
+    return r_comps, rvs
+
+
+# ----------------------------------------------------------------------------- MSB
+def _msb_operands(ro: _Roles, xa: torch.Tensor, xb: torch.Tensor):
+    """(a words, b words, extra b words, a_63 packed) of chunk role `ro` for x = a + b."""
+    if ro.role == 1:
+        b = xa + xb
+        return None, (b & circuits.LOW63) | circuits.TOP, [circuits.pack_bits(logical_shift(b, 63))], None
+    a = xa if ro.role == 0 else xb
+    return a & circuits.LOW63, None, None, circuits.pack_bits(logical_shift(a, 63))
+
+
+def _g_msb2(ro: _Roles, xa: torch.Tensor, xb: torch.Tensor) -> Gen:
+    """XOR shares of msb(x) (packed) between roles 0 and 2 (zeros on role 1): 6 rounds."""
+    n = xa.numel()
+    nw = -(-n // 64)
+    a, b, extra, a63 = _msb_operands(ro, xa, xb)
+    g, (e,) = yield from _g_carry(ro, a, b, n, 64, extra, [nw])
+    if ro.role == 0:
+        return g ^ e ^ a63
+    return g ^ e
+
+
+def _g_msb_words(ro: _Roles, xa: torch.Tensor, xb: torch.Tensor) -> Gen:
+    u = yield from _g_msb2(ro, xa, xb)
+    return (yield from _g_to_rss(ro, u, -(-xa.numel() // 64)))
+
+
+def _flat(x: Replicated) -> tuple[torch.Tensor, torch.Tensor]:
+    x = _as_rep(x, "a conversion")
+    return x.a.reshape(-1), x.b.reshape(-1)
+
+
+def msb_words(x: Replicated) -> Replicated:
+    """Packed binary shares (64 elements per word, row-major) of msb(x), i.e. x < 0.
+
+    7 rounds; per element, role 0 and role 2 send 11.625 B, role 1 19.75 B (every party
+    plays each role on a third of the elements)."""
+    xa, xb = _flat(x)
+    chunks = _chunks(xa.numel())
+    got = _run(_par([_g_msb_words(_Roles(k), xa[lo:hi], xb[lo:hi]) for k, lo, hi in chunks]))
+    if not got:
+        return _rep(_EMPTY.clone(), _EMPTY.clone())
+    return _rep(torch.cat([a for a, _ in got]), torch.cat([b for _, b in got]))
+
+
+# ---------------------------------------------------------------- B2A and bit * value
+def _bit_count(shape: Sequence[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _mul_operand(bit_shape: Sequence[int], value: Replicated) -> tuple[torch.Tensor, torch.Tensor, tuple]:
+    """value's components as (n bits, w) rows (bits broadcast over value's trailing dims)."""
+    value = _as_rep(value, "bit * value")
+    n = _bit_count(bit_shape)
+    target = torch.broadcast_shapes(tuple(bit_shape), tuple(value.shape))
+    return value.a.expand(target).reshape(n, -1), value.b.expand(target).reshape(n, -1), target
+
+
+def _combine(c_bits: torch.Tensor, r: tuple | None, rvs, values) -> tuple:
+    """[b] = c + (1 - 2c)[r], [b v] = c [v] + (1 - 2c)[r v] (local)."""
+    bit = None
+    if r is not None:
+        bit = _rep(*r) * (1 - 2 * c_bits) + c_bits
+    prods = []
+    for (ra, rb), (va, vb) in zip(rvs, values):
+        c = c_bits.unsqueeze(1)
+        prods.append(_rep(va * c + (1 - 2 * c) * ra, vb * c + (1 - 2 * c) * rb))
+    return bit, prods
+
+
+def _g_inject_open(ro: _Roles, beta: torch.Tensor, n: int, values, want_bit: bool, first=None) -> Gen:
+    """B2A / bit * value of n bits XOR-shared by roles 0 and 2 (beta), optionally computed
+    by the generator `first` (which returns beta) while the random bits are made."""
+    nw = -(-n // 64)
+    bits_words, r2 = _dabit_words(ro, nw)
+    inj = _g_inject(ro, n, bits_words, values, want_bit)
+    if first is None:
+        c, (r, rvs) = yield from _par([_g_open_c(ro, beta, r2, nw), inj])
+    else:
+        beta, (r, rvs) = yield from _par([first, inj])
+        c = yield from _g_open_c(ro, beta, r2, nw)
+    return _combine(circuits.unpack_bits(c, n), r, rvs, values)
+
+
+def _words_2of2(ro: _Roles, wa: torch.Tensor, wb: torch.Tensor) -> torch.Tensor:
+    """Replicated binary words -> XOR shares of roles 0 (x_0 ^ x_1) and 2 (x_2), local."""
+    if ro.role == 0:
+        return wa ^ wb
+    if ro.role == 2:
+        return wa.clone()
+    return torch.zeros_like(wa)
+
+
+def _cat_rep(parts: list[Replicated], shape) -> Replicated:
+    a = torch.cat([p.a.reshape(-1) for p in parts]) if parts else torch.zeros(0, dtype=torch.int64)
+    b = torch.cat([p.b.reshape(-1) for p in parts]) if parts else torch.zeros(0, dtype=torch.int64)
+    return _rep(a.view(shape), b.view(shape))
+
+
+def _jobs_gens(jobs, make):
+    """One generator per (job, chunk); `make(ro, job, lo, hi)` builds it. Returns the gens
+    and their (job index, chunk) keys."""
+    gens, keys = [], []
+    for j, job in enumerate(jobs):
+        for k, lo, hi in _chunks(job["n"]):
+            gens.append(make(_Roles(k), job, lo, hi))
+            keys.append(j)
+    return gens, keys
+
+
+def _collect(jobs, keys, results):
+    """Concatenate each job's chunk results (bit, [prod])."""
+    bits: list[list] = [[] for _ in jobs]
+    prods: list[list] = [[] for _ in jobs]
+    for j, (bit, ps) in zip(keys, results):
+        if bit is not None:
+            bits[j].append(bit)
+        if ps:
+            prods[j].append(ps[0])
+    return bits, prods
+
+
+def _finish_jobs(jobs, first_of=None):
+    """Run B2A / bit * value jobs (dicts: n, words or x, want_bit, value rows) in parallel."""
+    def make(ro, job, lo, hi):
+        n = hi - lo
+        values = []
+        if job.get("va") is not None:
+            values = [(job["va"][lo:hi], job["vb"][lo:hi])]
+        if first_of is None:
+            wa, wb = job["wa"][lo // 64:-(-hi // 64)], job["wb"][lo // 64:-(-hi // 64)]
+            beta = _words_2of2(ro, wa, wb)
+            return _g_inject_open(ro, beta, n, values, job["want_bit"])
+        return _g_inject_open(ro, None, n, values, job["want_bit"], first_of(ro, job, lo, hi))
+
+    gens, keys = _jobs_gens(jobs, make)
+    results = _run(_par(gens))
+    return _collect(jobs, keys, results)
+
+
+def finish(b2as: Sequence[tuple[Replicated, int]] = (),
+           muls: Sequence[tuple[Replicated, Sequence[int], Replicated]] = ()):
+    """B2A of packed bit words, and bit * value products (2 rounds; convert.finish's API).
+
+    b2as: (words, n) -> arithmetic 0/1 shares of shape (n,).
+    muls: (words, bit_shape, value) -> shares of bit * value (value's scale, no truncation).
+    Per bit, roles 0 and 2 send 8.25 B and role 1 8 B for a B2A; a product adds 16 B (roles
+    1 and 2) or 8 B (role 0) per value element."""
+    jobs = []
+    for words, n in b2as:
+        words = _as_rep(words, "B2A")
+        jobs.append({"n": n, "wa": words.a.reshape(-1), "wb": words.b.reshape(-1), "want_bit": True})
+    targets = []
+    for words, bit_shape, value in muls:
+        words = _as_rep(words, "bit * value")
+        va, vb, target = _mul_operand(bit_shape, value)
+        targets.append(target)
+        jobs.append({"n": _bit_count(bit_shape), "wa": words.a.reshape(-1), "wb": words.b.reshape(-1),
+                     "want_bit": False, "va": va, "vb": vb})
+    bits, prods = _finish_jobs(jobs)
+    out_b = [_cat_rep(bits[j], (n,)) for j, (_, n) in enumerate(b2as)]
+    out_m = [_cat_rep(prods[len(b2as) + j], targets[j]) for j in range(len(muls))]
+    return out_b, out_m
+
+
+def b2a(words: Replicated, n: int) -> Replicated:
+    """Arithmetic 0/1 shares (n,) of packed binary-shared bits (2 rounds)."""
+    return finish([(words, n)])[0][0]
+
+
+def bit_mul(words: Replicated, bit_shape: Sequence[int], value: Replicated) -> Replicated:
+    """Shares of bit * value for packed binary-shared bits (2 rounds)."""
+    return finish((), [(words, bit_shape, value)])[1][0]
+
+
+def msb_finish(x: Replicated, want_bit: bool = True,
+               muls: Sequence[tuple[Sequence[int], Replicated]] = ()):
+    """msb(x) (x < 0) as arithmetic 0/1 shares (if want_bit) and times each value, in
+    7 rounds: the MSB's XOR sharing is opened masked by a random bit made during its rounds.
+
+    muls: (bit_shape, value) with prod(bit_shape) == x.numel() (x's elements in row-major
+    order are the bits). Returns (bit shares of x's shape or None, [bit * value]).
+    Per element (lt): roles 0 and 2 send 19.75 B, role 1 27.75 B (every party plays each role
+    on a third of the elements: 22.4 B on average); ReLU adds 16 B (roles 1, 2) or 8 B."""
+    xa, xb = _flat(x)
+    n = xa.numel()
+    if len(muls) > 1:
+        raise ProtocolError("msb_finish takes at most one bit * value product per call")
+    jobs = [{"n": n, "want_bit": want_bit}]
+    targets = []
+    for bit_shape, value in muls:
+        if _bit_count(bit_shape) != n:
+            raise ProtocolError(f"msb_finish: bit_shape {tuple(bit_shape)} has {_bit_count(bit_shape)} "
+                                f"bits but x has {n} elements")
+        va, vb, target = _mul_operand(bit_shape, value)
+        jobs[0].update(va=va, vb=vb)
+        targets.append(target)
+
+    def first(ro, job, lo, hi):
+        return _g_msb2(ro, xa[lo:hi], xb[lo:hi])
+
+    bits, prods = _finish_jobs(jobs, first)
+    bit = _cat_rep(bits[0], tuple(x.shape)) if want_bit else None
+    return bit, [_cat_rep(prods[0], targets[0])] if muls else []
