@@ -818,3 +818,217 @@ def msb_finish(x: Replicated, want_bit: bool = True,
     bits, prods = _finish_jobs(jobs, first)
     bit = _cat_rep(bits[0], tuple(x.shape)) if want_bit else None
     return bit, [_cat_rep(prods[0], targets[0])] if muls else []
+
+
+# -------------------------------------------------------------------------- A2B
+def _g_input_b_binary(ro: _Roles, b: torch.Tensor | None, n: int) -> Gen:
+    """Role 1's private words b as a binary replicated sharing (0, b ^ rho, rho), rho =
+    F(k_12): one round, role 1 sends n words to role 0."""
+    d = ro.draws({(1, 2): [n]})
+    if ro.role == 1:
+        rho = d[(1, 2)][0]
+        m = b ^ rho
+        yield ({ro.party(0): m}, {})
+        return m, rho
+    if ro.role == 0:
+        got = yield ({}, {ro.party(1): n})
+        return torch.zeros(n, dtype=torch.int64), got[ro.party(1)]
+    yield ({}, {})
+    return d[(1, 2)][0], torch.zeros(n, dtype=torch.int64)
+
+
+def a2b(x: Replicated) -> Replicated:
+    """Binary shares of every bit of x (full 64-bit A2B): x = a + b with [a] = (x_0, 0, 0) and
+    [b] = (0, b ^ rho, rho) (1 round, 8 B per element from party 1), then a Kogge-Stone adder
+    (circuits.kogge_stone_add: 7 rounds, 13 AND words per element). 8 rounds, 104 B per element
+    per party (+ 8 B on party 1)."""
+    x = _as_rep(x, "A2B")
+    xa, xb = _flat(x)
+    n = xa.numel()
+    ro = _Roles(0)
+    b = xa + xb if ro.role == 1 else None
+    bc = _run(_g_input_b_binary(ro, b, n))
+    zero = torch.zeros(n, dtype=torch.int64)
+    a_comps = {0: (xa, zero), 1: (zero, zero.clone()), 2: (zero, xb)}[ro.role]
+    ra, rb = _rep(*a_comps), _rep(*bc)
+    return circuits.kogge_stone_add(ra, rb, and_many).view(x.shape)
+
+
+# ----------------------------------------------- sums a + b split at bit k (rounding)
+def _low_mask(k: int) -> int:
+    return -1 if k >= 64 else (1 << k) - 1
+
+
+def _next_pow2(k: int) -> int:
+    w = 2
+    while w < k:
+        w *= 2
+    return w
+
+
+def _low_lanes(v: torch.Tensor, k: int, pad: bool) -> tuple[torch.Tensor, int]:
+    """The low k bits of each element in lanes of W = next_pow2(k) bits (lane-packed); with
+    `pad`, bits k..W-1 set (propagate 1, so the lane's carry out is the carry out of bit k-1)."""
+    width = _next_pow2(k)
+    lanes = v & _low_mask(k)
+    if pad and width > k:
+        lanes = lanes | (_low_mask(width) ^ _low_mask(k))
+    return circuits.pack_lanes(lanes, width), width
+
+
+def _g_input_b_arith(ro: _Roles, v: torch.Tensor | None, n: int) -> Gen:
+    """Role 1's private ring values v as an arithmetic replicated sharing (0, F(k_01),
+    v - F(k_01)): one round, role 1 sends n elements to role 2. Returns this party's (a, b)."""
+    d = ro.draws({(0, 1): [n]})
+    zero = torch.zeros(n, dtype=torch.int64)
+    if ro.role == 0:
+        yield ({}, {})
+        return zero, d[(0, 1)][0]
+    if ro.role == 1:
+        c1 = d[(0, 1)][0]
+        c2 = v - c1
+        yield ({ro.party(2): c2}, {})
+        return c1, c2
+    got = yield ({}, {ro.party(1): n})
+    return got[ro.party(1)], zero
+
+
+def _comp0(ro: _Roles, v: torch.Tensor | None, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(v, 0, 0) for a v known to roles 0 and 2: this party's (a, b)."""
+    zero = torch.zeros(n, dtype=torch.int64)
+    if ro.role == 0:
+        return v, zero
+    if ro.role == 2:
+        return zero, v
+    return zero, zero.clone()
+
+
+def _g_round_chunk(ro: _Roles, xa: torch.Tensor, xb: torch.Tensor, bits: int) -> Gen:
+    """floor(x' / 2^bits) for x' = a + b < 2^63 (x' already biased)."""
+    n = xa.numel()
+    nw = -(-n // 64)
+    if ro.role == 1:
+        a, b = None, xa + xb
+        lane_b, width = _low_lanes(b, bits, True)
+        lane_a = None
+        extra = [circuits.pack_bits(logical_shift(b, 63))]
+        b_high = logical_shift(b, bits)
+    else:
+        a, b = (xa if ro.role == 0 else xb), None
+        lane_a, width = _low_lanes(a, bits, False)
+        lane_b, extra, b_high = None, None, None
+    words = -(-(n * width) // 64)
+
+    def first() -> Gen:
+        # carry out of the low `bits` bits, and w = a_63 | b_63 (the wrap of a + b, x' < 2^63)
+        carry, (e,) = yield from _g_carry(ro, lane_a, lane_b, words, width, extra, [nw])
+        if ro.role == 1:
+            return torch.zeros(2 * nw, dtype=torch.int64)
+        w = e ^ (circuits.pack_bits(logical_shift(a, 63)) & e)
+        if ro.role == 0:
+            w = w ^ circuits.pack_bits(logical_shift(a, 63))
+        both = torch.cat([circuits.unpack_bits(carry, n), circuits.unpack_bits(w, n)])
+        return circuits.pack_bits(both)
+
+    inj = _g_inject_open(ro, None, 2 * n, [], True, first())
+    (bit, _), high = yield from _par([inj, _g_input_b_arith(ro, b_high, n)])
+    carry_w = (bit.a[:n], bit.b[:n])
+    wrap_w = (bit.a[n:], bit.b[n:])
+    ah = _comp0(ro, logical_shift(a, bits) if a is not None else None, n)
+    return [ah[j] + high[j] + carry_w[j] - (wrap_w[j] << (64 - bits)) for j in range(2)]
+
+
+def round_exact(x: Replicated, bits: int) -> Replicated:
+    """Shares of floor((x + 2^(bits-1)) / 2^bits), exactly (|x| < 2^61, 1 <= bits <= 62).
+
+    x' = x + 2^62 + 2^(bits-1) = a + b (a = x_0, b = x_1 + x_2, unsigned) is in [0, 2^63), so
+    floor(x' / 2^bits) = (a >> bits) + (b >> bits) + carry - 2^(64-bits) w with carry the carry
+    out of the low `bits` bits of a + b and w = a_63 | b_63 (a + b wraps iff a top bit is set,
+    as x' < 2^63). [a >> bits] is component 0; party 1 shares b >> bits (round 1); the carry
+    and w come from the carry circuit (1 + log2(W/2) rounds, W = next_pow2(bits)) and one bit
+    injection (opened in the round after). bits = 16: 5 rounds.
+    """
+    x = _as_rep(x, "round_exact")
+    if not 1 <= bits <= 62:
+        raise ProtocolError(f"round_exact: bits must be 1..62, got {bits}")
+    shape = x.shape
+    xp = x.reshape(-1) + ((1 << BIAS_BITS) + (1 << (bits - 1)))
+    xa, xb = xp.a, xp.b
+    chunks = _chunks(xa.numel())
+    got = _run(_par([_g_round_chunk(_Roles(k), xa[lo:hi], xb[lo:hi], bits) for k, lo, hi in chunks]))
+    if not got:
+        return _rep(torch.zeros(shape, dtype=torch.int64), torch.zeros(shape, dtype=torch.int64))
+    out = _rep(torch.cat([g[0] for g in got]), torch.cat([g[1] for g in got]))
+    return (out - (1 << (BIAS_BITS - bits))).view(shape)
+
+
+# ------------------------------------------------------------- truncation pairs
+def _g_trunc_chunk(ro: _Roles, n: int, bits: int) -> Gen:
+    """n pairs of chunk role `ro`: this party's (r, rt, m) components."""
+    nw = -(-n // 64)
+    d = ro.draws({(0, 1): [n], (1, 2): [n], (0, 2): [n]})
+    role = ro.role
+    comps = {}
+    if (0, 2) in d:
+        comps[0] = d[(0, 2)][0]
+    if (0, 1) in d:
+        comps[1] = d[(0, 1)][0]
+    if (1, 2) in d:
+        comps[2] = d[(1, 2)][0]
+    r = (comps[role], comps[(role + 1) % WORLD])
+    if role == 1:
+        a, b = None, comps[1] + comps[2]
+        lo_a, (lo_b, width) = None, _low_lanes(b, bits, True)
+        top_a, top_b = None, (b & circuits.LOW63) | circuits.TOP
+        extra = [circuits.pack_bits(logical_shift(b, 63))]
+        high = logical_shift(b, bits) - (logical_shift(b, 63) << (63 - bits))
+    else:
+        a, b = comps[0], None
+        (lo_a, width), lo_b = _low_lanes(a, bits, False), None
+        top_a, top_b, extra, high = a & circuits.LOW63, None, None, None
+    words = -(-(n * width) // 64)
+
+    def first() -> Gen:
+        (low, _), (c63, (e,)) = yield from _par([
+            _g_carry(ro, lo_a, lo_b, words, width, [], []),
+            _g_carry(ro, top_a, top_b, n, 64, extra, [nw])])
+        if role == 1:
+            return torch.zeros(3 * nw, dtype=torch.int64)
+        m = c63 ^ e
+        if role == 0:
+            m = m ^ circuits.pack_bits(logical_shift(a, 63))
+        return circuits.pack_bits(torch.cat([circuits.unpack_bits(w, n) for w in (low, c63, m)]))
+
+    inj = _g_inject_open(ro, None, 3 * n, [], True, first())
+    (bit, _), hi = yield from _par([inj, _g_input_b_arith(ro, high, n)])
+    cl = (bit.a[:n], bit.b[:n])
+    c63 = (bit.a[n:2 * n], bit.b[n:2 * n])
+    m = (bit.a[2 * n:], bit.b[2 * n:])
+    ah = _comp0(ro, logical_shift(a, bits) - (logical_shift(a, 63) << (63 - bits)) if a is not None else None, n)
+    rt = tuple(ah[j] + hi[j] + cl[j] - ((c63[j] - m[j]) << (63 - bits)) for j in range(2))
+    return r, rt, m
+
+
+def trunc_pairs(n: int, bits: int) -> tuple[Replicated, Replicated, Replicated]:
+    """n truncation pairs ([r], [r >> bits] logical, [msb r]) without a dealer.
+
+    r = r_0 + r_1 + r_2 with r_j = F(k_{j,j-1}) (component j, known to its two holders): uniform
+    and unknown to every party. With a = r_0 and b = r_1 + r_2 (party 1's): r >> bits = (a >> bits)
+    + (b >> bits) + carry - 2^(64-bits) wrap, where carry is the carry out of the low `bits` bits
+    of a + b and, from the full adder at bit 63 (c63 = carry into bit 63, m = a_63 ^ b_63 ^ c63
+    = msb r), 2 wrap = a_63 + b_63 + c63 - m: so [rt] = [(a >> bits) - 2^(63-bits) a_63]
+    (component 0) + [(b >> bits) - 2^(63-bits) b_63] (shared by party 1, round 1) + [carry]
+    - 2^(63-bits) ([c63] - [m]). The three bits come from two carry circuits (low lanes of
+    W = next_pow2(bits) bits, and the 64-bit one as for the MSB) and one bit injection:
+    7 rounds (independent of the input: run them in bulk ahead of time).
+    """
+    if not 1 <= bits <= 62:
+        raise ProtocolError(f"trunc_pairs: bits must be 1..62, got {bits}")
+    chunks = _chunks(n)
+    got = _run(_par([_g_trunc_chunk(_Roles(k), hi - lo, bits) for k, lo, hi in chunks]))
+    outs = []
+    for j in range(3):
+        a = torch.cat([g[j][0] for g in got]) if got else torch.zeros(0, dtype=torch.int64)
+        b = torch.cat([g[j][1] for g in got]) if got else torch.zeros(0, dtype=torch.int64)
+        outs.append(_rep(a, b))
+    return outs[0], outs[1], outs[2]
