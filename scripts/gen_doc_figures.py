@@ -56,7 +56,8 @@ COSTS = ROOT / "docs" / "costs.json"
 BENCH = ROOT / "docs" / "benchmarks.jsonl"
 NETNS = ROOT / "docs" / "netns_bench.jsonl"  # benchmarks/netns_bench.py --json
 # docs/NAME.json: figures of other producers, each with its provenance (see load_sources)
-JSON_SOURCES = ("external_figures", "container", "faults", "fuzz", "crypten_compat", "model_descriptions")
+JSON_SOURCES = ("external_figures", "container", "faults", "fuzz", "crypten_compat", "model_descriptions",
+                "quantized_agreement")
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 BLOCK = re.compile(r"(<!-- figures:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /figures -->)", re.S)
 
@@ -546,6 +547,83 @@ def private_models_sizes(costs: dict, bench: dict, sources: dict) -> str:
                 "`examples/quantized_inference.py` prints the figure).")
 
 
+def _digits_test_module():
+    """tests/unit/test_quantized_digits.py: the digits CNN and the agreement figures of quantized.md."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("_quantized_digits", ROOT / "tests" / "unit" / "test_quantized_digits.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def measure_quantized() -> dict:
+    """The agreement figures of every flow (deterministic; about a minute)."""
+    import warnings
+    warnings.filterwarnings("ignore")
+    digits = _digits_test_module()
+    model, calib, x, y = digits.digits_data()
+    return {flow: digits.flow_figures(flow, digits.quantize_flow(flow, model, calib), x, y)
+            for flow in ("eager", "fx", "pt2e")}
+
+
+def sci(value: float) -> str:
+    """2.4e-6, not 2.4e-06."""
+    return re.sub(r"e([+-])0*(\d)", r"e\1\2", f"{value:.1e}")
+
+
+def pct(fraction: float) -> str:
+    if fraction == 1:
+        return "100%"
+    text = f"{100 * fraction:.2f}".rstrip("0").rstrip(".")
+    return "> 99.99%" if text == "100" else f"{text}%"
+
+
+FLOW_NAMES = {"eager": "eager", "fx": "FX", "pt2e": "PT2E"}
+
+
+def quantized_agreement(costs: dict, bench: dict, sources: dict) -> str:
+    flows = sources["quantized_agreement"]["flows"]
+    lines = ["| flow | int8 values (every layer torch exposes) | output | class agreement | accuracy torch / program |",
+             "| --- | --- | --- | --- | --- |"]
+    for flow, f in flows.items():
+        what = "layers" if f["int8_layers"] == f["layers"] else "quantize / dequantize nodes"
+        out = (f"int8, {pct(f['output_identical'])} identical" if f["output_kind"] == "quant"
+               else f"float (last linear), max abs diff {sci(f['output_max_abs'])}")
+        lines.append(f"| {FLOW_NAMES[flow]} | {pct(f['int8_identical'])} identical on all {f['int8_layers']} {what} | "
+                     f"{out} | {pct(f['class_agreement'])} | {100 * f['accuracy_torch']:.1f}% / "
+                     f"{100 * f['accuracy_program']:.1f}% |")
+    fixed = max(f["fixed_max_abs"] for f in flows.values())
+    return "\n".join(lines) + "\n\n" + para(
+        "In the PT2E graph the second conv, the residual add and the cat stay float; in fixed point they are "
+        f"within {sci(fixed)} (a few units of `2**-20`, torch's float32 rounding) of torch.")
+
+
+def quantized_multipliers(costs: dict, bench: dict, sources: dict) -> str:
+    flows = sources["quantized_agreement"]["flows"]
+    lines = ["| `multiplier_bits`, `max_bits` | " + " | ".join(FLOW_NAMES[f] for f in flows) + " | widest truncation |",
+             "| --- | --- | --- | --- | --- |"]
+    settings = [(r["multiplier_bits"], r["max_bits"]) for r in flows["eager"]["multipliers"]]
+    for i, (mb, mx) in enumerate(settings):
+        cells, widths = [], {}
+        for flow, f in flows.items():
+            r = f["multipliers"][i]
+            if "unsupported" in r:
+                cells.append("needs `frac_bits` below 20")
+                continue
+            cells.append(pct(r["int8_identical"]) + (f" (max {r['max_steps']})" if r["max_steps"] > 1 else ""))
+            widths[flow] = r["widest_truncation_bits"]
+        common = widths.get("eager")
+        other = [f"{w} {FLOW_NAMES[flow]}" for flow, w in widths.items() if w != common]
+        widest = f"{common} bits" + (f" ({', '.join(other)})" if other else "")
+        default = " (default)" if (mb, mx) == (24, 62) else ""
+        lines.append(f"| {mb}, {mx}{default} | " + " | ".join(cells) + f" | {widest} |")
+    prov = sources["quantized_agreement"]["provenance"]
+    return "\n".join(lines) + "\n\n" + para(
+        f"(`docs/quantized_agreement.json`, written by `{prov['command']}` at commit {prov['commit']}, "
+        f"{prov['date']}; `tests/unit/test_quantized_digits.py` recomputes every figure of both tables and "
+        "compares.)")
+
+
 def migration_acceptance(costs: dict, bench: dict, sources: dict) -> str:
     data = sources["crypten_compat"]
     rows, prov = data["rows"], data["provenance"]
@@ -606,6 +684,8 @@ RENDERERS: dict[str, Callable[[dict, dict, dict], str]] = {
     "deployment-fuzz": deployment_fuzz,
     "migration-acceptance": migration_acceptance,
     "private-models-sizes": private_models_sizes,
+    "quantized-agreement": quantized_agreement,
+    "quantized-multipliers": quantized_multipliers,
 }
 
 
@@ -868,11 +948,22 @@ def main(argv: list[str] | None = None) -> int:
                         help="rerun these workloads (default: all) and update docs/costs.json first")
     parser.add_argument("--measure-descriptions", action="store_true",
                         help="recompute the model description sizes of docs/model_descriptions.json first")
+    parser.add_argument("--measure-quantized", action="store_true",
+                        help="recompute docs/quantized_agreement.json (quantized.md's agreement tables; a minute) first")
     parser.add_argument("--measure-examples", action="store_true",
                         help="run the training examples and append their figures to docs/benchmarks.jsonl first")
     args = parser.parse_args(argv)
     if args.measure_examples:
         measure_examples()
+    if args.measure_quantized:
+        import subprocess
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                                text=True).stdout.strip() or "unknown"
+        path = ROOT / "docs" / "quantized_agreement.json"
+        data = json.loads(path.read_text())
+        data["flows"] = measure_quantized()
+        data["provenance"].update(commit=commit, date=__import__("time").strftime("%Y-%m-%d"), measured="by this script")
+        path.write_text(json.dumps(data, indent=1) + "\n")
     if args.measure_descriptions:
         path = ROOT / "docs" / "model_descriptions.json"
         data = json.loads(path.read_text())

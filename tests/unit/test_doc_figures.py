@@ -144,6 +144,12 @@ SOURCE_CHANGES = [
      "migration-acceptance"),
     ("model_descriptions", lambda s: s["sizes"].update(resnet18_bytes=17042), "docs/private_models.md",
      "private-models-sizes"),
+    ("quantized_agreement", lambda s: s["flows"]["fx"].update(accuracy_program=0.84), "docs/quantized.md",
+     "quantized-agreement"),
+    ("quantized_agreement", lambda s: s["flows"]["pt2e"].update(fixed_max_abs=3.9e-6), "docs/quantized.md",
+     "quantized-agreement"),
+    ("quantized_agreement", lambda s: s["flows"]["eager"]["multipliers"][3].update(int8_identical=0.98),
+     "docs/quantized.md", "quantized-multipliers"),
 ]
 
 

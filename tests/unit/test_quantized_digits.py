@@ -8,6 +8,8 @@ images; run with ``-s`` to see the agreement figures (they are quoted in docs/qu
 from __future__ import annotations
 
 import importlib.util
+import json
+import pathlib
 
 import pytest
 import torch
@@ -61,6 +63,12 @@ class DigitsNet(nn.Module):
 @pytest.fixture(scope="module")
 def digits():
     """(float model, calibration images, 200 test images, their labels)."""
+    return digits_data()
+
+
+def digits_data():
+    """The seeded float model, calibration images, 200 test images and their labels (also used
+    by scripts/gen_doc_figures.py --measure-quantized)."""
     from sklearn.datasets import load_digits
 
     data = load_digits()
@@ -101,6 +109,59 @@ def _report(flow, program, qmodel, x, y):
     return rows, out, same_class
 
 
+MULTIPLIER_SETTINGS = ((24, 62), (20, 48), (16, 40), (12, 32))  # (multiplier_bits, max_bits)
+
+
+def quantize_flow(flow, model, calib):
+    """The digits model quantized by one of torch's flows, as the tests below do."""
+    if flow == "eager":
+        return quantize_eager(_eager_copy(model), calib, "x86", [["conv1", "relu1"], ["conv2", "relu2"]])
+    return quantize_fx(model, calib) if flow == "fx" else quantize_pt2e(model, calib)
+
+
+def flow_figures(flow, qmodel, x, y) -> dict:
+    """docs/quantized.md's agreement figures of one flow (docs/quantized_agreement.json): the
+    plaintext program against torch on the test images, and the worst int8 layer and widest
+    truncation at each multiplier size. Deterministic (seeded training, plaintext integers)."""
+    program = from_quantized(qmodel, x[:1])
+    rows = compare_layers(program, qmodel, x)
+    out = output_agreement(program, qmodel, x)
+    ours = run_float(program, x)
+    with torch.no_grad():
+        ref = qmodel(x)
+    quant = [r for r in rows if r.kind == "quant"]
+    figures = {"layers": len(rows), "int8_layers": len(quant), "int8_identical": min(r.agree for r in quant),
+               "fixed_max_abs": float(f"{max([r.max_abs for r in rows if r.kind != 'quant'] or [0.0]):.1e}"),
+               "output_kind": out.kind, "output_identical": out.agree, "output_max_abs": float(f"{out.max_abs:.1e}"),
+               "class_agreement": (ours.argmax(1) == ref.argmax(1)).double().mean().item(),
+               "accuracy_torch": (ref.argmax(1) == y).double().mean().item(),
+               "accuracy_program": (ours.argmax(1) == y).double().mean().item(), "multipliers": []}
+    for multiplier_bits, max_bits in MULTIPLIER_SETTINGS:
+        row = {"multiplier_bits": multiplier_bits, "max_bits": max_bits}
+        try:
+            p = program if (multiplier_bits, max_bits) == (24, 62) else \
+                from_quantized(qmodel, x[:1], multiplier_bits=multiplier_bits, max_bits=max_bits)
+        except UnsupportedError as e:
+            row["unsupported"] = str(e).split(":")[0]
+        else:
+            layers = rows if p is program else compare_layers(p, qmodel, x)
+            worst = min((r for r in layers if r.kind == "quant"), key=lambda r: r.agree)
+            row.update(int8_identical=round(worst.agree, 6), max_steps=int(worst.max_steps),
+                       widest_truncation_bits=max(n.attrs["rescale"].in_bits for n in p.nodes if "rescale" in n.attrs))
+        figures["multipliers"].append(row)
+    return figures
+
+
+def _assert_doc_figures(flow, qmodel, x, y):
+    """docs/quantized.md's tables come from docs/quantized_agreement.json: the seeded run
+    gives exactly its figures (if the code changed them on purpose:
+    python scripts/gen_doc_figures.py --measure-quantized, then python scripts/gen_doc_figures.py)."""
+    want = json.loads((pathlib.Path(__file__).resolve().parents[2] / "docs" / "quantized_agreement.json")
+                      .read_text())["flows"][flow]
+    got = flow_figures(flow, qmodel, x, y)
+    assert got == want, f"{flow}: docs/quantized_agreement.json has {want}, the code gives {got}"
+
+
 def _assert_int8_agreement(rows):
     quant = [r for r in rows if r.kind == "quant"]
     assert quant
@@ -116,6 +177,7 @@ def test_digits_eager(digits):
     _assert_int8_agreement(rows)
     assert out.kind == "quant" and out.agree >= 0.99 and out.max_steps <= 1
     assert same_class >= 0.99
+    _assert_doc_figures("eager", qmodel, x, y)
 
 
 def test_digits_fx(digits):
@@ -126,6 +188,7 @@ def test_digits_fx(digits):
     _assert_int8_agreement(rows)
     assert out.kind == "quant" and out.agree >= 0.99 and out.max_steps <= 1
     assert same_class >= 0.99
+    _assert_doc_figures("fx", qmodel, x, y)
 
 
 @requires_torchao
@@ -138,6 +201,7 @@ def test_digits_pt2e(digits):
     # the graph ends in a float linear: its output is kept in fixed point
     assert out.kind == "fixed" and out.max_abs < 1e-3
     assert same_class >= 0.99
+    _assert_doc_figures("pt2e", qmodel, x, y)
     # the per-layer debug outputs of the executor line up with the program
     _, values = run(program, x[:4], PlainBackend(), debug=True)
     assert set(values) == {n.name for n in program.nodes}
