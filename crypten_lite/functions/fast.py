@@ -231,15 +231,15 @@ def exp_nonpos(z: torch.Tensor, prec: int) -> torch.Tensor:
         bits = bits ^ 1                                   # [z >= tau]
     arith = convert.b2a(circuits.pack_bits(bits), n * len(items)).view(len(items), *z.shape)
     k = arith.sum(0)                                      # 0..4
-    y = truncate(z * int(round(LOG2E * (1 << prec))), prec)
-    # bucket k >= 1: y in [4k - 20, 4k - 16), f = y + 20 - 4k in [0, 4)
-    f = y + _enc(20.0, prec, z) - (k << (prec + 2))
+    # bucket k >= 1: y in [4k - 20, 4k - 16), f = y + 20 - 4k in [0, 4); the polynomial's
+    # variable t = f/2 - 1 = y/2 + 9 - 2k (y/2 straight from z: one truncation)
+    half_y = truncate(z * int(round(LOG2E / 2 * (1 << prec))), prec)
+    t = half_y + _enc(9.0, prec, z) - (k << (prec + 1))
     q = 16                                                # a = 2^(4k - 20) at 2^q: 1, 16, 256, 4096
     weights = [1, 15, 240, 3840]
     a = torch.zeros_like(z)
     for b, w in zip(arith, weights):
         a = a + b * w
-    t = _to_unit(f, prec, 0.0, 4.0)
     (pw,) = powers_many([t], [EXP_DEGREE], prec)
     p = _poly_from_powers(pw, fit("exp2", 0.0, 4.0, EXP_DEGREE), prec, z)
     (prod,) = mul_shares([(a, p)])
