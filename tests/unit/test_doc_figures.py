@@ -221,3 +221,33 @@ def test_acceptance_totals_are_computed_from_the_rows():
     public = sum(r["public"] for r in rows)
     assert f"All files: {passed} of {public} ({100 * passed / public:.1f} %)" in text
     assert "harness kept outside this repository" in text  # the doc says how it was measured
+
+
+def test_limits_and_inline_costs_in_the_docs_are_the_code_s():
+    """Figures in running text that are configuration constants or exact costs say what the code
+    and costs.json say (a changed constant makes this fail until the sentence follows)."""
+    from crypten_lite.comm import grpc_comm
+    from crypten_lite.config import Config
+    from crypten_lite.nn import graph_desc
+
+    options = dict(grpc_comm.GRPC_OPTIONS)
+    costs = gen.load_costs()
+    expected = {
+        "README.md": [f"{max(costs['mul_1M/2p']['bytes_sent']) // 10**6} bytes per element per party for mul"],
+        "docs/deployment.md": [
+            f"gRPC keepalive ({options['grpc.keepalive_time_ms'] / 1000:g} s ping, "
+            f"{options['grpc.keepalive_timeout_ms'] / 1000:g} s timeout)",
+            f"`OPEN_TIMEOUT` ({grpc_comm.OPEN_TIMEOUT:g} s)",
+            f"frames over the {grpc_comm.CHUNK_BYTES >> 20} MiB limit",
+            f"`CRYPTEN_LITE_MAX_MESSAGE_BYTES` (default {Config.max_message_bytes >> 30} GiB)"],
+        "docs/ARCHITECTURE.md": [f"chunks of {grpc_comm.CHUNK_BYTES >> 20} MiB"],
+        "docs/private_models.md": [
+            f"more than {graph_desc.MAX_DESCRIPTION_BYTES >> 20} MiB in all, a tensor of more than "
+            f"2^{graph_desc.MAX_ELEMENTS.bit_length() - 1} elements or {graph_desc.MAX_DIMS} dimensions, values "
+            f"nested more than {graph_desc.MAX_DEPTH} deep"],
+    }
+    missing = []
+    for doc, phrases in expected.items():
+        text = " ".join((ROOT / doc).read_text().split())
+        missing += [f"{doc}: {p!r}" for p in phrases if p not in text]
+    assert not missing, "the docs no longer state the code's figure:\n" + "\n".join(missing)
