@@ -473,6 +473,7 @@ def bind_node(out: "GraphModule", node: torch.fx.Node) -> None:
         impl = _aten().get(node.target)
         if impl is None:
             raise _unsupported(node, "ATEN (export fallback) / FUNCTIONS", _target_name(node.target))
+        impl = _transformer_ops().bind(node, impl)  # errors name the node; public-only ops
         if impl is _transformer_ops().public_only:
             impl = impl(node)  # the exported op itself on public operands; names the node otherwise
     out._impl[node] = impl
@@ -542,8 +543,20 @@ def _bind_batch_norm(out: GraphModule, node: torch.fx.Node) -> Callable:
     return lambda x, *rest, _bn=bn: _bn(x)
 
 
+class _Tracer(torch.fx.Tracer):
+    """torch.fx's tracer, but a torch.nn module made of other modules that has no converter
+    (TransformerEncoderLayer, TransformerEncoder...) is traced through, not kept as a leaf."""
+
+    def is_leaf_module(self, m: torch.nn.Module, qualname: str) -> bool:
+        if type(m) not in CONVERTERS and next(m.children(), None) is not None:
+            return False
+        return super().is_leaf_module(m, qualname)
+
+
 def _trace(model: torch.nn.Module) -> torch.fx.GraphModule:
-    return torch.fx.symbolic_trace(model)
+    tracer = _Tracer()
+    graph = tracer.trace(model)
+    return torch.fx.GraphModule(tracer.root, graph, type(model).__name__)
 
 
 _QUANTIZED_MODULES = ("torch.ao.nn.quantized", "torch.ao.nn.intrinsic.quantized", "torch.nn.quantized",

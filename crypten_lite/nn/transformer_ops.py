@@ -337,7 +337,8 @@ def private_table() -> dict[Any, Callable]:
             else torch.cumsum(x, dim, dtype=dtype),
         aten.gather.default: lambda x, dim, index, sparse_grad=False: x.gather(dim, index),
         aten.where.self: _where,
-        aten.masked_fill.Scalar: _masked_fill,
+        aten.masked_fill.Scalar: _masked_fill, aten.masked_fill_.Scalar: _masked_fill,
+        aten.masked_fill.Tensor: _masked_fill,
         aten.add.Tensor: _add_masked, aten.add_.Tensor: _add_masked,
         aten.scaled_dot_product_attention.default: _sdpa,
         aten.to.dtype: _to_op(aten.to.dtype), aten.to.device: _to_op(aten.to.device),
@@ -385,6 +386,28 @@ def public_only(node: torch.fx.Node) -> Callable:
                 "masks, shapes) but got a secret-shared operand; pass that input as a public torch "
                 "tensor, or rewrite the model so that this op sees public values")
         return target(*args, **kwargs)
+    call.__name__ = node.name
+    return call
+
+
+_PRIVATE_TARGETS: set = set()
+
+
+def bind(node: torch.fx.Node, impl: Callable) -> Callable:
+    """The implementation of an exported node: public-only ops run the op itself (a secret
+    operand is refused), the ops of `private_table` raise errors that name the node."""
+    if impl is public_only:
+        return public_only(node)
+    if not _PRIVATE_TARGETS:
+        _PRIVATE_TARGETS.update(private_table())
+    if node.target not in _PRIVATE_TARGETS:
+        return impl
+
+    def call(*args, **kwargs):
+        try:
+            return impl(*args, **kwargs)
+        except UnsupportedError as e:
+            raise UnsupportedError(f"from_pytorch: node {node.name!r} ({node.target}): {e}") from e
     call.__name__ = node.name
     return call
 
