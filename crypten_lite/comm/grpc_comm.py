@@ -260,6 +260,8 @@ class _PartyServicer(pb_grpc.PartyServicer):
                 # The peer that claims this rank runs another configuration: the session
                 # cannot start, so this party's own wait for it ends at once as well.
                 self.comm.refused.setdefault(int(request.rank), error)
+        if (not error or error.startswith(_CONFIG_REFUSALS)) and 0 <= request.rank < self.comm.world_size:
+            self.comm.greeted_by.add(int(request.rank))
         return pb.HelloReply(hello=self.comm.hello, error=error)
 
     def Stream(self, request_iterator, context):
@@ -547,6 +549,7 @@ class GrpcCommunicator(Communicator):
         self._aborted = False
         self._lock = threading.Lock()
         self.refused: dict[int, str] = {}  # peer rank -> why its handshake was refused
+        self.greeted_by: set[int] = set()  # peers whose Hello this server answered (either way)
         own = config.parties[config.rank]
         if not self.tls.enabled and not all(_is_loopback(a) for a in config.parties):
             log.warning("party %d: TLS is off (CRYPTEN_LITE_TLS_DIR unset) on a non-loopback network: "
@@ -570,10 +573,23 @@ class GrpcCommunicator(Communicator):
                                       response_deserializer=pb.StreamAck.FromString)
                    for p, ch in self.channels.items()}
 
+        # Once one handshake failed the session cannot start, but this party stays until every
+        # peer has heard from it (a reply to this party's Hello, or the peer's Hello answered
+        # here; each within the deadline): a peer that joins late then learns the refusal
+        # itself instead of waiting for a party that already left until its timeout.
+        given_up = threading.Event()
+
+        def why_stop(peer: int) -> str:
+            if self.refused.get(peer):
+                return self.refused[peer]
+            if given_up.is_set() and peer in self.greeted_by:
+                return "another handshake of this party failed"
+            return ""
+
         def greet(peer: int) -> tuple[int, bytes]:
             theirs = handshake(stubs[peer], self.hello, self.config.timeout,
                                self.config.parties[peer], f"party {peer}",
-                               refused=lambda: self.refused.get(peer, ""))
+                               refused=lambda: why_stop(peer))
             error = check_hello(self.hello, theirs, None)
             if error or theirs.rank != peer:
                 raise ConfigError(f"party at {self.config.parties[peer]} is not a valid party {peer}: "
@@ -582,8 +598,14 @@ class GrpcCommunicator(Communicator):
             return peer, self.keypair.shared_seed(theirs.public_key, info)
 
         with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(stubs))) as pool:
-            for peer, seed in pool.map(greet, self.peers()):
-                self.pair_seeds[peer] = seed
+            futures = [pool.submit(greet, peer) for peer in self.peers()]
+            try:  # the first failure, whichever peer it concerns, is raised (after the others)
+                for future in concurrent.futures.as_completed(futures):
+                    peer, seed = future.result()
+                    self.pair_seeds[peer] = seed
+            except BaseException:
+                given_up.set()
+                raise
         self.seeds_ready.set()
         self.outboxes = {p: _Outbox(self, p, streams[p]) for p in self.peers()}
 
