@@ -1,0 +1,235 @@
+"""CrypTen's own unit tests run against crypten_lite.compat (docs/crypten_migration.md, "Measured").
+
+    python benchmarks/crypten_compat_tests.py --crypten PATH_TO_CRYPTEN_CHECKOUT
+        [--only test_mpc.TestTFP --only test_optim ...] [--timeout 3600] [--json docs/crypten_compat.json]
+
+PATH is a checkout of facebookresearch/CrypTen (its `test/` folder is what is used; nothing of
+CrypTen is installed, imported from the checkout's `crypten/` package, or copied into this
+repository). The script:
+
+1. copies the checkout's test files (test_mpc, test_gradients, test_nn, test_crypten,
+   test_optim) into a temporary folder `test/`, unmodified, with an empty `__init__.py`;
+2. writes `test/multiprocess_test_case.py`: `crypten` aliased to `crypten_lite.compat` by name
+   (`crypten_lite.compat.testing.install_alias`), stand-ins for the three CrypTen-private modules
+   the files import (`crypten.mpc.primitives`: two empty share classes; `crypten.common.rng`:
+   random int64 tensors; `crypten.common.functions.pooling._pool2d_reshape`: the values of each
+   pooling window, which test_max_pooling uses to check one-hot indices), and
+   `crypten_lite.compat.testing.MultiProcessTestCase` (each test method runs in the parties of
+   a persistent PartyPool: separate processes, real gRPC, the dealer for TTP);
+3. runs every variant class (TestTFP, TestTTP, Test3PC, TestCrypten; not TestRSS) of each
+   file in its own process, without the tests EXCLUDED below (they inspect CrypTen's private
+   classes or state), and counts the passes.
+
+One row per (file, variant), as docs/crypten_compat.json holds them: tests in the class, public
+tests (less EXCLUDED), passed in this run, the failed tests' names. With --json the rows replace
+those of the same file and variant in that file, each with this run's "run" (command, commits,
+date, machine); the other rows are kept. Then `python scripts/gen_doc_figures.py` renders the
+table and its totals.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+FILES = ("test_mpc", "test_gradients", "test_nn", "test_crypten", "test_optim")
+VARIANTS = {"TestTFP": "TFP", "TestTTP": "TTP", "Test3PC": "3PC", "TestCrypten": "TTP"}
+NOTES = {("test_mpc", "TFP"): "2 parties, insecure provider", ("test_mpc", "TTP"): "2 parties + dealer",
+         ("test_mpc", "3PC"): "3 parties + dealer", ("test_crypten", "TTP"): "its default"}
+# Tests that inspect CrypTen's private classes or state (docs/crypten_migration.md says why).
+EXCLUDED = {
+    "test_mpc": {"test_from_shares", "test_ptype", "test_tuple_cache"},
+    "test_crypten": {"test_przs_generators", "test_global_generator"},
+    "test_nn": {"test_from_shares", "test_dropout_module"},
+    "test_gradients": {"test_batchnorm"},
+}
+
+# Stand-ins for the CrypTen-private modules the test files import, one file each in the temporary
+# folder (so the parties, separate processes, import them too), and test/multiprocess_test_case.py.
+STAND_INS = {
+    "crypten.mpc.primitives": ("_compat_primitives", '''
+class ArithmeticSharedTensor:  # CrypTen's share classes: no crypten_lite tensor is one
+    pass
+
+
+class BinarySharedTensor:
+    pass
+'''),
+    "crypten.common.rng": ("_compat_rng", '''
+import torch
+
+
+def generate_random_ring_element(size, ring_size=2 ** 64, generator=None, device=None, **kwargs):
+    """Random int64 ring elements (test data only)."""
+    return torch.randint(-2 ** 63, 2 ** 63 - 1, tuple(size), dtype=torch.long, generator=generator)
+
+
+def generate_kbit_random_tensor(size, bitlength=None, generator=None, device=None, **kwargs):
+    """Random non-negative int64 values of `bitlength` bits (test data only)."""
+    bits = 62 if bitlength is None else min(int(bitlength), 62)
+    return torch.randint(0, 2 ** bits, tuple(size), dtype=torch.long, generator=generator)
+'''),
+    "crypten.common.functions.pooling": ("_compat_pooling", '''
+import torch
+import torch.nn.functional as F
+
+
+def _pair(v):
+    return (v, v) if isinstance(v, int) else tuple(v)
+
+
+def _pool2d_reshape(x, kernel_size, padding=0, stride=None, dilation=1, ceil_mode=False, pad_value=0):
+    """The values of every pooling window, (..., out_h, out_w, k_h * k_w), and the output size."""
+    k, p, d = _pair(kernel_size), _pair(padding), _pair(dilation)
+    s = _pair(stride if stride is not None else kernel_size)
+    lead, (h, w) = x.shape[:-2], x.shape[-2:]
+    out, extra = [], []
+    for n, ki, pi, si, di in ((h, k[0], p[0], s[0], d[0]), (w, k[1], p[1], s[1], d[1])):
+        span = n + 2 * pi - di * (ki - 1) - 1
+        o = (-(-span // si) if ceil_mode else span // si) + 1
+        out.append(o)
+        extra.append(max(0, (o - 1) * si + di * (ki - 1) + 1 - (n + 2 * pi)))
+    padded = F.pad(x.reshape(-1, 1, h, w).double(), (p[1], p[1] + extra[1], p[0], p[0] + extra[0]), value=pad_value)
+    cols = F.unfold(padded, k, dilation=d, stride=s)  # (B, k_h * k_w, out_h * out_w)
+    windows = cols.transpose(1, 2).reshape(*lead, out[0], out[1], k[0] * k[1]).to(x.dtype)
+    return windows, torch.Size((*lead, out[0], out[1]))
+'''),
+}
+HARNESS = f'''"""Written by benchmarks/crypten_compat_tests.py: CrypTen's test files on crypten_lite.compat."""
+from crypten_lite.compat.testing import install_alias
+
+install_alias({ {name: module for name, (module, _) in STAND_INS.items()}!r})
+
+from crypten_lite.compat.testing import (MultiProcessTestCase, get_random_linear,  # noqa: E402,F401
+                                         get_random_test_tensor, onehot)
+'''
+
+# Run in the temporary folder: one class, its public tests; prints one JSON line.
+RUNNER = '''
+import importlib, json, sys, unittest
+import test.multiprocess_test_case  # the alias first: the files import crypten before it
+module, cls_name, excluded = sys.argv[1], sys.argv[2], set(sys.argv[3:])
+cls = getattr(importlib.import_module("test." + module), cls_name)
+names = unittest.TestLoader().getTestCaseNames(cls)
+public = [n for n in names if n not in excluded]
+result = unittest.TextTestRunner(stream=sys.stderr, verbosity=1).run(
+    unittest.TestSuite(cls(n) for n in public))
+failed = sorted({t.id().rsplit(".", 1)[-1] for t, _ in result.failures + result.errors})
+skipped = sorted({t.id().rsplit(".", 1)[-1] for t, _ in result.skipped})
+print("RESULT " + json.dumps({"tests_in_file": len(names), "public": len(public),
+                              "passed": len(public) - len(failed) - len(skipped), "failed": failed,
+                              "skipped": skipped}))
+'''
+
+VARIANT_CLASSES = '''
+import importlib, json, sys, unittest
+import test.multiprocess_test_case
+module = importlib.import_module("test." + sys.argv[1])
+print(json.dumps([n for n, c in vars(module).items() if isinstance(c, type) and issubclass(c, unittest.TestCase)
+                  and c.__module__ == module.__name__]))
+'''
+
+
+def prepare(crypten: pathlib.Path, folder: pathlib.Path, files: list[str]) -> None:
+    tests = crypten / "test"
+    missing = [f for f in files if not (tests / f"{f}.py").exists()]
+    if missing:
+        raise SystemExit(f"{tests}: no {', '.join(f + '.py' for f in missing)} (give a CrypTen checkout)")
+    (folder / "test").mkdir()
+    (folder / "test" / "__init__.py").write_text("")
+    (folder / "test" / "multiprocess_test_case.py").write_text(HARNESS)
+    for module, source in STAND_INS.values():
+        (folder / f"{module}.py").write_text(source.lstrip())
+    for f in files:
+        shutil.copy(tests / f"{f}.py", folder / "test" / f"{f}.py")
+
+
+def run_python(folder: pathlib.Path, code: str, args: list[str], timeout: float) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CRYPTEN_LITE_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(folder), str(REPO), env.get("PYTHONPATH", "")])
+    return subprocess.run([sys.executable, "-c", code, *args], cwd=folder, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def run(crypten: pathlib.Path, only: list[str], timeout: float) -> list[dict]:
+    files = [f for f in FILES if not only or any(o.split(".")[0] == f for o in only)]
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="crypten-compat-") as tmp:
+        folder = pathlib.Path(tmp)
+        prepare(crypten, folder, files)
+        for f in files:
+            found = run_python(folder, VARIANT_CLASSES, [f], 600)
+            if found.returncode:
+                raise SystemExit(f"{f}: cannot import it on crypten_lite.compat:\n{found.stderr[-3000:]}")
+            classes = [c for c in json.loads(found.stdout) if c in VARIANTS
+                       and (f in only or f"{f}.{c}" in only or not only)]
+            for cls in classes:
+                start = time.perf_counter()
+                done = run_python(folder, RUNNER, [f, cls, *sorted(EXCLUDED.get(f, ()))], timeout)
+                line = next((ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")), None)
+                if line is None:
+                    raise SystemExit(f"{f}.{cls} gave no result (exit {done.returncode}):\n{done.stderr[-3000:]}")
+                r = json.loads(line[7:])
+                variant = VARIANTS[cls]
+                rows.append({"file": f, "variant": variant, "variant_note": NOTES.get((f, variant), ""),
+                             "tests_in_file": r["tests_in_file"], "public": r["public"], "first_run": r["passed"],
+                             "verified": None, "failed": r["failed"],
+                             "seconds": round(time.perf_counter() - start, 1)})
+                print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def update(path: pathlib.Path, rows: list[dict], crypten: pathlib.Path, argv: list[str]) -> None:
+    """Replace the rows of the same (file, variant) in docs/crypten_compat.json, each new row
+    with its own "run" (how, when, where); the other rows keep theirs."""
+    def git(*args: str, cwd: pathlib.Path) -> str:
+        done = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True)
+        return done.stdout.strip() or "unknown"
+    run_info = {"command": "python benchmarks/crypten_compat_tests.py " + " ".join(argv),
+                "commit": git("rev-parse", "--short", "HEAD", cwd=REPO),
+                "crypten_commit": git("rev-parse", "--short", "HEAD", cwd=crypten),
+                "date": time.strftime("%Y-%m-%d", time.gmtime()),
+                "machine": f"{os.cpu_count()} cores, 1-minute load average {os.getloadavg()[0]:.1f} at the end"}
+    data = json.loads(path.read_text())
+    old = {(r["file"], r["variant"]): r for r in data["rows"]}
+    for r in rows:
+        note = old.get((r["file"], r["variant"]), {}).get("variant_note")
+        old[(r["file"], r["variant"])] = {**r, "variant_note": note if note is not None else r["variant_note"],
+                                          "run": run_info}
+    order = [(f, v) for f in FILES for v in ("TFP", "TTP", "3PC")]
+    data["rows"] = sorted(old.values(), key=lambda r: order.index((r["file"], r["variant"]))
+                          if (r["file"], r["variant"]) in order else len(order))
+    rows_text = ",\n".join("  " + json.dumps(r) for r in data["rows"])
+    head = ",\n".join(f" {json.dumps(k)}: {json.dumps(v)}" for k, v in data.items() if k != "rows")
+    path.write_text("{\n" + head + ',\n "rows": [\n' + rows_text + "\n ]\n}\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--crypten", required=True, type=pathlib.Path, help="a checkout of facebookresearch/CrypTen")
+    parser.add_argument("--only", action="append", default=[], metavar="FILE[.CLASS]",
+                        help=f"run only these files or classes (files: {', '.join(FILES)})")
+    parser.add_argument("--timeout", type=float, default=3600, help="seconds per class")
+    parser.add_argument("--json", type=pathlib.Path, default=None,
+                        help="update this JSON source (docs/crypten_compat.json) with the rows")
+    args = parser.parse_args(argv)
+    unknown = [o for o in args.only if o.split(".")[0] not in FILES]
+    if unknown:
+        parser.error(f"unknown files {unknown}; known: {list(FILES)}")
+    rows = run(args.crypten.resolve(), args.only, args.timeout)
+    if args.json:
+        update(args.json, rows, args.crypten.resolve(), argv)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
