@@ -1065,3 +1065,77 @@ def trunc_pairs(n: int, bits: int) -> tuple[Replicated, Replicated, Replicated]:
         b = torch.cat([g[j][1] for g in got]) if got else torch.zeros(0, dtype=torch.int64)
         outs.append(_rep(a, b))
     return outs[0], outs[1], outs[2]
+
+
+# ------------------------------------------------------------------ fused equality
+def eqz_finish(z: Replicated) -> Replicated:
+    """[z == 0] as arithmetic 0/1 shares of z's shape, in 7 rounds: z == 0 iff
+    msb(z) == msb(-z), both MSBs' XOR sharings (rounds 1-6) xored and negated locally, then
+    opened masked by a random bit made meanwhile (round 7). Per element: twice the carry
+    circuit of msb_finish and one bit injection (roles 0 and 2 192 + 64 + 2, role 1 316 + 64
+    words per 64 elements: 36.8 B per element per party on average)."""
+    za, zb = _flat(z)
+    n = za.numel()
+
+    def first(ro, job, lo, hi):
+        def both() -> Gen:
+            u, v = yield from _par([_g_msb2(ro, za[lo:hi], zb[lo:hi]), _g_msb2(ro, -za[lo:hi], -zb[lo:hi])])
+            w = u ^ v
+            return ~w if ro.role == 0 else w
+        return both()
+
+    bits, _ = _finish_jobs([{"n": n, "want_bit": True}], first)
+    return _cat_rep(bits[0], tuple(z.shape))
+
+
+# ------------------------------------------------------------- short MSB (small values)
+def _g_msb_low(ro: _Roles, xa: torch.Tensor, xb: torch.Tensor, m: int) -> Gen:
+    """XOR shares (roles 0 and 2) of bit m-1 of (a + b) mod 2^m: 1 + log2(W/2) rounds for
+    the carry into bit m-1 (W = next_pow2(m - 1)), none for m = 1."""
+    n = xa.numel()
+    nw = -(-n // 64)
+    if ro.role == 1:
+        b = xa + xb
+        top = circuits.pack_bits(logical_shift(b, m - 1) & 1)
+    else:
+        b = None
+        top = circuits.pack_bits(logical_shift(xa if ro.role == 0 else xb, m - 1) & 1)
+    extra_sizes = [nw]
+    if m == 1:
+        # no carry: share role 1's top bit through one masked message
+        lane_a = torch.zeros(nw, dtype=torch.int64) if ro.role != 1 else None
+        lane_b = torch.zeros(nw, dtype=torch.int64) if ro.role == 1 else None
+        width, words = 2, nw
+    elif ro.role == 1:
+        lane_b, width = _low_lanes(b, m - 1, True)
+        lane_a = None
+        words = lane_b.numel()
+    else:
+        lane_a, width = _low_lanes(xa if ro.role == 0 else xb, m - 1, False)
+        lane_b = None
+        words = lane_a.numel()
+    carry, (e,) = yield from _g_carry(ro, lane_a, lane_b, words, width, [top] if ro.role == 1 else None, extra_sizes)
+    if m == 1:
+        carry = torch.zeros(nw, dtype=torch.int64)
+    if ro.role == 1:
+        return torch.zeros(nw, dtype=torch.int64)
+    out = carry ^ e
+    return out ^ top if ro.role == 0 else out
+
+
+def msb_low(x: Replicated, m: int) -> Replicated:
+    """Packed binary shares of bit m-1 of x mod 2^m (x < 0 when -2^(m-1) <= x < 2^(m-1)), for
+    1 <= m <= 64: the carry circuit on the low m - 1 bits, then the conversion round:
+    2 + log2(W/2) rounds, W = next_pow2(m - 1) (m = 16: 5 rounds)."""
+    if not 1 <= m <= 64:
+        raise ProtocolError(f"msb_low: m must be 1..64, got {m}")
+    xa, xb = _flat(x)
+
+    def chunk(ro, a, b) -> Gen:
+        u = yield from _g_msb_low(ro, a, b, m)
+        return (yield from _g_to_rss(ro, u, -(-a.numel() // 64)))
+
+    got = _run(_par([chunk(_Roles(k), xa[lo:hi], xb[lo:hi]) for k, lo, hi in _chunks(xa.numel())]))
+    if not got:
+        return _rep(_EMPTY.clone(), _EMPTY.clone())
+    return _rep(torch.cat([a for a, _ in got]), torch.cat([b for _, b in got]))

@@ -113,8 +113,22 @@ def _conversions():
     xs = _arith_share(x)
     a, r_a2b, b_a2b = _cost(lambda: rb.a2b(xs))
     ok_a2b = torch.equal(rss.open_xor(a), x)
+    # equality (fused: both MSBs, one bit injection) and the short MSB, |z| < 2^63
+    z = _values(12, N) % 5 - 2
+    z[:4] = torch.tensor([0, (1 << 63) - 1, -(1 << 63) + 1, 1 << 40])
+    zs = _arith_share(z)
+    e, r_eq, b_eq = _cost(lambda: rb.eqz_finish(zs))
+    ok_eq = torch.equal(rss.open_(e), (z == 0).long())
+    small = _values(13, N) >> 49                     # 15-bit signed values
+    ss = _arith_share(small)
+    lows = {}
+    for m in (1, 2, 16, 64):
+        w, r_low, b_low = _cost(lambda: rb.msb_low(ss, m))
+        ok = torch.equal(circuits.unpack_bits(rss.open_xor(w), N), (small >> (m - 1)) & 1)
+        lows[f"msb_low{m}"] = (ok, r_low, b_low)
     return {"finish": (ok_b2a and ok_mul, r_fin, b_fin), "b2a": (ok_b2a2, r_b2a, b_b2a),
-            "bit_mul_bcast": (ok_bcast, 0, 0), "a2b": (ok_a2b, r_a2b, b_a2b)}
+            "bit_mul_bcast": (ok_bcast, 0, 0), "a2b": (ok_a2b, r_a2b, b_a2b),
+            "eq": (ok_eq, r_eq, b_eq), **lows}
 
 
 def _rounding_and_pairs():
@@ -222,6 +236,15 @@ def test_b2a_bit_mul_a2b(rss_pool):
         "finish": (2, WORD * (sum(b2a.values()) + sum(mul.values()))),
         "b2a": (2, WORD * sum(b2a.values())),
         "bit_mul_bcast": (0, 0),
+        # both MSB carry circuits (2 * 92 + 2 * 158 words per chunk) + one bit injection
+        "eq": (7, _words_per_party(r0=184 + 64 + 2, r1=316 + 64, r2=184 + 64 + 2)),
+        # m = 1, 2: one group-2 level (role 1: 3 + 1 words), conversion (roles 0, 2: 1 word);
+        # m = 16: 15 bits in 16-bit lanes (role 1: 3*8 + 1 + 13, roles 0/2: 20 + 1);
+        # m = 64: as msb_words
+        "msb_low1": (2, _words_per_party(r0=1, r1=4, r2=1)),
+        "msb_low2": (2, _words_per_party(r0=1, r1=4, r2=1)),
+        "msb_low16": (5, _words_per_party(r0=21, r1=38, r2=21)),
+        "msb_low64": (7, _words_per_party(r0=93, r1=158, r2=93)),
     }
     for rank, res in enumerate(results):
         for op, (ok, rounds, sent) in res.items():
