@@ -47,21 +47,45 @@ G of the 64 bits is the carry into bit 63; msb = a_63 ^ b_63 ^ carry (roles 0/2 
 the parties): r = s ^ t with s = F(k_01) ^ F(k_02) (known to role 0 alone) and t = F(k_12)
 (roles 1 and 2): nobody knows r. [s] = (s - S_1, S_1, 0) (role 0 sends s - S_1 to role 2,
 S_1 = F(k_01)), [t] = (0, 0, t), [st] by the product's cross terms (S_1 t at role 1, (s - S_1) t
-at role 2, reshared with role 0 idle: 8 B from roles 1 and 2), [r] = [s] + [t] - 2[st]. For
-b * v: [t v] (cross terms at roles 1 and 2, same reshare), [r v] = [s (v - 2 t v)] + [t v] (one
-product). The bit b (XOR shared by roles 0 and 2, or replicated: role 0 takes x_0 ^ x_1, role 2
-x_2) is opened masked: c = b ^ r, role 0 sending b_0 ^ s ^ F(k_02) and role 2 b_2 ^ t ^ F(k_02)
-to both others (1 round, 2 bits each); then [b] = c + (1 - 2c)[r], [b v] = c [v] + (1 - 2c)[r v].
-Everything but the opening is input-independent and runs during the rounds of the MSB.
-  * ``finish`` on replicated words: 2 rounds (opening with the first).
-  * ``msb_finish`` (lt, ReLU): the MSB's XOR sharing is opened at once: 7 rounds in all.
+at role 2, reshared with role 0 idle: z_0 = F(k_02), z_1 = F(k_01), roles 1 and 2 send each
+other their term minus their z), [r] = [s] + [t] - 2[st]. The bit b (XOR shared by roles 0
+and 2, or replicated: role 0 takes x_0 ^ x_1, role 2 x_2, locally) is opened masked:
+c = b ^ r, role 0 sending b_0 ^ s ^ F(k_02) and role 2 b_2 ^ t ^ F(k_02) to both others
+(1 round, 1 bit each way); then [b] = c + (1 - 2c)[r], [b v] = c [v] + (1 - 2c)[r v].
+  * ``finish`` on replicated words: 2 rounds (the opening with the first); [r v] =
+    [s (v - 2 t v)] + [t v] ([t v]: cross terms at roles 1 and 2 in round 1).
+  * ``msb_finish`` (lt, ReLU, abs, clamp): the random bit and [r v] = [r][v] (one product,
+    round 3) are made during the MSB's rounds 1-6 and its XOR sharing is opened in round 7.
+  * ``eqz_finish``: z == 0 iff msb(z) == msb(-z): both carry circuits, one opening, 7 rounds.
+  Privacy: role 2 receives s - S_1 and S_1 t - z_1 (S_1, z_1 from k_01), role 1 receives
+  (s - S_1) t - z_0 (z_0 from k_02); the opening's shares are masked by F(k_02) for role 1 and
+  by r's other half (t, resp. the k_01 half of s) for roles 0 and 2, and c itself is b ^ r.
 
-**A2B** (``a2b``): [a] = (a, 0, 0), [b] = (0, b ^ rho, rho) (role 1 sends b ^ rho: 1 round),
+**A2B** (``a2b``): [a] = (a, 0, 0), [b] = (0, b ^ rho, rho) (party 1 sends b ^ rho: 1 round),
 then circuits.kogge_stone_add with ``and_many``: 8 rounds.
 
-**Exact rounding** (``round_exact``) and **truncation pairs** (``trunc_pairs``): carries of
-a + b computed as above on the low bits and at the top, converted by bit injection; see
-their docstrings.
+**Exact rounding** (``round_exact``), **truncation pairs** (``trunc_pairs``) and the short
+MSB (``msb_low``): carries of a + b on low bit lanes (and at the top) as above; see their
+docstrings.
+
+Measured figures (3 parties over gRPC, tests/protocol/test_rss_binary.py; bytes sent per
+element per party, averaged over the roles, n a multiple of 192):
+
+================================  ======  ===========================================
+function                          rounds  bytes per element per party
+================================  ======  ===========================================
+and_many                          1       8 per AND word
+msb_words                         7       14.33 (roles 0/2: 11.625, role 1: 19.75)
+msb_finish, bit only (lt)         7       22.42 (19.75 / 27.75)
+msb_finish, bit * value (ReLU)    7       30.42 (27.75 / 35.75), with or without the bit
+eqz_finish (eq)                   7       36.67
+b2a / finish (B2A)                2       8.17 per bit
+bit_mul / finish (product)        2       16.17 per bit and value element
+msb_low(m = 16)                   5       3.33
+a2b                               8       104 (+8 on party 1)
+round_exact(bits = 1 / 8 / 16)    3/4/5   19.17 / 20.42 / 22.25 (bits = 32: 6, 25.92)
+trunc_pairs(bits = 1 / 16 / 32)   7       41.54 / 44.63 / 48.29 per pair (offline)
+================================  ======  ===========================================
 """
 
 from __future__ import annotations
