@@ -42,6 +42,7 @@ from ..cryptensor import CrypTensor
 from ..errors import UnsupportedError
 from . import functional as F
 from . import layers as L
+from .inference import FoldedBatchNorm
 from .module import Module
 
 # ---------------------------------------------------------------------- call_module
@@ -67,6 +68,10 @@ CONVERTERS: dict[type, Callable[[torch.nn.Module], Module]] = {
     torch.nn.AdaptiveAvgPool2d: L.AdaptiveAvgPool2d.from_torch,
     torch.nn.Flatten: L.Flatten.from_torch,
     torch.nn.Identity: L.Identity.from_torch,
+    torch.nn.Hardswish: L.Hardswish.from_torch,
+    torch.nn.Hardsigmoid: L.Hardsigmoid.from_torch,
+    torch.nn.MultiheadAttention: L.MultiheadAttention.from_torch,
+    FoldedBatchNorm: L.FoldedBatchNorm.from_torch,
     torch.nn.MSELoss: L.MSELoss.from_torch,
     torch.nn.L1Loss: L.L1Loss.from_torch,
     torch.nn.BCELoss: L.BCELoss.from_torch,
@@ -146,7 +151,48 @@ def _to(x, *args, **kwargs):
 
 
 def _contiguous(x, *args, **kwargs):
-    return x
+    return x.contiguous() if isinstance(x, torch.Tensor) else x  # CrypTensor shapes ops copy
+
+
+def _view(x, *args, **kwargs):
+    """Tensor.view; a CrypTensor reshapes (torch refuses a view of a non-contiguous tensor
+    that reshape copies; the values are the same)."""
+    if isinstance(x, torch.Tensor) and not (args and isinstance(args[0], torch.dtype)):
+        return x.reshape(*args, **kwargs) if not x.is_contiguous() else x.view(*args, **kwargs)
+    if args and isinstance(args[0], torch.dtype):
+        raise UnsupportedError(f"Tensor.view({args[0]}) (a dtype reinterpretation) is not supported")
+    return x.reshape(*args, **kwargs)
+
+
+def _public_only(name: str, fn: Callable) -> Callable:
+    """An operation on public values only (shapes, sizes, positions): evaluated in the clear
+    on every party; a secret-shared operand is refused (nothing is revealed to compute it)."""
+    def call(*args, **kwargs):
+        if F.is_private(*args, *kwargs.values()):
+            raise UnsupportedError(f"{name} on a secret-shared value is not supported by from_pytorch "
+                                   "(only public values such as shapes are compared in the clear)")
+        return fn(*args, **kwargs)
+    call.__name__ = name
+    return call
+
+
+def _assert(condition, message=""):
+    if F.is_private(condition):
+        raise UnsupportedError("torch._assert on a secret-shared value is not supported")
+    if not bool(condition):
+        raise UnsupportedError(f"the model's assertion failed at run time: {message}")
+
+
+def _stochastic_depth(x, p: float, mode: str, training: bool = True):
+    """torchvision.ops.stochastic_depth: the identity in eval mode; in training, a public
+    per-sample ("row") or whole-batch keep mask drawn like a dropout mask."""
+    if not training or p == 0.0:
+        return x
+    if mode not in ("row", "batch"):
+        raise UnsupportedError(f"stochastic_depth mode {mode!r}")
+    shape = [x.shape[0]] + [1] * (x.dim() - 1) if mode == "row" else [1] * x.dim()
+    mask = F.dropout_mask(shape, p)
+    return x.mul(mask) if F.is_private(x) else x * mask.to(x.dtype)
 
 
 def _hardtanh(x, lo=-1.0, hi=1.0, inplace=False):
@@ -163,7 +209,9 @@ FUNCTIONS: dict[Any, Callable] = {
     operator.mul: operator.mul, operator.imul: operator.mul, operator.truediv: operator.truediv,
     operator.floordiv: operator.floordiv, operator.neg: operator.neg, operator.pow: operator.pow,
     operator.matmul: _matmul, operator.getitem: operator.getitem, builtins.getattr: _getattr,
-    math.sqrt: math.sqrt,
+    math.sqrt: math.sqrt, torch._assert: _assert,
+    **{op: _public_only(op.__name__, op) for op in (operator.eq, operator.ne, operator.lt, operator.le,
+                                                    operator.gt, operator.ge, operator.not_)},
     # torch
     torch.add: _add, torch.sub: _sub, torch.mul: operator.mul, torch.div: operator.truediv,
     torch.matmul: _matmul, torch.mm: _matmul, torch.bmm: _matmul, torch.cat: _cat,
@@ -181,18 +229,40 @@ FUNCTIONS: dict[Any, Callable] = {
     TF.softmax: F.softmax, TF.log_softmax: F.log_softmax, TF.max_pool2d: F.max_pool2d,
     TF.avg_pool2d: F.avg_pool2d, TF.adaptive_avg_pool2d: F.adaptive_avg_pool2d,
     TF.layer_norm: F.layer_norm, TF.batch_norm: F.batch_norm, TF.dropout: F.dropout,
-    TF.pad: F.pad, TF.hardtanh: _hardtanh,
+    TF.pad: F.pad, TF.hardtanh: _hardtanh, TF.hardswish: F.hardswish, TF.hardsigmoid: F.hardsigmoid,
     TF.scaled_dot_product_attention: _linear_sdpa,
 }
 
+# Functions of optional packages (torchvision), by qualified name: crypten_lite never imports
+# those packages. A traced graph that calls one is bound by the name; a party without the
+# package rebuilds the node from a model description through a stand-in of the same name.
+NAMED_FUNCTIONS: dict[str, Callable] = {
+    "torchvision.ops.stochastic_depth.stochastic_depth": _stochastic_depth,
+}
+_STAND_INS: dict[str, Callable] = {}
+
+
+def named_stand_in(name: str) -> Callable:
+    """A function whose qualified name is `name` (an entry of NAMED_FUNCTIONS), for rebuilt graphs."""
+    if name not in _STAND_INS:
+        impl = NAMED_FUNCTIONS[name]
+        module, _, short = name.rpartition(".")
+
+        def stand_in(*args, **kwargs):
+            return impl(*args, **kwargs)
+        stand_in.__module__, stand_in.__name__, stand_in.__qualname__ = module, short, short
+        _STAND_INS[name] = stand_in
+    return _STAND_INS[name]
+
+
 # ------------------------------------------------------------------- call_method
 METHODS: dict[str, Callable] = {name: _method_call(name) for name in (
-    "view", "reshape", "transpose", "permute", "unsqueeze", "squeeze", "expand", "expand_as",
+    "reshape", "transpose", "permute", "unsqueeze", "squeeze", "expand", "expand_as",
     "repeat", "view_as", "reshape_as", "narrow", "chunk", "split", "t", "dim", "numel",
     "add", "sub", "mul", "div", "matmul", "neg", "sum", "mean", "square", "clone", "detach",
     "relu", "sigmoid", "tanh", "softmax", "log_softmax", "exp", "unbind", "cumsum", "flip", "roll",
 )}
-METHODS.update({"flatten": _flatten, "size": _size, "contiguous": _contiguous, "to": _to,
+METHODS.update({"flatten": _flatten, "size": _size, "contiguous": _contiguous, "to": _to, "view": _view,
                 "float": _contiguous, "type_as": _to})
 
 
@@ -307,6 +377,13 @@ class GraphModule(Module):
         super().encrypt(src, precision)
         object.__setattr__(self, "_architecture_only", False)
         return self
+
+    def train(self, mode: bool = True) -> "GraphModule":
+        if mode and self.__dict__.get("_inference_only"):
+            raise UnsupportedError("this model was converted for inference (eval mode: BatchNorm folded, "
+                                   "dropout removed); convert it with from_pytorch(..., "
+                                   "fold_batch_norm=False) to train it")
+        return super().train(mode)
 
     def forward(self, *inputs, **named):
         if named:  # keyword inputs (input_ids=..., attention_mask=...) by placeholder name
@@ -462,7 +539,7 @@ def bind_node(out: "GraphModule", node: torch.fx.Node) -> None:
         if impl is None:
             raise _unsupported(node, "METHODS", f"Tensor.{node.target}")
     elif out.source == "fx":
-        impl = FUNCTIONS.get(node.target)
+        impl = FUNCTIONS.get(node.target) or NAMED_FUNCTIONS.get(_target_name(node.target))
         if impl is None:
             raise _unsupported(node, "FUNCTIONS", _target_name(node.target))
     elif node.target is torch.ops.aten.batch_norm.default:
@@ -474,8 +551,6 @@ def bind_node(out: "GraphModule", node: torch.fx.Node) -> None:
         if impl is None:
             raise _unsupported(node, "ATEN (export fallback) / FUNCTIONS", _target_name(node.target))
         impl = _transformer_ops().bind(node, impl)  # errors name the node; public-only ops
-        if impl is _transformer_ops().public_only:
-            impl = impl(node)  # the exported op itself on public operands; names the node otherwise
     out._impl[node] = impl
 
 
@@ -575,16 +650,17 @@ def is_quantized(model: torch.nn.Module) -> bool:
 
 
 def _fold_batch_norm(model: torch.nn.Module) -> torch.fx.GraphModule | None:
-    """The model with every Conv->BatchNorm pair folded into one conv (eval mode only)."""
-    from torch.fx.experimental.optimization import fuse
+    """The eval-mode model simplified for inference (crypten_lite.nn.inference): BatchNorms
+    folded, dropout and stochastic depth removed; None where torch.fx cannot trace it."""
+    from .inference import simplify
     try:
-        return fuse(model)
-    except Exception:  # untraceable or unusual patterns: convert without folding
+        return simplify(model)
+    except Exception:  # untraceable: converted without folding (torch.export keeps BatchNorm)
         return None
 
 
 def from_pytorch(model: torch.nn.Module | None, dummy_input, check: bool = True,
-                 tolerance: float = 1e-4, fold_batch_norm: bool = False, *, src: int | None = None):
+                 tolerance: float = 1e-4, fold_batch_norm: bool | None = None, *, src: int | None = None):
     """Convert a torch model to a crypten_lite.nn.Module with the same (public) parameters.
 
     `dummy_input` (a tensor or a tuple of tensors of the input shapes) drives the
@@ -603,12 +679,16 @@ def from_pytorch(model: torch.nn.Module | None, dummy_input, check: bool = True,
     other parties' dummy (optional) is checked against the owner's input shape. Int8 models
     come back as a QuantizedProgram with the same calls (`encrypt`, `eval`, `__call__`).
 
-    `fold_batch_norm=True` (for inference of a model in eval mode) folds each BatchNorm that
-    follows a convolution into that convolution's weights and bias, in plaintext, on the
-    model owner's side, before anything is shared: private inference then needs no
-    normalization (no private inverse square root: about 12 rounds saved per BatchNorm;
-    ResNet-18 goes from 420 to 140 rounds). The state dict then has the folded convs'
-    keys instead of the BatchNorm ones.
+    A model in eval mode is simplified for inference by default (`fold_batch_norm=None`:
+    fold exactly when the model is in eval mode; crypten_lite.nn.inference): each BatchNorm
+    that follows a convolution or linear layer is folded into that layer's weights and bias,
+    every other BatchNorm becomes a per-channel affine map, and dropout and stochastic depth
+    (identities in eval) are removed, in plaintext, on the model owner's side, before anything
+    is shared. Private inference then needs no normalization (no private inverse square root:
+    about 12 rounds saved per BatchNorm; ResNet-18 goes from 442 to 140 rounds). The state
+    dict then has the folded layers' keys instead of the BatchNorm ones, and the converted
+    model refuses `train()`. `fold_batch_norm=False` converts the model as it is (torch's
+    state dict keys, trainable); `True` insists on folding (the model must be in eval mode).
     """
     if src is not None:
         return _in_band(model, dummy_input, src, check, tolerance, fold_batch_norm)
@@ -618,10 +698,13 @@ def from_pytorch(model: torch.nn.Module | None, dummy_input, check: bool = True,
     dummy = dummy_input if isinstance(dummy_input, (tuple, dict)) else (dummy_input,)
     if fold_batch_norm and model.training:
         raise UnsupportedError("fold_batch_norm=True needs the model in eval mode (model.eval())")
+    if fold_batch_norm is None:
+        fold_batch_norm = not model.training
     try:
         folded = _fold_batch_norm(model) if fold_batch_norm else None
         if folded is not None:
             converted = _convert_fx(folded, folded)
+            object.__setattr__(converted, "_inference_only", True)
         else:
             traced = _trace(model)
             converted = _convert_fx(model, traced)

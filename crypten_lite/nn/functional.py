@@ -143,6 +143,20 @@ def relu6(x, inplace: bool = False):
     return relu(x).sub(relu(x.sub(6.0)))
 
 
+def hardsigmoid(x, inplace: bool = False):
+    """relu6(x + 3) / 6: one clamp (both bounds in one comparison circuit)."""
+    if not is_private(x):
+        return F.hardsigmoid(x)
+    return relu6(x.add(3.0)).div(6)
+
+
+def hardswish(x, inplace: bool = False):
+    """x * relu6(x + 3) / 6: one clamp and one product."""
+    if not is_private(x):
+        return F.hardswish(x)
+    return x.mul(relu6(x.add(3.0))).div(6)
+
+
 def sigmoid(x):
     return _method(x, "sigmoid")() if is_private(x) else torch.sigmoid(x)
 
@@ -468,5 +482,5 @@ __all__ = [
     "binary_cross_entropy", "binary_cross_entropy_with_logits", "cross_entropy", "nll_loss",
     "is_private", "common_prg", "dropout_mask", "conv_transpose1d", "hardtanh", "softplus",
     "logsigmoid", "cosine_similarity", "smooth_l1_loss", "huber_loss", "dropout1d", "dropout2d",
-    "dropout3d", "feature_dropout",
+    "dropout3d", "feature_dropout", "hardswish", "hardsigmoid",
 ]

@@ -64,7 +64,7 @@ CONSTANTS: dict[str, Any] = {str(c): c for c in (
     *DTYPES.values(), torch.contiguous_format, torch.preserve_format, torch.channels_last,
     torch.strided, torch.device("cpu"))}
 
-_PART = re.compile(r"[A-Za-z0-9_]{1,200}")
+_PART = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,199}")  # module names (torchvision's RegNet: "block1-0")
 NODE_OPS = ("placeholder", "get_attr", "call_module", "call_function", "call_method", "output")
 
 
@@ -308,7 +308,8 @@ def _shape(v: Any, what: str) -> tuple[int, ...]:
 
 
 def _path(v: Any, what: str) -> str:
-    """A dotted module / parameter path: identifier-like parts, none starting with '__'."""
+    """A dotted module / parameter path: parts of letters, digits, '_' and '-' (not first), none
+    starting with '__'."""
     v = _str(v, what, 1000)
     parts = v.split(".")
     if not all(_PART.fullmatch(p) and not p.startswith("__") for p in parts):
@@ -381,7 +382,7 @@ def function_names(source: str) -> dict[str, Any]:
     """Name -> call_function target for a graph of `source` ("fx" or "export")."""
     fp = _fp()
 
-    targets = list(fp.FUNCTIONS) if source == "fx" else [
+    targets = [*fp.FUNCTIONS, *map(fp.named_stand_in, fp.NAMED_FUNCTIONS)] if source == "fx" else [
         *fp._aten(), torch.ops.aten.batch_norm.default, torch.ops.aten.dropout.default]
     out: dict[str, Any] = {}
     for t in targets:
@@ -438,7 +439,7 @@ def describe_graph(model, input_shapes: list) -> bytes:
         out_spec = {"n_user": n_user, "structure": w.value(tree_unflatten(list(range(n_user)), spec))}
     body = {"source": model.source, "training": model.training, "inputs": list(model._input_names),
             "input_shapes": input_shapes, "modules": modules, "state": state, "nodes": nodes,
-            "out_spec": out_spec}
+            "out_spec": out_spec, "inference_only": bool(model.__dict__.get("_inference_only", False))}
     return w.encode("graph", body)
 
 
@@ -501,6 +502,7 @@ def rebuild_graph(reader: _Reader, values: dict[str, torch.Tensor] | None = None
     for e in doc["modules"]:  # per-layer modes as the owner had them
         object.__setattr__(out._get(e["path"]), "training", bool(e.get("training")))
     object.__setattr__(out, "_architecture_only", placeholders)
+    object.__setattr__(out, "_inference_only", doc.get("inference_only") is True)
     return out
 
 

@@ -257,6 +257,77 @@ class Identity(_Stateless):
         return x
 
 
+class Hardswish(_Stateless):
+    def forward(self, x):
+        return F.hardswish(x)
+
+
+class Hardsigmoid(_Stateless):
+    def forward(self, x):
+        return F.hardsigmoid(x)
+
+
+class FoldedBatchNorm(_FromTorch, Module):
+    """An eval-mode BatchNorm folded into a per-channel affine map (crypten_lite.nn.inference)."""
+
+    def forward(self, x):
+        shape = (1, -1) + (1,) * (x.dim() - 2)
+        return _affine(x, self.scale.reshape(shape), self.shift.reshape(shape))
+
+
+def _affine(x, scale, shift):
+    if F.is_private(x):
+        return x.mul(scale).add(shift)
+    if F.is_private(scale):
+        return scale.mul(x).add(shift)
+    return x * scale + shift
+
+
+class MultiheadAttention(_FromTorch, Module):
+    """torch.nn.MultiheadAttention (packed q/k/v projection, no masks, no added bias_k/v):
+    scores q k^T / sqrt(d) per head, softmax, then the output projection `out_proj`."""
+
+    _args = ("embed_dim", "num_heads", "batch_first", "dropout")
+
+    @classmethod
+    def from_torch(cls, module: torch.nn.Module) -> Module:
+        if not module._qkv_same_embed_dim or module.bias_k is not None or module.add_zero_attn:
+            raise UnsupportedError("MultiheadAttention with kdim/vdim != embed_dim, add_bias_kv or "
+                                   "add_zero_attn is not supported by from_pytorch")
+        out = super().from_torch(module)
+        for name in [n for n, v in out._parameters.items() if v is None]:
+            del out._parameters[name]
+        out.add_module("out_proj", Linear.from_torch(module.out_proj))
+        return out
+
+    def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
+                average_attn_weights=True, is_causal=False):
+        if key_padding_mask is not None or attn_mask is not None or is_causal:
+            raise UnsupportedError("MultiheadAttention with a mask is not supported by from_pytorch")
+        if self.training and self.dropout:
+            raise UnsupportedError("MultiheadAttention with attention dropout in training mode")
+        if not self.batch_first:
+            query, key, value = (t.transpose(0, 1) for t in (query, key, value))
+        e, h = self.embed_dim, self.num_heads
+        d = e // h
+        w, b = self.in_proj_weight, self.in_proj_bias
+        parts = []
+        for i, t in enumerate((query, key, value)):
+            part = F.linear(t, w[i * e:(i + 1) * e], None if b is None else b[i * e:(i + 1) * e])
+            n, length = part.shape[0], part.shape[1]
+            parts.append(part.reshape(n, length, h, d).transpose(1, 2))
+        q, k, v = parts
+        scores = q.mul(1.0 / d ** 0.5).matmul(k.transpose(-2, -1))
+        attn = F.softmax(scores, -1)
+        out = attn.matmul(v).transpose(1, 2).reshape(q.shape[0], q.shape[2], e)
+        out = self.out_proj(out)
+        if not self.batch_first:
+            out = out.transpose(0, 1)
+        if not need_weights:
+            return out, None
+        return out, attn.mean(1) if average_attn_weights else attn
+
+
 class Softmax(_FromTorch, Module):
     _args = ("dim",)
 

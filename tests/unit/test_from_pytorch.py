@@ -135,17 +135,19 @@ def test_plaintext_conversion_matches_torch(name):
     make, shape = MODELS[name]
     model = make()
     x = torch.randn(shape, generator=torch.Generator().manual_seed(1))
-    converted = cnn.from_pytorch(model, x)
+    converted = cnn.from_pytorch(model, x, fold_batch_norm=False)  # as it is: torch's keys
     assert isinstance(converted, cnn.Module) and converted.source == "fx"
     assert set(converted.state_dict()) == set(model.state_dict())
     assert not converted.encrypted
+    folded = cnn.from_pytorch(model, x)  # the default for an eval-mode model: simplified
     with torch.no_grad():
         torch.testing.assert_close(converted(x), model(x), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(folded(x), model(x), atol=1e-5, rtol=1e-5)
 
 
 def test_resnet18_standard_width_converts():
     model = ResNet18()
-    converted = cnn.from_pytorch(model.eval(), torch.zeros(1, 3, 32, 32))
+    converted = cnn.from_pytorch(model.eval(), torch.zeros(1, 3, 32, 32), fold_batch_norm=False)
     n = sum(p.numel() for p in converted.parameters())
     assert n == sum(p.numel() for p in model.parameters()) > 11_000_000
 
@@ -154,7 +156,7 @@ def test_batchnorm_and_dropout_follow_train_eval():
     torch.manual_seed(0)  # test model only
     model = nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3), nn.Dropout(0.5)).eval()
     x = torch.randn(8, 4)
-    converted = cnn.from_pytorch(model, x)
+    converted = cnn.from_pytorch(model, x, fold_batch_norm=False)  # trainable, as torch's
     converted.train()
     model.train()
     out = converted(x)
@@ -265,3 +267,34 @@ def test_float_model_with_float_functional_is_not_int8():
     converted = cnn.from_pytorch(model, x)
     assert isinstance(converted, cnn.Module)
     assert torch.allclose(converted(x), model(x), atol=1e-6)
+
+
+def test_eval_models_are_simplified_for_inference_by_default():
+    """Eval mode: Conv/Linear->BatchNorm folded, other BatchNorms a per-channel affine map,
+    dropout removed (no normalization left to compute privately); train() is refused."""
+    from crypten_lite.nn.layers import FoldedBatchNorm, _BatchNorm
+    torch.manual_seed(0)  # test model only
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.BatchNorm2d(4),
+                          nn.Dropout(0.3), nn.Flatten(), nn.Linear(4 * 4 * 4, 5), nn.BatchNorm1d(5))
+    for bn in (model[1], model[3], model[7]):
+        with torch.no_grad():
+            bn.running_mean.uniform_(-1, 1)
+            bn.running_var.uniform_(0.2, 3)
+            bn.weight.uniform_(0.5, 1.5)
+            bn.bias.uniform_(-0.5, 0.5)
+    model.eval()
+    x = torch.randn(2, 3, 6, 6)
+    converted = cnn.from_pytorch(model, x)
+    kinds = [type(m) for m in converted.modules()]
+    assert not any(issubclass(k, _BatchNorm) for k in kinds) and kinds.count(FoldedBatchNorm) == 1
+    assert "3.scale" in converted.state_dict() and "1.running_mean" not in converted.state_dict()
+    with torch.no_grad():
+        torch.testing.assert_close(converted(x), model(x), atol=1e-5, rtol=1e-5)
+    with pytest.raises(UnsupportedError, match="fold_batch_norm=False"):
+        converted.train()
+    kept = cnn.from_pytorch(model, x, fold_batch_norm=False)
+    assert sum(issubclass(type(m), _BatchNorm) for m in kept.modules()) == 3
+    kept.train()
+    with pytest.raises(UnsupportedError, match="eval mode"):
+        cnn.from_pytorch(model.train(), x, fold_batch_norm=True)
+    assert not any(isinstance(m, FoldedBatchNorm) for m in cnn.from_pytorch(model.train(), x).modules())
