@@ -36,6 +36,8 @@ class Session:
     # Seeds agreed with each peer in the handshake; pair_prg() derives one stream per purpose.
     pair_seeds: dict[int, bytes] = field(default_factory=dict, repr=False)
     _purpose_prgs: dict[tuple[str, int], PRG] = field(default_factory=dict, repr=False)
+    # Protocol "rss": truncation pairs made ahead of time, per bit count (mpc.rss).
+    rss_stock: dict = field(default_factory=dict, repr=False)
 
     def pair_prg(self, purpose: str, peer: int) -> PRG:
         """The PRG this party shares with `peer` for `purpose` (a random.PURPOSES name): both

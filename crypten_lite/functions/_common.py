@@ -8,17 +8,23 @@ import torch
 
 from .. import encoding
 from ..cryptensor import CrypTensor, _unify, default_precision
-from ..mpc import beaver, primitives, truncation
+from ..mpc import protocol
 from ..session import current
 
 
 def rank0() -> bool:
-    return current().rank == 0
+    """Whether this party adds public terms under the additive scheme (rank 0). Prefer
+    public_share / add_public / xor_public: they are right under every protocol."""
+    return protocol.is_lead()
 
 
 def public_share(encoded: torch.Tensor) -> torch.Tensor:
-    """A public encoded tensor as a share: rank 0 holds it, the others zero."""
-    return encoded if rank0() else torch.zeros_like(encoded)
+    """The trivial sharing of a public encoded tensor (protocol.public_share)."""
+    return protocol.public_share(encoded)
+
+
+add_public = protocol.add_public
+xor_public = protocol.xor_public
 
 
 def as_private(x, like: CrypTensor) -> CrypTensor:
@@ -53,21 +59,23 @@ def float_view(x: CrypTensor) -> CrypTensor:
 
 
 def truncate(x: torch.Tensor, bits: int) -> torch.Tensor:
-    """Shares of x / 2^bits (the core protocol: local for 2 parties, dealer-assisted otherwise)."""
-    return truncation.truncate(x, bits)
+    """Shares of x / 2^bits (protocol.truncate: local for 2 additive parties, one round else)."""
+    return protocol.truncate(x, bits)
 
 
 def beaver_mul(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Elementwise Beaver product of shares (one round)."""
-    return beaver.beaver("mul", x, y)
+    """Elementwise product of shares (one round: Beaver, or the replicated product)."""
+    return protocol.mul("mul", x, y)
 
 
-def mul_shares(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> list[torch.Tensor]:
-    """Untruncated products of several pairs of shares in ONE Beaver round."""
+def _flat_pairs(pairs):
     shapes = [torch.broadcast_shapes(a.shape, b.shape) for a, b in pairs]
     xs = [torch.broadcast_to(a, s).reshape(-1) for (a, _), s in zip(pairs, shapes)]
     ys = [torch.broadcast_to(b, s).reshape(-1) for (_, b), s in zip(pairs, shapes)]
-    z = beaver_mul(torch.cat(xs), torch.cat(ys))
+    return shapes, xs, torch.cat(xs), torch.cat(ys)
+
+
+def _split(z: torch.Tensor, shapes, xs) -> list[torch.Tensor]:
     out, off = [], 0
     for s, t in zip(shapes, xs):
         out.append(z[off:off + t.numel()].view(s))
@@ -75,17 +83,19 @@ def mul_shares(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> list[torch
     return out
 
 
+def mul_shares(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> list[torch.Tensor]:
+    """Untruncated products of several pairs of shares in ONE round."""
+    shapes, xs, x, y = _flat_pairs(pairs)
+    return _split(beaver_mul(x, y), shapes, xs)
+
+
 def mul_trunc(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], bits: int) -> list[torch.Tensor]:
-    """Products of several pairs, each truncated by `bits`, in one Beaver (+ one truncation)."""
-    prods = mul_shares(pairs)
+    """Products of several pairs, each truncated by `bits`: one Beaver round (+ one
+    truncation) under additive, ONE round in all under rss (protocol.mul_trunc)."""
     if bits == 0:
-        return prods
-    flat = truncate(torch.cat([p.reshape(-1) for p in prods]), bits)
-    out, off = [], 0
-    for p in prods:
-        out.append(flat[off:off + p.numel()].view(p.shape))
-        off += p.numel()
-    return out
+        return mul_shares(pairs)
+    shapes, xs, x, y = _flat_pairs(pairs)
+    return _split(protocol.mul_trunc("mul", x, y, (), bits), shapes, xs)
 
 
 def powers(x: torch.Tensor, degree: int, prec: int) -> dict[int, torch.Tensor]:
@@ -108,10 +118,7 @@ def poly_share(x: torch.Tensor, coeffs: Sequence[float], prec: int) -> torch.Ten
     acc = torch.zeros_like(x)
     for k in range(1, degree + 1):
         acc = acc + pw[k] * int(round(coeffs[k] * (1 << prec)))
-    acc = truncate(acc, prec)
-    if rank0():
-        acc = acc + int(round(coeffs[0] * (1 << prec)))
-    return acc
+    return add_public(truncate(acc, prec), int(round(coeffs[0] * (1 << prec))))
 
 
 def new_like(x: CrypTensor, share: torch.Tensor, precision: int | None = None,

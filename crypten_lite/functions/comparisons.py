@@ -19,11 +19,11 @@ import torch
 
 from .. import encoding
 from ..cryptensor import CrypTensor, _record, is_grad_enabled, result_type
-from ..mpc import circuits, convert
-from ..mpc.binary import and_many, xor_public
+from ..mpc import circuits, protocol
+from ..mpc.protocol import and_many, xor_public
 from ..session import current
-from ._common import (as_private, bool_tensor, diff_share, mul_shares, new_like, public_share,
-                      truncate, unify_names)
+from ._common import (as_private, bool_tensor, diff_share, mul_shares, mul_trunc, new_like,
+                      public_share, truncate, unify_names)
 
 
 def _needs_grad(*xs) -> bool:
@@ -34,7 +34,7 @@ def _bool_from_words(words: torch.Tensor, shape, names=None) -> CrypTensor:
     n = 1
     for d in shape:
         n *= d
-    return bool_tensor(convert.b2a(words, n).view(shape), names)
+    return bool_tensor(protocol.b2a(words, n).view(shape), names)
 
 
 def _not_words(words: torch.Tensor) -> torch.Tensor:
@@ -50,7 +50,7 @@ def _eqz_words(z: torch.Tensor) -> torch.Tensor:
         w = ~flat if s.rank == 0 else -flat
         return circuits.and_tree(w, 64, and_many)
     n = flat.numel()
-    words = convert.msb_words(torch.cat([flat, -flat]))
+    words = protocol.msb_words(torch.cat([flat, -flat]))
     bits = circuits.unpack_bits(words, 2 * n)
     return _not_words(circuits.pack_bits(bits[:n] ^ bits[n:]))
 
@@ -67,9 +67,9 @@ def _compare(x, y, op: str) -> CrypTensor:
             words = _not_words(words)
         return _bool_from_words(words, z.shape, names)
     if op in ("lt", "ge"):
-        words = convert.msb_words(z)          # [x - y < 0]
+        words = protocol.msb_words(z)          # [x - y < 0]
     else:
-        words = convert.msb_words(-z)         # [y - x < 0]
+        words = protocol.msb_words(-z)         # [y - x < 0]
     if op in ("ge", "le"):
         words = _not_words(words)
     return _bool_from_words(words, z.shape, names)
@@ -108,9 +108,9 @@ def ne(x, y) -> CrypTensor:
 # ----------------------------------------------------------------- piecewise linear
 def relu(x: CrypTensor) -> CrypTensor:
     """max(x, 0) = x * [x > 0]; saves `mask` = [x > 0] for autograd."""
-    words = convert.msb_words(-x.share)  # [-x < 0] = [x > 0]
+    words = protocol.msb_words(-x.share)  # [-x < 0] = [x > 0]
     grad = _needs_grad(x)
-    bs, ms = convert.finish([(words, x.numel())] if grad else [], [(words, tuple(x.shape), x.share)])
+    bs, ms = protocol.finish([(words, x.numel())] if grad else [], [(words, tuple(x.shape), x.share)])
     out = new_like(x, ms[0])
     saved = {"mask": bool_tensor(bs[0].view(x.shape), x._names)} if grad else {}
     return _record(out, "relu", (x,), **saved)
@@ -118,9 +118,9 @@ def relu(x: CrypTensor) -> CrypTensor:
 
 def abs_(x: CrypTensor) -> CrypTensor:
     """|x| = x - 2 x [x < 0]; saves `neg` = [x < 0] for autograd."""
-    words = convert.msb_words(x.share)
+    words = protocol.msb_words(x.share)
     grad = _needs_grad(x)
-    bs, ms = convert.finish([(words, x.numel())] if grad else [], [(words, tuple(x.shape), x.share)])
+    bs, ms = protocol.finish([(words, x.numel())] if grad else [], [(words, tuple(x.shape), x.share)])
     out = new_like(x, x.share - 2 * ms[0])
     saved = {"neg": bool_tensor(bs[0].view(x.shape), x._names)} if grad else {}
     return _record(out, "abs", (x,), **saved)
@@ -130,8 +130,8 @@ def sign(x: CrypTensor) -> CrypTensor:
     """-1, 0 or 1 like torch.sign, in x's dtype: [x > 0] - [x < 0] (7 rounds)."""
     flat = x.share.reshape(-1)
     n = flat.numel()
-    words = convert.msb_words(torch.cat([-flat, flat]))
-    bits = convert.b2a(words, 2 * n)
+    words = protocol.msb_words(torch.cat([-flat, flat]))
+    bits = protocol.b2a(words, 2 * n)
     share = (bits[:n] - bits[n:]).view(x.shape)
     dtype = x.dtype if x.dtype != torch.bool else torch.int64
     out = new_like(x, share << x.precision, dtype=dtype)
@@ -161,12 +161,12 @@ def where(condition, input, other) -> CrypTensor:
         out = CrypTensor(torch.where(cond, sa, sb), p, dtype, names)
         return _record(out, "where", (input, other), condition=cond)
     c = condition.share
-    if private:
-        (prod,) = mul_shares([(c, sa - sb)])
+    if private:  # one round (the truncation fused into it under rss)
+        (prod,) = mul_trunc([(c, sa - sb)], condition.precision)
     else:  # public branches: c times a public integer tensor, local
         prod = c * (encoding.encode(torch.as_tensor(input), p) - encoding.encode(torch.as_tensor(other), p))
-    if condition.precision:
-        prod = truncate(prod, condition.precision)
+        if condition.precision:
+            prod = truncate(prod, condition.precision)
     out = CrypTensor(sb + prod, p, dtype, names or condition._names)
     return _record(out, "where", (input, other), condition=condition)
 
@@ -182,9 +182,9 @@ def _relus(values: list[torch.Tensor], want_masks: bool,
     strict = strict or [False] * len(values)
     flat = torch.cat([v.reshape(-1) for v in values])
     signed = torch.cat([(v if s else -v).reshape(-1) for v, s in zip(values, strict)])
-    words = convert.msb_words(signed)          # [v < 0] if strict else [v > 0]
+    words = protocol.msb_words(signed)          # [v < 0] if strict else [v > 0]
     n = flat.numel()
-    bs, ms = convert.finish([(words, n)] if want_masks else [], [(words, (n,), flat)])
+    bs, ms = protocol.finish([(words, n)] if want_masks else [], [(words, (n,), flat)])
     outs, masks, off = [], [], 0
     for v, s in zip(values, strict):
         part = ms[0][off:off + v.numel()].view(v.shape)   # v times the mask

@@ -21,8 +21,7 @@ import torch
 
 from ..cryptensor import CrypTensor, _record, _reduce_names
 from ..errors import ProtocolError
-from ..mpc import circuits, convert
-from ..session import current
+from ..mpc import circuits, protocol
 from ._common import bool_tensor, public_share
 from .comparisons import _needs_grad
 
@@ -48,12 +47,12 @@ def argmax_tree(v: torch.Tensor, largest: bool = True, want_onehot: bool = True)
     while v.shape[1] > 1:
         left, right = v[:, 0::2], v[:, 1::2]
         h = left.shape[1]
-        words = convert.msb_words(left - right if largest else right - left)  # right better
+        words = protocol.msb_words(left - right if largest else right - left)  # right better
         parts = [(right - left).unsqueeze(-1)]
         if oh is not None:
             parts += [oh[:, 0::2], oh[:, 1::2]]
         value = torch.cat(parts, -1)
-        (prod,) = convert.finish((), [(words, (rows, h, 1), value)])[1]
+        (prod,) = protocol.finish((), [(words, (rows, h, 1), value)])[1]
         v = left + prod[..., 0]
         if oh is not None:
             b = oh.shape[-1]
@@ -69,7 +68,7 @@ def argmax_pairwise(v: torch.Tensor, largest: bool = True, want_onehot: bool = T
     i, j = torch.triu_indices(k, k, 1)
     z = v[:, i] - v[:, j] if largest else v[:, j] - v[:, i]   # msb: j beats i
     npairs = i.numel()
-    beats = circuits.unpack_bits(convert.msb_words(z), rows * npairs).view(rows, npairs)
+    beats = circuits.unpack_bits(protocol.msb_words(z), rows * npairs).view(rows, npairs)
     pair_id = torch.full((k, k), -1, dtype=torch.long)
     pair_id[i, j] = torch.arange(npairs)
     pair_id[j, i] = torch.arange(npairs)
@@ -78,11 +77,10 @@ def argmax_pairwise(v: torch.Tensor, largest: bool = True, want_onehot: bool = T
     # Candidate a wins against b < a iff [b's pair says a beats b]; against b > a iff not.
     flip = (others > cand).long()
     wins = beats[:, pair_id[cand, others]]
-    if current().rank == 0:
-        wins = wins ^ flip
-    onehot_bits = convert.and_reduce_bits(wins)              # (rows, k) xor shares
+    wins = protocol.xor_public(wins, flip)
+    onehot_bits = protocol.and_reduce_bits(wins)              # (rows, k) xor shares
     words = circuits.pack_bits(onehot_bits.reshape(-1))
-    bs, ms = convert.finish([(words, rows * k)] if want_onehot else [], [(words, (rows, k), v)])
+    bs, ms = protocol.finish([(words, rows * k)] if want_onehot else [], [(words, (rows, k), v)])
     oh = bs[0].view(rows, k) if want_onehot else None
     return ms[0].sum(1), oh
 

@@ -1,4 +1,4 @@
-"""floor, ceil and trunc of float CrypTensors, exactly (convert.round_exact).
+"""floor, ceil and trunc of float CrypTensors, exactly (protocol.round_exact).
 
 floor(x) = round_exact(x - 1/2 ulp-of-integer, precision): 6 rounds between 2 parties, no
 +-1 error. trunc (toward zero, like torch's float -> int cast) takes floor(x) and
@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from ..cryptensor import CrypTensor, _record
-from ..mpc import convert
+from ..mpc import protocol
 from ._common import public_share
 
 
@@ -18,7 +18,7 @@ def _floor_ints(share: torch.Tensor, prec: int) -> torch.Tensor:
     """Integer shares of floor(x) for x at `prec` (exact, |x| < 2^61 encoded)."""
     if prec == 0:
         return share
-    return convert.round_exact(share - public_share(torch.full_like(share, 1 << (prec - 1))), prec)
+    return protocol.round_exact(share - public_share(torch.full_like(share, 1 << (prec - 1))), prec)
 
 
 def _float_out(x: CrypTensor, ints: torch.Tensor, op: str) -> CrypTensor:
@@ -45,8 +45,8 @@ def _trunc_ints(x: CrypTensor) -> torch.Tensor:
     n = flat.numel()
     both = _floor_ints(torch.cat([flat, -flat]), x.precision)
     down, up = both[:n], -both[n:]                  # floor(x), ceil(x)
-    words = convert.msb_words(flat)                  # [x < 0]
-    (pick,) = convert.finish((), [(words, (n,), up - down)])[1]
+    words = protocol.msb_words(flat)                  # [x < 0]
+    (pick,) = protocol.finish((), [(words, (n,), up - down)])[1]
     return (down + pick).view(x.shape)
 
 

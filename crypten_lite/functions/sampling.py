@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from ..cryptensor import CrypTensor, _shape_arg, default_precision
-from ..mpc import circuits, convert
+from ..mpc import circuits, protocol
 from ..random import PRG, fresh_seed
 
 
@@ -25,7 +25,7 @@ def rand(*sizes, precision: int | None = None) -> CrypTensor:
         n *= s
     mine = PRG(fresh_seed()).draw((n,))                  # this party's XOR share of the bits
     bits = ((mine.unsqueeze(1) >> torch.arange(p)) & 1).reshape(-1)
-    arith = convert.b2a(circuits.pack_bits(bits), n * p).view(n, p) if n * p else \
+    arith = protocol.b2a(circuits.pack_bits(bits), n * p).view(n, p) if n * p else \
         torch.zeros(n, p, dtype=torch.int64)
     share = (arith << torch.arange(p)).sum(1).view(shape)
     return CrypTensor(share, p, torch.float32)

@@ -261,6 +261,10 @@ def _additive(func, packet, flat, spec, reps, rank):
     """An op additive in its secret operands: public operands on share index 0 only."""
     args, kwargs = tree_unflatten(flat, spec)
     idx0 = _index0(reps[0].share_rank())
+    if packet in _CONSTANTS and not _is_rep(args[0]):
+        _refuse(func, "writes a replicated share into a public tensor")
+    if packet in _CONSTANTS and any(_is_rep(v) for v in args[1:]):
+        return _componentwise(func, flat, spec, rank)  # fill with a shared value
     if packet in _CONSTANTS:  # a public constant in a share's shape: the sharing (c, 0, 0)
         args_b = [args[0].b] + list(args[1:])
         args_a = [args[0].a] + list(args[1:])

@@ -178,8 +178,7 @@ def square(x: Replicated) -> Replicated:
     return reshare(x.a * (x.a + 2 * x.b))
 
 
-def _trunc_pairs(n: int, bits: int):
-    """(r, rt, m) replicated, of n elements each, made without a dealer (rss_binary)."""
+def _generate_pairs(n: int, bits: int):
     try:
         from . import rss_binary
     except ImportError:
@@ -189,6 +188,62 @@ def _trunc_pairs(n: int, bits: int):
         raise UnsupportedError("truncation under protocol 'rss' needs crypten_lite.mpc.rss_binary."
                                "trunc_pairs (dealer-free truncation pairs), which is not available")
     return gen(n, bits)
+
+
+class _PairStock:
+    """Truncation pairs made ahead of time (prefetch_trunc), used in order, each once."""
+
+    def __init__(self) -> None:
+        self.parts: list[tuple[Replicated, Replicated, Replicated]] = []
+        self.available = 0
+
+    def take(self, n: int) -> tuple[Replicated, Replicated, Replicated]:
+        got, need = [], n
+        while need:
+            r, rt, m = self.parts[0]
+            k = min(need, r.numel())
+            got.append((r[:k], rt[:k], m[:k]))
+            if k == r.numel():
+                self.parts.pop(0)
+            else:
+                self.parts[0] = (r[k:], rt[k:], m[k:])
+            need -= k
+        self.available -= n
+        if len(got) == 1:
+            return got[0]
+        return tuple(torch.cat([g[j] for g in got]) for j in range(3))
+
+
+def _stock(bits: int) -> _PairStock:
+    stocks = current().rss_stock
+    if bits not in stocks:
+        stocks[bits] = _PairStock()
+    return stocks[bits]
+
+
+def prefetch_trunc(n: int, bits: int) -> None:
+    """Offline: make n truncation pairs for `bits` now, in one batch (collective: every party
+    calls it with the same arguments at the same point). Later truncations by `bits` use them
+    first, in order, so their online cost is the opening alone."""
+    if n <= 0:
+        return
+    stock = _stock(bits)
+    stock.parts.append(tuple(_generate_pairs(n, bits)))
+    stock.available += n
+
+
+def stocked(bits: int) -> int:
+    """Truncation pairs for `bits` made ahead of time and not used yet."""
+    return _stock(bits).available
+
+
+def _trunc_pairs(n: int, bits: int):
+    """(r, rt, m) replicated, of n elements each: from the prefetched stock when it holds
+    enough, else made now (rss_binary.trunc_pairs: no dealer)."""
+    stock = _stock(bits)
+    if stock.available >= n:
+        return stock.take(n)
+    return _generate_pairs(n, bits)
 
 
 def _finish_trunc(c: torch.Tensor, rt: Replicated, m: Replicated, bits: int) -> Replicated:

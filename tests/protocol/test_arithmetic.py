@@ -144,15 +144,16 @@ def counts(n: int, m: int, k: int, p: int):
 
 # ------------------------------------------------------------------ tests
 @pytest.mark.parametrize("fn", [binary_ops, matmul_ops, conv_ops, reduction_and_shape_ops])
-def test_ops_match_torch(pool, fn):
-    results = pool.run(fn)
+def test_ops_match_torch(pool_all, fn):
+    """2 and 3 parties (additive, dealer) and 3 parties under replicated sharing (no dealer)."""
+    results = pool_all.run(fn)
     assert results[0] == results[-1]
     bad = {k: v for k, v in results[0].items() if not v <= TOL}
     assert not bad, f"ops off from torch by more than {TOL}: {bad}"
 
 
-def test_integer_arithmetic_is_exact(pool):
-    r = pool.run(integer_ops)[0]
+def test_integer_arithmetic_is_exact(pool_all):
+    r = pool_all.run(integer_ops)[0]
     assert r["prod_equal"] and r["sum_equal"]
     assert r["prod_dtype"] == "torch.int64"
     assert r["mixed_dtype"] == "torch.float32" and r["mixed_err"] <= TOL
