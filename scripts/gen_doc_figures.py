@@ -624,6 +624,48 @@ def quantized_multipliers(costs: dict, bench: dict, sources: dict) -> str:
         "compares.)")
 
 
+def quantized_steps(costs: dict, bench: dict, sources: dict) -> str:
+    def c(name: str, parties: int = 2) -> dict:
+        return costs[key(f"quantized_ops/{name}", parties)]
+
+    def per(name: str, parties: int = 2, count: int = QOPS_ELEMENTS) -> str:
+        return f"{round(max(c(name, parties)['bytes_sent']) / count, 3):g}"
+    msb, clamp1, clamp2, pool = c("msb16"), c("clamp1"), c("clamp2"), c("maxpool2x2")
+    rnd, requant, up, even = c("round33"), c("requant_clamp"), c("round2"), c("round2_even")
+    clamp_rounds = f"{clamp2['rounds']}" if clamp1["rounds"] == clamp2["rounds"] else \
+        f"{clamp1['rounds']} / {clamp2['rounds']}"
+    extra = (max(even["bytes_sent"]) - max(up["bytes_sent"])) / QOPS_ELEMENTS
+    rows = [
+        "| step | protocol (2 parties) | rounds | bytes per element and party |", "| --- | --- | --- | --- |",
+        "| comparison `x < 0`, `x` on `m <= 16` bits | short MSB: carry tree over the `m` low bits of the shares, "
+        f"level 1 from one masked opening, lane-packed (`msb_low`) | {msb['rounds']} | {per('msb16')} (64 bits: "
+        f"{c('msb64')['rounds']}, {per('msb64')}) |",
+        "| clamp, one bound / two bounds | `lo + [x > lo](x - lo)`; two bounds with ONE bit-times-value product: "
+        f"`lo + (b_lo ^ b_hi)(x - lo) + (hi - lo) b_hi` | {clamp_rounds} | {per('clamp1')} / {per('clamp2')} |",
+        "| max pooling | windows gathered locally (padding `-2**bits`), `ceil(log2 k)` levels of `b + [a > b](a - b)` "
+        f"on `bits + 2` bits | {pool['rounds'] // 2} per level | {per('maxpool2x2', count=3 * QOPS_ELEMENTS)} per "
+        "comparison |",
+        f"| rounding `round(v / 2**k)` | exact carry of the shares' low bits (below) | {rnd['rounds']} | "
+        f"{per('round33')} |",
+        "| rounding then clamp (a layer's requantization) | the clamp's comparisons from the shares' high bits with "
+        "the rounding's carry as carry-in, all trees in lockstep (`requantize_clamp`) | "
+        f"{requant['rounds']} ({rnd['rounds'] + clamp2['rounds']} in sequence) | {per('requant_clamp')} (two bounds) |",
+        "| `half_even` (pooling ties) | tie bit `[v mod 2**(k+1) == 2**(k-1)]` by two short MSBs and a NOR, "
+        f"subtracted in the rounding's B2A | +{even['rounds'] - up['rounds']} | +{round(extra, 3):g} (k = 2) |",
+    ]
+    msb3, rnd3 = c("msb16", 3), c("round33", 3)
+    return "\n".join(rows) + "\n\n" + para(
+        f"(Exact, `docs/costs.json`: {QOPS_ELEMENTS:,} values shared by party 0; comparisons on 15-bit values, clamps of "
+        "9-bit values to [0, 255], 2x2 pooling of 8-bit values, rounding of 42-bit values by `2**33`, a "
+        "requantization by `2**20` into [0, 255], half_even on a division by 4; asserted by "
+        "`tests/protocol/test_doc_costs.py`.)") + "\n" + para(
+        "With 3 or more parties the short MSB first reduces the N shares to two by carry-save layers (one round "
+        f"each; at 3 parties {msb3['rounds']} rounds, {per('msb16', 3)} bytes sent per element by each party), and "
+        "the rounding opens `c = v + r` with a dealer mask (`trunc_exact`) and compares `c` with `r`'s XOR-shared "
+        f"bits: {rnd3['rounds']} rounds, {per('round33', 3)} bytes sent per element by each party (to the two "
+        "others); the rounding and the clamp then run one after the other.")
+
+
 def migration_acceptance(costs: dict, bench: dict, sources: dict) -> str:
     data = sources["crypten_compat"]
     rows, prov = data["rows"], data["provenance"]
@@ -690,6 +732,7 @@ RENDERERS: dict[str, Callable[[dict, dict, dict], str]] = {
     "private-models-sizes": private_models_sizes,
     "quantized-agreement": quantized_agreement,
     "quantized-multipliers": quantized_multipliers,
+    "quantized-steps": quantized_steps,
 }
 
 
@@ -816,6 +859,69 @@ EXTRA_WORKLOADS = {"eq_100k": eq_100k, "sign_100k": sign_100k, "mlp_sgd_step": m
                    "logreg_sgd_step_loss": logreg_sgd_step_loss}
 
 
+# The protocol steps of docs/quantized.md's "step" table (crypten_lite.quantized.mpc_ops), each
+# on QOPS_ELEMENTS values shared by party 0: key -> (what, parties it is measured at).
+QOPS_ELEMENTS = 1024
+QOPS = {"msb16": (2, 3), "msb64": (2,), "clamp1": (2,), "clamp2": (2,), "maxpool2x2": (2,), "round33": (2, 3),
+        "round2": (2,), "round2_even": (2,), "requant_clamp": (2,)}
+
+
+def quantized_ops() -> dict[str, dict]:
+    """Exact cost of each mpc_ops step on QOPS_ELEMENTS int64 values (party function)."""
+    import torch
+    import crypten_lite
+    from crypten_lite import comm
+    from crypten_lite.mpc import primitives
+    from crypten_lite.quantized import mpc_ops
+    from crypten_lite.session import current
+
+    g = torch.Generator().manual_seed(19)  # insecure-ok: benchmark inputs, not shares
+    n, c, provider = QOPS_ELEMENTS, comm.get(), current().provider
+
+    def values(bits: int, shape=(QOPS_ELEMENTS,)) -> torch.Tensor:
+        x = torch.randint(-(1 << bits), 1 << bits, shape, generator=g)
+        return primitives.share(x if crypten_lite.get_rank() == 0 else None, 0, shape)
+    steps = {
+        "msb16": (lambda x: mpc_ops.msb_low(x, 16), 15),
+        "msb64": (lambda x: mpc_ops.msb_low(x, 64), 62),
+        "clamp1": (lambda x: mpc_ops.clamp(x, 0, None, 9), 9),
+        "clamp2": (lambda x: mpc_ops.clamp(x, 0, 255, 9), 9),
+        "round33": (lambda x: mpc_ops.round_shift(x, 33, 42), 41),
+        "round2": (lambda x: mpc_ops.round_shift(x, 2, 10), 9),  # a 2x2 average pooling's division
+        "round2_even": (lambda x: mpc_ops.round_shift(x, 2, 10, "half_even"), 9),
+        "requant_clamp": (lambda x: mpc_ops.requantize_clamp(x, 20, 7, 0, 255, out_bits=10), 28),
+    }
+    out = {}
+    for name in QOPS:
+        if c.world_size not in QOPS[name]:
+            continue
+        if name == "maxpool2x2":  # 2x2 windows over 64x64 values: 1024 outputs, 3 comparisons each
+            x = values(8, (1, 1, 64, 64))
+            run = lambda: mpc_ops.max_pool2d(x, (2, 2), (2, 2), (0, 0), (1, 1), False, bits=8)  # noqa: E731
+        else:
+            fn, bits = steps[name]
+            x = values(bits)
+            run = lambda: fn(x)  # noqa: E731
+        c.barrier()
+        c.reset_communication_stats()
+        before = provider.stats["dealer_bytes"]
+        run()
+        stats = c.get_communication_stats()
+        out[name] = {"rounds": int(stats["rounds"]), "bytes_sent": int(stats["bytes_sent"]),
+                     "dealer_bytes": int(provider.stats["dealer_bytes"] - before)}
+    return out
+
+
+def qops_costs(pool) -> dict[str, dict]:
+    """costs.json entries of the mpc_ops steps, run between the pool's parties."""
+    results = pool.run(quantized_ops)
+    parties = len(results)
+    return {key(f"quantized_ops/{name}", parties): {
+        "rounds": results[0][name]["rounds"], "bytes_sent": [r[name]["bytes_sent"] for r in results],
+        "dealer_bytes": results[0][name]["dealer_bytes"], "elements": QOPS_ELEMENTS}
+        for name in results[0]}
+
+
 def bench_cost(pool, workload: str) -> dict:
     """Exact cost of a bench workload or one of EXTRA_WORKLOADS, run between the pool's parties."""
     from crypten_lite import bench
@@ -899,9 +1005,12 @@ def measure(keys: list[str]) -> dict[str, dict]:
     for parties in (2, 3):
         wanted = [w for w, p in BENCH_KEYS + EXTRA_KEYS if p == parties and key(w, p) in keys]
         digits = [m for m in DIGITS_MODES if key(f"digits_cnn/{m}", parties) in keys]
-        if not wanted and not digits:
+        qops = any(k.startswith("quantized_ops/") and k.endswith(f"/{parties}p") for k in keys)
+        if not wanted and not digits and not qops:
             continue
         with PartyPool(parties, timeout=600) as pool:
+            if qops:
+                out.update(qops_costs(pool))
             for workload in wanted:
                 out[key(workload, parties)] = bench_cost(pool, workload)
                 print(f"{key(workload, parties)}: {out[key(workload, parties)]}", file=sys.stderr)
@@ -942,7 +1051,8 @@ def write_costs(data: dict) -> None:
 def all_cost_keys() -> list[str]:
     return ([key(w, p) for w, p in BENCH_KEYS + EXTRA_KEYS]
             + [key(f"digits_cnn/{m}", p) for p in (2, 3) for m in DIGITS_MODES
-               if p == 2 or not m.endswith("probabilistic")])
+               if p == 2 or not m.endswith("probabilistic")]
+            + [key(f"quantized_ops/{name}", p) for p in (2, 3) for name, ps in QOPS.items() if p in ps])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -29,6 +29,7 @@ gen = _generator()
 COSTS = gen.load_costs()
 IN_MODEL_COSTS = {"lenet_b1/2p", "lenet_b64/2p", "resnet18_b1/2p", "logreg_sgd_step/2p"}
 DIGITS = [k for k in gen.all_cost_keys() if k.startswith("digits_cnn/")]
+QOPS = [k for k in gen.all_cost_keys() if k.startswith("quantized_ops/")]
 HERE = [(w, p) for w, p in gen.BENCH_KEYS + gen.EXTRA_KEYS if gen.key(w, p) not in IN_MODEL_COSTS]
 
 
@@ -42,7 +43,7 @@ def _check(got: dict, k: str) -> None:
 
 
 def test_every_cost_entry_is_asserted_somewhere():
-    asserted = {gen.key(w, p) for w, p in HERE} | IN_MODEL_COSTS | set(DIGITS)
+    asserted = {gen.key(w, p) for w, p in HERE} | IN_MODEL_COSTS | set(DIGITS) | set(QOPS)
     assert set(COSTS) == asserted == set(gen.all_cost_keys())
 
 
@@ -50,6 +51,15 @@ def test_every_cost_entry_is_asserted_somewhere():
 def test_bench_workload_costs(request, workload, parties):
     pool = request.getfixturevalue(f"pool{parties}")
     _check(gen.bench_cost(pool, workload), gen.key(workload, parties))
+
+
+@pytest.mark.parametrize("parties", [2, 3])
+def test_quantized_step_costs(request, parties):
+    """docs/quantized.md's table of int8 protocol steps (crypten_lite.quantized.mpc_ops)."""
+    got = gen.qops_costs(request.getfixturevalue(f"pool{parties}"))
+    assert set(got) == {k for k in QOPS if k.endswith(f"/{parties}p")}
+    for k, cost in got.items():
+        _check(cost, k)
 
 
 @pytest.mark.slow

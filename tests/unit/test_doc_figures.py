@@ -255,3 +255,16 @@ def test_limits_and_inline_costs_in_the_docs_are_the_code_s():
         text = " ".join((ROOT / doc).read_text().split())
         missing += [f"{doc}: {p!r}" for p in phrases if p not in text]
     assert not missing, "the docs no longer state the code's figure:\n" + "\n".join(missing)
+
+
+def test_the_quantized_step_table_follows_costs_json():
+    costs, bench, sources = gen.load_costs(), gen.load_bench(), gen.load_sources()
+    doc = ROOT / "docs" / "quantized.md"
+    current = _block(gen.render(doc, costs, bench, sources), "quantized-steps")
+    assert current == _block(doc.read_text(), "quantized-steps")
+    for k, field, value in (("quantized_ops/clamp1/2p", "bytes_sent", [14000, 14000]),
+                            ("quantized_ops/round2_even/2p", "rounds", 6),
+                            ("quantized_ops/round33/3p", "bytes_sent", [31489] * 3)):
+        changed = copy.deepcopy(costs)
+        changed[k][field] = value
+        assert _block(gen.render(doc, changed, bench, sources), "quantized-steps") != current, k
