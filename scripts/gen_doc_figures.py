@@ -316,43 +316,43 @@ def readme_external(costs: dict, bench: dict, sources: dict) -> str:
     relu_c, relu_s = external(sources, "crypten", "relu"), external(sources, "spu", "relu")
     ext = sources["external_figures"]
     return para(f"Figures of other systems, for comparison only: measured for {systems(sources)} (not for this code)\n"
-            f"on {ext['provenance']['machine']}; `docs/external_figures.json` says where they come from. "
-            f"CrypTen / SPU:\nLeNet batch 1 {lenet('crypten', 'lenet_b1')} / {lenet('spu', 'lenet_b1')}; batch 64 "
-            f"{lenet('crypten', 'lenet_b64')} / {lenet('spu', 'lenet_b64')};\nCrypTen's logistic-regression step "
-            f"{external(sources, 'crypten', 'logreg_sgd_step')['seconds']:g} s; ReLU {relu_c['rounds']} rounds, "
-            f"{relu_c['bytes_per_element']:g} B per element (CrypTen) and\n{relu_s['rounds']} rounds, "
-            f"{relu_s['bytes_per_element']:g} B (SPU).\n")
+                f"on {ext['provenance']['machine']}; `docs/external_figures.json` says where they come from. "
+                f"CrypTen / SPU:\nLeNet batch 1 {lenet('crypten', 'lenet_b1')} / {lenet('spu', 'lenet_b1')}; batch 64 "
+                f"{lenet('crypten', 'lenet_b64')} / {lenet('spu', 'lenet_b64')};\nCrypTen's logistic-regression step "
+                f"{external(sources, 'crypten', 'logreg_sgd_step')['seconds']:g} s; ReLU {relu_c['rounds']} rounds, "
+                f"{relu_c['bytes_per_element']:g} B per element (CrypTen) and\n{relu_s['rounds']} rounds, "
+                f"{relu_s['bytes_per_element']:g} B (SPU).\n")
 
 
 def readme_image(costs: dict, bench: dict, sources: dict) -> str:
     image = sources["container"]["image"]
     return para(f"The image measured {image['size_gb']:g} GB (torch {image['torch']}, scikit-learn) in the container "
-            f"test's run of\n{image['provenance']['date']} (`docs/container.json`).\n")
+                f"test's run of\n{image['provenance']['date']} (`docs/container.json`).\n")
 
 
 def deployment_health(costs: dict, bench: dict, sources: dict) -> str:
     h = sources["container"]["health"]
     c, host = h["container"], h["host"]
     return para(f"Health checks run `crypten-lite health --target NAME:PORT` (the standard gRPC health service);\n"
-            f"that command imports grpc only, not torch ({span(c['grpc_only_s'], unit=' s')} in the container against "
-            f"{span(c['whole_package_s'], unit=' s')} with\nthe whole package, measured at load average "
-            f"{c['load_average']} on 2 cores; {span(host['grpc_only_s'])} s against "
-            f"{span(host['whole_package_s'], unit=' s')} on\nthe host at {host['load_average']} load; "
-            f"{h['provenance']['date']}), so it answers inside its {sources['compose_health_timeout_s']} s timeout "
-            "(`docker-compose.yml`).\n")
+                f"that command imports grpc only, not torch ({span(c['grpc_only_s'], unit=' s')} in the container against "
+                f"{span(c['whole_package_s'], unit=' s')} with\nthe whole package, measured at load average "
+                f"{c['load_average']} on 2 cores; {span(host['grpc_only_s'])} s against "
+                f"{span(host['whole_package_s'], unit=' s')} on\nthe host at {host['load_average']} load; "
+                f"{h['provenance']['date']}), so it answers inside its {sources['compose_health_timeout_s']} s timeout "
+                "(`docker-compose.yml`).\n")
 
 
 def deployment_image(costs: dict, bench: dict, sources: dict) -> str:
     image, ex = sources["container"]["image"], sources["container"]["example_online"]
     return para("The image (`Dockerfile`) installs a CPU-only torch from PyTorch's CPU index by default (build\n"
-            f"argument `TORCH_PIP_ARGS`; PyPI's Linux torch is the CUDA build: an image of {image['cuda_torch_image_gb']:g} "
-            "GB) and the\n`examples` extra (scikit-learn) that the parties' script needs. `BASE_IMAGE` (default\n"
-            "`python:3.11-slim`) and `TORCH_VERSION` are build arguments too; where no registry is\n"
-            "reachable, `scripts/docker_base_image.sh` builds a local Debian 12 base with debootstrap.\n"
-            "Party 0 trains its model on its own digits, shares the weights; party 1 shares its images; both\n"
-            "print the same `private prediction: [...]` line and the online cost\n"
-            f"(`online: {ex['seconds']:.2f} s, {ex['rounds']} rounds, {ex['mb_sent']:.2f} MB sent by this party` in a "
-            "run of the example;\nrounds and bytes are the same in every run, the seconds depend on the machine).\n")
+                f"argument `TORCH_PIP_ARGS`; PyPI's Linux torch is the CUDA build: an image of {image['cuda_torch_image_gb']:g} "
+                "GB) and the\n`examples` extra (scikit-learn) that the parties' script needs. `BASE_IMAGE` (default\n"
+                "`python:3.11-slim`) and `TORCH_VERSION` are build arguments too; where no registry is\n"
+                "reachable, `scripts/docker_base_image.sh` builds a local Debian 12 base with debootstrap.\n"
+                "Party 0 trains its model on its own digits, shares the weights; party 1 shares its images; both\n"
+                "print the same `private prediction: [...]` line and the online cost\n"
+                f"(`online: {ex['seconds']:.2f} s, {ex['rounds']} rounds, {ex['mb_sent']:.2f} MB sent by this party` in a "
+                "run of the example;\nrounds and bytes are the same in every run, the seconds depend on the machine).\n")
 
 
 def minutes(seconds: float) -> str:
@@ -364,18 +364,18 @@ def deployment_container_test(costs: dict, bench: dict, sources: dict) -> str:
     i = sources["container"]["image"]
     lo, hi = i["rebuild_s"]
     return para(f"Measured in a passing run ({i['provenance']['date']}, `docs/container.json`): image {i['size_gb']:g} GB "
-            f"(torch\n{i['torch']}, scikit-learn); debootstrap base {minutes(i['debootstrap_base_s'])}; first image build "
-            f"{minutes(i['first_build_s'])},\nrebuild after a code change {minutes(lo)} to {minutes(hi)} (at load average "
-            f"{i['rebuild_load_average']}); the whole test with engine,\nbase and torch layer already there "
-            f"{i['whole_test_min']} min at load average {span(i['whole_test_load_average'])} (the compose run about "
-            f"{i['compose_run_min']} min\nof it, party 0's training included; predictions `{i['predictions']}` in the "
-            f"container and\nunder launch); `down --volumes` {minutes(i['down_s'])}.\n")
+                f"(torch\n{i['torch']}, scikit-learn); debootstrap base {minutes(i['debootstrap_base_s'])}; first image build "
+                f"{minutes(i['first_build_s'])},\nrebuild after a code change {minutes(lo)} to {minutes(hi)} (at load average "
+                f"{i['rebuild_load_average']}); the whole test with engine,\nbase and torch layer already there "
+                f"{i['whole_test_min']} min at load average {span(i['whole_test_load_average'])} (the compose run about "
+                f"{i['compose_run_min']} min\nof it, party 0's training included; predictions `{i['predictions']}` in the "
+                f"container and\nunder launch); `down --volumes` {minutes(i['down_s'])}.\n")
 
 
 def deployment_compose_netns(costs: dict, bench: dict, sources: dict) -> str:
     n = sources["container"]["compose_netns"]
     return para(f"The test takes {span(n['seconds'], unit=' s')} on an idle machine, mostly party 0 training its model "
-            f"({n['provenance']['date']}).\n")
+                f"({n['provenance']['date']}).\n")
 
 
 RATE_NAMES = {"unlimited": "unlimited", "100mbit": "100 Mbit/s", "10mbit": "10 Mbit/s"}
@@ -509,11 +509,11 @@ def deployment_fuzz(costs: dict, bench: dict, sources: dict) -> str:
     f = sources["fuzz"]
     mem = ", ".join(f"{who} +{mib} MiB" for who, mib in f["memory_growth_mib"].items())
     return para(f"Figures of the last run ({f['provenance']['date']}, `docs/fuzz.json`): {f['frames']:,} frames "
-            f"({f['frames_first_pass']:,} in the\nfirst pass, {f['frames_during_computation']:,} during the computation), "
-            f"{f['rpcs']:,} RPCs, {f['frames_per_s']} frames/s from the\nsingle-threaded Python fuzzer "
-            f"({span(f['frames_per_s_range_across_runs'])} frames/s across runs, depending on the load); "
-            f"{f['crashes']} crashes,\n{f['wrong_results']} wrong results, every server healthy afterwards; memory "
-            f"growth over the whole\nfuzzing: {mem} (peak RSS {span(f['peak_rss_mib_range'])} MiB).\n")
+                f"({f['frames_first_pass']:,} in the\nfirst pass, {f['frames_during_computation']:,} during the computation), "
+                f"{f['rpcs']:,} RPCs, {f['frames_per_s']} frames/s from the\nsingle-threaded Python fuzzer "
+                f"({span(f['frames_per_s_range_across_runs'])} frames/s across runs, depending on the load); "
+                f"{f['crashes']} crashes,\n{f['wrong_results']} wrong results, every server healthy afterwards; memory "
+                f"growth over the whole\nfuzzing: {mem} (peak RSS {span(f['peak_rss_mib_range'])} MiB).\n")
 
 
 def description_sizes() -> dict:
