@@ -418,10 +418,15 @@ def deployment_network(costs: dict, bench: dict, sources: dict) -> str:
     rows = netns_rows(sources)
     rates = [rate for rate in RATE_NAMES if any(k[1] == rate for k in rows)]
     first = rows[("matmul_256", "unlimited")]
+    rtts = [r["rtt_ms"] for r in rows.values() if r.get("rtt_ms") is not None]
+    rtt_text = f"RTT {span((min(rtts), max(rtts)), '.2f')} ms between the parties" if rtts else "RTT < 0.1 ms"
+    load = [r["load_average_1min"] for r in rows.values() if "load_average_1min" in r]
+    if load:
+        rtt_text += f"; 1-minute load average {span((min(load), max(load)))} on {first.get('cpus', '?')} cores"
     lines = [para(f"Measured by `benchmarks/netns_bench.py` (commit {first.get('commit', '?')}, {first['date']}; "
              "`docs/netns_bench.jsonl`, its\nlines " + ("transcribed once from this page" if first.get("measured") ==
                                                      "transcribed" else "as the script wrote them")
-             + "): dealer and two parties in separate network namespaces on a bridge\n(RTT < 0.1 ms), mutual TLS, "
+             + f"): dealer and two parties in separate network namespaces on a bridge\n({rtt_text}), mutual TLS, "
              "each host's egress shaped with `tc ... tbf` (burst 256 kbit, queue 50 ms).\nOnline phase, seconds of the "
              "slowest party; the bench workloads fetch the dealer's corrections in\nan offline phase first (last column, "
              "at 10 Mbit/s), the example fetches them during its run;\nrounds and bytes as in `docs/costs.json`:"), 

@@ -268,3 +268,24 @@ def test_the_quantized_step_table_follows_costs_json():
         changed = copy.deepcopy(costs)
         changed[k][field] = value
         assert _block(gen.render(doc, changed, bench, sources), "quantized-steps") != current, k
+
+
+def test_functions_md_msb_derivation_adds_up_to_the_measured_costs():
+    """functions.md derives the comparison and equality costs step by step; the steps must add
+    up to costs.json's exact per-element figures (lt_1M, eq_100k at 2 parties)."""
+    text = " ".join((ROOT / "docs" / "functions.md").read_text().split())
+    costs = gen.load_costs()
+    level1 = re.search(r"Level 1, one round, ([\d.]+) bytes per element per party", text)
+    tree = re.search(r"Carry tree, (\w+) rounds.*?the levels send ([\d., and]+) bytes per element", text)
+    b2a = re.search(r"B2A, one round, 1/(\d+) word per element", text)
+    assert level1 and tree and b2a, "functions.md's MSB steps moved: update this test"
+    words = {"four": 4, "five": 5, "six": 6, "seven": 7}
+    tree_bytes = [float(v) for v in re.findall(r"[\d.]+", tree[2])]
+    lt = costs["lt_1M/2p"]
+    assert 1 + words[tree[1]] + 1 == lt["rounds"]
+    assert float(level1[1]) + sum(tree_bytes) + 8 / int(b2a[1]) == max(lt["bytes_sent"]) / 10**6
+    eq = re.search(r"\((\d+) rounds, lane-packed, ([\d.]+) bytes\) then B2A", text)
+    c = costs["eq_100k/2p"]
+    assert eq and int(eq[1]) + 1 == c["rounds"]
+    # (10^5 elements: the last lane-packed word carries 12 bytes more than the per-element figure)
+    assert abs(float(eq[2]) + 8 / int(b2a[1]) - max(c["bytes_sent"]) / 10**5) < 0.001
