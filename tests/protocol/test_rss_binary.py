@@ -113,6 +113,13 @@ def _conversions():
     xs = _arith_share(x)
     a, r_a2b, b_a2b = _cost(lambda: rb.a2b(xs))
     ok_a2b = torch.equal(rss.open_xor(a), x)
+    # AND of 0/1 bits and its tree over the last axis (5 -> 3 -> 2 -> 1: 3 rounds, 1 word each)
+    u = (_values(14, 20) & 1).view(4, 5)
+    u[0] = 1
+    us = _binary_share(u, 15)
+    both = rb.and_bits(us, _binary_share(u.flip(1), 16))
+    red, r_red, b_red = _cost(lambda: rb.and_reduce_bits(us))
+    ok_red = torch.equal(rss.open_xor(both), u & u.flip(1)) and torch.equal(rss.open_xor(red), u.prod(1))
     # equality (fused: both MSBs, one bit injection) and the short MSB, |z| < 2^63
     z = _values(12, N) % 5 - 2
     z[:4] = torch.tensor([0, (1 << 63) - 1, -(1 << 63) + 1, 1 << 40])
@@ -128,7 +135,7 @@ def _conversions():
         lows[f"msb_low{m}"] = (ok, r_low, b_low)
     return {"finish": (ok_b2a and ok_mul, r_fin, b_fin), "b2a": (ok_b2a2, r_b2a, b_b2a),
             "bit_mul_bcast": (ok_bcast, 0, 0), "a2b": (ok_a2b, r_a2b, b_a2b),
-            "eq": (ok_eq, r_eq, b_eq), **lows}
+            "eq": (ok_eq, r_eq, b_eq), "and_reduce": (ok_red, r_red, b_red), **lows}
 
 
 def _rounding_and_pairs():
@@ -181,8 +188,16 @@ def _privacy_views(n: int):
     for name, value in (("zeros", torch.zeros(n, dtype=torch.int64)),
                         ("mixed", _values(11, n))):
         xs = _arith_share(value)
-        views[name] = _received_during(lambda: (rb.msb_words(xs), rb.msb_finish(xs, True, [((n,), xs)])))
-        views[name + "_again"] = _received_during(lambda: (rb.msb_words(xs), rb.msb_finish(xs, True, [((n,), xs)])))
+        small = _arith_share(value >> 3)
+
+        def run():
+            words = rb.msb_words(xs)
+            rb.msb_finish(xs, True, [((n,), xs)])
+            rb.finish([(words, n)], [(words, (n, 1), xs.view(n, 1))])   # the 2-round B2A
+            rb.round_exact(small, 16)
+            rb.eqz_finish(xs)
+        views[name] = _received_during(run)
+        views[name + "_again"] = _received_during(run)
     return views
 
 
@@ -236,6 +251,7 @@ def test_b2a_bit_mul_a2b(rss_pool):
         "finish": (2, WORD * (sum(b2a.values()) + sum(mul.values()))),
         "b2a": (2, WORD * sum(b2a.values())),
         "bit_mul_bcast": (0, 0),
+        "and_reduce": (3, 3 * WORD),
         # both MSB carry circuits (2 * 92 + 2 * 158 words per chunk) + one bit injection
         "eq": (7, _words_per_party(r0=184 + 64 + 2, r1=316 + 64, r2=184 + 64 + 2)),
         # m = 1, 2: one group-2 level (role 1: 3 + 1 words), conversion (roles 0, 2: 1 word);
@@ -276,7 +292,8 @@ def test_round_exact_and_truncation_pairs(rss_pool):
 
 
 def test_msb_views_uniform_and_independent_of_input(rss_pool):
-    """What each party receives while computing msb_words and the fused lt/bit * value is
+    """What each party receives while computing msb_words, the fused lt/bit * value, B2A and
+    bit * value of replicated words, exact rounding and equality is
     uniformly distributed and independent of the input (two very different inputs), and
     fresh on every call (the same input twice gives independent views)."""
     n = 1920
