@@ -303,8 +303,8 @@ def para(text: str) -> str:
 
 
 def span(values, fmt: str = "g", unit: str = "") -> str:
-    lo, hi = values
-    return f"{lo:{fmt}}-{hi:{fmt}}{unit}"
+    lo, hi = (f"{v:{fmt}}" for v in values)
+    return f"{lo}{unit}" if lo == hi else f"{lo}-{hi}{unit}"
 
 
 def readme_external(costs: dict, bench: dict, sources: dict) -> str:
@@ -464,7 +464,7 @@ def deployment_network(costs: dict, bench: dict, sources: dict) -> str:
         f"({off:.2f} s). So the loss comes from both directions being saturated together,\nprobably each direction's "
         "ACKs queueing behind the other's data in the 50 ms tbf queue. With\nthat effective bandwidth the model "
         f"predicts the example at 10 Mbit/s as {ex_unl:.2f} + {ex_mb * 8:.1f} Mbit /\n{eff['10mbit']:.1f} Mbit/s = "
-        f"{predicted:.1f} s (measured {span((lo, hi)) if lo != hi else f'{lo:g}'} s). Workloads whose bytes are spread over many rounds do\n"
+        f"{predicted:.1f} s (measured {span((lo, hi))} s). Workloads whose bytes are spread over many rounds do\n"
         f"better than the bulk figure: LeNet's extra {l_extra:.2f} s at 10 Mbit/s is what its {l_mb * 8:.1f} Mbit take "
         f"at the\nfull rate ({l_mb * 8 / 10:.2f} s), compute overlapping the transfers. Budget the bytes term at "
         "60-100 % of the\nnominal rate, the low end when both parties send at once."),

@@ -289,3 +289,25 @@ def test_functions_md_msb_derivation_adds_up_to_the_measured_costs():
     assert eq and int(eq[1]) + 1 == c["rounds"]
     # (10^5 elements: the last lane-packed word carries 12 bytes more than the per-element figure)
     assert abs(float(eq[2]) + 8 / int(b2a[1]) - max(c["bytes_sent"]) / 10**5) < 0.001
+
+
+def test_a_fresh_netns_bench_run_renders_and_replaces_the_transcribed_lines():
+    """Lines as benchmarks/netns_bench.py --json writes them (the script's own format) take
+    over from the transcribed ones: seconds, RTT and load come from them."""
+    costs, bench, sources = gen.load_costs(), gen.load_bench(), copy.deepcopy(gen.load_sources())
+    run = {"delay": "0ms", "rtt_ms": 0.012, "measured": "by this script", "repeat": 5, "commit": "abc1234",
+           "date": "2026-12-24", "cpus": 2, "command": "sudo python benchmarks/netns_bench.py", "load_average_1min": 1.5}
+    for rate, factor in (("unlimited", 1), ("100mbit", 2), ("10mbit", 9)):
+        sources["netns_bench"].append({"workload": "example:private_inference", "seconds": 0.5 * factor, "rounds": 22,
+                                       "bytes_sent_per_party": [900000, 900000], "rate": rate, **run})
+        for w in ("matmul_256", "lenet_b1", "logreg_sgd_step"):
+            c = costs[f"{w}/2p"]
+            sources["netns_bench"].append({"workload": w, "seconds": 0.01 * factor, "rounds": c["rounds"],
+                                           "bytes_sent_per_party": c["bytes_sent"], "offline_seconds": 0.3,
+                                           "dealer_bytes": c["dealer_bytes"], "rate": rate, **run})
+    assert not gen.netns_disagreements(costs, sources)
+    text = " ".join(_block(gen.render(ROOT / "docs" / "deployment.md", costs, bench, sources),
+                           "deployment-network").split())
+    assert "commit abc1234, 2026-12-24" in text and "as the script wrote them" in text
+    assert "RTT 0.01 ms" in text and "load average 1.5 on 2 cores" in text
+    assert "| 0.90 | - | 0.50 s | 1.00 s | 4.50 s | (in the run) |" in text
