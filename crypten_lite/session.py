@@ -38,6 +38,7 @@ class Session:
     _purpose_prgs: dict[tuple[str, int], PRG] = field(default_factory=dict, repr=False)
     # Protocol "rss": truncation pairs made ahead of time, per bit count (mpc.rss).
     rss_stock: dict = field(default_factory=dict, repr=False)
+    rss_recording: list | None = field(default=None, repr=False)
 
     def pair_prg(self, purpose: str, peer: int) -> PRG:
         """The PRG this party shares with `peer` for `purpose` (a random.PURPOSES name): both

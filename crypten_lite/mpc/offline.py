@@ -39,7 +39,13 @@ from ..session import current
 
 @contextlib.contextmanager
 def record() -> Iterator[list]:
-    """Record the correlation requests made inside the block; the list is filled at exit."""
+    """Record the correlation requests made inside the block; the list is filled at exit.
+    Under protocol "rss" (no dealer) the plan lists the truncation pairs the block uses."""
+    if current().config.protocol == "rss":
+        from . import rss
+        with rss.record() as plan:
+            yield plan
+        return
     provider = current().provider
     plan: list = []
     provider.start_recording()
@@ -56,6 +62,11 @@ def prefetch(plan: list, wait: bool = True) -> None:
     Raises ProtocolError if the parties' plans or counters differ (one all-gather of a
     32-byte digest, offline)."""
     s = current()
+    if s.config.protocol == "rss":
+        # No dealer: the parties make the plan's truncation pairs themselves, now.
+        from . import rss
+        rss.prefetch(plan)
+        return
     provider = s.provider
     provider.prefetch(plan)
     mine = torch.frombuffer(bytearray(provider.plan_digest()), dtype=torch.int64).clone()

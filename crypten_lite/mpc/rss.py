@@ -31,12 +31,15 @@ checks that the values a party receives for the same product twice are fresh and
 
 from __future__ import annotations
 
-from typing import Sequence
+import contextlib
+import hashlib
+from typing import Iterator, Sequence
 
 import torch
 
 from ..errors import ProtocolError, UnsupportedError
 from ..provider.correlations import TRIPLE_OPS, logical_shift
+from ..random import canonical
 from ..session import current
 from .replicated import Replicated
 
@@ -237,9 +240,44 @@ def stocked(bits: int) -> int:
     return _stock(bits).available
 
 
+@contextlib.contextmanager
+def record() -> Iterator[list]:
+    """Record the truncation pairs the block uses, as [(bits, n), ...] (offline.record under
+    rss); the list is filled at exit. A plan depends on the program and shapes, not on values."""
+    s = current()
+    plan: list = []
+    s.rss_recording = []
+    try:
+        yield plan
+    finally:
+        plan.extend(s.rss_recording)
+        s.rss_recording = None
+
+
+def prefetch(plan: Sequence[tuple[int, int]]) -> None:
+    """Offline (collective): make every truncation pair of a recorded plan now, one batch per
+    bit count (7 rounds each, all input-independent); the run that follows uses them."""
+    s = current()
+    digest = hashlib.sha256(canonical("rss-plan/v1", [[int(b), int(n)] for b, n in plan])).digest()
+    mine = torch.frombuffer(bytearray(digest), dtype=torch.int64).clone()
+    differ = [r for r, d in enumerate(s.comm.all_gather(mine)) if not torch.equal(d, mine)]
+    if differ:
+        raise ProtocolError(f"offline.prefetch: party {s.rank}'s plan differs from that of parties "
+                            f"{differ}; every party must record the same program and call prefetch "
+                            "with its plan at the same point")
+    totals: dict[int, int] = {}
+    for bits, n in plan:
+        totals[int(bits)] = totals.get(int(bits), 0) + int(n)
+    for bits in sorted(totals):
+        prefetch_trunc(totals[bits], bits)
+
+
 def _trunc_pairs(n: int, bits: int):
     """(r, rt, m) replicated, of n elements each: from the prefetched stock when it holds
     enough, else made now (rss_binary.trunc_pairs: no dealer)."""
+    s = current()
+    if s.rss_recording is not None:
+        s.rss_recording.append((bits, n))
     stock = _stock(bits)
     if stock.available >= n:
         return stock.take(n)

@@ -159,6 +159,24 @@ def received_words(kind: str, big: bool, n: int = 4096):
     return torch.cat([t.reshape(-1) for t in cap.got])
 
 
+def offline_plan():
+    """Record a fixed-point program, make its truncation pairs offline, run it online."""
+    from crypten_lite.mpc import offline
+    c = comm.get()
+    x0, y0 = _inputs(7, (N,), (N,))
+    x, y = crypten_lite.cryptensor(x0, src=0), crypten_lite.cryptensor(y0, src=1)
+    with offline.record() as plan:
+        x * y
+    c.reset_communication_stats()
+    offline.prefetch(plan)
+    offline_stats = _stats(c)
+    c.reset_communication_stats()
+    z = x * y
+    online = _stats(c)
+    err = (z.get_plain_text() - x0 * y0).abs().max().item()
+    return {"plan": [list(p) for p in plan], "offline": offline_stats, "online": online, "err": err}
+
+
 # ------------------------------------------------------------------ checks on the host
 def _byte_hist(words: torch.Tensor) -> torch.Tensor:
     raw = torch.frombuffer(bytearray(words.numpy().tobytes()), dtype=torch.uint8)
@@ -248,3 +266,11 @@ def test_rss_received_values_are_uniform_and_input_independent(pool3_rss, kind):
         assert _chi2_two_sample(h_small, h_big) < CHI2_MAX, (rank, kind)
         for words in (small[rank], big[rank]):
             assert (_bit_freqs(words) - 0.5).abs().max() < BIT_DEV_MAX, (rank, kind)
+
+
+def test_rss_offline_plan_moves_pair_generation_out_of_the_online_phase(pool3_rss):
+    for r in pool3_rss.run(offline_plan):
+        assert r["plan"] == [[PREC, N]] and r["err"] <= 2e-4
+        assert r["offline"]["rounds"] >= 1                      # the pairs' own protocol
+        assert {k: r["online"][k] for k in ("rounds", "bytes_sent", "bytes_received")} == \
+            {"rounds": 1, "bytes_sent": 16 * N, "bytes_received": 16 * N}
