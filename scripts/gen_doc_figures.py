@@ -671,6 +671,15 @@ def quantized_steps(costs: dict, bench: dict, sources: dict) -> str:
         "others); the rounding and the clamp then run one after the other.")
 
 
+def quantized_probabilistic(costs: dict, bench: dict, sources: dict) -> str:
+    a = costs[key("digits_cnn/int8-eager-probabilistic", 2)]["agreement"]
+    return para("Measured on the digits CNN below (`MpcBackend(truncation=\"probabilistic\")`, "
+                f"{DIGITS_IMAGES} images, last row of the 2-party table, one run): only "
+                f"{a['int8_identical'] * 100:g}% of the final int8 outputs are identical to torch's, up to "
+                f"{a['max_steps']} steps apart, and the private argmax agrees with torch's on "
+                f"{a['argmax_agree'] * 100:g}% of the images.")
+
+
 def migration_acceptance(costs: dict, bench: dict, sources: dict) -> str:
     data = sources["crypten_compat"]
     rows, prov = data["rows"], data["provenance"]
@@ -738,6 +747,7 @@ RENDERERS: dict[str, Callable[[dict, dict, dict], str]] = {
     "quantized-agreement": quantized_agreement,
     "quantized-multipliers": quantized_multipliers,
     "quantized-steps": quantized_steps,
+    "quantized-probabilistic": quantized_probabilistic,
 }
 
 
