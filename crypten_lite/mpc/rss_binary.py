@@ -351,6 +351,25 @@ def and_reduce_bits(x: Replicated) -> Replicated:
 
 
 # --------------------------------------------------------- carries of a + b (2 roles)
+def _compress_even(x: torch.Tensor) -> torch.Tensor:
+    """circuits.compress_even, in place on one temporary (the hot loop of the carry tree)."""
+    x = x & circuits._MASKS[0]
+    for i in range(1, 6):
+        x.bitwise_or_(x >> (1 << (i - 1))).bitwise_and_(circuits._MASKS[i])
+    return x
+
+
+def _pack32(x: torch.Tensor) -> torch.Tensor:
+    if x.numel() % 2:
+        x = torch.cat([x, x.new_zeros(1)])
+    return x[0::2] | (x[1::2] << 32)
+
+
+def _halves(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """circuits.halves (odd and even bits of packed groups, re-packed), faster."""
+    return _pack32(_compress_even(x >> 1)), _pack32(_compress_even(x))
+
+
 def _carry_levels(words: int, width: int) -> tuple[int, list[tuple[int, bool]]]:
     """Words of the level-1 planes, and (words, computes P) of each carry-tree level, for
     `words` lane-packed words of `width`-bit lanes."""
@@ -395,7 +414,7 @@ def _g_carry(ro: _Roles, a_words, b_words, words: int, width: int, extra_b: Sequ
     if ro.role == 1:
         rho_h, rho_x = d[(1, 2)][0], d[(1, 2)][1]
         m0, m2 = masks(d[(0, 1)], True), masks(d[(1, 2)][2:], False)
-        b_hi, b_lo = circuits.halves(b_words)
+        b_hi, b_lo = _halves(b_words)
         h = torch.cat([b_lo, b_hi, b_hi & b_lo])
         ex = torch.cat([t.reshape(-1) for t in extra_b]) if extra_b else _EMPTY
         corr = []
@@ -432,15 +451,15 @@ def _g_carry(ro: _Roles, a_words, b_words, words: int, width: int, extra_b: Sequ
         m = torch.cat([d[(1, 2)][0], d[(1, 2)][1]])
     mb0, mb1, mb10 = m[:first], m[first:2 * first], m[2 * first:3 * first]
     ex = m[3 * first:]
-    a1, a0 = circuits.halves(a_words)
+    a1, a0 = _halves(a_words)
     a10 = a1 & a0
     g = (a1 & mb1) ^ (a10 & mb0) ^ (a0 & mb10)
     p = (a1 & mb0) ^ (a0 & mb1) ^ mb10
     if lead:
         p = p ^ a10
     for x, (w, has_p) in zip(mine, levels):
-        g_hi, g_lo = circuits.halves(g)
-        p_hi, p_lo = circuits.halves(p)
+        g_hi, g_lo = _halves(g)
+        p_hi, p_lo = _halves(p)
         opened = [p_hi ^ x["alpha"], g_lo ^ x["gamma"]] + ([p_lo ^ x["gamma_p"]] if has_p else [])
         mine_open = torch.cat(opened)
         got = yield ({other: mine_open}, {other: mine_open.numel()})
