@@ -680,6 +680,33 @@ def quantized_probabilistic(costs: dict, bench: dict, sources: dict) -> str:
                 f"{a['argmax_agree'] * 100:g}% of the images.")
 
 
+# Values of the digits CNN (examples/quantized_inference.py) per image: conv1's 8 x 8 x 8 outputs, the
+# 2x2 max pooling's 8 x 4 x 4 outputs (3 comparisons each), the Beaver-opened inputs of conv1 (64),
+# conv2 (128) and the linear (64), and the weights opened once per run (72 + 576 + 640).
+DIGITS_VALUES = {"conv1_outputs": 512, "pool_outputs": 128, "beaver_inputs": 256, "weights": 1288}
+
+
+def quantized_bytes(costs: dict, bench: dict, sources: dict) -> str:
+    def per(name: str) -> float:
+        return max(costs[key(f"quantized_ops/{name}", 2)]["bytes_sent"]) / QOPS_ELEMENTS
+    v = DIGITS_VALUES
+    parts = {"rounding": v["conv1_outputs"] * per("round33"),
+             "pooling": v["pool_outputs"] * per("maxpool2x2"),  # per() of the pooling: 3 comparisons per output
+             "clamp": v["pool_outputs"] * per("clamp1"),
+             "beaver": 8 * (v["beaver_inputs"] + v["weights"] / DIGITS_IMAGES)}
+    total = max(costs[key("digits_cnn/int8-eager", 2)]["bytes_sent"]) / DIGITS_IMAGES
+    kb = {k: f"{b / 1000:.1f}" for k, b in parts.items()}
+    return para(
+        "Where the bytes go (2 parties, eager, per image; the step table's exact per-element bytes times the CNN's "
+        f"values): the first conv's rounding on {v['conv1_outputs']} values ({kb['rounding']} KB), the 2x2 max "
+        f"pooling ({3 * v['pool_outputs']} short comparisons, {kb['pooling']} KB), its clamp ({v['pool_outputs']} "
+        f"values, {kb['clamp']} KB), the Beaver openings of the convs' and the linear's {v['beaver_inputs']} inputs "
+        f"and, once per {DIGITS_IMAGES} images, their {v['weights']:,} weights ({kb['beaver']} KB), the remaining "
+        f"requantizations with their clamps (the rest of the {total / 1000:.1f} KB: about "
+        f"{(total - sum(parts.values())) / 1000:.0f} KB). The float run pays "
+        f"{per('msb64'):g}-byte MSBs for every ReLU and pooling comparison, and its local truncations cost nothing.")
+
+
 def migration_acceptance(costs: dict, bench: dict, sources: dict) -> str:
     data = sources["crypten_compat"]
     rows, prov = data["rows"], data["provenance"]
@@ -748,6 +775,7 @@ RENDERERS: dict[str, Callable[[dict, dict, dict], str]] = {
     "quantized-multipliers": quantized_multipliers,
     "quantized-steps": quantized_steps,
     "quantized-probabilistic": quantized_probabilistic,
+    "quantized-bytes": quantized_bytes,
 }
 
 

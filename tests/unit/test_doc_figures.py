@@ -266,6 +266,10 @@ def test_the_quantized_step_table_follows_costs_json():
     changed = copy.deepcopy(costs)
     changed["digits_cnn/int8-eager-probabilistic/2p"]["agreement"]["int8_identical"] = 0.2
     assert _block(gen.render(doc, changed, bench, sources), "quantized-probabilistic") != probabilistic
+    per_image = _block(gen.render(doc, costs, bench, sources), "quantized-bytes")
+    changed = copy.deepcopy(costs)
+    changed["quantized_ops/round33/2p"]["bytes_sent"] = [6000, 6000]
+    assert _block(gen.render(doc, changed, bench, sources), "quantized-bytes") != per_image
     for k, field, value in (("quantized_ops/clamp1/2p", "bytes_sent", [14000, 14000]),
                             ("quantized_ops/round2_even/2p", "rounds", 6),
                             ("quantized_ops/round33/3p", "bytes_sent", [31489] * 3)):
