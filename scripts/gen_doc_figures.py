@@ -29,8 +29,10 @@ Sources (all in docs/):
   times; the health-check timeout is read from docker-compose.yml), ``model_descriptions.json``
   (exact description sizes, ``--measure-descriptions``), ``quantized_agreement.json`` (the
   plaintext agreement tables of quantized.md, ``--measure-quantized``), ``crypten_compat.json``
-  (CrypTen's tests on crypten_lite.compat, ``benchmarks/crypten_compat_tests.py``), and
-  ``external_figures.json``: measurements of OTHER systems (CrypTen, SPU), comparison only.
+  (CrypTen's tests on crypten_lite.compat, ``benchmarks/crypten_compat_tests.py``),
+  ``quoted_figures.json`` (figures inside sentences and list items, checked rather than
+  rendered: ``--check`` fails when a doc no longer says them), and ``external_figures.json``:
+  measurements of OTHER systems (CrypTen, SPU), comparison only.
 
 A block in a Markdown file is the text between ``<!-- figures:NAME -->`` and
 ``<!-- /figures -->``; RENDERERS[NAME] writes it. tests/unit/test_doc_figures.py fails when a
@@ -57,7 +59,7 @@ BENCH = ROOT / "docs" / "benchmarks.jsonl"
 NETNS = ROOT / "docs" / "netns_bench.jsonl"  # benchmarks/netns_bench.py --json
 # docs/NAME.json: figures of other producers, each with its provenance (see load_sources)
 JSON_SOURCES = ("external_figures", "container", "faults", "fuzz", "crypten_compat", "model_descriptions",
-                "quantized_agreement")
+                "quantized_agreement", "quoted_figures")
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 BLOCK = re.compile(r"(<!-- figures:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /figures -->)", re.S)
 
@@ -388,6 +390,18 @@ NETNS_LABELS = {"example:private_inference": ("examples/private_inference.py, 16
 def netns_rows(sources: dict) -> dict[tuple[str, str], dict]:
     """(workload, rate) -> the last line of docs/netns_bench.jsonl without a delay."""
     return {(r["workload"], r["rate"]): r for r in sources["netns_bench"] if r.get("delay", "0ms") == "0ms"}
+
+
+def quoted_disagreements(sources: dict | None = None) -> list[str]:
+    """Figures of docs/quoted_figures.json (inside sentences and list items) that a doc no longer says."""
+    sources = sources or load_sources()
+    out = []
+    for f in sources["quoted_figures"]["figures"]:
+        text = " ".join((ROOT / f["doc"]).read_text().split())
+        want = f["text"].format(*f["values"])
+        if want not in text:
+            out.append(f"{f['doc']} should say {want!r} (docs/quoted_figures.json: {f['what']})")
+    return out
 
 
 def netns_disagreements(costs: dict | None = None, sources: dict | None = None) -> list[str]:
@@ -1136,7 +1150,7 @@ def main(argv: list[str] | None = None) -> int:
         data["costs"] = {k: data["costs"][k] for k in all_cost_keys() if k in data["costs"]}
         write_costs(data)
     if args.check:
-        problems = stale_blocks() + bench_disagreements() + netns_disagreements()
+        problems = stale_blocks() + bench_disagreements() + netns_disagreements() + quoted_disagreements()
         print("\n\n".join(problems) or "every figure is up to date")
         return 1 if problems else 0
     costs, bench, sources = load_costs(), load_bench(), load_sources()
@@ -1145,7 +1159,8 @@ def main(argv: list[str] | None = None) -> int:
         if new != path.read_text():
             path.write_text(new)
             print(f"updated {path.relative_to(ROOT)}")
-    for problem in bench_disagreements(costs, bench) + netns_disagreements(costs, sources):
+    for problem in bench_disagreements(costs, bench) + netns_disagreements(costs, sources) + \
+            quoted_disagreements(sources):
         print(f"warning: {problem}", file=sys.stderr)
     return 0
 

@@ -182,7 +182,10 @@ def test_every_json_source_says_where_its_figures_come_from():
                 yield value["provenance"]
             for v in value.values():
                 yield from provenances(v)
-    found = [p for name in ("external_figures", "container", "faults", "fuzz", "crypten_compat")
+        elif isinstance(value, list):
+            for v in value:
+                yield from provenances(v)
+    found = [p for name in ("external_figures", "container", "faults", "fuzz", "crypten_compat", "quoted_figures")
              for p in provenances(sources[name])]
     found += sources["netns_bench"]  # every line carries its own
     assert len(found) >= 10
@@ -319,3 +322,13 @@ def test_a_fresh_netns_bench_run_renders_and_replaces_the_transcribed_lines():
     assert "commit abc1234, 2026-12-24" in text and "as the script wrote them" in text
     assert "RTT 0.01 ms" in text and "load average 1.5 on 2 cores" in text
     assert "| 0.90 | - | 0.50 s | 1.00 s | 4.50 s | (in the run) |" in text
+
+
+def test_quoted_figures_are_what_the_docs_say():
+    """Figures inside sentences and list items (docs/quoted_figures.json) are checked: the doc
+    must say each one, and a changed value in the source is reported."""
+    sources = copy.deepcopy(gen.load_sources())
+    assert not gen.quoted_disagreements(sources)
+    assert len(sources["quoted_figures"]["figures"]) >= 7
+    sources["quoted_figures"]["figures"][-1]["values"][1] = 700_000
+    assert any("700,000" in p for p in gen.quoted_disagreements(sources))
