@@ -246,7 +246,9 @@ def test_limits_and_inline_costs_in_the_docs_are_the_code_s():
             f"{options['grpc.keepalive_timeout_ms'] / 1000:g} s timeout)",
             f"`OPEN_TIMEOUT` ({grpc_comm.OPEN_TIMEOUT:g} s)",
             f"frames over the {grpc_comm.CHUNK_BYTES >> 20} MiB limit",
-            f"`CRYPTEN_LITE_MAX_MESSAGE_BYTES` (default {Config.max_message_bytes >> 30} GiB)"],
+            f"`CRYPTEN_LITE_MAX_MESSAGE_BYTES` (default {Config.max_message_bytes >> 30} GiB)",
+            f"up to {grpc_comm.OPEN_TIMEOUT:g} s at a time with idle streams"],
+        "docs/design.md": [f"large tensors are chunked ({grpc_comm.CHUNK_BYTES >> 20} MiB)"],
         "docs/ARCHITECTURE.md": [f"chunks of {grpc_comm.CHUNK_BYTES >> 20} MiB"],
         "docs/private_models.md": [
             f"more than {graph_desc.MAX_DESCRIPTION_BYTES >> 20} MiB in all, a tensor of more than "
