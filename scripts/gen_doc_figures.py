@@ -5,13 +5,15 @@
     python scripts/gen_doc_figures.py --measure-costs     # rerun every workload, rewrite docs/costs.json
     python scripts/gen_doc_figures.py --measure-costs lenet_b1/2p digits_cnn/int8-eager/2p
     python scripts/gen_doc_figures.py --measure-examples  # run the training examples (minutes)
+    python scripts/gen_doc_figures.py --measure-quantized     # quantized.md's agreement tables (a minute)
+    python scripts/gen_doc_figures.py --measure-descriptions  # private_models.md's description sizes
 
 Sources (all in docs/):
 
 * ``costs.json``: exact online rounds, bytes sent per party and dealer bytes of every
-  workload, keyed ``WORKLOAD/Np`` (the bench workloads, EXTRA_WORKLOADS below, and the digits
-  CNN of docs/quantized.md, whose entries also carry the agreement with torch of the run that
-  measured them). Deterministic: ``--measure-costs`` computes them by running the workload
+  workload, keyed ``WORKLOAD/Np`` (the bench workloads, EXTRA_WORKLOADS below, the int8
+  protocol steps QOPS, and the digits CNN of docs/quantized.md, whose entries also carry the
+  agreement with torch of the run that measured them). Deterministic: ``--measure-costs`` computes them by running the workload
   between real parties (a PartyPool: separate processes, gRPC, the dealer), and
   tests/protocol/test_doc_costs.py plus tests/protocol/test_model_costs.py rerun them and
   assert every entry exactly.
@@ -20,7 +22,6 @@ Sources (all in docs/):
   docs/benchmarks.jsonl``; the training examples' rows (``"workload": "example"``) of
   ``--measure-examples``; the error table's rows (``"workload": "accuracy"``) of
   ``benchmarks/accuracy_table.py --json``.
-
 * the figures of other producers, each file or group with its provenance (command, commit,
   date, machine, and whether its script wrote it or it was transcribed once from the docs):
   ``netns_bench.jsonl`` (``benchmarks/netns_bench.py --json``: the network tables of
@@ -36,8 +37,9 @@ Sources (all in docs/):
 
 A block in a Markdown file is the text between ``<!-- figures:NAME -->`` and
 ``<!-- /figures -->``; RENDERERS[NAME] writes it. tests/unit/test_doc_figures.py fails when a
-block differs from what this script writes now, or when a benchmark line disagrees with
-costs.json (then rerun the bench for that workload: the message gives the command).
+block differs from what this script writes now, when a benchmark or netns line disagrees with
+costs.json (then rerun the bench for that workload: the message gives the command), or when a
+quoted figure is no longer in its doc.
 """
 
 from __future__ import annotations
