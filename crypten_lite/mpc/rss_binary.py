@@ -210,6 +210,17 @@ def _chunks(n: int) -> list[tuple[int, int, int]]:
     return out
 
 
+def _add_public(a: torch.Tensor, b: torch.Tensor, c) -> tuple[torch.Tensor, torch.Tensor]:
+    """Components of x + c for a public c: c goes to component 0 (party 0's a, party 2's b).
+    (On the components directly: the share type's operators are not needed here.)"""
+    rank = current().rank
+    if rank == 0:
+        return a + c, b
+    if rank == 2:
+        return a, b + c
+    return a, b
+
+
 def _rep(a: torch.Tensor, b: torch.Tensor) -> Replicated:
     return Replicated(a.contiguous(), b.contiguous(), current().rank)
 
@@ -293,7 +304,15 @@ def xor(x: Replicated, y: Replicated) -> Replicated:
 
 def xor_public(x: Replicated, c) -> Replicated:
     """x ^ c for a public c (on share index 0: party 0's a, party 2's b)."""
-    return _as_rep(x, "xor") ^ c
+    x = _as_rep(x, "xor")
+    rank = current().rank
+    a, b = x.a, x.b
+    if rank == 0:
+        a = a ^ c
+    elif rank == 2:
+        b = b ^ c
+    a, b = torch.broadcast_tensors(a, b)
+    return _rep(a.clone(), b.clone())
 
 
 def not_(x: Replicated) -> Replicated:
@@ -719,7 +738,7 @@ def _combine(c_bits: torch.Tensor, r: tuple | None, rvs, values, want_bit: bool 
     """[b] = c + (1 - 2c)[r], [b v] = c [v] + (1 - 2c)[r v] (local)."""
     bit = None
     if r is not None and want_bit:
-        bit = _rep(*r) * (1 - 2 * c_bits) + c_bits
+        bit = _rep(*_add_public(r[0] * (1 - 2 * c_bits), r[1] * (1 - 2 * c_bits), c_bits))
     prods = []
     for (ra, rb), (va, vb) in zip(rvs, values):
         c = c_bits.unsqueeze(1)
@@ -926,8 +945,17 @@ def a2b(x: Replicated) -> Replicated:
     bc = _run(_g_input_b_binary(ro, b, n))
     zero = torch.zeros(n, dtype=torch.int64)
     a_comps = {0: (xa, zero), 1: (zero, zero.clone()), 2: (zero, xb)}[ro.role]
-    ra, rb = _rep(*a_comps), _rep(*bc)
-    return circuits.kogge_stone_add(ra, rb, and_many).view(x.shape)
+    # circuits.kogge_stone_add on the components (linear steps componentwise)
+    (g,) = and_many([(_rep(*a_comps), _rep(*bc))])
+    p = (a_comps[0] ^ bc[0], a_comps[1] ^ bc[1])
+    prop, gen = p, (g.a, g.b)
+    for level in range(6):
+        k = 1 << level
+        t, nxt = and_many([(_rep(*prop), _rep(gen[0] << k, gen[1] << k)),
+                           (_rep(*prop), _rep(prop[0] << k, prop[1] << k))])
+        gen = (gen[0] ^ t.a, gen[1] ^ t.b)
+        prop = (nxt.a, nxt.b)
+    return _rep((p[0] ^ (gen[0] << 1)).view(x.shape), (p[1] ^ (gen[1] << 1)).view(x.shape))
 
 
 # ----------------------------------------------- sums a + b split at bit k (rounding)
@@ -1028,14 +1056,14 @@ def round_exact(x: Replicated, bits: int) -> Replicated:
     if not 1 <= bits <= 62:
         raise ProtocolError(f"round_exact: bits must be 1..62, got {bits}")
     shape = x.shape
-    xp = x.reshape(-1) + ((1 << BIAS_BITS) + (1 << (bits - 1)))
-    xa, xb = xp.a, xp.b
+    xa, xb = _add_public(*_flat(x), (1 << BIAS_BITS) + (1 << (bits - 1)))
     chunks = _chunks(xa.numel())
     got = _run(_par([_g_round_chunk(_Roles(k), xa[lo:hi], xb[lo:hi], bits) for k, lo, hi in chunks]))
     if not got:
         return _rep(torch.zeros(shape, dtype=torch.int64), torch.zeros(shape, dtype=torch.int64))
-    out = _rep(torch.cat([g[0] for g in got]), torch.cat([g[1] for g in got]))
-    return (out - (1 << (BIAS_BITS - bits))).view(shape)
+    a, b = _add_public(torch.cat([g[0] for g in got]), torch.cat([g[1] for g in got]),
+                       -(1 << (BIAS_BITS - bits)))
+    return _rep(a.view(shape), b.view(shape))
 
 
 # ------------------------------------------------------------- truncation pairs
