@@ -44,6 +44,8 @@ def _measure(run: Callable[[], tuple[torch.Tensor, torch.Tensor]], plan_name: st
 
     The first run of a workload records its correlation plan; later runs fetch the
     corrections in an offline phase first (timed and counted separately), then run online.
+    Under rss there is no dealer: the offline phase is the parties making the plan's
+    truncation pairs themselves (their bytes counted as offline_bytes_sent).
     `plan_name` keeps a variant's plan apart from its workload's (default: the workload's name).
     """
     import sys
@@ -59,20 +61,20 @@ def _measure(run: Callable[[], tuple[torch.Tensor, torch.Tensor]], plan_name: st
     name = plan_name or name
     c = comm.get()
     provider = current().provider
-    # No dealer under rss: no offline phase, no plan, dealer bytes 0.
-    dealer = current().config.protocol == "additive"
     plan = _PLANS.get(name)
-    offline_seconds, offline_dealer = 0.0, 0
-    if plan is not None and dealer:
-        before = provider.stats["dealer_bytes"]
+    offline_seconds, offline_dealer, offline_sent = 0.0, 0, 0
+    if plan is not None:
+        c.reset_communication_stats()
+        before = _dealer_bytes(provider)
         start = time.perf_counter()
         offline.prefetch(plan)
         offline_seconds = time.perf_counter() - start
-        offline_dealer = provider.stats["dealer_bytes"] - before
+        offline_dealer = _dealer_bytes(provider) - before
+        offline_sent = c.get_communication_stats()["bytes_sent"]
     c.barrier()
     c.reset_communication_stats()
     dealer_before = _dealer_bytes(provider)
-    recording = offline.record() if plan is None and dealer else None
+    recording = offline.record() if plan is None else None
     if recording is not None:
         new_plan = recording.__enter__()
     start = time.perf_counter()
@@ -87,7 +89,7 @@ def _measure(run: Callable[[], tuple[torch.Tensor, torch.Tensor]], plan_name: st
             "bytes_received": stats["bytes_received"], "messages": stats["messages"],
             "comm_seconds": stats["seconds"], "dealer_bytes": _dealer_bytes(provider) - dealer_before,
             "offline_seconds": offline_seconds, "offline_dealer_bytes": offline_dealer,
-            "max_error": err}
+            "offline_bytes_sent": offline_sent, "max_error": err}
 
 
 def _dealer_bytes(provider) -> int:
@@ -280,6 +282,7 @@ def run(names: list[str], parties: int, provider: str, repeat: int, tls_dir: str
                    "online_dealer_bytes": first[0]["dealer_bytes"],
                    "offline_seconds": statistics.median(max(r.get("offline_seconds", 0.0) for r in s) for s in samples),
                    "offline_dealer_bytes": first[0].get("offline_dealer_bytes", 0),
+                   "offline_bytes_sent_per_party": [r.get("offline_bytes_sent", 0) for r in first],
                    "max_error": first[0]["max_error"],
                    # seconds depend on what else runs on the machine: record how busy it was
                    "load_average_1min": round(os.getloadavg()[0], 1), "cpus": os.cpu_count()}
