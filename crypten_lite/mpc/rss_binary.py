@@ -856,21 +856,31 @@ def finish(b2as: Sequence[tuple[Replicated, int]] = (),
     b2as: (words, n) -> arithmetic 0/1 shares of shape (n,).
     muls: (words, bit_shape, value) -> shares of bit * value (value's scale, no truncation).
     Per bit, roles 0 and 2 send 8.25 B and role 1 8 B for a B2A; a product adds 16 B (roles
-    1 and 2) or 8 B (role 0) per value element."""
+    1 and 2) or 8 B (role 0) per value element. A product whose words are the very words of a
+    B2A of the call (relu with its mask) shares that B2A's random bit and opening."""
     jobs = []
     for words, n in b2as:
         words = _as_rep(words, "B2A")
-        jobs.append({"n": n, "wa": words.a.reshape(-1), "wb": words.b.reshape(-1), "want_bit": True})
-    targets = []
+        jobs.append({"n": n, "wa": words.a.reshape(-1), "wb": words.b.reshape(-1), "want_bit": True,
+                     "words": words})
+    targets, mul_jobs = [], []
     for words, bit_shape, value in muls:
         words = _as_rep(words, "bit * value")
         va, vb, target = _mul_operand(bit_shape, value)
         targets.append(target)
-        jobs.append({"n": _bit_count(bit_shape), "wa": words.a.reshape(-1), "wb": words.b.reshape(-1),
-                     "want_bit": False, "va": va, "vb": vb})
+        n = _bit_count(bit_shape)
+        same = [j for j, job in enumerate(jobs[:len(b2as)])
+                if job["words"] is words and job["n"] == n and job.get("va") is None]
+        if same:
+            jobs[same[0]].update(va=va, vb=vb)
+            mul_jobs.append(same[0])
+        else:
+            mul_jobs.append(len(jobs))
+            jobs.append({"n": n, "wa": words.a.reshape(-1), "wb": words.b.reshape(-1),
+                         "want_bit": False, "va": va, "vb": vb})
     bits, prods = _finish_jobs(jobs)
     out_b = [_cat_rep(bits[j], (n,)) for j, (_, n) in enumerate(b2as)]
-    out_m = [_cat_rep(prods[len(b2as) + j], targets[j]) for j in range(len(muls))]
+    out_m = [_cat_rep(prods[j], targets[i]) for i, j in enumerate(mul_jobs)]
     return out_b, out_m
 
 

@@ -99,9 +99,13 @@ def _conversions():
     bits = (x & 1)
     words = _binary_share(circuits.pack_bits(bits), 8)
     ys = _arith_share(y)
-    (bs, ms), r_fin, b_fin = _cost(lambda: rb.finish([(words, N)], [(words, (N, 1), ys.view(N, 1))]))
+    other = _binary_share(circuits.pack_bits(bits), 17)   # another sharing of the same bits
+    (bs, ms), r_fin, b_fin = _cost(lambda: rb.finish([(words, N)], [(other, (N, 1), ys.view(N, 1))]))
     ok_b2a = torch.equal(rss.open_(bs[0]), bits)
     ok_mul = torch.equal(rss.open_(ms[0]).view(N), bits * y)
+    # the same words as a B2A and a product (relu with its mask): one random bit, one opening
+    (bs2, ms2), r_same, b_same = _cost(lambda: rb.finish([(words, N)], [(words, (N,), ys)]))
+    ok_same = torch.equal(rss.open_(bs2[0]), bits) and torch.equal(rss.open_(ms2[0]), bits * y)
     b, r_b2a, b_b2a = _cost(lambda: rb.b2a(words, N))
     ok_b2a2 = torch.equal(rss.open_(b), bits)
     # a value broadcast over a trailing dim: 2 bits times (2, 3) values
@@ -134,6 +138,7 @@ def _conversions():
         ok = torch.equal(circuits.unpack_bits(rss.open_xor(w), N), (small >> (m - 1)) & 1)
         lows[f"msb_low{m}"] = (ok, r_low, b_low)
     return {"finish": (ok_b2a and ok_mul, r_fin, b_fin), "b2a": (ok_b2a2, r_b2a, b_b2a),
+            "finish_same_words": (ok_same, r_same, b_same),
             "bit_mul_bcast": (ok_bcast, 0, 0), "a2b": (ok_a2b, r_a2b, b_a2b),
             "eq": (ok_eq, r_eq, b_eq), "and_reduce": (ok_red, r_red, b_red), **lows}
 
@@ -250,6 +255,8 @@ def test_b2a_bit_mul_a2b(rss_pool):
     expected = {
         "finish": (2, WORD * (sum(b2a.values()) + sum(mul.values()))),
         "b2a": (2, WORD * sum(b2a.values())),
+        # [r] and [r v] of one random bit: the B2A's words plus [t v] and the product
+        "finish_same_words": (2, WORD * (sum(b2a.values()) + 64 + 64 + 3 * 64)),
         "bit_mul_bcast": (0, 0),
         "and_reduce": (3, 3 * WORD),
         # both MSB carry circuits (2 * 92 + 2 * 158 words per chunk) + one bit injection
