@@ -21,7 +21,7 @@ from .. import encoding
 from ..cryptensor import CrypTensor as CoreTensor
 from ..errors import ProtocolError
 from ..mpc import binary as binary_mod
-from ..mpc import circuits, convert
+from ..mpc import circuits, protocol
 from ..session import current
 from . import config as config_mod
 
@@ -196,7 +196,7 @@ class MPCTensor(CrypTensor):
         return ptype.binary if self._binary is not None else ptype.arithmetic
 
     def _to_binary_inplace(self) -> None:
-        self._binary = convert.a2b(self._tensor.share)
+        self._binary = protocol.a2b(self._tensor.share)
 
     def _arithmetic_core(self) -> CoreTensor:
         if self._binary is not None:
@@ -214,7 +214,7 @@ class MPCTensor(CrypTensor):
             out._tensor = self._tensor
             out._binary = None
             if target == ptype.binary:
-                out._binary = convert.a2b(self._tensor.share)
+                out._binary = protocol.a2b(self._tensor.share)
             else:
                 out._tensor = CoreTensor(_b2a_words(self._binary), self._tensor.precision, torch.float32)
             return out
@@ -232,7 +232,7 @@ class MPCTensor(CrypTensor):
         if self._binary is not None:
             if dst is not None:
                 raise ValueError("binary MPCTensors reveal to every party (dst=None)")
-            value = binary_mod.open_xor(self._binary)
+            value = protocol.open_xor(self._binary)
             return encoding.decode(value, self._tensor.precision, torch.float32)
         return self._tensor.get_plain_text(dst)
 
@@ -351,7 +351,7 @@ class MPCTensor(CrypTensor):
     __rxor__, __rand__, __ror__ = __xor__, __and__, __or__
 
     def __invert__(self):
-        return self._binary_result(binary_mod.not_(self._need_binary()))
+        return self._binary_result(protocol.xor_public(self._need_binary(), -1))
 
     def __lshift__(self, k: int):
         return self._binary_result(binary_mod.lshift(self._need_binary(), k))
@@ -400,8 +400,7 @@ class MPCTensor(CrypTensor):
         if isinstance(value, MPCTensor):
             v = value._arithmetic_core()._rescaled(core.precision, core.dtype)
         else:
-            encoded = encoding.encode(torch.as_tensor(unwrap(value)), core.precision)
-            v = encoded if current().rank == 0 else torch.zeros_like(encoded)
+            v = protocol.public_share(encoding.encode(torch.as_tensor(unwrap(value)), core.precision))
         core.share[index] = v
 
     @property
@@ -512,7 +511,7 @@ def _b2a_words(words: torch.Tensor) -> torch.Tensor:
     flat = words.reshape(-1)
     bits = (flat.unsqueeze(-1) >> torch.arange(64)) & 1
     packed = circuits.pack_bits(bits.reshape(-1))
-    arith = convert.b2a(packed, bits.numel()).view(-1, 64)
+    arith = protocol.b2a(packed, bits.numel()).view(-1, 64)
     weights = torch.ones(64, dtype=torch.int64) << torch.arange(64)
     return (arith * weights).sum(-1).view(words.shape)
 

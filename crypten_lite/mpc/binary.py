@@ -59,12 +59,18 @@ def provider_get(kind: str, n: int, shapes_fn, words_per_element: int, params=()
 
 
 def lead_of(like: torch.Tensor) -> torch.Tensor:
-    """All-ones words on rank 0, zeros elsewhere (xor public constants through it)."""
+    """All-ones words on rank 0, zeros elsewhere (xor public constants through it). A
+    replicated share (protocol rss) gets the sharing of all-ones on its share index 0."""
+    if getattr(like, "is_replicated_share", False):
+        return torch.full_like(like, ALL_ONES)
     return torch.full_like(like, ALL_ONES) if current().rank == 0 else torch.zeros_like(like)
 
 
 def xor_public(x: torch.Tensor, c) -> torch.Tensor:
-    """x ^ c for a public c (rank 0 applies it)."""
+    """x ^ c for a public c (rank 0 applies it; a replicated share applies it on its share
+    index 0 by itself)."""
+    if getattr(x, "is_replicated_share", False):
+        return x ^ c
     return x ^ c if current().rank == 0 else x.clone()
 
 

@@ -87,7 +87,10 @@ def open_xor(x: torch.Tensor) -> torch.Tensor:
 
 
 def public_share(encoded: torch.Tensor) -> torch.Tensor:
-    """The trivial sharing of a public (encoded) tensor; no communication."""
+    """The trivial sharing of a public (encoded) tensor; no communication. A public constant
+    made in a share's shape (`torch.full_like(share, c)`) is already that sharing under rss."""
+    if isinstance(encoded, Replicated):
+        return encoded
     if is_rss():
         return rss.public(torch.as_tensor(encoded))
     return encoded if current().rank == 0 else torch.zeros_like(encoded)

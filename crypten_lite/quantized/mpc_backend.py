@@ -37,7 +37,7 @@ import torch
 
 from crypten_lite.cryptensor import CrypTensor
 from crypten_lite.errors import ProtocolError, UnsupportedError
-from crypten_lite.mpc import beaver, primitives
+from crypten_lite.mpc import primitives, protocol
 from crypten_lite.quantized import mpc_ops
 from crypten_lite.quantized.backend import Backend, Public
 from crypten_lite.quantized.executor import EXECUTORS, LayerDiff, decode_output, diff_values, encode_input
@@ -78,7 +78,7 @@ class MpcBackend(Backend):
     # --- data in and out -------------------------------------------------------------
     def input(self, x: torch.Tensor) -> torch.Tensor:
         mine = x if current().rank == self.src_input else None
-        return primitives.share(mine, self.src_input, tuple(x.shape))
+        return protocol.share(mine, self.src_input, tuple(x.shape))
 
     def weight(self, w: torch.Tensor) -> torch.Tensor:
         hit = self._weights.get(id(w))
@@ -88,12 +88,12 @@ class MpcBackend(Backend):
             raise ProtocolError(f"party {self.src_model} is the model owner but holds no weights "
                                 f"(meta tensor of shape {tuple(w.shape)})")
         mine = w if current().rank == self.src_model else None
-        share = primitives.share(mine, self.src_model, tuple(w.shape))
+        share = protocol.share(mine, self.src_model, tuple(w.shape))
         self._weights[id(w)] = (w, share)
         return share
 
     def reveal(self, x: torch.Tensor) -> torch.Tensor:
-        return primitives.open_(x)
+        return protocol.open_(x)
 
     def shape(self, x: torch.Tensor) -> torch.Size:
         return x.shape
@@ -191,9 +191,9 @@ def _batched_beaver(op: str, x: torch.Tensor, y: torch.Tensor, params: Sequence[
     numel = math.prod(_product_shape(op, x.shape, y.shape, params))
     split_y = op == "mul" and x.shape == y.shape
     if numel <= MAX_TRIPLE_ELEMENTS or x.dim() < 2 or x.shape[0] < 2 or (op == "mul" and not split_y):
-        return beaver.beaver(op, x, y, params)
+        return protocol.mul(op, x, y, params)
     rows = max(1, MAX_TRIPLE_ELEMENTS * x.shape[0] // numel)
-    parts = [beaver.beaver(op, x[i:i + rows], y[i:i + rows] if split_y else y, params)
+    parts = [protocol.mul(op, x[i:i + rows], y[i:i + rows] if split_y else y, params)
              for i in range(0, x.shape[0], rows)]
     return torch.cat(parts)
 
@@ -496,7 +496,7 @@ def run_private(program_or_model, x=None, src_model: int = 0, src_input: int = 1
     if not debug:
         return result
     names = [n.name for n in prepared.nodes]
-    opened = dict(zip(names, primitives.open_many([values[n] for n in names])))
+    opened = dict(zip(names, protocol.open_many([values[n] for n in names])))
     reference = reference if reference is not None else model
     layers = layer_report(prepared, reference, opened, x if s.rank == backend.src_input else None)
     return result, layers

@@ -25,8 +25,7 @@ import torch
 from crypten_lite import torch_functions
 from crypten_lite.cryptensor import CrypTensor, default_precision
 from crypten_lite.errors import ProtocolError
-from crypten_lite.mpc.primitives import open_
-from crypten_lite.mpc.truncation import truncate
+from crypten_lite.mpc.protocol import open_, truncate
 from crypten_lite.quantized import mpc_ops
 from crypten_lite.quantized.ir import FIXED, Node, bits_for
 from crypten_lite.quantized.requant import common_multipliers, tie_possible
