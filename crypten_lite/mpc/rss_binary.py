@@ -858,14 +858,21 @@ def finish(b2as: Sequence[tuple[Replicated, int]] = (),
     Per bit, roles 0 and 2 send 8.25 B and role 1 8 B for a B2A; a product adds 16 B (roles
     1 and 2) or 8 B (role 0) per value element. A product whose words are the very words of a
     B2A of the call (relu with its mask) shares that B2A's random bit and opening."""
+    def checked(words, n: int, what: str) -> Replicated:
+        words = _as_rep(words, what)
+        if words.numel() < -(-n // 64):
+            raise ProtocolError(f"party {current().rank}: {what} of {n} bits needs {-(-n // 64)} "
+                                f"packed words, got {words.numel()}")
+        return words
+
     jobs = []
     for words, n in b2as:
-        words = _as_rep(words, "B2A")
+        words = checked(words, n, "B2A")
         jobs.append({"n": n, "wa": words.a.reshape(-1), "wb": words.b.reshape(-1), "want_bit": True,
                      "words": words})
     targets, mul_jobs = [], []
     for words, bit_shape, value in muls:
-        words = _as_rep(words, "bit * value")
+        words = checked(words, _bit_count(bit_shape), "bit * value")
         va, vb, target = _mul_operand(bit_shape, value)
         targets.append(target)
         n = _bit_count(bit_shape)
