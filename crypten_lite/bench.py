@@ -37,6 +37,8 @@ def workload(name: str):
 
 
 _PLANS: dict[str, list] = {}
+# Workloads that take minutes: run only when named (--only) or with --large.
+LARGE = {"bert_base_layer_seq128"}
 
 
 def _measure(run: Callable[[], tuple[torch.Tensor, torch.Tensor]], plan_name: str | None = None) -> dict:
@@ -161,7 +163,7 @@ def _lenet():
     return lenet()
 
 
-def _private_model_run(model: torch.nn.Module, images: torch.Tensor):
+def _private_model_run(model: torch.nn.Module, images: torch.Tensor, torch_time: bool = False):
     from crypten_lite import nn
     rank = comm.get().rank
     private = nn.from_pytorch(model, torch.zeros(1, *images.shape[1:]), fold_batch_norm=not model.training)
@@ -170,7 +172,90 @@ def _private_model_run(model: torch.nn.Module, images: torch.Tensor):
     x = crypten_lite.cryptensor(images if rank == 1 else None, src=1)
     with torch.no_grad():
         ref = model(images)
-    return _measure(lambda: (_reveal_after(lambda: private(x)), ref))
+    result = _measure(lambda: (_reveal_after(lambda: private(x)), ref))
+    if torch_time:
+        result["torch_seconds"] = _torch_seconds(model, images)
+    return result
+
+
+def _torch_seconds(model: torch.nn.Module, inputs: torch.Tensor, repeat: int = 3) -> float:
+    """Median seconds of the plaintext torch forward, in the same process and run."""
+    times = []
+    with torch.no_grad():
+        for _ in range(repeat):
+            start = time.perf_counter()
+            model(inputs)
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+class EncoderLayer(torch.nn.Module):
+    """The math of torch.nn.TransformerEncoderLayer(d, heads, ffn, activation="gelu",
+    batch_first=True) in eval mode (post-norm), written out with Linear layers so that
+    from_pytorch imports it: one BERT encoder layer."""
+
+    def __init__(self, d: int, heads: int, ffn: int):
+        super().__init__()
+        self.heads = heads
+        self.q, self.k, self.v, self.o = (torch.nn.Linear(d, d) for _ in range(4))
+        self.ln1, self.ln2 = torch.nn.LayerNorm(d), torch.nn.LayerNorm(d)
+        self.fc1, self.fc2 = torch.nn.Linear(d, ffn), torch.nn.Linear(ffn, d)
+
+    def forward(self, x):
+        b, s, d = x.shape
+        h, dh = self.heads, d // self.heads
+        q = self.q(x).reshape(b, s, h, dh).transpose(1, 2)
+        k = self.k(x).reshape(b, s, h, dh).transpose(1, 2)
+        v = self.v(x).reshape(b, s, h, dh).transpose(1, 2)
+        scores = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / dh ** 0.5)
+        ctx = torch.matmul(torch.softmax(scores, -1), v).transpose(1, 2).reshape(b, s, d)
+        x = self.ln1(x + self.o(ctx))
+        return self.ln2(x + self.fc2(torch.nn.functional.gelu(self.fc1(x))))
+
+
+_LOADED: dict[tuple, tuple] = {}
+
+
+def _loaded_model_run(key: tuple, build: Callable[[], torch.nn.Module], inputs: torch.Tensor):
+    """A model loaded once per party process (imported, encrypted, and run once: its fixed
+    weights masked, crypten_lite.mpc.fixed), then measured per inference: the figures of a
+    deployed model answering queries. The one-time loading is not in the figures."""
+    from crypten_lite import nn
+    rank = comm.get().rank
+    if key not in _LOADED:
+        model = build().eval()
+        private = nn.from_pytorch(model, torch.zeros(1, *inputs.shape[1:]))
+        private.encrypt(src=0)
+        private.eval()
+        warm = crypten_lite.cryptensor(inputs if rank == 1 else None, src=1)
+        private(warm)
+        _LOADED[key] = (model, private)
+    model, private = _LOADED[key]
+    x = crypten_lite.cryptensor(inputs if rank == 1 else None, src=1)
+    with torch.no_grad():
+        ref = model(inputs)
+    result = _measure(lambda: (_reveal_after(lambda: private(x)), ref))
+    result["torch_seconds"] = _torch_seconds(model, inputs)
+    return result
+
+
+def _encoder_layer_run(d: int, heads: int, ffn: int, seq: int):
+    def build():
+        torch.manual_seed(0)  # insecure-ok: benchmark inputs and public model init, not shares
+        return EncoderLayer(d, heads, ffn)
+    return _loaded_model_run(("encoder", d, heads, ffn, seq), build, _data(19, 1, seq, d))
+
+
+@workload("bert_layer_tiny")
+def bert_layer_tiny():
+    """One encoder layer at hidden 32, 2 heads, FFN 64, seq 8 (exact costs in the tests)."""
+    return _encoder_layer_run(32, 2, 64, 8)
+
+
+@workload("bert_base_layer_seq128")
+def bert_base_layer_seq128():
+    """One BERT-base encoder layer: hidden 768, 12 heads, FFN 3072, GELU, seq 128, batch 1."""
+    return _encoder_layer_run(768, 12, 3072, 128)
 
 
 @workload("lenet_b1")
@@ -286,6 +371,9 @@ def run(names: list[str], parties: int, provider: str, repeat: int, tls_dir: str
                    "max_error": first[0]["max_error"],
                    # seconds depend on what else runs on the machine: record how busy it was
                    "load_average_1min": round(os.getloadavg()[0], 1), "cpus": os.cpu_count()}
+            if "torch_seconds" in first[0]:  # the plaintext forward, same run, same process
+                row["torch_seconds"] = statistics.median(max(r["torch_seconds"] for r in s) for s in samples)
+                row["ratio_to_torch"] = row["seconds_median"] / max(row["torch_seconds"], 1e-9)
             if name == "transport_16MB":
                 row["mb_per_s"] = statistics.median(min(r["mb_per_s"] for r in s) for s in samples)
                 bare = bare_grpc_echo()
@@ -293,6 +381,11 @@ def run(names: list[str], parties: int, provider: str, repeat: int, tls_dir: str
                 row["fraction_of_bare"] = row["mb_per_s"] / row["bare_grpc_mb_per_s"]
             rows.append(row)
     return rows
+
+
+def default_workloads(large: bool = False) -> list[str]:
+    """The workloads a bench run without --only runs (LARGE ones only with --large)."""
+    return [w for w in WORKLOADS if large or w not in LARGE]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -311,6 +404,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--tls", action="store_true", help="run with mutual TLS (fresh certificates)")
     parser.add_argument("--only", action="append", choices=sorted(WORKLOADS), metavar="NAME",
                         help="run only this workload (repeatable); one of: " + ", ".join(sorted(WORKLOADS)))
+    parser.add_argument("--large", action="store_true",
+                        help="also run the large workloads (minutes each): " + ", ".join(sorted(LARGE)))
     parser.add_argument("--repeat", type=int, default=3,
                         help="timed repetitions after one warm-up; seconds are their median (default %(default)s)")
     parser.add_argument("--out", default="-", help="append the JSON lines to this file (default stdout)")
@@ -332,7 +427,7 @@ def main(argv: list[str] | None = None) -> int:
         from . import certs
         tls_dir = tempfile.mkdtemp(prefix="crypten-lite-bench-certs-")
         certs.generate(tls_dir, parties=args.parties)
-    names = args.only or list(WORKLOADS)
+    names = args.only or default_workloads(args.large)
     rows = run(names, args.parties, args.provider, args.repeat, tls_dir, protocol)
     out = sys.stdout if args.out == "-" else open(args.out, "a")
     for row in rows:

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from . import encoding
 from . import names as names_mod
 from .errors import ProtocolError, UnsupportedError
-from .mpc import primitives, protocol
+from .mpc import fixed, primitives, protocol
 from .mpc.protocol import truncate
 from .session import current
 
@@ -413,8 +413,14 @@ class CrypTensor:
         if isinstance(other, CrypTensor):
             dtype = self._arith_dtype(other)
             target = self._target_precision(dtype, other)
-            share = self._product(op, self.share, other.share, params,
+            owner = None if swap else getattr(other, "_fixed_owner", None)
+            if owner is not None and fixed.enabled():
+                # a model weight: W - B opened once per loaded model (mpc/fixed.py)
+                share = self._fit(fixed.product(op, self.share, other.share, params, *owner),
                                   self.precision + other.precision, target)
+            else:
+                share = self._product(op, self.share, other.share, params,
+                                      self.precision + other.precision, target)
         else:
             dtype = self._arith_dtype(other)
             target = self._target_precision(dtype)
@@ -570,7 +576,11 @@ class CrypTensor:
     def t(self) -> "CrypTensor":
         if self.dim() < 2:
             return self
-        return self.transpose(0, 1)
+        out = self.transpose(0, 1)
+        owner = getattr(self, "_fixed_owner", None)
+        if owner is not None:  # a model weight's transpose (F.linear): its own fixed mask
+            out._fixed_owner = (owner[0], owner[1] + "t")
+        return out
 
     @property
     def T(self) -> "CrypTensor":

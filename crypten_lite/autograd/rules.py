@@ -335,6 +335,9 @@ _TANH_C = math.sqrt(2.0 / math.pi)
 def _gelu(g, x, out, cdf, approximate="none", **s):
     """d/dx x cdf(x) = cdf + x cdf (1 - cdf) z'(x), z the sigmoid argument of the forward."""
     xd = x.detach()
+    if cdf is None:  # the forward's piecewise polynomial saves none: sigmoid form, now
+        from ..functions.nonlinear import gelu_cdf
+        cdf = gelu_cdf(xd, approximate)
     x2 = xd.square()
     if approximate == "tanh":
         dz = x2.mul(2 * _TANH_C * 3 * 0.044715).add(2 * _TANH_C)
@@ -347,6 +350,9 @@ def _gelu(g, x, out, cdf, approximate="none", **s):
 def _silu(g, x, out, sigmoid, **s):
     """d/dx x s(x) = s (1 + x (1 - s))."""
     xd = x.detach()
+    if sigmoid is None:  # the forward's piecewise polynomial saves none: computed now
+        from ..functions.nonlinear import silu_sigmoid
+        sigmoid = silu_sigmoid(xd)
     return g.mul(sigmoid.mul(xd.sub(xd.mul(sigmoid)).add(1.0)))
 
 

@@ -17,7 +17,9 @@ The dealer logic itself (which values to derive, which correction to send) lives
       results included, is sized by arithmetic against max_message_bytes, and the batch's
       answer against one gRPC message;
    c. refuses a batch naming a counter it has already answered in this session (a replay,
-      or a different request for a used counter): each counter is answered at most once.
+      or a different request for a used counter): each counter is answered at most once;
+      and a ``weight_triple`` (fixed model weights, provider/correlations.py) whose mask
+      counter it did not answer as a ``weight_mask`` of that weight's shape.
    Then it derives every party's components and answers with rank 0's corrections only.
 
 Hostile input (tests/integration/test_fuzz.py, test_dealer_attacks.py): without TLS nobody's
@@ -264,6 +266,7 @@ class DealerServer:
         self.keys: dict[int, bytes] = {}     # correlation key of every rank
         self.mac_key: bytes | None = None    # rank 0's request MAC key
         self.ledger = CounterLedger()        # counters answered in this session
+        self.weight_masks: dict[int, tuple[int, ...]] = {}  # weight_mask counter -> weight shape
         self.refused = 0
         self.cond = threading.Condition()
         address = address or config.bind or config.dealer
@@ -291,9 +294,21 @@ class DealerServer:
         return self.handler.check(request, self.config.world_size, self.config.max_message_bytes)
 
     def claim(self, requests: Sequence[Request]) -> None:
-        """Mark the batch's counters answered (all or none); refuse a counter already answered."""
+        """Mark the batch's counters answered (all or none); refuse a counter already answered,
+        and a ``weight_triple`` whose mask counter was not answered (in this session, or
+        earlier in this batch) as a ``weight_mask`` of the same weight shape."""
         with self.cond:
+            pending = {r.counter: tuple(r.shapes[0]) for r in requests if r.kind == "weight_mask"}
+            for r in requests:
+                if r.kind == "weight_triple":
+                    mask = r.params[0]
+                    shape = self.weight_masks.get(mask, pending.get(mask))
+                    if shape is None or shape != tuple(r.shapes[1]):
+                        raise ProtocolError(f"weight_triple {r.counter} names mask counter {mask}, "
+                                            "which this session did not answer as a weight_mask "
+                                            f"of shape {tuple(r.shapes[1])}")
             self.ledger.claim([r.counter for r in requests])
+            self.weight_masks.update(pending)
 
     def audit(self, answered: int = 0, refused: int = 0) -> None:
         """Log the session's totals (INFO): what the dealer answered and refused so far."""

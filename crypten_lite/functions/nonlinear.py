@@ -33,10 +33,12 @@ import torch
 from .. import encoding
 from ..cryptensor import CrypTensor, _record, no_grad
 from ..errors import UnsupportedError
-from ..mpc import circuits, convert, primitives
+from ..mpc import circuits, protocol
+from ..mpc.replicated import Replicated
 from ..session import current
 from . import fast
-from ._common import float_view, mul_shares, mul_trunc, new_like, poly_share, public_share, rank0, truncate
+from ._common import (add_public, float_view, mul_shares, mul_trunc, new_like, poly_share, public_share,
+                      truncate, xor_public)
 from .comparisons import _needs_grad
 
 LN2 = math.log(2.0)
@@ -79,8 +81,7 @@ def poly_interval(x: torch.Tensor, prec: int, name: str, a: float, b: float) -> 
         t = x * int(scale)                    # exact, no truncation round
     else:
         t = truncate(x * int(round(scale * (1 << prec))), prec)
-    if rank0():
-        t = t - int(round((a + b) / (b - a) * (1 << prec)))
+    t = add_public(t, -int(round((a + b) / (b - a) * (1 << prec))))
     return poly_share(t, cheb_fit(name, a, b, DEGREES[name]), prec)
 
 
@@ -88,13 +89,13 @@ def poly_interval(x: torch.Tensor, prec: int, name: str, a: float, b: float) -> 
 def sign_bits(items: Sequence[tuple[torch.Tensor, bool]]) -> list[torch.Tensor]:
     """XOR shares (0/1, unpacked) of msb(v) ^ flip for every (v, flip), ONE MSB circuit."""
     flats = [v.reshape(-1) for v, _ in items]
-    words = convert.msb_words(torch.cat(flats))
+    words = protocol.msb_words(torch.cat(flats))
     n = sum(f.numel() for f in flats)
     bits = circuits.unpack_bits(words, n)
     out, off = [], 0
     for (v, flip), f in zip(items, flats):
         b = bits[off:off + f.numel()].view(v.shape)
-        out.append(b ^ 1 if flip and rank0() else b)
+        out.append(xor_public(b, 1) if flip else b)
         off += f.numel()
     return out
 
@@ -104,7 +105,7 @@ def finish_bits(b2a: Sequence[torch.Tensor], muls: Sequence[tuple[torch.Tensor, 
     flat = torch.cat([b.reshape(-1) for b in b2a]) if b2a else None
     jobs_b = [(circuits.pack_bits(flat), flat.numel())] if flat is not None else []
     jobs_m = [(circuits.pack_bits(b.reshape(-1)), tuple(b.shape), v) for b, v in muls]
-    outs_b, outs_m = convert.finish(jobs_b, jobs_m)
+    outs_b, outs_m = protocol.finish(jobs_b, jobs_m)
     res, off = [], 0
     for b in b2a:
         res.append(outs_b[0][off:off + b.numel()].view(b.shape))
@@ -147,7 +148,7 @@ def exp_share(xs: torch.Tensor, prec: int, trange: range = EXP_T, exact: bool = 
     a = _lin(bits, weights, 0, xs)
     p = poly_interval(f, prec, "exp2", 0.0, 1.0)
     (prod,) = mul_shares([(a, p)])
-    return convert.round_exact(prod, q_bits) if exact else truncate(prod, q_bits)
+    return protocol.round_exact(prod, q_bits) if exact else truncate(prod, q_bits)
 
 
 def reciprocal_share(xs: torch.Tensor, prec: int, trange: range = RECIP_T, signed: bool = True,
@@ -172,7 +173,7 @@ def reciprocal_share(xs: torch.Tensor, prec: int, trange: range = RECIP_T, signe
     (m,) = mul_trunc([(xs, scale)], q)
     r = poly_interval(m, prec, "recip", 1.0, 2.0)
     (prod,) = mul_shares([(r, scale)])
-    return convert.round_exact(prod, q) if exact else truncate(prod, q)
+    return protocol.round_exact(prod, q) if exact else truncate(prod, q)
 
 
 def isqrt_share(xs: torch.Tensor, prec: int, want: str = "isqrt", jrange: range = ISQRT_J) -> torch.Tensor:
@@ -240,14 +241,16 @@ def cos_sin_share(xs: torch.Tensor, prec: int, want_cos: bool = True, want_sin: 
     s = current()
     k = 40
     frac_bits = prec + k
-    theta = (xs * int(round((1 << k) / (2 * math.pi)))) & ((1 << frac_bits) - 1)
+    # This party's own additive part of x (its first component under rss: x = sum of them).
+    own = xs.a if isinstance(xs, Replicated) else xs
+    theta = (own * int(round((1 << k) / (2 * math.pi)))) & ((1 << frac_bits) - 1)
     angle = theta.double() / float(1 << frac_bits) * 2 * math.pi
     cos_l, sin_l = [], []
     for r in range(s.world_size):
         mine_c = encoding.encode(torch.cos(angle), prec) if s.rank == r else None
         mine_s = encoding.encode(torch.sin(angle), prec) if s.rank == r else None
-        cos_l.append(primitives.share(mine_c, r, xs.shape))
-        sin_l.append(primitives.share(mine_s, r, xs.shape))
+        cos_l.append(protocol.share(mine_c, r, xs.shape))
+        sin_l.append(protocol.share(mine_s, r, xs.shape))
     # Angle addition, tree over the parties: cos(a+b) = ca cb - sa sb, sin(a+b) = sa cb + ca sb.
     while len(cos_l) > 1:
         pairs = []
@@ -341,44 +344,52 @@ def erf(x: CrypTensor) -> CrypTensor:
     return _unary(x, fn, "erf")
 
 
-def gelu(x: CrypTensor, approximate: str = "none") -> CrypTensor:
-    """x * Phi(x); approximate="tanh" uses torch's tanh formula. Saves `cdf` = Phi(x).
-
-    Without autograd: the piecewise polynomial of functions.fast (11 rounds, one MSB
-    circuit); with requires_grad: x * sigmoid-based Phi(x), which the backward rule needs."""
-    x_f = float_view(x)
-    s, p = x_f.share, x_f.precision
-    if approximate not in ("none", "tanh"):
-        raise UnsupportedError(f"gelu approximate must be 'none' or 'tanh', got {approximate!r}")
-    if not _needs_grad(x):
-        out = fast.half_plus_even(s, p, "gelu" if approximate == "none" else "gelu_tanh")
-        return _record(new_like(x_f, out), "gelu", (x,), approximate=approximate)
+def _gelu_cdf_share(s: torch.Tensor, p: int, approximate: str) -> torch.Tensor:
+    """Shares of Phi(x) as sigmoid(z(x)) (erf or tanh form): what gelu's backward needs."""
     if approximate == "tanh":
         c = math.sqrt(2.0 / math.pi)
         (sq,) = mul_trunc([(s, s)], p)
         inner = truncate(sq * int(round(2 * c * 0.044715 * (1 << p))), p) + public_share(
             torch.full_like(s, int(round(2 * c * (1 << p)))))
         (z,) = mul_trunc([(s, inner)], p)
-    elif approximate == "none":
-        z = _erf_arg(s, p, 1.0 / math.sqrt(2.0))
     else:
+        z = _erf_arg(s, p, 1.0 / math.sqrt(2.0))
+    return sigmoid_share(z, p)
+
+
+def gelu_cdf(x: CrypTensor, approximate: str = "none") -> CrypTensor:
+    """Phi(x) (the sigmoid form), computed by gelu's backward rule when it runs."""
+    x_f = float_view(x.detach())
+    return new_like(x_f, _gelu_cdf_share(x_f.share, x_f.precision, approximate))
+
+
+def gelu(x: CrypTensor, approximate: str = "none") -> CrypTensor:
+    """x * Phi(x); approximate="tanh" uses torch's tanh formula.
+
+    The piecewise polynomial of functions.fast (11 rounds between 2 parties, one MSB
+    circuit). With autograd it saves `cdf` = None: the backward rule computes Phi(x) by
+    gelu_cdf only if a backward pass runs, so inference costs the same with or without grad."""
+    if approximate not in ("none", "tanh"):
         raise UnsupportedError(f"gelu approximate must be 'none' or 'tanh', got {approximate!r}")
-    cdf = sigmoid_share(z, p)
-    (out,) = mul_trunc([(s, cdf)], p)
-    saved = {"cdf": new_like(x_f, cdf)} if _needs_grad(x) else {}
+    x_f = float_view(x)
+    out = fast.half_plus_even(x_f.share, x_f.precision, "gelu" if approximate == "none" else "gelu_tanh")
+    saved = {"cdf": None} if _needs_grad(x) else {}
     return _record(new_like(x_f, out), "gelu", (x,), approximate=approximate, **saved)
 
 
+def silu_sigmoid(x: CrypTensor) -> CrypTensor:
+    """sigmoid(x), computed by silu's backward rule when it runs."""
+    x_f = float_view(x.detach())
+    return new_like(x_f, sigmoid_share(x_f.share, x_f.precision))
+
+
 def silu(x: CrypTensor) -> CrypTensor:
-    """x * sigmoid(x). Saves `sigmoid`. Without autograd: the piecewise polynomial of
-    functions.fast (11 rounds, one MSB circuit)."""
+    """x * sigmoid(x): the piecewise polynomial of functions.fast (11 rounds between 2
+    parties, one MSB circuit). With autograd it saves `sigmoid` = None, computed by the
+    backward rule (silu_sigmoid) only if a backward pass runs."""
     x_f = float_view(x)
-    if not _needs_grad(x):
-        out = fast.half_plus_even(x_f.share, x_f.precision, "silu")
-        return _record(new_like(x_f, out), "silu", (x,))
-    sig = sigmoid_share(x_f.share, x_f.precision)
-    (out,) = mul_trunc([(x_f.share, sig)], x_f.precision)
-    saved = {"sigmoid": new_like(x_f, sig)} if _needs_grad(x) else {}
+    out = fast.half_plus_even(x_f.share, x_f.precision, "silu")
+    saved = {"sigmoid": None} if _needs_grad(x) else {}
     return _record(new_like(x_f, out), "silu", (x,), **saved)
 
 

@@ -205,6 +205,9 @@ class Module:
             for name, v in list(m._parameters.items()):
                 if isinstance(v, torch.Tensor):
                     m._parameters[name] = _share(v, src, True, precision)
+                    # a weight reused across calls: products with it open W - B once
+                    # (crypten_lite.mpc.fixed), the same bytes as a triple on first use
+                    m._parameters[name]._fixed_owner = (m._parameters[name], "")
             for name, v in list(m._buffers.items()):
                 if isinstance(v, torch.Tensor) and v.is_floating_point():
                     m._buffers[name] = _share(v, src, False, precision)

@@ -52,6 +52,24 @@ def _spec(kind: str, op: str, shapes, params) -> tuple:
             tuple(int(p) for p in params))
 
 
+def _relative(spec: tuple, index: dict[int, int]) -> tuple:
+    """A recorded weight_triple whose mask was drawn in the same recording names the mask by
+    its plan position (-1 - position), so that a replay with a freshly masked model (new mask
+    counters) matches the plan; a mask drawn before the recording keeps its counter."""
+    kind, op, shapes, params = spec
+    if kind == "weight_triple" and params and params[0] in index:
+        return (kind, op, shapes, (-1 - index[params[0]],) + params[1:])
+    return spec
+
+
+def _absolute(spec: tuple, start: int) -> tuple:
+    """The inverse of _relative for a plan prefetched at counter `start`."""
+    kind, op, shapes, params = spec
+    if kind == "weight_triple" and params and params[0] < 0:
+        return (kind, op, shapes, (start - 1 - params[0],) + params[1:])
+    return spec
+
+
 class Provider:
     """Base provider: counters, seeded derivation and the offline plan; subclasses supply
     rank 0's corrections.
@@ -89,7 +107,8 @@ class Provider:
         request = Request(kind, self._next_counter(spec), op, shapes, params)
         self.stats["requests"] += 1
         if self._recording is not None:
-            self._recording.append(spec)
+            self._record_index[request.counter] = len(self._recording)
+            self._recording.append(_relative(spec, self._record_index))
         parts = correlations.derive(self._key, request.counter, kind, op, shapes, params)
         fetch = None
         if self.rank == CORRECTING_RANK:
@@ -123,6 +142,7 @@ class Provider:
     def start_recording(self) -> None:
         """Record the specs (kind, op, shapes, params) of every request from now on."""
         self._recording = []
+        self._record_index: dict[int, int] = {}
 
     def stop_recording(self) -> list[tuple]:
         plan, self._recording = self._recording or [], None
@@ -135,7 +155,7 @@ class Provider:
         whose unused counters were answered already and are never requested again."""
         start = max(self.counter, self._plan_start + len(self._plan))
         self.counter = start
-        self._plan = [_spec(*entry) for entry in plan]
+        self._plan = [_absolute(_spec(*entry), start) for entry in plan]
         self._plan_start = start
         self._prefetched = {}
         if self.rank != CORRECTING_RANK or not plan:

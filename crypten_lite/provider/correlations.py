@@ -21,6 +21,25 @@ Kinds (x = sum of arithmetic shares, ^ = xor of binary shares):
 * ``binary_triple`` a, b uniform words; c = a & b (xor shares)          correction: c_0
 * ``trunc``         r uniform; rt = r >> bits (logical); m = msb(r)     corrections: rt_0, m_0
 
+* ``weight_mask``   B uniform (the fixed mask of one model weight)     corrections: none
+* ``weight_triple`` A uniform; C = op(A, B), B the weight_mask of counter params[0]
+                    (shapes: activation, weight; params: mask counter, op params)
+                                                                       correction: C_0
+
+Fixed weights (weight_mask / weight_triple, crypten_lite.mpc.fixed): a product op(x, W) with
+a model weight W that stays the same across calls opens D = W - B ONCE per loaded model
+(B = sum of the parties' seeded components of one ``weight_mask`` request, bound to that
+request's counter, the weight's id), and per call only E = x - A_k, with a fresh
+``weight_triple`` (A_k, C_k = op(A_k, B)) under its own counter. Security: B is uniform and
+masks nothing but W, so D is uniform and independent of W; it is opened once (opening the
+same D again reveals nothing new, and a changed W gets a fresh B, never W' - B). Every A_k
+is fresh and uniform, so each E_k is a one-time pad of x_k; C_k's shares come from the
+request's own streams, and rank 0's correction C_k - sum_{i>0} C_k,i is uniform to it as
+for any triple. The view of the parties (D, E_1, E_2, ...) is uniform and independent of
+(W, x_1, x_2, ...): the same as with fresh triples, where D would be a fresh uniform value
+at each call. The dealer answers each weight_triple counter once (the ledger) and only for a
+mask counter it answered as a weight_mask of that same weight shape (comm/dealer_rpc.py).
+
 More kinds (binary_monomials, bit_mul, trunc_exact) are defined at the end of this file.
 """
 
@@ -106,6 +125,10 @@ def component_shapes(kind: str, op: str, shapes, params) -> list[tuple[int, ...]
         return [tuple(shapes[0]), tuple(shapes[1]), triple_shape(op, shapes[0], shapes[1], params)]
     if kind in ("square", "bit", "trunc", "binary_triple"):
         return [tuple(shapes[0])] * COMPONENTS[kind]
+    if kind == "weight_mask":
+        return [tuple(shapes[0])]
+    if kind == "weight_triple":
+        return [tuple(shapes[0]), triple_shape(op, shapes[0], shapes[1], params[1:])]
     raise UnsupportedError(f"unknown correlation kind {kind!r}")
 
 
@@ -146,6 +169,12 @@ def corrections(keys: dict[int, bytes], counter: int, kind: str, op: str, shapes
     if kind == "triple":
         c = TRIPLE_OPS[op](arith_sum(0, world), arith_sum(1, world), params)
         return [c - arith_sum(2, others)]
+    if kind == "weight_mask":
+        return []
+    if kind == "weight_triple":
+        b = weight_mask_of(keys, params[0], shapes[1])
+        c = TRIPLE_OPS[op](arith_sum(0, world), b, params[1:])
+        return [c - arith_sum(1, others)]
     if kind == "square":
         a = arith_sum(0, world)
         return [a * a - arith_sum(1, others)]
@@ -162,6 +191,16 @@ def corrections(keys: dict[int, bytes], counter: int, kind: str, op: str, shapes
         msb = logical_shift(r, 63)
         return [rt - arith_sum(1, others), msb - arith_sum(2, others)]
     raise UnsupportedError(f"unknown correlation kind {kind!r}")
+
+
+def weight_mask_of(keys: dict[int, bytes], mask_counter: int, shape) -> torch.Tensor:
+    """The dealer's side: B = sum of every party's component of the ``weight_mask`` request
+    at `mask_counter` (the fixed mask of one model weight, see ``weight_triple``)."""
+    out = None
+    for r in sorted(keys):
+        (part,) = derive(keys[r], mask_counter, "weight_mask", "", [tuple(shape)], ())
+        out = part if out is None else out + part
+    return out
 
 
 def logical_shift(x: torch.Tensor, bits: int) -> torch.Tensor:
@@ -292,7 +331,8 @@ _CONV_LOWER = {"conv1d": (1, 0, 1, 1), "conv2d": (1, 1, 0, 0, 1, 1, 1),
 MAX_CONV_PARAM = 1 << 31
 MAX_SHIFT = 63          # trunc / trunc_exact: 0 <= bits <= 63
 MAX_MONOMIAL_MASKS = 64  # binary_monomials: masks per request
-OPERANDS = {"triple": 2, "bit_mul": 2}  # every other kind has one operand shape
+OPERANDS = {"triple": 2, "bit_mul": 2, "weight_triple": 2}  # the others: one operand shape
+FIXED_KINDS = ("weight_mask", "weight_triple")
 
 
 def correction_count(kind: str, params: Sequence[int]) -> int:
@@ -303,6 +343,10 @@ def correction_count(kind: str, params: Sequence[int]) -> int:
         return 2
     if kind == "trunc_exact":
         return 3
+    if kind == "weight_mask":
+        return 0
+    if kind == "weight_triple":
+        return 1
     return CORRECTIONS[kind]
 
 
@@ -311,6 +355,14 @@ def _refuse(kind: str, op: str, why: str) -> ProtocolError:
 
 
 def _check_params(kind: str, op: str, shapes, params: Sequence[int], world_size: int) -> None:
+    if kind == "weight_triple":
+        if not params or params[0] < 0:
+            raise _refuse(kind, op, "expected the weight mask's counter as the first parameter")
+        try:
+            _check_params("triple", op, shapes, params[1:], world_size)
+        except ProtocolError as e:
+            raise _refuse(kind, op, str(e).split(": ", 1)[-1]) from None
+        return
     if kind == "triple":
         if op not in TRIPLE_OPS:
             raise _refuse(kind, op, f"no Beaver triple for this op; supported: {sorted(TRIPLE_OPS)}")
@@ -358,8 +410,9 @@ def check_request(kind: str, op: str, shapes, params: Sequence[int], world_size:
     the size of every component (a broadcast or matmul result included) is computed by
     arithmetic (or meta tensors) and compared with `max_component_bytes`.
     """
-    if kind not in COMPONENTS and kind not in EXTRA_KINDS:
-        raise _refuse(kind, op, f"unknown kind; known: {sorted(COMPONENTS) + sorted(EXTRA_KINDS)}")
+    if kind not in COMPONENTS and kind not in EXTRA_KINDS and kind not in FIXED_KINDS:
+        raise _refuse(kind, op, f"unknown kind; known: "
+                                f"{sorted(COMPONENTS) + sorted(EXTRA_KINDS) + list(FIXED_KINDS)}")
     if len(shapes) != OPERANDS.get(kind, 1):
         raise _refuse(kind, op, f"{len(shapes)} operand shapes, expected {OPERANDS.get(kind, 1)}")
     limit = max_component_bytes // 8

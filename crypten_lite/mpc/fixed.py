@@ -1,0 +1,91 @@
+"""Beaver products with a fixed secret weight: W - B opened once per loaded model.
+
+A model's weight W (a Linear or convolution weight of an encrypted crypten_lite.nn model)
+is the same secret at every call. With fresh triples each call opens x - A AND W - B, and
+W - B is as large as the weight (768 x 768 for one BERT-base projection: 4.7 MB per party).
+Here, per weight (and per layout: a Linear's W^T is its own entry):
+
+1. Once: one ``weight_mask`` correlation gives every party its share of a uniform B (no
+   dealer correction; the dealer only records the request's counter: the weight's id), and
+   D = W - B is opened, in the same round as the first call's E.
+2. Each call: a ``weight_triple`` (A_k, C_k = op(A_k, B)) under its own counter, naming the
+   mask counter; open only E_k = x_k - A_k;
+   [op(x, W)] = [C_k] + op(E_k, [B]) + op([A_k], D) + op(E_k, D)  (public term on rank 0).
+
+Security (the argument in full: provider/correlations.py, ``weight_triple``): D is a
+one-time pad of W opened once, each E_k a one-time pad of x_k with a fresh A_k, C_k's shares
+fresh: the parties' view is uniform and independent of W and every x_k. A weight whose
+shares change (training, load_state_dict, an in-place update) gets a NEW mask before its
+next product: the cache keeps the share tensor it masked and that tensor's version counter
+(torch bumps it at every in-place change; every party runs the same program, so they decide
+alike), never opening W' - B with an old B. Memory: B and D per weight layout (two more
+copies of the weight's shares).
+
+Only under the additive protocol with 2+ parties and a provider (the dealer or TFP).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from ..provider.correlations import TRIPLE_OPS
+from ..session import current
+from .primitives import open_many
+
+
+@dataclass
+class _Mask:
+    source: torch.Tensor      # the owner's share tensor this mask was drawn for
+    version: int              # and its version counter then (in-place changes bump it)
+    counter: int              # the weight_mask request's counter: the weight's id
+    b: torch.Tensor           # this party's share of B
+    d: torch.Tensor | None    # W - B once opened
+
+
+def enabled() -> bool:
+    s = current()
+    return (getattr(s.config, "protocol", "additive") == "additive" and s.world_size >= 2
+            and getattr(s, "provider", None) is not None)
+
+
+def _mask_for(owner, key: str, w: torch.Tensor) -> _Mask:
+    """The mask of `owner`'s weight in layout `key`; a new one whenever the owner's shares
+    were replaced or changed in place since (every party decides alike: same program)."""
+    cache = owner.__dict__.setdefault("_fixed_masks", {})
+    m = cache.get(key)
+    src = owner.share
+    if (m is not None and m.source is src and m.version == src._version
+            and tuple(m.b.shape) == tuple(w.shape)):
+        return m
+    provider = current().provider
+    corr = provider.get("weight_mask", [tuple(w.shape)])
+    # Rank 0 waits for the dealer's (empty) answer: the dealer answers a weight_triple only
+    # for a mask it has answered, and separate requests may reach it in any order.
+    corr.corrected()
+    m = _Mask(src, src._version, provider.counter - 1, corr[0], None)
+    cache[key] = m
+    return m
+
+
+def product(op: str, x: torch.Tensor, w: torch.Tensor, params: Sequence[int], owner,
+            key: str = "") -> torch.Tensor:
+    """Shares of op(x, w) for the fixed weight share `w` of `owner` (a CrypTensor whose
+    weight it is; `key` names the layout, e.g. "t" for a Linear's transposed weight)."""
+    s = current()
+    fn = TRIPLE_OPS[op]
+    m = _mask_for(owner, key, w)
+    triple = s.provider.get("weight_triple", [tuple(x.shape), tuple(w.shape)], op,
+                            (m.counter, *params))
+    a = triple[0]
+    if m.d is None:
+        e, m.d = open_many([x - a, w - m.b])
+    else:
+        (e,) = open_many([x - a])
+    c = triple.corrected()[1]
+    z = c + fn(e, m.b, params) + fn(a, m.d, params)
+    if s.rank == 0:
+        z += fn(e, m.d, params)
+    return z

@@ -1,0 +1,189 @@
+"""Transformer blocks at literature cost levels (crypten_lite.functions.fast) and fixed model
+weights masked once (crypten_lite.mpc.fixed), between real parties with the dealer.
+
+Every result is checked against torch (float64 on the fixed-point inputs); rounds and bytes
+are exact. The attacks on the fixed-weight correlations (a weight_triple naming a counter
+that is not a weight mask of that weight) are performed against the real dealer.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+import crypten_lite
+from crypten_lite import comm
+
+SCALE = 2 ** 16
+
+
+def _q(t: torch.Tensor) -> torch.Tensor:
+    return torch.round(t.double() * SCALE) / SCALE
+
+
+def _cost(fn):
+    c = comm.get()
+    c.barrier()
+    c.reset_communication_stats()
+    out = fn()
+    st = c.get_communication_stats()
+    return out, (st["rounds"], st["bytes_sent"])
+
+
+# ------------------------------------------------------------------ party functions
+def party_fast_functions():
+    g = torch.Generator().manual_seed(3)
+    a = torch.randn(4, 64, generator=g) * 3           # 256 elements, both tails included
+    a[0, :4] = torch.tensor([-40.0, -4.0, 4.0, 40.0])
+    x = crypten_lite.cryptensor(a, src=0)
+    q = _q(a)
+    out = {}
+    y, out["gelu_cost"] = _cost(lambda: x.gelu())
+    out["gelu_err"] = (y.get_plain_text().double() - F.gelu(q)).abs().max().item()
+    y, out["gelu_tanh_cost"] = _cost(lambda: x.gelu("tanh"))
+    out["gelu_tanh_err"] = (y.get_plain_text().double() - F.gelu(q, approximate="tanh")).abs().max().item()
+    y, out["silu_cost"] = _cost(lambda: x.silu())
+    out["silu_err"] = (y.get_plain_text().double() - F.silu(q)).abs().max().item()
+    s = torch.randn(6, 40, generator=g) * 4           # 40 columns: grouped all-pairs max
+    s[0, 5] = -1e4                                    # a masked score: weight 0
+    xs = crypten_lite.cryptensor(s, src=1)
+    y, out["softmax_cost"] = _cost(lambda: xs.softmax(-1))
+    out["softmax_err"] = (y.get_plain_text().double() - _q(s).softmax(-1)).abs().max().item()
+    out["masked_weight"] = y.get_plain_text()[0, 5].item()
+    h = torch.randn(3, 16, generator=g) * 2 + 1
+    w = torch.rand(16, generator=g) + 0.5
+    xh = crypten_lite.cryptensor(h, src=0)
+    y, out["rms_norm_cost"] = _cost(lambda: F.rms_norm(xh, (16,), w, 1e-6))
+    out["rms_norm_err"] = (y.get_plain_text().double()
+                           - F.rms_norm(_q(h), (16,), w.double(), 1e-6)).abs().max().item()
+    return out
+
+
+def party_fixed_weights():
+    from crypten_lite import nn
+    c = comm.get()
+    torch.manual_seed(0)  # test model, not cryptographic
+    lin = torch.nn.Linear(16, 8)
+    conv = torch.nn.Conv2d(2, 3, 3)
+    model = nn.from_pytorch(torch.nn.Sequential(lin), torch.zeros(1, 16))
+    model.encrypt(src=0)
+    model.eval()
+    cmodel = nn.from_pytorch(torch.nn.Sequential(conv), torch.zeros(1, 2, 5, 5))
+    cmodel.encrypt(src=0)
+    g = torch.Generator().manual_seed(4)
+    out = {"costs": [], "errs": []}
+    for _ in range(3):
+        t = torch.randn(4, 16, generator=g)
+        x = crypten_lite.cryptensor(t if c.rank == 1 else None, src=1)
+        y, cost = _cost(lambda: model(x))
+        out["costs"].append(cost)
+        out["errs"].append((y.get_plain_text() - lin(t)).abs().max().item())
+    # A changed weight (in place, as an optimizer or load_state_dict would) gets a new mask.
+    weight = [p for p in model.parameters() if p.dim() == 2][0]
+    with crypten_lite.no_grad():
+        weight._inplace(weight.add(1.0))
+    lin.weight.data += 1.0
+    t = torch.randn(4, 16, generator=g)
+    x = crypten_lite.cryptensor(t if c.rank == 1 else None, src=1)
+    y, out["after_update"] = _cost(lambda: model(x))
+    out["errs"].append((y.get_plain_text() - lin(t)).abs().max().item())
+    img = torch.randn(1, 2, 5, 5, generator=g)
+    xi = crypten_lite.cryptensor(img, src=1)
+    out["conv_costs"] = []
+    for _ in range(2):
+        y, cost = _cost(lambda: cmodel(xi))
+        out["conv_costs"].append(cost)
+        out["errs"].append((y.get_plain_text() - conv(img)).abs().max().item())
+    return out
+
+
+def party_forged_weight_triples():
+    """Rank 0 asks the dealer for weight_triples naming masks it never drew: refused."""
+    from crypten_lite.errors import CommunicationError
+    from crypten_lite.session import current
+    provider = current().provider
+    provider.get("weight_mask", [(16, 8)])
+    mask = provider.counter - 1
+    provider.get("triple", [(4, 16), (16, 8)], "matmul")
+    plain = provider.counter - 1
+    attempts = {"unknown counter": (mask + 1000, (16, 8)), "a triple's counter": (plain, (16, 8)),
+                "another shape": (mask, (16, 4))}
+    out = {}
+    for name, (counter, shape) in attempts.items():
+        corr = provider.get("weight_triple", [(4, 16), shape], "matmul", (counter,))
+        if current().rank != 0:
+            continue
+        try:
+            corr.corrected()
+            out[name] = "answered"
+        except CommunicationError as e:
+            out[name] = str(e)
+    if current().rank == 0:  # the genuine one is answered
+        corr = provider.get("weight_triple", [(4, 16), (16, 8)], "matmul", (mask,))
+        corr.corrected()
+    else:
+        provider.get("weight_triple", [(4, 16), (16, 8)], "matmul", (mask,))
+    return out
+
+
+def party_bert_layer_tiny():
+    from crypten_lite import bench
+    return bench.WORKLOADS["bert_layer_tiny"]()
+
+
+# ---------------------------------------------------------------------------- tests
+def test_fast_functions_accuracy_and_costs(pool2):
+    r = pool2.run(party_fast_functions)[0]
+    assert r["gelu_err"] <= 1e-3 and r["gelu_tanh_err"] <= 1e-3, r
+    assert r["silu_err"] <= 2e-3, r
+    assert r["softmax_err"] <= 1e-3 and r["masked_weight"] == 0.0, r
+    assert r["rms_norm_err"] <= 5e-3, r
+    # 256 elements: 1 + 3 + 6 + 1 rounds; softmax [6, 40]: 40 -> 5 (groups of 8) -> 1
+    assert r["gelu_cost"] == GELU_COST and r["gelu_tanh_cost"] == GELU_COST
+    assert r["silu_cost"] == SILU_COST
+    assert r["softmax_cost"] == SOFTMAX_COST
+    assert r["rms_norm_cost"] == RMS_NORM_COST
+
+
+def test_fixed_weights_open_w_minus_b_once(pool2):
+    r = pool2.run(party_fixed_weights)[0]
+    assert max(r["errs"]) <= 1e-3, r["errs"]
+    first, second, third = r["costs"]
+    # first call: x - A (4 x 16) and W^T - B (16 x 8); later calls: x - A only
+    assert first == (1, 8 * (4 * 16 + 16 * 8)) and second == third == (1, 8 * 4 * 16)
+    assert r["after_update"] == first                # a changed weight: a new mask, opened once
+    conv_first, conv_second = r["conv_costs"]
+    assert conv_first == (1, 8 * (2 * 25 + 3 * 2 * 9)) and conv_second == (1, 8 * 2 * 25)
+
+
+def test_dealer_refuses_forged_weight_triples(pool2):
+    r = pool2.run(party_forged_weight_triples)[0]
+    assert set(r) == {"unknown counter", "a triple's counter", "another shape"}
+    for name, msg in r.items():
+        assert "did not answer as a weight_mask" in msg, (name, msg)
+
+
+def test_bert_layer_tiny_costs(pool2):
+    r = pool2.run(party_bert_layer_tiny)
+    assert r[0]["max_error"] <= 1e-2
+    assert (r[0]["rounds"], [p["bytes_sent"] for p in r]) == BERT_TINY_COST
+    assert r[0]["dealer_bytes"] + r[0]["offline_dealer_bytes"] == BERT_TINY_DEALER
+
+
+def test_large_bench_workloads_are_opt_in():
+    from crypten_lite import bench
+    assert "bert_base_layer_seq128" in bench.LARGE <= set(bench.WORKLOADS)
+    assert not bench.LARGE & set(bench.default_workloads())
+    assert bench.LARGE <= set(bench.default_workloads(large=True))
+    assert "bert_layer_tiny" in bench.default_workloads()
+
+
+# (rounds, bytes sent by one party) between 2 parties
+GELU_COST = (11, 36544)          # 256 elements: 142.75 bytes each
+SILU_COST = (11, 56864)          # two segments: 222.1 bytes each
+SOFTMAX_COST = (43, 70936)       # [6, 40]: 19 (max) + 11 (exp) + 12 (1/sum per row) + 1
+RMS_NORM_COST = (14, 2496)       # [3, 16]: one inv_sqrt per row
+# One encoder layer (hidden 32, 2 heads, FFN 64, seq 8), weights masked at load time:
+# per inference, rounds and bytes sent by each party; dealer bytes (online + offline).
+BERT_TINY_COST = (83, [155784, 155784])
+BERT_TINY_DEALER = 166976
