@@ -212,7 +212,8 @@ def _refusals():
     caught = []
     for fn in (lambda: rb.msb_words(torch.zeros(3, dtype=torch.int64)),
                lambda: rb.round_exact(_arith_share(torch.zeros(3, dtype=torch.int64)), 0),
-               lambda: rb.and_many([(torch.zeros(2, dtype=torch.int64), torch.zeros(2, dtype=torch.int64))])):
+               lambda: rb.and_many([(torch.zeros(2, dtype=torch.int64), torch.zeros(2, dtype=torch.int64))]),
+               lambda: rb.b2a(_binary_share(torch.zeros(1, dtype=torch.int64), 18), 100)):
         try:
             fn()
             caught.append("no error")
@@ -336,3 +337,4 @@ def test_msb_views_uniform_and_independent_of_input(rss_pool):
 def test_refusals(rss_pool):
     for caught in rss_pool.run(_refusals):
         assert "replicated" in caught[0] and "bits must be 1..62" in caught[1] and "replicated" in caught[2], caught
+        assert "needs 2 packed words, got 1" in caught[3], caught
