@@ -42,6 +42,7 @@ from ..cryptensor import CrypTensor
 from ..errors import UnsupportedError
 from . import functional as F
 from . import layers as L
+from . import vision_ops as _vision_ops
 from .inference import FoldedBatchNorm
 from .module import Module
 
@@ -238,6 +239,7 @@ FUNCTIONS: dict[Any, Callable] = {
 # package rebuilds the node from a model description through a stand-in of the same name.
 NAMED_FUNCTIONS: dict[str, Callable] = {
     "torchvision.ops.stochastic_depth.stochastic_depth": _stochastic_depth,
+    **_vision_ops.FUNCTIONS,  # Swin's window attention, relative position bias, patch merging
 }
 _STAND_INS: dict[str, Callable] = {}
 

@@ -162,7 +162,7 @@ def party_misuse() -> dict:
     except ProtocolError as e:
         out["wrong_src"] = str(e)
     # the owner fails to convert (an op crypten_lite does not support): the others are told
-    bad = torch.nn.Sequential(torch.nn.Conv2d(1, 2, 3), torch.nn.Hardswish()) if rank == 0 else None
+    bad = torch.nn.Sequential(torch.nn.Conv2d(1, 2, 3), torch.nn.Softsign()) if rank == 0 else None
     try:
         crypten_lite.nn.from_pytorch(bad, (1, 1, 8, 8), src=0)
     except (UnsupportedError, ProtocolError) as e:
@@ -237,7 +237,7 @@ def test_misuse_gives_clear_errors(pool2):
     assert "holds only the architecture" in got[1]["forward_before_encrypt"]
     for r in got:
         assert "came from party 0" in r["wrong_src"] and "encrypt(src=0)" in r["wrong_src"]
-    assert got[0]["owner_failed"].startswith("UnsupportedError") and "Hardswish" in got[0]["owner_failed"]
+    assert got[0]["owner_failed"].startswith("UnsupportedError") and "Softsign" in got[0]["owner_failed"]
     assert "party 0 could not convert its model" in got[1]["owner_failed"]
     assert "pass None on the other parties" in got[1]["model_on_non_owner"]
     assert "model_on_non_owner" not in got[0]

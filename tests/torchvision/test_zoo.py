@@ -33,18 +33,19 @@ OWNER, DATA = 0, 1
 ROUNDS: dict[str, int] = {}
 
 
-def party_zoo(name: str, x: torch.Tensor) -> dict:
-    """Party 0 builds the torchvision model (only it imports torchvision); party 1's image."""
+def party_zoo(name: str, x: torch.Tensor, **options) -> dict:
+    """Party 0 builds the torchvision model (only it imports torchvision); party 1's image.
+    `options` go to from_pytorch; the model's BatchNorm statistics are those of x's size."""
     warnings.simplefilter("ignore")
     rank = crypten_lite.get_rank()
     c = comm.get()
     model = ref = None
     if rank == OWNER:
         from zoo import build  # noqa: PLC0415  (the model owner's code only)
-        model, _, _ = build(name)
+        model, _, _ = build(name, size=x.shape[-1])
         with torch.no_grad():
             ref = model(x)
-    private = crypten_lite.nn.from_pytorch(model, tuple(x.shape), src=OWNER)
+    private = crypten_lite.nn.from_pytorch(model, tuple(x.shape), src=OWNER, **options)
     private.encrypt(src=OWNER)
     image = crypten_lite.cryptensor(x if rank == DATA else None, src=DATA)
     c.reset_communication_stats()

@@ -46,7 +46,7 @@ def _make(build, shape: tuple, seed: int) -> torch.nn.Module:
 def _families() -> dict:
     from torchvision import models as tv
     from torchvision.models import efficientnet as eff
-    from torchvision.models import regnet, resnet, vision_transformer as vit
+    from torchvision.models import resnet, swin_transformer as swin, vision_transformer as vit
 
     small_efficientnet = partial(eff.EfficientNet, [
         eff.MBConvConfig(1, 3, 1, 16, 8, 1, 1.0, 1.0),
@@ -91,14 +91,22 @@ def _families() -> dict:
         "vit": (partial(vit.VisionTransformer, image_size=32, patch_size=8, num_layers=2, num_heads=2,
                         hidden_dim=32, mlp_dim=64, num_classes=NUM_CLASSES), (1, 3, 32, 32),
                 "VisionTransformer(image_size=32, patch_size=8, 2 layers, 2 heads, hidden 32, mlp 64)"),
+        "swin": (partial(swin.SwinTransformer, patch_size=[2, 2], embed_dim=16, depths=[2, 2], num_heads=[2, 2],
+                         window_size=[4, 4], stochastic_depth_prob=0.1, num_classes=NUM_CLASSES), (1, 3, 32, 32),
+                 "SwinTransformer(patch_size=2, embed_dim=16, depths=[2, 2], num_heads=[2, 2], window_size=4): "
+                 "shifted windows and patch merging as swin_t"),
     }
 
 
 FAMILIES = ["resnet", "resnext", "wide_resnet", "mobilenet_v2", "mobilenet_v3", "efficientnet",
             "efficientnet_v2", "regnet", "squeezenet", "shufflenet_v2", "mnasnet", "densenet",
-            "convnext", "vit"]
+            "convnext", "vit", "swin"]
 
 
-def build(name: str, seed: int = 0) -> tuple[torch.nn.Module, tuple, str]:
+def build(name: str, seed: int = 0, size: int | None = None) -> tuple[torch.nn.Module, tuple, str]:
+    """The family's model, its input shape (`size` x `size` images if given: the BatchNorm
+    statistics are those of that size) and a note on the configuration."""
     make, shape, note = _families()[name]
+    if size is not None:
+        shape = (*shape[:2], size, size)
     return _make(make, shape, seed), shape, note
