@@ -336,7 +336,8 @@ def private_table() -> dict[Any, Callable]:
         aten.cumsum.default: lambda x, dim, dtype=None: x.cumsum(dim) if isinstance(x, CrypTensor)
             else torch.cumsum(x, dim, dtype=dtype),
         aten.gather.default: lambda x, dim, index, sparse_grad=False: x.gather(dim, index),
-        aten.where.self: _where,
+        aten.where.self: _where, aten.where.ScalarOther: _where, aten.where.ScalarSelf: _where,
+        aten.where.Scalar: _where,
         aten.masked_fill.Scalar: _masked_fill, aten.masked_fill_.Scalar: _masked_fill,
         aten.masked_fill.Tensor: _masked_fill,
         aten.add.Tensor: _add_masked, aten.add_.Tensor: _add_masked,

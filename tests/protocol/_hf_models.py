@@ -45,7 +45,14 @@ _CLASSES = {"bert": "BertForSequenceClassification", "distilbert": "DistilBertFo
 
 
 def build(name: str, seed: int = 0) -> torch.nn.Module:
-    """The model `name` with seeded random weights (test weights, not cryptographic), eval mode."""
+    """The model `name` with seeded random weights (test weights, not cryptographic), eval mode.
+
+    `name` may end in "-eager": the same model with HF's eager attention (scores plus a mask
+    filled with the float32 minimum, softmax) instead of the default (sdpa)."""
+    base, _, variant = name.partition("-")
+    config = _config(base)
+    if variant == "eager":
+        config._attn_implementation = "eager"
     torch.manual_seed(seed)
-    model = getattr(T, _CLASSES[name])(_config(name))
+    model = getattr(T, _CLASSES[base])(config)
     return model.eval()

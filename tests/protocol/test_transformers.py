@@ -145,7 +145,7 @@ def _check(name: str, got: list, inputs: dict) -> dict:
 
 
 @needs_transformers
-@pytest.mark.parametrize("name", ["bert", "distilbert", "roberta", "gpt2", "llama", "vit"])
+@pytest.mark.parametrize("name", ["bert", "distilbert", "roberta", "gpt2", "llama", "vit", "llama-eager"])
 def test_private_forward(pool2, name):
     inputs = _inputs(name)
     got = pool2.run(party_run, name, inputs)
@@ -189,3 +189,23 @@ def test_torch_transformer_encoder(pool2):
     y = pool2.run(party_torch_encoder, x, padding)[DATA]
     assert (y - ref).abs().max().item() <= REL_TOL * (ref.max() - ref.min()).item()
     assert torch.equal(y.argmax(-1), ref.argmax(-1))
+
+
+@needs_transformers
+def test_public_values_folded_not_shared():
+    """LLaMA's positions, causal mask pieces and rotary tables are folded into public constants
+    at import (no arange / cos / sin left to run); its rotary inv_freq (a non-persistent buffer)
+    is not part of the state that encrypt() shares; the folded cos table is torch's."""
+    from crypten_lite.nn import transformer_ops
+
+    hf = importlib.import_module(HF)
+    model = hf.build("llama")
+    inputs = _inputs("llama")
+    converted = crypten_lite.nn.from_pytorch(model, inputs)
+    targets = {str(n.target) for n in converted.graph.nodes if n.op == "call_function"}
+    assert not targets & {"aten.arange.default", "aten.cos.default", "aten.sin.default"}, targets
+    assert not any("rotary" in k for k in converted.state_dict())
+    constants = [n.args[0] for n in converted.graph.nodes if n.target is transformer_ops.public_constant]
+    with torch.no_grad():
+        cos, _ = model.model.rotary_emb(torch.zeros(1), torch.arange(SEQ)[None])
+    assert any(c.shape == cos.shape and torch.equal(c, cos) for c in constants)
