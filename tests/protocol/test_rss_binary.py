@@ -26,11 +26,10 @@ WORD = 8
 EDGES = [0, -1, 1, (1 << 63) - 1, -(1 << 63), -2, 2, 1 << 62, -(1 << 62)]
 
 
-@pytest.fixture(scope="module")
-def rss_pool():
-    pool = PartyPool(3, protocol="rss", timeout=600)
-    yield pool
-    pool.close()
+@pytest.fixture
+def rss_pool(pool3_rss) -> PartyPool:
+    """The session's 3-party rss pool (tests/conftest.py): no dealer process."""
+    return pool3_rss
 
 
 def _values(seed: int, n: int) -> torch.Tensor:
