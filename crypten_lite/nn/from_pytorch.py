@@ -223,6 +223,7 @@ FUNCTIONS: dict[Any, Callable] = {
     torch.mean: _method_call("mean"), torch.relu: F.relu, torch.sigmoid: F.sigmoid,
     torch.tanh: F.tanh, torch.softmax: F.softmax, torch.log_softmax: F.log_softmax,
     torch.chunk: _method_call("chunk"), torch.split: _method_call("split"),
+    torch.einsum: _vision_ops.einsum, torch.swapaxes: _method_call("transpose"),
     # torch.nn.functional
     TF.linear: F.linear, TF.conv1d: F.conv1d, TF.conv2d: F.conv2d,
     TF.conv_transpose2d: F.conv_transpose2d, TF.relu: F.relu, TF.relu6: F.relu6,

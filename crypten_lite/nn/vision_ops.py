@@ -94,6 +94,45 @@ def shifted_window_attention(x, qkv_weight, proj_weight, relative_position_bias,
     return x
 
 
+def einsum(equation: str, *operands):
+    """torch.einsum of two operands whose every index is a batch index (both operands and the
+    output), a contracted one (both operands, not the output) or a free one (one operand and
+    the output): one batched matmul between permutations (MaxViT's attention)."""
+    if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
+        operands = tuple(operands[0])
+    if not F.is_private(*operands):
+        return torch.einsum(equation, *operands)
+    eq = equation.replace(" ", "")
+    if "->" not in eq or "." in eq or len(operands) != 2:
+        raise UnsupportedError(f"einsum {equation!r} on CrypTensors: only two operands with an explicit "
+                               "output and no ellipsis are supported")
+    lhs, out = eq.split("->")
+    ia, ib = lhs.split(",")
+    a, b = operands
+    if len(set(ia)) != len(ia) or len(set(ib)) != len(ib) or any(i not in ia + ib for i in out):
+        raise UnsupportedError(f"einsum {equation!r}: repeated or unknown indices")
+    batch = [i for i in ia if i in ib and i in out]
+    contract = [i for i in ia if i in ib and i not in out]
+    free_a = [i for i in ia if i not in ib]
+    free_b = [i for i in ib if i not in ia]
+    if any(i not in out for i in free_a + free_b):
+        raise UnsupportedError(f"einsum {equation!r}: summing over an index of one operand only")
+    size = {i: n for i, n in [*zip(ia, a.shape), *zip(ib, b.shape)]}
+
+    def prod(idx):
+        n = 1
+        for i in idx:
+            n *= size[i]
+        return n
+    a = a.permute(*[ia.index(i) for i in batch + free_a + contract]).reshape(
+        [size[i] for i in batch] + [prod(free_a), prod(contract)])
+    b = b.permute(*[ib.index(i) for i in batch + contract + free_b]).reshape(
+        [size[i] for i in batch] + [prod(contract), prod(free_b)])
+    y = a.matmul(b).reshape([size[i] for i in batch + free_a + free_b])
+    order = batch + free_a + free_b
+    return y.permute(*[order.index(i) for i in out])
+
+
 FUNCTIONS = {
     "torchvision.models.swin_transformer._patch_merging_pad": patch_merging_pad,
     "torchvision.models.swin_transformer._get_relative_position_bias": relative_position_bias,

@@ -95,12 +95,17 @@ def _families() -> dict:
                          window_size=[4, 4], stochastic_depth_prob=0.1, num_classes=NUM_CLASSES), (1, 3, 32, 32),
                  "SwinTransformer(patch_size=2, embed_dim=16, depths=[2, 2], num_heads=[2, 2], window_size=4): "
                  "shifted windows and patch merging as swin_t"),
+        "maxvit": (partial(tv.MaxVit, input_size=(32, 32), stem_channels=8, partition_size=2,
+                           block_channels=[16, 32], block_layers=[1, 1], head_dim=8, stochastic_depth_prob=0.1,
+                           num_classes=NUM_CLASSES), (1, 3, 32, 32),
+                   "MaxVit(stem_channels=8, partition_size=2, block_channels=[16, 32], block_layers=[1, 1], "
+                   "head_dim=8): MBConv, block and grid attention as maxvit_t"),
     }
 
 
 FAMILIES = ["resnet", "resnext", "wide_resnet", "mobilenet_v2", "mobilenet_v3", "efficientnet",
             "efficientnet_v2", "regnet", "squeezenet", "shufflenet_v2", "mnasnet", "densenet",
-            "convnext", "vit", "swin"]
+            "convnext", "vit", "swin", "maxvit"]
 
 
 def build(name: str, seed: int = 0, size: int | None = None) -> tuple[torch.nn.Module, tuple, str]:
@@ -109,4 +114,6 @@ def build(name: str, seed: int = 0, size: int | None = None) -> tuple[torch.nn.M
     make, shape, note = _families()[name]
     if size is not None:
         shape = (*shape[:2], size, size)
+        if name == "maxvit":  # its attention grids follow the image size
+            make = partial(make, input_size=(size, size))
     return _make(make, shape, seed), shape, note
