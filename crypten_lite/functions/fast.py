@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from .. import encoding
-from ..mpc import beaver, circuits, convert
+from ..mpc import beaver, circuits, protocol
 from ..mpc.binary import provider_get
 from ..mpc.primitives import open_many
 from ..session import current
@@ -193,16 +193,15 @@ def half_plus_even(xs: torch.Tensor, prec: int, name: str) -> torch.Tensor:
     items += [xs - _enc(tail, prec, xs), -xs - _enc(tail, prec, xs)]
     flats = [v.reshape(-1) for v in items]
     n = xs.numel()
-    words = convert.msb_words(torch.cat(flats))          # [v < 0]: the complement of each bit
+    words = protocol.msb_words(torch.cat(flats))          # [v < 0]: the complement of each bit
     bits = circuits.unpack_bits(words, n * len(items))
-    if current().rank == 0:
-        bits = bits ^ 1                                   # [v >= 0]
+    bits = protocol.xor_public(bits, 1)                  # [v >= 0]
     half = _half(xs)
     values = [polys[j] - polys[j - 1] for j in range(1, len(polys))]
     values += [half - polys[-1], -half - polys[-1]]
     muls = [(circuits.pack_bits(bits[i * n:(i + 1) * n]), (n, 1), v.reshape(n, 1))
             for i, v in enumerate(values)]
-    _, prods = convert.finish((), muls)
+    _, prods = protocol.finish((), muls)
     out = half + polys[0]
     for p in prods:
         out = out + p.view(xs.shape)
@@ -225,11 +224,10 @@ def exp_nonpos(z: torch.Tensor, prec: int) -> torch.Tensor:
              for t in EXP_BUCKETS]
     flats = [v.reshape(-1) for v in items]
     n = z.numel()
-    words = convert.msb_words(torch.cat(flats))          # [z < tau]
+    words = protocol.msb_words(torch.cat(flats))          # [z < tau]
     bits = circuits.unpack_bits(words, n * len(items))
-    if current().rank == 0:
-        bits = bits ^ 1                                   # [z >= tau]
-    arith = convert.b2a(circuits.pack_bits(bits), n * len(items)).view(len(items), *z.shape)
+    bits = protocol.xor_public(bits, 1)                  # [z >= tau]
+    arith = protocol.b2a(circuits.pack_bits(bits), n * len(items)).view(len(items), *z.shape)
     k = arith.sum(0)                                      # 0..4
     # bucket k >= 1: y in [4k - 20, 4k - 16), f = y + 20 - 4k in [0, 4); the polynomial's
     # variable t = f/2 - 1 = y/2 + 9 - 2k (y/2 straight from z: one truncation)
@@ -268,4 +266,4 @@ def mul_rows(e: torch.Tensor, inv: torch.Tensor) -> torch.Tensor:
     if not _additive():
         (out,) = mul_shares([(e, inv.unsqueeze(-1))])
         return out
-    return beaver.beaver("mul", e, inv.unsqueeze(-1))
+    return protocol.mul("mul", e, inv.unsqueeze(-1))
