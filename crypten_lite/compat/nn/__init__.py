@@ -169,7 +169,10 @@ def from_pytorch(pytorch_model: torch.nn.Module, dummy_input, **kwargs):
     """CrypTen's from_pytorch: a crypten.nn module with the torch model's public parameters.
 
     CrypTen only reads the dummy input's shape (tutorials pass torch.empty): values that are
-    not finite are replaced by zeros for crypten_lite's conversion check."""
+    not finite are replaced by zeros for crypten_lite's conversion check. As in CrypTen, the
+    model keeps its layers (no eval-mode BatchNorm folding unless fold_batch_norm=True): the
+    state dict keys are torch's and the model can be trained."""
+    kwargs.setdefault("fold_batch_norm", False)
     def finite(t):
         if isinstance(t, torch.Tensor) and t.is_floating_point() and not torch.isfinite(t).all():
             return torch.zeros_like(t)
