@@ -286,7 +286,52 @@ def load_sources() -> dict:
     out["netns_bench"] = [json.loads(line) for line in NETNS.read_text().splitlines() if line.strip()]
     health = re.search(r"x-healthcheck:.*?\n\s+timeout: (\d+)s", (ROOT / "docker-compose.yml").read_text(), re.S)
     out["compose_health_timeout_s"] = int(health[1]) if health else None
+    out["rss_bench"] = load_bench_rss()
     return out
+
+
+def load_bench_rss() -> dict[str, dict]:
+    """The last `crypten-lite bench --parties 3 --protocol rss` line of each workload in
+    benchmarks.jsonl (without TLS), a workload not run for a missing operation included."""
+    rows = {}
+    for line in BENCH.read_text().splitlines():
+        if line.strip():
+            row = json.loads(line)
+            if row.get("protocol") == "rss" and not row.get("tls") and ("error" not in row or "missing" in row):
+                rows[row["workload"]] = row
+    return rows
+
+
+# Workloads of docs/protocols.md's side-by-side table (3 parties).
+PROTOCOL_WORKLOADS = ("mul_1M", "matmul_256", "matmul_1024", "relu_1M", "lt_1M", "softmax_1000x10",
+                      "lenet_b1", "lenet_b64", "resnet18_b1", "logreg_sgd_step")
+
+
+def protocols_bench(costs: dict, bench: dict, sources: dict) -> str:
+    """docs/protocols.md: each workload at 3 parties, additive (costs.json's exact rounds and
+    bytes, bench seconds) beside rss (its bench line)."""
+    lines = ["| workload | additive: rounds | MB sent / party | dealer MB | online s | rss: rounds | "
+             "MB sent / party | online s | rss max error |", "|---|---|---|---|---|---|---|---|---|"]
+    busy = []
+    for workload in PROTOCOL_WORKLOADS:
+        c, a = costs.get(key(workload, 3)), bench.get((workload, 3, False))
+        additive = (f"{c['rounds']} | {mb(max(c['bytes_sent']))} | {c['dealer_bytes'] / 1e6:.2f}"
+                    if c else "- | - | -") + (f" | {a['seconds_median']:.3f}" if a and c else " | -")
+        r = sources["rss_bench"].get(workload)
+        if r is None:
+            rss = "not measured | | |"
+        elif "missing" in r:
+            rss = f"not run: lacks {r['missing']} | | |"
+        else:
+            rss = (f"{r['rounds']} | {mb(max(r['bytes_sent_per_party']))} | {r['seconds_median']:.3f} | "
+                   f"{r['max_error']:.1e}")
+            if r.get("load_average_1min", 0) > r.get("cpus", 2):
+                busy.append(f"{workload} {r['load_average_1min']:g}")
+        lines.append(f"| {workload} | {additive} | {rss} |")
+    if busy:
+        lines += ["", "rss rows measured while the machine was busier than its cores (1-minute load average): "
+                  + "; ".join(busy) + "."]
+    return "\n".join(lines) + "\n"
 
 
 def external(sources: dict, system: str, workload: str) -> dict:
@@ -767,6 +812,7 @@ def migration_acceptance(costs: dict, bench: dict, sources: dict) -> str:
 
 
 RENDERERS: dict[str, Callable[[dict, dict, dict], str]] = {
+    "protocols-bench": protocols_bench,
     "training-steps": training_steps,
     "training-examples": training_examples,
     "readme-bench": readme_bench,

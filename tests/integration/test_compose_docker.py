@@ -17,6 +17,9 @@
    predictions; exit code 0 from every finished container, each service seeing only its own
    key, then `down --volumes`, after which no container, volume or network of the project is
    left.
+5. The rss variant (docker-compose.rss.yml: three parties, protocol rss, no dealer) with the
+   same image, not rebuilt, under its own project name: every service exits 0, party0's
+   predictions equal plaintext torch's on all three parties, then `down --volumes`.
 
 Where the engine cannot run this FAILS with the reason. On machines that cannot run Docker
 (no root, no apt), set CRYPTEN_LITE_SKIP_DOCKER=1 to skip it explicitly. Other variables:
@@ -284,3 +287,60 @@ def test_compose_up_with_docker(image: dict, tmp_path: pathlib.Path) -> None:
         down = _run([*compose, "down", "--volumes", "--remove-orphans"], timeout=300, check=False)
     assert down.returncode == 0, down.stdout
     assert _project_objects(project) == {"containers": [], "volumes": [], "networks": []}
+
+
+RSS_COMPOSE_FILE = REPO / "docker-compose.rss.yml"
+
+
+def _rss_documented_command() -> list[str]:
+    """The `up` command for docker-compose.rss.yml that its header and docs/protocols.md give."""
+    header = RSS_COMPOSE_FILE.read_text()
+    lines = [line.split("#")[0].strip()
+             for line in (REPO / "docs" / "protocols.md").read_text().splitlines()
+             if line.startswith("docker compose -f docker-compose.rss.yml") and " up " in line]
+    assert len(lines) == 1, lines
+    assert f"#   {lines[0]}\n" in header, "docker-compose.rss.yml's header gives another command"
+    return shlex.split(lines[0])
+
+
+def test_compose_rss_with_docker(image: dict) -> None:
+    """docker-compose.rss.yml with the image built above (not rebuilt): three parties, protocol
+    rss, no dealer, mutual TLS; party0's private predictions equal plaintext torch's."""
+    command = _rss_documented_command()
+    assert command[:5] == ["docker", "compose", "-f", "docker-compose.rss.yml", "-p"], command
+    args = [a for a in command[command.index("up") + 1:] if a != "--build"]
+    project = f"cltestrss{os.getpid()}"  # apart from any other run on this engine
+    compose = [*_compose_cli(), "-p", project, "-f", str(RSS_COMPOSE_FILE)]
+    services = compose_env.services(RSS_COMPOSE_FILE)
+    assert set(services) == {"certs", "party0", "party1", "party2"}  # no dealer
+    try:
+        up = _run([*compose, "up", "--no-color", *args], timeout=UP_TIMEOUT, check=False)
+        containers = _containers(project)
+        logs = {name: _run(["docker", "logs", c["Id"]], timeout=60).stdout
+                for name, c in containers.items()}
+        assert up.returncode == 0, f"`up` exited {up.returncode}:\n{up.stdout[-6000:]}\n{logs}"
+        # party0 started, so party1 and party2 were healthy (depends_on: service_healthy).
+        assert set(containers) == set(services), sorted(containers)
+        for name in services:
+            state = containers[name]["State"]
+            assert state["Status"] == "exited" and state["ExitCode"] == 0, (name, state, logs[name])
+        predictions = PREDICTION.findall(logs["party0"])
+        assert len(predictions) == 1 and predictions == PREDICTION.findall(up.stdout), logs["party0"]
+        for name in ("party1", "party2"):
+            assert PREDICTION.findall(logs[name]) == predictions, logs[name]
+        plain = re.findall(r"plaintext torch prediction: (\[[\d, ]*\])", logs["party0"])
+        assert plain == predictions, logs["party0"]
+        assert not any("TLS is off" in text for text in logs.values())
+        for name in ("party0", "party1", "party2"):
+            env = dict(e.split("=", 1) for e in containers[name]["Config"]["Env"])
+            assert env["CRYPTEN_LITE_PROTOCOL"] == "rss" and "CRYPTEN_LITE_DEALER" not in env
+            mounts = [(m["Type"], m.get("Name"), m["Destination"], m["RW"])
+                      for m in containers[name]["Mounts"]]
+            assert mounts == [("volume", f"{project}_tls-{name}", "/certs", False)], mounts
+        print(f"rss compose: {predictions[0]}; " + next(
+            line for line in logs["party0"].splitlines() if line.startswith("online:")), flush=True)
+    finally:
+        down = _run([*compose, "down", "--volumes", "--remove-orphans"], timeout=300, check=False)
+    assert down.returncode == 0, down.stdout
+    assert _project_objects(project) == {"containers": [], "volumes": [], "networks": []}
+
