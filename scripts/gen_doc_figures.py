@@ -311,7 +311,8 @@ def protocols_bench(costs: dict, bench: dict, sources: dict) -> str:
     """docs/protocols.md: each workload at 3 parties, additive (costs.json's exact rounds and
     bytes, bench seconds) beside rss (its bench line)."""
     lines = ["| workload | additive: rounds | MB sent / party | dealer MB | online s | rss: rounds | "
-             "MB sent / party | online s | rss max error |", "|---|---|---|---|---|---|---|---|---|"]
+             "MB sent / party | offline MB / party | online s | rss max error |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     busy = []
     for workload in PROTOCOL_WORKLOADS:
         c, a = costs.get(key(workload, 3)), bench.get((workload, 3, False))
@@ -319,12 +320,13 @@ def protocols_bench(costs: dict, bench: dict, sources: dict) -> str:
                     if c else "- | - | -") + (f" | {a['seconds_median']:.3f}" if a and c else " | -")
         r = sources["rss_bench"].get(workload)
         if r is None:
-            rss = "not measured | | |"
+            rss = "not measured | | | |"
         elif "missing" in r:
-            rss = f"not run: lacks {r['missing']} | | |"
+            rss = f"not run: lacks {r['missing']} | | | |"
         else:
-            rss = (f"{r['rounds']} | {mb(max(r['bytes_sent_per_party']))} | {r['seconds_median']:.3f} | "
-                   f"{r['max_error']:.1e}")
+            offline = max(r.get("offline_bytes_sent_per_party") or [0])
+            rss = (f"{r['rounds']} | {mb(max(r['bytes_sent_per_party']))} | {mb(offline)} | "
+                   f"{r['seconds_median']:.3f} | {r['max_error']:.1e}")
             if r.get("load_average_1min", 0) > r.get("cpus", 2):
                 busy.append(f"{workload} {r['load_average_1min']:g}")
         lines.append(f"| {workload} | {additive} | {rss} |")
