@@ -542,7 +542,10 @@ def bind_node(out: "GraphModule", node: torch.fx.Node) -> None:
         if impl is None:
             raise _unsupported(node, "METHODS", f"Tensor.{node.target}")
     elif out.source == "fx":
-        impl = FUNCTIONS.get(node.target) or NAMED_FUNCTIONS.get(_target_name(node.target))
+        impl = FUNCTIONS.get(node.target)
+        if impl is None or node.target is torch.einsum:
+            named = NAMED_FUNCTIONS.get(_target_name(node.target)) or impl
+            impl = None if named is None else _naming(node, named)
         if impl is None:
             raise _unsupported(node, "FUNCTIONS", _target_name(node.target))
     elif node.target is torch.ops.aten.batch_norm.default:
@@ -555,6 +558,17 @@ def bind_node(out: "GraphModule", node: torch.fx.Node) -> None:
             raise _unsupported(node, "ATEN (export fallback) / FUNCTIONS", _target_name(node.target))
         impl = _transformer_ops().bind(node, impl)  # errors name the node; public-only ops
     out._impl[node] = impl
+
+
+def _naming(node: torch.fx.Node, impl: Callable) -> Callable:
+    """impl, whose refusals (a variant it does not support) name the node and its op."""
+    def call(*args, **kwargs):
+        try:
+            return impl(*args, **kwargs)
+        except UnsupportedError as e:
+            raise UnsupportedError(f"from_pytorch: node {node.name!r} ({_target_name(node.target)}): {e}") from e
+    call.__name__ = node.name
+    return call
 
 
 def _fetch(model: torch.nn.Module, path: str):

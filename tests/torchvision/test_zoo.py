@@ -78,3 +78,17 @@ def test_family_runs_privately(pool2, name):
     assert owner["rounds"] == data["rounds"]
     if name in ROUNDS:
         assert owner["rounds"] == ROUNDS[name]
+
+
+def test_unsupported_variants_are_refused_naming_the_node_and_the_op():
+    """Swin V2's cosine attention is not supported: a clear error at import, never a wrong result."""
+    from torchvision.models import swin_transformer as swin
+    torch.manual_seed(0)  # test model only
+    model = swin.SwinTransformer(patch_size=[2, 2], embed_dim=16, depths=[2], num_heads=[2], window_size=[4, 4],
+                                 num_classes=4, block=swin.SwinTransformerBlockV2,
+                                 downsample_layer=swin.PatchMergingV2).eval()
+    with pytest.raises(crypten_lite.UnsupportedError) as err:
+        crypten_lite.nn.from_pytorch(model, torch.zeros(1, 3, 16, 16))
+    message = str(err.value)
+    assert "node 'shifted_window_attention'" in message and "logit_scale" in message
+    assert "torchvision.models.swin_transformer.shifted_window_attention" in message
