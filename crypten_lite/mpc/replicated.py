@@ -71,7 +71,7 @@ LINEAR = _packets(
 # Ops additive in their secret operands: a public operand goes to share index 0 only.
 ADDITIVE = _packets("add", "sub", "rsub", "bitwise_xor", "__xor__", "__ixor__", "cat", "stack",
                     "where", "copy", "index_put", "fill", "full_like", "ones_like", "new_full",
-                    "new_ones", "masked_fill", "scatter", "index_add", "index_copy")
+                    "new_ones", "masked_fill", "scatter", "scatter_add", "index_add", "index_copy")
 # Public masks: `cond` of where/masked_fill, indices; not additive operands.
 _MASK_ARGS = {aten.where: (0,), aten.masked_fill: (1,)}
 # Linear ops where a second replicated operand is fine (all operands secret, componentwise).
@@ -282,7 +282,7 @@ def _additive(func, packet, flat, spec, reps, rank):
             out.append(func(parts, *args[1:], **kwargs))
         return Replicated(out[0], out[1], rank)
     if packet in (aten.copy, aten.index_put, aten.index_copy, aten.index_add, aten.scatter,
-                  aten.masked_fill) and not _is_rep(args[0]):
+                  aten.scatter_add, aten.masked_fill) and not _is_rep(args[0]):
         _refuse(func, "writes a replicated share into a public tensor")
     masks = _MASK_ARGS.get(packet, ())
     public = {i for i, v in enumerate(args)
@@ -302,7 +302,7 @@ def _operand_position(packet, i: int) -> bool:
     """Whether positional argument i of an additive op is a value operand (not an index)."""
     if packet is aten.index_put:
         return i in (0, 2)
-    if packet in (aten.index_copy, aten.index_add, aten.scatter):
+    if packet in (aten.index_copy, aten.index_add, aten.scatter, aten.scatter_add):
         return i in (0, 3)
     return True
 

@@ -140,6 +140,16 @@ def test_layer_encrypted_parameters(pool, key):
     _compare_layer(pool, key, encrypt=True, train=True)
 
 
+# Under replicated sharing (3 parties, no dealer): the arithmetic layers and ReLU, forward and
+# backward (the other layers' functions run there too: tests/protocol/test_rss_arithmetic.py).
+RSS_LAYERS = sorted(k for k in LAYERS if k != "dropout_eval" and set(LAYERS[k][2]) <= {"relu"})
+
+
+@pytest.mark.parametrize("key", RSS_LAYERS)
+def test_layer_encrypted_parameters_rss(pool3_rss, key):
+    _compare_layer(pool3_rss, key, encrypt=True, train=True)
+
+
 @pytest.mark.parametrize("key", ["linear", "conv2d", "conv_transpose2d", "batchnorm2d", "layernorm", "mlp"])
 def test_layer_public_parameters(pool2, key):
     _compare_layer(pool2, key, encrypt=False, train=True)
@@ -353,5 +363,17 @@ def test_from_pytorch_private_inference(pool2, name, methods, n):
     with torch.no_grad():
         expected = make()(x)
     got = pool2.run(party_private_model, name, x)[0]
+    assert torch.equal(got.argmax(-1), expected.argmax(-1))
+    assert (got - expected).abs().max().item() <= MODEL_TOL
+
+
+@pytest.mark.parametrize("name", ["mlp", "lenet"])
+def test_from_pytorch_private_inference_rss(pool3_rss, name):
+    """The same converted models at 3 parties under replicated sharing (no dealer)."""
+    make, shape = _models().MODELS[name]
+    x = randn(2, *shape[1:], seed=5)
+    with torch.no_grad():
+        expected = make()(x)
+    got = pool3_rss.run(party_private_model, name, x)[0]
     assert torch.equal(got.argmax(-1), expected.argmax(-1))
     assert (got - expected).abs().max().item() <= MODEL_TOL
