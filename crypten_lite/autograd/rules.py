@@ -64,7 +64,7 @@ def _with_index_map(g: CrypTensor, x, op) -> CrypTensor:
     n = math.prod(shape)
     positions = op(torch.arange(n, dtype=torch.float64).reshape(shape))
     idx = positions.round().long().reshape(-1)
-    share = torch.zeros(n, dtype=torch.int64).index_add_(0, idx, g.share.reshape(-1))
+    share = g.share.new_zeros(n).index_add_(0, idx, g.share.reshape(-1))
     return g._new(share.reshape(shape), names=None)
 
 
@@ -211,7 +211,7 @@ def _pad(g, x, pad, mode="constant", **s):
 
 
 def _gather(g, x, dim, index, input_shape, **s):
-    share = torch.zeros(input_shape, dtype=torch.int64).scatter_add_(dim, index, g.share)
+    share = g.share.new_zeros(input_shape).scatter_add_(dim, index, g.share)
     return g._new(share)
 
 
@@ -245,13 +245,13 @@ def _scatter_add(g, x, src, dim, index, **s):
 
 
 def _index_select(g, x, dim, index, input_shape, **s):
-    share = torch.zeros(input_shape, dtype=torch.int64).index_add_(dim, index, g.share)
+    share = g.share.new_zeros(input_shape).index_add_(dim, index, g.share)
     return g._new(share)
 
 
 def _take(g, x, index, input_shape, **s):
     n = math.prod(input_shape)
-    share = torch.zeros(n, dtype=torch.int64).index_add_(0, index.reshape(-1), g.share.reshape(-1))
+    share = g.share.new_zeros(n).index_add_(0, index.reshape(-1), g.share.reshape(-1))
     return g._new(share.reshape(input_shape))
 
 
@@ -423,7 +423,7 @@ def _clamp(g, x, lo=None, hi=None, below=None, above=None, **s):
 
 def _zero(g, x, **s):
     """Gradient of a piecewise-constant op: zeros of x's shape (torch gives zeros, not None)."""
-    return g._new(torch.zeros(tuple(x.shape), dtype=torch.int64), names=None)
+    return g._new(g.share.new_zeros(tuple(x.shape)), names=None)
 
 
 def _extreme(g, x, dim=None, keepdim=False, one_hot=None, **s):
@@ -441,7 +441,7 @@ def _max_pool(spatial: int):
         routed = g.reshape(b, o, 1).mul(one_hot)  # bool one-hot: one Beaver round, no truncation
         plane = math.prod(input_shape[len(input_shape) - spatial:])
         idx = torch.where(index_table < 0, torch.full_like(index_table, plane), index_table)
-        share = torch.zeros(b, plane + 1, dtype=torch.int64)
+        share = routed.share.new_zeros(b, plane + 1)  # a sharing of zeros (any protocol)
         share.index_add_(1, idx.reshape(-1), routed.share.reshape(b, o * k))
         return routed._new(share[:, :plane].reshape(input_shape))
     return rule
