@@ -38,7 +38,7 @@ def workload(name: str):
 
 _PLANS: dict[str, list] = {}
 # Workloads that take minutes: run only when named (--only) or with --large.
-LARGE = {"bert_base_layer_seq128"}
+LARGE = {"bert_base_layer_seq128", "bert_base_seq128", "gpt2_small_token", "vit_tiny", "llama_tiny"}
 
 
 def _measure(run: Callable[[], tuple[torch.Tensor, torch.Tensor]], plan_name: str | None = None) -> dict:
@@ -178,13 +178,14 @@ def _private_model_run(model: torch.nn.Module, images: torch.Tensor, torch_time:
     return result
 
 
-def _torch_seconds(model: torch.nn.Module, inputs: torch.Tensor, repeat: int = 3) -> float:
-    """Median seconds of the plaintext torch forward, in the same process and run."""
+def _torch_seconds(model: Callable, inputs, repeat: int = 3) -> float:
+    """Median seconds of the plaintext torch forward (model(inputs), or model() if inputs is
+    None), in the same process and run."""
     times = []
     with torch.no_grad():
         for _ in range(repeat):
             start = time.perf_counter()
-            model(inputs)
+            model() if inputs is None else model(inputs)
             times.append(time.perf_counter() - start)
     return statistics.median(times)
 
@@ -244,6 +245,105 @@ def _encoder_layer_run(d: int, heads: int, ffn: int, seq: int):
         torch.manual_seed(0)  # insecure-ok: benchmark inputs and public model init, not shares
         return EncoderLayer(d, heads, ffn)
     return _loaded_model_run(("encoder", d, heads, ffn, seq), build, _data(19, 1, seq, d))
+
+
+def _hf_model(kind: str):
+    """HuggingFace transformers models from configs with seeded random weights (no hub
+    download; the classes from_pretrained builds), eval mode."""
+    import transformers as T
+    torch.manual_seed(0)  # insecure-ok: benchmark inputs and public model init, not shares
+    if kind == "bert_base":
+        model = T.BertForSequenceClassification(T.BertConfig(num_labels=2))
+    elif kind == "gpt2_small":
+        model = T.GPT2LMHeadModel(T.GPT2Config())
+    elif kind == "vit_tiny":  # ViT-Ti/16: hidden 192, 12 layers, 3 heads, 224x224 images
+        model = T.ViTForImageClassification(T.ViTConfig(hidden_size=192, num_hidden_layers=12,
+                                                        num_attention_heads=3, intermediate_size=768,
+                                                        num_labels=1000))
+    elif kind == "llama_tiny":  # RMSNorm, SiLU-gated MLP, rotary embeddings, grouped-query attention
+        model = T.LlamaForCausalLM(T.LlamaConfig(vocab_size=1000, hidden_size=256, num_hidden_layers=4,
+                                                 num_attention_heads=4, num_key_value_heads=2,
+                                                 intermediate_size=688, max_position_embeddings=128))
+    else:
+        raise KeyError(kind)
+    return model.eval()
+
+
+def _hf_run(kind: str, seq: int = 0, vocab: int = 0, image: int = 0, last_only: bool = False):
+    """A HuggingFace model through nn.from_pytorch, loaded once per party process (party 0's
+    model shipped in-band, its weights masked at load), party 1's private input (token ids as
+    a secret one-hot, or an image), a public attention mask; figures per inference."""
+    import warnings
+    warnings.simplefilter("ignore")
+    from crypten_lite import nn
+    rank = comm.get().rank
+    if image:
+        inputs = {"pixel_values": _data(21, 1, 3, image, image)}
+    else:
+        g = torch.Generator().manual_seed(22)  # insecure-ok: benchmark inputs, not shares
+        inputs = {"input_ids": torch.randint(0, vocab, (1, seq), generator=g),
+                  "attention_mask": torch.ones(1, seq, dtype=torch.long)}
+
+    def private_inputs():
+        run = {k: v for k, v in inputs.items() if k == "attention_mask"}  # public
+        if image:
+            run["pixel_values"] = crypten_lite.cryptensor(inputs["pixel_values"] if rank == 1 else None, src=1)
+        else:
+            run["input_ids"] = nn.share_tokens(inputs["input_ids"] if rank == 1 else None, vocab, src=1)
+        return run
+
+    key = ("hf", kind)
+    if key not in _LOADED:
+        model = _hf_model(kind) if rank == 0 else None
+        private = nn.from_pytorch(model, inputs, src=0)
+        private.encrypt(src=0)
+        private.eval()
+        private(**private_inputs())          # load: every fixed weight masked once
+        ref, torch_s = None, 0.0
+        if rank == 0:
+            with torch.no_grad():
+                ref = model(**inputs).logits
+            torch_s = _torch_seconds(lambda: model(**inputs), None)
+        _LOADED[key] = (private, ref, torch_s)
+    private, ref, torch_s = _LOADED[key]
+
+    def run():
+        logits = _reveal_after(lambda: _select(private(**private_inputs())["logits"], last_only))
+        want = ref if ref is None or not last_only else ref[:, -1:].argmax(-1).double()
+        return logits, (want if want is not None else logits)
+    result = _measure(run)
+    result["torch_seconds"] = torch_s
+    return result
+
+
+def _select(logits, last_only: bool):
+    if not last_only:
+        return logits
+    return logits[:, -1:].argmax(-1)
+
+
+@workload("bert_base_seq128")
+def bert_base_seq128():
+    """BERT-base (12 layers, hidden 768, 12 heads, FFN 3072) sequence classification, seq 128."""
+    return _hf_run("bert_base", seq=128, vocab=30522)
+
+
+@workload("gpt2_small_token")
+def gpt2_small_token():
+    """GPT-2 small (124M): the next token after a 32-token private prompt (greedy)."""
+    return _hf_run("gpt2_small", seq=32, vocab=50257, last_only=True)
+
+
+@workload("vit_tiny")
+def vit_tiny():
+    """ViT-Ti/16 (hidden 192, 12 layers, 3 heads) on one 224x224 image."""
+    return _hf_run("vit_tiny", image=224)
+
+
+@workload("llama_tiny")
+def llama_tiny():
+    """A LLaMA-style decoder (hidden 256, 4 layers, 4 heads, 2 KV heads, vocab 1000), seq 32."""
+    return _hf_run("llama_tiny", seq=32, vocab=1000)
 
 
 @workload("bert_layer_tiny")
