@@ -295,3 +295,32 @@ def test_rss_compose_command_is_the_documented_one():
         assert lines, f"{doc.name} gives no command for docker-compose.rss.yml"
         for line in lines:
             assert f"#   {line}\n" in header, (doc.name, line)
+
+
+# -- bench ---------------------------------------------------------------------------------------
+
+def _needs_a_triple():
+    """A workload whose protocol asks for a Beaver triple, which no rss protocol does (the rss
+    session's provider refuses it by name on every party, at the same point)."""
+    import crypten_lite
+    crypten_lite.session.current().provider.get("triple", [(4,), (4,)], "mul")
+
+
+def test_bench_rss_rows_carry_the_protocol_and_name_a_missing_operation(monkeypatch):
+    import cloudpickle
+
+    from crypten_lite import bench
+    monkeypatch.setitem(bench.WORKLOADS, "needs_a_triple", _needs_a_triple)
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the parties cannot import it
+    try:
+        rows = bench.run(["needs_a_triple", "matmul_256"], 3, "dealer", 1, protocol="rss")
+    finally:
+        cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+    missing, matmul = rows
+    assert missing["workload"] == "needs_a_triple" and missing["protocol"] == "rss"
+    assert "has no dealer" in missing["missing"] and "triple/mul" in missing["missing"], missing
+    assert missing["error"].startswith("not run: protocol rss lacks an operation: "), missing
+    assert matmul["protocol"] == "rss" and matmul["provider"] is None and matmul["parties"] == 3
+    assert matmul["online_dealer_bytes"] == 0 and matmul["offline_dealer_bytes"] == 0
+    assert matmul["rounds"] == 1 and matmul["bytes_sent_per_party"] == [8 * 256 * 256 * 2] * 3, matmul
+    assert matmul["max_error"] < 1e-2
