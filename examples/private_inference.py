@@ -8,6 +8,9 @@ are then secret-shared by party 0, the images by party 1, and only the predictio
 revealed.
 
     crypten-lite launch -n 2 examples/private_inference.py [--images 16] [--no-verify]
+    crypten-lite launch -n 3 --protocol rss examples/private_inference.py   # no dealer
+
+(Under rss, party 2 is a third computing party without inputs; docs/protocols.md.)
 
 The digits data set ships inside scikit-learn (no download). Training is seeded, so every run
 prints the same predictions. With --verify (default), party 1 also reveals its images to
