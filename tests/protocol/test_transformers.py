@@ -3,8 +3,8 @@
 Each model (tests/protocol/_hf_models.py: tiny configs, random weights, the classes that
 `from_pretrained` builds, eval mode) is shipped in-band by party 0, which alone imports
 transformers; party 1 owns the input (token ids or an image); the attention mask is public.
-The private logits are checked against the model's own torch forward: argmax identical and
-max abs error <= 1e-2 of the logit range. Rounds and bytes of the BERT run are asserted
+The private logits are checked against the model's own torch forward: max abs error <= 1e-2
+of the logit range, and the same argmax on every row whose top-2 gap exceeds twice that. Rounds and bytes of the BERT run are asserted
 exactly. Public computations (positions, masks, rotary tables) never touch a CrypTensor:
 a public-only op meeting a secret operand is refused, naming the node.
 """
@@ -140,7 +140,12 @@ def _check(name: str, got: list, inputs: dict) -> dict:
     err = (y - ref).abs().max().item()
     span = (ref.max() - ref.min()).item()
     assert err <= REL_TOL * span, f"{name}: max error {err:.3g}, logit range {span:.3g}"
-    assert torch.equal(y.argmax(-1), ref.argmax(-1))
+    # argmax: on every row whose top-2 gap an error within the tolerance cannot close (a
+    # near-tie may flip within the tolerance; the error bound above covers those rows)
+    top2 = ref.topk(2, -1).values
+    clear = (top2[..., 0] - top2[..., 1]) > 2 * REL_TOL * span
+    assert bool(clear.any()), f"{name}: no row with a clear argmax to check"
+    assert torch.equal(y.argmax(-1)[clear], ref.argmax(-1)[clear])
     return got[OWNER]
 
 
@@ -187,7 +192,10 @@ def test_torch_transformer_encoder(pool2):
     with torch.no_grad():
         ref = _torch_encoder()(x, padding)
     y = pool2.run(party_torch_encoder, x, padding)[DATA]
-    assert (y - ref).abs().max().item() <= REL_TOL * (ref.max() - ref.min()).item()
+    span = (ref.max() - ref.min()).item()
+    assert (y - ref).abs().max().item() <= REL_TOL * span
+    top2 = ref.topk(2, -1).values
+    assert bool(((top2[..., 0] - top2[..., 1]) > 2 * REL_TOL * span).all())  # a clear argmax
     assert torch.equal(y.argmax(-1), ref.argmax(-1))
 
 
