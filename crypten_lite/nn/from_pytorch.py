@@ -123,12 +123,9 @@ def _getattr(x, name: str):
 
 
 def _linear_sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **kw):
-    if attn_mask is not None or is_causal or dropout_p:
-        raise UnsupportedError("scaled_dot_product_attention with a mask, causal flag or dropout "
-                               "is not supported on CrypTensors")
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    scores = _matmul(q, k.transpose(-2, -1)) * scale
-    return _matmul(F.softmax(scores, -1), v)
+    """F.scaled_dot_product_attention; a public mask, causal flag, grouped heads (transformer_ops)."""
+    return _transformer_ops()._sdpa(q, k, v, attn_mask, dropout_p, is_causal, scale,
+                                    kw.get("enable_gqa", False))
 
 
 def _method_call(name: str) -> Callable:

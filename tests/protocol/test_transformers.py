@@ -217,3 +217,26 @@ def test_public_values_folded_not_shared():
     with torch.no_grad():
         cos, _ = model.model.rotary_emb(torch.zeros(1), torch.arange(SEQ)[None])
     assert any(c.shape == cos.shape and torch.equal(c, cos) for c in constants)
+
+
+class CausalAttention(torch.nn.Module):
+    """F.scaled_dot_product_attention with is_causal=True and grouped heads (torch.fx path)."""
+
+    def forward(self, q, k, v):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+
+def party_causal_attention(q, k, v) -> torch.Tensor:
+    model = crypten_lite.nn.from_pytorch(CausalAttention(), (q, k, v))
+    rank = crypten_lite.get_rank()
+    shared = [crypten_lite.cryptensor(t if rank == DATA else None, src=DATA) for t in (q, k, v)]
+    return model(*shared).get_plain_text()
+
+
+def test_causal_grouped_attention(pool2):
+    gen = torch.Generator().manual_seed(6)  # test data
+    q = torch.randn(1, 4, 5, 8, generator=gen)
+    k, v = torch.randn(1, 2, 5, 8, generator=gen), torch.randn(1, 2, 5, 8, generator=gen)
+    ref = CausalAttention()(q, k, v)
+    y = pool2.run(party_causal_attention, q, k, v)[DATA]
+    assert (y - ref).abs().max().item() <= 1e-2
