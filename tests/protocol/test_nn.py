@@ -93,7 +93,8 @@ def _layer(key: str) -> nn.Module:
 
 def party_layer(key: str, x, grad_out, encrypt: bool, train: bool, private_input: bool = True):
     torch_layer = _layer(key).train(train)
-    layer = cnn.from_pytorch(torch_layer, x, check=False).train(train)
+    # the layer as it is (an eval-mode conversion would fold BatchNorm: test_eval_mode_folded)
+    layer = cnn.from_pytorch(torch_layer, x, check=False, fold_batch_norm=False).train(train)
     ws = crypten_lite.get_world_size()
     if encrypt:
         layer.encrypt(src=0)
@@ -158,6 +159,26 @@ def test_layer_public_parameters(pool2, key):
 @pytest.mark.parametrize("key", ["batchnorm1d", "batchnorm2d", "dropout_eval"])
 def test_layer_eval_mode(pool2, key):
     _compare_layer(pool2, key, encrypt=True, train=False)
+
+
+def party_eval_folded(key: str, x):
+    """The default conversion of an eval-mode layer (BatchNorm folded to a per-channel affine
+    map, dropout removed), its parameters and the input secret."""
+    layer = cnn.from_pytorch(_layer(key).eval(), x).encrypt(src=0)
+    with crypten_lite.no_grad():
+        out = layer(crypten_lite.cryptensor(x, src=1)).get_plain_text()
+    return out, sorted(type(m).__name__ for m in layer.modules())
+
+
+@pytest.mark.parametrize("key", ["batchnorm1d", "batchnorm2d", "dropout_eval"])
+def test_layer_eval_mode_folded(pool2, key):
+    x = randn(*LAYERS[key][1], seed=1)
+    with torch.no_grad():
+        ref = _layer(key).eval().double()(x.double())
+    out, kinds = pool2.run(party_eval_folded, key, x)[0]
+    assert "BatchNorm1d" not in kinds and "BatchNorm2d" not in kinds and "Dropout" not in kinds
+    assert ("FoldedBatchNorm" in kinds) == ("batchnorm" in key)
+    torch.testing.assert_close(out.double(), ref, **LINEAR)
 
 
 @pytest.mark.parametrize("key", ["linear", "conv1d", "conv2d", "conv_transpose2d", "layernorm"])
