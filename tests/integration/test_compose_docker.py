@@ -319,8 +319,10 @@ def test_compose_rss_with_docker(image: dict) -> None:
         logs = {name: _run(["docker", "logs", c["Id"]], timeout=60).stdout
                 for name, c in containers.items()}
         assert up.returncode == 0, f"`up` exited {up.returncode}:\n{up.stdout[-6000:]}\n{logs}"
-        # party0 started, so party1 and party2 were healthy (depends_on: service_healthy).
         assert set(containers) == set(services), sorted(containers)
+        for name in ("party0", "party1", "party2"):  # each has its compose health check
+            assert containers[name]["Config"]["Healthcheck"]["Test"] == [
+                "CMD", *compose_env.healthchecks(RSS_COMPOSE_FILE)[name]], name
         for name in services:
             state = containers[name]["State"]
             assert state["Status"] == "exited" and state["ExitCode"] == 0, (name, state, logs[name])
