@@ -65,6 +65,12 @@ class MpcBackend(Backend):
         if truncation not in ("auto", "local", "dealer", "probabilistic"):
             raise ValueError(f"truncation must be auto, local, dealer or probabilistic, got {truncation!r}")
         s = current()
+        if s.config.protocol != "additive":
+            # mpc_ops's integer protocols are written for additive shares and dealer
+            # correlations: refuse up front rather than fail (or worse) halfway.
+            raise UnsupportedError(
+                f"int8 quantized execution has no {s.config.protocol!r} protocols yet; run the "
+                "float model (nn.from_pytorch of the float module) or use CRYPTEN_LITE_PROTOCOL=additive")
         for what, src in (("src_model", src_model), ("src_input", src_input)):
             if not 0 <= src < s.world_size:
                 raise ProtocolError(f"{what}={src} is out of range: ranks are 0..{s.world_size - 1}")

@@ -177,6 +177,16 @@ def offline_plan():
     return {"plan": [list(p) for p in plan], "offline": offline_stats, "online": online, "err": err}
 
 
+def int8_backend_refused():
+    from crypten_lite.errors import UnsupportedError
+    from crypten_lite.quantized.mpc_backend import MpcBackend
+    try:
+        MpcBackend()
+    except UnsupportedError as e:
+        return str(e)
+    return ""
+
+
 # ------------------------------------------------------------------ checks on the host
 def _byte_hist(words: torch.Tensor) -> torch.Tensor:
     raw = torch.frombuffer(bytearray(words.numpy().tobytes()), dtype=torch.uint8)
@@ -274,3 +284,10 @@ def test_rss_offline_plan_moves_pair_generation_out_of_the_online_phase(pool3_rs
         assert r["offline"]["rounds"] >= 1                      # the pairs' own protocol
         assert {k: r["online"][k] for k in ("rounds", "bytes_sent", "bytes_received")} == \
             {"rounds": 1, "bytes_sent": 16 * N, "bytes_received": 16 * N}
+
+
+def test_rss_int8_execution_is_refused_up_front(pool3_rss):
+    """The int8 pipeline's integer protocols are additive-only: a clear error, never a wrong
+    result halfway."""
+    for msg in pool3_rss.run(int8_backend_refused):
+        assert "no 'rss' protocols yet" in msg
