@@ -233,10 +233,11 @@ CASES = {
 
 
 @pytest.mark.parametrize("key", sorted(CASES))
-def test_linear_rule(pool, key):
+def test_linear_rule(pool_all, key):
+    """Additive at 2 and 3 parties, and replicated sharing at 3 parties (no dealer)."""
     case = CASES[key]
     inputs, private = case if isinstance(case, tuple) else (case, None)
-    check(pool, T, key, *inputs, private=private)
+    check(pool_all, T, key, *inputs, private=private)
 
 
 def test_every_linear_op_has_a_case():
