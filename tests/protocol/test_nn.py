@@ -76,6 +76,8 @@ LAYERS = {
     "batchnorm1d": (lambda: nn.BatchNorm1d(4), (8, 4), ("inv_sqrt",), NONLINEAR),
     "batchnorm2d": (lambda: nn.BatchNorm2d(3), (4, 3, 3, 3), ("inv_sqrt",), NONLINEAR),
     "mlp": (lambda: nn.Sequential(nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 2)), (4, 6), ("relu",), LINEAR),
+    "hardswish": (lambda: nn.Hardswish(), (3, 5), ("relu6",), NONLINEAR),
+    "hardsigmoid": (lambda: nn.Hardsigmoid(), (3, 5), ("relu6",), NONLINEAR),
 }
 
 
@@ -376,6 +378,7 @@ def party_private_model(name: str, x):
     ("lenet", ("relu", "max_pool2d", "avg_pool2d"), 2),
     ("transformer", ("layer_norm", "softmax", "gelu"), 2),
     ("resnet18", ("relu", "adaptive_avg_pool2d", "inv_sqrt"), 2),
+    ("attention", ("softmax", "relu6"), 2),
 ])
 def test_from_pytorch_private_inference(pool2, name, methods, n):
     needs(*methods)

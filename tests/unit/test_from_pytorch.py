@@ -89,6 +89,24 @@ class TransformerClassifier(nn.Module):
         return self.head(self.block(x).mean(1))
 
 
+class Attention(nn.Module):
+    """torch.nn.MultiheadAttention (batch first) and an einsum attention, Hardswish between."""
+
+    def __init__(self, dim=8):
+        super().__init__()
+        self.mha = nn.MultiheadAttention(dim, 2, batch_first=True)
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.act = nn.Hardswish()
+        self.head = nn.Linear(dim, 3)
+
+    def forward(self, x):
+        x = x + self.mha(x, x, x, need_weights=False)[0]
+        q, k, v = self.qkv(self.act(x)).chunk(3, -1)
+        att = torch.einsum("bid,bjd->bij", q, k).softmax(-1)
+        x = x + torch.einsum("bij,bjd->bid", att, v)
+        return self.head(TF.hardsigmoid(x).mean(1))
+
+
 class ControlFlow(nn.Module):
     """Python control flow on a tensor value: torch.fx cannot trace it, torch.export can."""
 
@@ -127,6 +145,7 @@ MODELS = {
     "lenet": (lambda: seeded(LeNet), (2, 1, 28, 28)),
     "resnet18": (lambda: build_model(width=8), (2, 3, 32, 32)),
     "transformer": (lambda: seeded(TransformerClassifier), (2, 5, 16)),
+    "attention": (lambda: seeded(Attention), (2, 4, 8)),
 }
 
 
