@@ -168,11 +168,13 @@ def test_protocol_from_keyword_env_and_process_environment(monkeypatch):
 
 def _start_parties(script: pathlib.Path, args: list[str],
                    overrides: dict[int, dict[str, str]] | None = None,
-                   envs: list[dict[str, str]] | None = None, ranks=range(3)) -> list[subprocess.Popen]:
+                   envs: list[dict[str, str]] | None = None, ranks=range(3),
+                   entry: tuple[str, ...] = ()) -> list[subprocess.Popen]:
+    """The 3 parties of an rss session on loopback, each `python [ENTRY] SCRIPT ARGS`."""
     if envs is None:
         envs, dealer_env = local_env(3, timeout=600, protocol="rss")
         assert dealer_env is None
-    return [subprocess.Popen([sys.executable, str(script), *args],
+    return [subprocess.Popen([sys.executable, *entry, str(script), *args],
                              env=_env({**envs[rank], **(overrides or {}).get(rank, {})}),
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             for rank in ranks]
@@ -192,12 +194,18 @@ def _finish(procs: list[subprocess.Popen]) -> list[tuple[int, str]]:
     return outs
 
 
-@pytest.mark.parametrize("victim", [0, 2])
-def test_killed_party_is_a_clear_error_on_both_others(victim):
+PARTY_FLAG = ("-m", "crypten_lite.cli", "party", "--protocol", "rss")
+
+
+@pytest.mark.parametrize("victim,entry", [(0, ()), (2, PARTY_FLAG)], ids=["script", "party-flag"])
+def test_killed_party_is_a_clear_error_on_both_others(victim, entry):
     """Party `victim` kills itself (SIGKILL) after a first product, while the others are inside
     the next one waiting for its message (victim.py): both report a CommunicationError naming
-    it, not their 600 s timeout."""
-    outs = _finish(_start_parties(SCRIPTS / "victim.py", [str(victim)]))
+    it, not their 600 s timeout. The second case starts each party as the container does,
+    `crypten-lite party --protocol rss`, with CRYPTEN_LITE_PROTOCOL=additive in its
+    environment: the flag wins (an additive session of 3 would need a dealer, and fail)."""
+    overrides = {r: {"CRYPTEN_LITE_PROTOCOL": "additive"} for r in range(3)} if entry else None
+    outs = _finish(_start_parties(SCRIPTS / "victim.py", [str(victim)], overrides, entry=entry))
     for rank, (code, out) in enumerate(outs):
         if rank == victim:
             assert code == -signal.SIGKILL, out
