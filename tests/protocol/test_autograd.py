@@ -352,10 +352,11 @@ def _needs(*methods: str) -> None:
 
 
 @pytest.mark.parametrize("key", sorted(NONLINEAR_CASES))
-def test_nonlinear_rule(pool, key):
+def test_nonlinear_rule(pool_all, key):
+    """Additive at 2 and 3 parties, and replicated sharing at 3 parties (no dealer)."""
     inputs, private, methods = NONLINEAR_CASES[key]
     _needs(*methods)
-    check(pool, T_NONLINEAR, key, *inputs, private=private, tol=NONLINEAR)
+    check(pool_all, T_NONLINEAR, key, *inputs, private=private, tol=NONLINEAR)
 
 
 def test_every_nonlinear_op_has_a_case():
