@@ -445,7 +445,9 @@ def run(names: list[str], parties: int, provider: str, repeat: int, tls_dir: str
         protocol: str = "additive") -> list[dict]:
     env = {"CRYPTEN_LITE_TLS_DIR": tls_dir} if tls_dir else {}
     rows = []
-    with PartyPool(parties, provider=provider, timeout=300, env=env, protocol=protocol) as pool:
+    # A large workload's load and one inference take minutes on a small machine.
+    timeout = 3600 if LARGE & set(names) else 300
+    with PartyPool(parties, provider=provider, timeout=timeout, env=env, protocol=protocol) as pool:
         for name in names:
             if name == "transport_16MB" and parties != 2:
                 continue
