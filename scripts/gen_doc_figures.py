@@ -21,7 +21,8 @@ Sources (all in docs/):
   several times the last line counts. Seconds and errors of ``crypten-lite bench --out
   docs/benchmarks.jsonl``; the training examples' rows (``"workload": "example"``) of
   ``--measure-examples``; the error table's rows (``"workload": "accuracy"``) of
-  ``benchmarks/accuracy_table.py --json``.
+  ``benchmarks/accuracy_table.py --json``. Lines of ``crypten-lite bench --protocol rss``
+  (``"protocol": "rss"``) feed only docs/protocols.md's table, never the additive figures.
 * the figures of other producers, each file or group with its provenance (command, commit,
   date, machine, and whether its script wrote it or it was transcribed once from the docs):
   ``netns_bench.jsonl`` (``benchmarks/netns_bench.py --json``: the network tables of
