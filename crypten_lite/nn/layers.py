@@ -283,6 +283,28 @@ def _affine(x, scale, shift):
     return x * scale + shift
 
 
+MASK_VALUE = -(2.0 ** 14)  # added to masked scores: the private softmax's exp is 0 there
+
+
+def _attention_mask(attn_mask, key_padding_mask, shape: tuple):
+    """One public additive mask of the scores' shape (N, heads, L, S), or None: boolean masks
+    (True = not attended) become MASK_VALUE, float masks are added (-inf clamped to MASK_VALUE,
+    which a fixed-point encoding holds)."""
+    if attn_mask is None and key_padding_mask is None:
+        return None
+
+    def additive(m):
+        return torch.where(m, MASK_VALUE, 0.0) if m.dtype == torch.bool else m.double().clamp(min=MASK_VALUE)
+    n, h, length, s = shape
+    out = torch.zeros(shape, dtype=torch.float64)
+    if attn_mask is not None:  # (L, S) or (N * heads, L, S)
+        a = additive(attn_mask)
+        out = out + (a.reshape(n, h, length, s) if a.dim() == 3 else a)
+    if key_padding_mask is not None:  # (N, S)
+        out = out + additive(key_padding_mask).reshape(n, 1, 1, s)
+    return out.clamp(min=MASK_VALUE).to(torch.float32)
+
+
 class MultiheadAttention(_FromTorch, Module):
     """torch.nn.MultiheadAttention (packed q/k/v projection, no masks, no added bias_k/v):
     scores q k^T / sqrt(d) per head, softmax, then the output projection `out_proj`."""
@@ -302,8 +324,10 @@ class MultiheadAttention(_FromTorch, Module):
 
     def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
                 average_attn_weights=True, is_causal=False):
-        if key_padding_mask is not None or attn_mask is not None or is_causal:
-            raise UnsupportedError("MultiheadAttention with a mask is not supported by from_pytorch")
+        if F.is_private(key_padding_mask, attn_mask):
+            raise UnsupportedError("MultiheadAttention with a secret-shared mask is not supported")
+        if is_causal and attn_mask is None:
+            raise UnsupportedError("MultiheadAttention(is_causal=True) without attn_mask")
         if self.training and self.dropout:
             raise UnsupportedError("MultiheadAttention with attention dropout in training mode")
         if not self.batch_first:
@@ -318,6 +342,9 @@ class MultiheadAttention(_FromTorch, Module):
             parts.append(part.reshape(n, length, h, d).transpose(1, 2))
         q, k, v = parts
         scores = q.mul(1.0 / d ** 0.5).matmul(k.transpose(-2, -1))
+        mask = _attention_mask(attn_mask, key_padding_mask, tuple(scores.shape))
+        if mask is not None:
+            scores = scores.add(mask) if F.is_private(scores) else scores + mask
         attn = F.softmax(scores, -1)
         out = attn.matmul(v).transpose(1, 2).reshape(q.shape[0], q.shape[2], e)
         out = self.out_proj(out)

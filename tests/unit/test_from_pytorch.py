@@ -90,17 +90,19 @@ class TransformerClassifier(nn.Module):
 
 
 class Attention(nn.Module):
-    """torch.nn.MultiheadAttention (batch first) and an einsum attention, Hardswish between."""
+    """torch.nn.MultiheadAttention (batch first, a causal boolean mask) and an einsum attention,
+    Hardswish between."""
 
-    def __init__(self, dim=8):
+    def __init__(self, dim=8, length=4):
         super().__init__()
         self.mha = nn.MultiheadAttention(dim, 2, batch_first=True)
+        self.register_buffer("causal", torch.triu(torch.ones(length, length, dtype=torch.bool), 1))
         self.qkv = nn.Linear(dim, 3 * dim)
         self.act = nn.Hardswish()
         self.head = nn.Linear(dim, 3)
 
     def forward(self, x):
-        x = x + self.mha(x, x, x, need_weights=False)[0]
+        x = x + self.mha(x, x, x, need_weights=False, attn_mask=self.causal)[0]
         q, k, v = self.qkv(self.act(x)).chunk(3, -1)
         att = torch.einsum("bid,bjd->bij", q, k).softmax(-1)
         x = x + torch.einsum("bij,bjd->bid", att, v)
