@@ -154,6 +154,11 @@ class _Package(types.ModuleType):
             return
         super().__setattr__(name, value)
 
+    def __reduce__(self):
+        # pickled by reference, as a plain module is (cloudpickle's run_multiprocess functions)
+        import importlib
+        return importlib.import_module, (self.__name__,)
+
 
 sys.modules[__name__].__class__ = _Package
 
