@@ -62,10 +62,16 @@ def _compare(x, y, op: str) -> CrypTensor:
     z = diff_share(x, y)
     names = unify_names(x, y)
     if op in ("eq", "ne"):
+        bit = protocol.eqz(z)
+        if bit is not None:  # rss: one 7-round circuit
+            return bool_tensor(protocol.add_public(-bit, 1) if op == "ne" else bit, names)
         words = _eqz_words(z)
         if op == "ne":
             words = _not_words(words)
         return _bool_from_words(words, z.shape, names)
+    if protocol.is_rss():  # the B2A folded into the MSB's last round
+        bit, _ = protocol.msb_finish(z if op in ("lt", "ge") else -z)
+        return bool_tensor(protocol.add_public(-bit, 1) if op in ("ge", "le") else bit, names)
     if op in ("lt", "ge"):
         words = protocol.msb_words(z)          # [x - y < 0]
     else:
@@ -108,21 +114,19 @@ def ne(x, y) -> CrypTensor:
 # ----------------------------------------------------------------- piecewise linear
 def relu(x: CrypTensor) -> CrypTensor:
     """max(x, 0) = x * [x > 0]; saves `mask` = [x > 0] for autograd."""
-    words = protocol.msb_words(-x.share)  # [-x < 0] = [x > 0]
     grad = _needs_grad(x)
-    bs, ms = protocol.finish([(words, x.numel())] if grad else [], [(words, tuple(x.shape), x.share)])
+    bit, ms = protocol.msb_finish(-x.share, grad, [(tuple(x.shape), x.share)])  # [-x < 0] = [x > 0]
     out = new_like(x, ms[0])
-    saved = {"mask": bool_tensor(bs[0].view(x.shape), x._names)} if grad else {}
+    saved = {"mask": bool_tensor(bit, x._names)} if grad else {}
     return _record(out, "relu", (x,), **saved)
 
 
 def abs_(x: CrypTensor) -> CrypTensor:
     """|x| = x - 2 x [x < 0]; saves `neg` = [x < 0] for autograd."""
-    words = protocol.msb_words(x.share)
     grad = _needs_grad(x)
-    bs, ms = protocol.finish([(words, x.numel())] if grad else [], [(words, tuple(x.shape), x.share)])
+    bit, ms = protocol.msb_finish(x.share, grad, [(tuple(x.shape), x.share)])
     out = new_like(x, x.share - 2 * ms[0])
-    saved = {"neg": bool_tensor(bs[0].view(x.shape), x._names)} if grad else {}
+    saved = {"neg": bool_tensor(bit, x._names)} if grad else {}
     return _record(out, "abs", (x,), **saved)
 
 
@@ -130,8 +134,7 @@ def sign(x: CrypTensor) -> CrypTensor:
     """-1, 0 or 1 like torch.sign, in x's dtype: [x > 0] - [x < 0] (7 rounds)."""
     flat = x.share.reshape(-1)
     n = flat.numel()
-    words = protocol.msb_words(torch.cat([-flat, flat]))
-    bits = protocol.b2a(words, 2 * n)
+    bits, _ = protocol.msb_finish(torch.cat([-flat, flat]))
     share = (bits[:n] - bits[n:]).view(x.shape)
     dtype = x.dtype if x.dtype != torch.bool else torch.int64
     out = new_like(x, share << x.precision, dtype=dtype)

@@ -187,6 +187,27 @@ def msb_words(x: torch.Tensor) -> torch.Tensor:
     return convert.msb_words(x)
 
 
+def msb_finish(x: torch.Tensor, want_bit: bool = True, muls: Sequence[tuple[Sequence[int], torch.Tensor]] = ()):
+    """msb(x) (x < 0) as arithmetic 0/1 shares of x's shape (if want_bit) and times each value
+    of `muls` ((bit_shape, value), at most one): msb_words then one finish round (additive),
+    or rss_binary.msb_finish (7 rounds: the B2A folded into the MSB's last round).
+    Returns (bits or None, [bit * value])."""
+    if is_rss():
+        return _rss_binary("msb_finish")(x, want_bit, muls)
+    words = convert.msb_words(x)
+    bs, ms = convert.finish([(words, x.numel())] if want_bit else [],
+                            [(words, tuple(shape), v) for shape, v in muls])
+    return (bs[0].view(x.shape) if want_bit else None), ms
+
+
+def eqz(z: torch.Tensor):
+    """[z == 0] as arithmetic 0/1 shares under rss (rss_binary.eqz_finish, 7 rounds); None
+    under the additive protocol, whose comparisons build it from binary words."""
+    if is_rss():
+        return _rss_binary("eqz_finish")(z)
+    return None
+
+
 def a2b(x: torch.Tensor) -> torch.Tensor:
     """Binary shares of every bit of x."""
     if is_rss():
