@@ -458,7 +458,8 @@ def fold_public(graph: torch.fx.Graph, constants: dict[torch.fx.Node, torch.Tens
 def publicize(graph: torch.fx.Graph, signature, state: dict[str, torch.Tensor]) -> int:
     """Exported placeholders of public values (non-persistent buffers, tensor constants of the
     code) become `public_constant` nodes, then everything computed from public values only is
-    folded (`fold_public`). Returns the number of nodes folded."""
+    folded (`fold_public`), and written-out tanh GELUs become one GELU (`fuse_tanh_gelu`).
+    Returns the number of nodes folded."""
     public_paths = set(getattr(signature, "non_persistent_buffers", ()))
     lifted = dict(getattr(signature, "inputs_to_lifted_tensor_constants", {}))
     buffers = dict(signature.inputs_to_buffers)
@@ -476,7 +477,63 @@ def publicize(graph: torch.fx.Graph, signature, state: dict[str, torch.Tensor]) 
         node.replace_all_uses_with(const)
         graph.erase_node(node)
         constants[const] = value
-    return fold_public(graph, constants)
+    folded = fold_public(graph, constants)
+    fuse_tanh_gelu(graph)
+    return folded
+
+
+def _const_arg(node, value: float, rel: float = 1e-6) -> torch.fx.Node | None:
+    """For x * c or c * x (aten.mul / add with one float literal c close to `value`): x."""
+    if not isinstance(node, torch.fx.Node) or node.op != "call_function" or len(node.args) != 2:
+        return None
+    a, b = node.args
+    for x, c in ((a, b), (b, a)):
+        if isinstance(x, torch.fx.Node) and isinstance(c, (int, float)) and not isinstance(c, bool) \
+                and abs(c - value) <= rel * max(1.0, abs(value)):
+            return x
+    return None
+
+
+def fuse_tanh_gelu(graph: torch.fx.Graph) -> int:
+    """GELU written out in a model's code (HF's gelu_new / NewGELUActivation, GPT-2):
+    0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) becomes one aten.gelu(x, approximate="tanh"),
+    the private GELU, instead of a private cube and tanh. Returns the number fused."""
+    aten = torch.ops.aten
+    fused = 0
+    for tanh in list(graph.nodes):
+        if tanh.target is not aten.tanh.default or len(tanh.users) != 1:
+            continue
+        one_plus = next(iter(tanh.users))
+        if one_plus.target is not aten.add.Tensor or _const_arg(one_plus, 1.0) is not tanh \
+                or len(one_plus.users) != 1:
+            continue
+        inner = tanh.args[0]
+        if getattr(inner, "target", None) is not aten.mul.Tensor:
+            continue
+        x_plus = _const_arg(inner, math.sqrt(2 / math.pi))
+        if getattr(x_plus, "target", None) is not aten.add.Tensor or len(x_plus.args) != 2:
+            continue
+        x, cubic = x_plus.args
+        if getattr(cubic, "target", None) is not aten.mul.Tensor:
+            x, cubic = cubic, x
+        cube = _const_arg(cubic, 0.044715)
+        if getattr(cube, "target", None) is not aten.pow.Tensor_Scalar or cube.args != (x, 3.0) \
+                and cube.args != (x, 3):
+            continue
+        out = next(iter(one_plus.users))
+        if out.target is not aten.mul.Tensor or len(out.args) != 2:
+            continue
+        half = out.args[0] if out.args[1] is one_plus else out.args[1]
+        if _const_arg(half, 0.5) is not x:
+            continue
+        with graph.inserting_before(out):
+            gelu = graph.call_function(aten.gelu.default, (x,), {"approximate": "tanh"})
+        out.replace_all_uses_with(gelu)
+        for dead in (out, one_plus, half, tanh, inner, x_plus, cubic, cube):
+            if not dead.users:
+                graph.erase_node(dead)
+        fused += 1
+    return fused
 
 
 def by_name(names: list[str], inputs: tuple, named: dict) -> tuple:

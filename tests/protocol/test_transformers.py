@@ -240,3 +240,14 @@ def test_causal_grouped_attention(pool2):
     ref = CausalAttention()(q, k, v)
     y = pool2.run(party_causal_attention, q, k, v)[DATA]
     assert (y - ref).abs().max().item() <= 1e-2
+
+
+@needs_transformers
+def test_gpt2_written_out_gelu_fused():
+    """GPT-2's gelu_new (0.5 x (1 + tanh(...)), written in the model's code) becomes one private
+    GELU per layer (no private cube or tanh left); the plaintext check still matches torch."""
+    model = importlib.import_module(HF).build("gpt2")
+    converted = crypten_lite.nn.from_pytorch(model, _inputs("gpt2"))
+    targets = [str(n.target) for n in converted.graph.nodes if n.op == "call_function"]
+    assert targets.count("aten.gelu.default") == 2
+    assert "aten.tanh.default" not in targets and "aten.pow.Tensor_Scalar" not in targets
