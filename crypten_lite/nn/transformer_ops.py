@@ -126,7 +126,11 @@ def share_tokens(ids: torch.Tensor | None, vocab_size: int, src: int,
     mask = None
     if pad_token_id is not None:
         mine = (ids == pad_token_id).to(torch.uint8) if s.rank == src else None
-        mask = s.comm.broadcast(mine, src).bool()
+        mask = s.comm.broadcast(mine, src)
+        if tuple(mask.shape) != tuple(shared.shape[:-1]) or mask.dtype != torch.uint8:
+            raise UnsupportedError(f"share_tokens: party {src} sent a pad mask of shape {tuple(mask.shape)} "
+                                   f"({mask.dtype}) for ids of shape {tuple(shared.shape[:-1])}")
+        mask = mask.bool()
     return PrivateTokens(shared, pad_token_id, mask)
 
 
