@@ -251,3 +251,22 @@ def test_gpt2_written_out_gelu_fused():
     targets = [str(n.target) for n in converted.graph.nodes if n.op == "call_function"]
     assert targets.count("aten.gelu.default") == 2
     assert "aten.tanh.default" not in targets and "aten.pow.Tensor_Scalar" not in targets
+
+
+def party_bad_tokens() -> str:
+    """Ids outside the vocabulary: the owner's error, the others told at once (no wait)."""
+    from crypten_lite.errors import CryptenLiteError
+
+    rank = crypten_lite.get_rank()
+    ids = torch.tensor([[3, VOCAB]]) if rank == DATA else None
+    try:
+        crypten_lite.nn.share_tokens(ids, VOCAB, src=DATA)
+    except CryptenLiteError as e:
+        return f"{type(e).__name__}: {e}"
+    return "no error"
+
+
+def test_token_ids_outside_vocabulary_refused(pool2):
+    errors = pool2.run(party_bad_tokens)
+    assert "must lie in [0, 100)" in errors[DATA], errors
+    assert errors[OWNER].startswith("ProtocolError") and "party 1 refused to share" in errors[OWNER], errors
