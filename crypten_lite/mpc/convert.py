@@ -87,12 +87,14 @@ def not_bits(x: torch.Tensor) -> torch.Tensor:
     return x ^ 1 if current().rank == 0 else x
 
 
-def and_reduce_bits(x: torch.Tensor) -> torch.Tensor:
-    """AND over the last axis of 0/1 XOR shares, by a tree (ceil(log2 k) rounds)."""
+def and_reduce_bits(x: torch.Tensor, and_fn=None) -> torch.Tensor:
+    """AND over the last axis of 0/1 XOR shares, by a tree (ceil(log2 k) rounds); `and_fn`:
+    the AND of two such tensors (default: this module's and_bits; rss_binary passes its own)."""
+    and_fn = and_fn or and_bits
     while x.shape[-1] > 1:
         k = x.shape[-1]
         half = k // 2
-        both = and_bits(x[..., :half], x[..., half:2 * half])
+        both = and_fn(x[..., :half], x[..., half:2 * half])
         x = torch.cat([both, x[..., 2 * half:]], -1) if k % 2 else both
     return x[..., 0]
 

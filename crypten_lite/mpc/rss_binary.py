@@ -361,12 +361,8 @@ def not_bits(x: Replicated) -> Replicated:
 
 def and_reduce_bits(x: Replicated) -> Replicated:
     """AND over the last axis of 0/1 XOR shares, by a tree (ceil(log2 k) rounds)."""
-    while x.shape[-1] > 1:
-        k = x.shape[-1]
-        half = k // 2
-        both = and_bits(x[..., :half], x[..., half:2 * half])
-        x = torch.cat([both, x[..., 2 * half:]], -1) if k % 2 else both
-    return x[..., 0]
+    from . import convert
+    return convert.and_reduce_bits(x, and_bits)
 
 
 # --------------------------------------------------------- carries of a + b (2 roles)

@@ -408,13 +408,8 @@ def bind(node: torch.fx.Node, impl: Callable) -> Callable:
     if node.target not in _PRIVATE_TARGETS:
         return impl
 
-    def call(*args, **kwargs):
-        try:
-            return impl(*args, **kwargs)
-        except UnsupportedError as e:
-            raise UnsupportedError(f"from_pytorch: node {node.name!r} ({node.target}): {e}") from e
-    call.__name__ = node.name
-    return call
+    from .from_pytorch import _naming
+    return _naming(node, impl)
 
 
 # ------------------------------------------------------------------ constant folding
