@@ -380,8 +380,38 @@ def public_ops() -> list:
     ]
 
 
+# A public op of a received description may not make more elements than this (a hostile or
+# broken description, e.g. arange(2**40), is refused before anything is allocated).
+MAX_PUBLIC_ELEMENTS = 1 << 28
+
+
+def _output_elements(target: Callable, args: tuple, kwargs: dict) -> int | None:
+    """Elements the op would make, found on the meta device (None where the op has no meta
+    implementation: it then runs as it is)."""
+    def meta(a):
+        if isinstance(a, torch.Tensor):
+            return a.to("meta")
+        if isinstance(a, torch.device):
+            return torch.device("meta")
+        if isinstance(a, (list, tuple)):
+            return type(a)(meta(b) for b in a)
+        return a
+    kwargs = {k: meta(v) for k, v in kwargs.items()}
+    schema = getattr(target, "_schema", None)
+    if schema is not None and any(a.name == "device" for a in schema.arguments):
+        kwargs["device"] = torch.device("meta")  # a factory op (arange, full, ...)
+    try:
+        with torch.device("meta"):
+            out = target(*meta(args), **kwargs)
+    except Exception:  # noqa: BLE001 - no meta kernel, or a value-dependent op
+        return None
+    outs = out if isinstance(out, (list, tuple)) else [out]
+    return sum(t.numel() for t in outs if isinstance(t, torch.Tensor))
+
+
 def public_only(node: torch.fx.Node) -> Callable:
-    """The exported op itself on public operands; a clear refusal on secret-shared ones."""
+    """The exported op itself on public operands; a clear refusal on secret-shared ones, and
+    on outputs of more than MAX_PUBLIC_ELEMENTS elements."""
     target = node.target
 
     def call(*args, **kwargs):
@@ -390,6 +420,11 @@ def public_only(node: torch.fx.Node) -> Callable:
                 f"from_pytorch: node {node.name!r} ({target}) computes on public values only (positions, "
                 "masks, shapes) but got a secret-shared operand; pass that input as a public torch "
                 "tensor, or rewrite the model so that this op sees public values")
+        size = _output_elements(target, args, kwargs)
+        if size is not None and size > MAX_PUBLIC_ELEMENTS:
+            raise UnsupportedError(
+                f"from_pytorch: node {node.name!r} ({target}) would make a public tensor of {size:,} "
+                f"elements (more than {MAX_PUBLIC_ELEMENTS:,}); the model description is refused")
         return target(*args, **kwargs)
     call.__name__ = node.name
     return call

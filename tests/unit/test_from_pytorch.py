@@ -319,3 +319,24 @@ def test_eval_models_are_simplified_for_inference_by_default():
     with pytest.raises(UnsupportedError, match="eval mode"):
         cnn.from_pytorch(model.train(), x, fold_batch_norm=True)
     assert not any(isinstance(m, FoldedBatchNorm) for m in cnn.from_pytorch(model.train(), x).modules())
+
+
+def test_public_op_of_a_hostile_description_is_refused_before_allocating():
+    """A description may name a public op (arange, full...) with any arguments: an output of
+    2^40 elements is refused from its meta shape, before anything is allocated; ordinary
+    public ops still run."""
+    import torch.fx
+
+    from crypten_lite.errors import UnsupportedError
+    from crypten_lite.nn import transformer_ops
+
+    graph = torch.fx.Graph()
+    arange = transformer_ops.public_only(graph.call_function(torch.ops.aten.arange.default, (1 << 40,)))
+    with pytest.raises(UnsupportedError, match="1,099,511,627,776 elements"):
+        arange(1 << 40, dtype=torch.int64, device=torch.device("cpu"))
+    full = transformer_ops.public_only(graph.call_function(torch.ops.aten.full.default, ()))
+    with pytest.raises(UnsupportedError, match="more than"):
+        full([1 << 20, 1 << 20], 0.0)
+    assert torch.equal(arange(4, dtype=torch.int64, device=torch.device("cpu")), torch.arange(4))
+    eq = transformer_ops.public_only(graph.call_function(torch.ops.aten.eq.Tensor, ()))
+    assert eq(torch.arange(3), torch.tensor([0, 1, 5])).tolist() == [True, True, False]
