@@ -281,7 +281,8 @@ def _hf_run(kind: str, seq: int = 0, vocab: int = 0, image: int = 0, last_only: 
         inputs = {"pixel_values": _data(21, 1, 3, image, image)}
     else:
         g = torch.Generator().manual_seed(22)  # insecure-ok: benchmark inputs, not shares
-        inputs = {"input_ids": torch.randint(0, vocab, (1, seq), generator=g),
+        ids = torch.randint(0, vocab, (1, seq), generator=g)  # insecure-ok: benchmark token ids, not shares
+        inputs = {"input_ids": ids,
                   "attention_mask": torch.ones(1, seq, dtype=torch.long)}
 
     def private_inputs():
