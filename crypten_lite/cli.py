@@ -228,8 +228,15 @@ def _supervise(children: list[_Child]) -> int:
     failures: list[_Child] = []
     failed_at = None
     interrupted = ""
+    # SIGINT sets a flag that the loop polls, rather than raising KeyboardInterrupt at any
+    # point (inside Popen.poll or a lock, where an asynchronous exception can leave the
+    # launcher stuck): seen once beside a CPU hog, the launcher never exited after SIGINT.
+    sigint = threading.Event()
+    previous_sigint = signal.signal(signal.SIGINT, lambda *_: sigint.set())
     try:
         while not all(c.proc.poll() is not None for c in parties):
+            if sigint.is_set():
+                raise KeyboardInterrupt
             for c in children:
                 if c.proc.poll() is not None and c.failed and c not in failures:
                     failures.append(c)
@@ -249,6 +256,9 @@ def _supervise(children: list[_Child]) -> int:
         interrupted = "terminated (SIGTERM)"
     _stop_all(children)
     complete = [c.join(timeout=10.0) for c in children]
+    signal.signal(signal.SIGINT, previous_sigint)
+    if sigint.is_set() and not interrupted:
+        interrupted = "interrupted (SIGINT)"
     for c in children:
         if c.failed and c not in failures:
             failures.append(c)
