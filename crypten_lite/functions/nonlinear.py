@@ -37,7 +37,7 @@ from ..mpc import circuits, protocol
 from ..mpc.replicated import Replicated
 from ..session import current
 from . import fast
-from ._common import (add_public, float_view, mul_shares, mul_trunc, new_like, poly_share, public_share,
+from ._common import (add_public, float_view, mul_shares, mul_trunc, new_like, poly_share, powers, public_share,
                       truncate, xor_public)
 from .comparisons import _needs_grad
 
@@ -471,6 +471,95 @@ def _scalar_dim(x: CrypTensor, dim) -> None:
         raise IndexError(f"dimension {dim} out of range for a 0-d CrypTensor (use 0 or -1)")
 
 
+# ------------------------------------------------------------------ softmax under rss
+# exp(z) for z <= 0 in buckets of y = z log2 e: [y >= -16], [y >= -12], [y >= -8], [y >= -4]
+# (below -16: 0); bucket k (1..4) is z in [(4k - 20) ln 2, (4k - 16) ln 2), centre
+# c_k = (4k - 18) ln 2, and exp(z) = 2^(4k - 18) e^u with u = z - c_k in [-2 ln 2, 2 ln 2].
+RSS_EXP_BUCKETS = (-16, -12, -8, -4)
+RSS_EXP_DEGREE = 7
+RSS_RECIP_DEGREE = 8
+
+
+@functools.lru_cache(maxsize=None)
+def _monomial_fit(name: str, lo: float, hi: float, degree: int) -> tuple[float, ...]:
+    """Monomial coefficients in the variable itself (not rescaled) of the Chebyshev
+    interpolant of FUNCS_RSS[name] on [lo, hi]."""
+    fn = {"exp": np.exp, "recip_t": lambda t: 1.0 / ((t + 3.0) / 2.0)}[name]
+    nodes = np.cos(np.pi * (np.arange(degree + 1) + 0.5) / (degree + 1))
+    half, mid = (hi - lo) / 2, (hi + lo) / 2
+    cheb = np.polynomial.chebyshev.chebfit(nodes, fn(nodes * half + mid), degree)
+    c = np.polynomial.polynomial.Polynomial(np.polynomial.chebyshev.cheb2poly(cheb))
+    # c(t) with t = (v - mid) / half  ->  coefficients in v
+    shifted = c(np.polynomial.polynomial.Polynomial([-mid / half, 1.0 / half]))
+    return tuple(float(v) for v in shifted.coef) + (0.0,) * (degree + 1 - len(shifted.coef))
+
+
+def _thresholds_rss(xs: torch.Tensor, prec: int, taus: Sequence[float]) -> torch.Tensor:
+    """Arithmetic 0/1 shares (T, *xs.shape) of [x >= tau] for each public tau: ONE MSB circuit
+    with its B2A folded in (protocol.msb_finish: 7 rounds under rss)."""
+    items = [xs - public_share(torch.full_like(xs, int(round(t * (1 << prec))))) for t in taus]
+    below, _ = protocol.msb_finish(torch.stack(items))    # [x - tau < 0]
+    return public_share(torch.ones(below.shape, dtype=torch.int64)) - below
+
+
+def _telescope(bits: torch.Tensor, values: Sequence[int], like: torch.Tensor) -> torch.Tensor:
+    """Shares of values[k] for the bucket index k = sum_j bits[j] (bits of increasing
+    thresholds): values[0] + sum_j bits[j] (values[j + 1] - values[j]), public integers."""
+    out = public_share(torch.full_like(like, values[0]))
+    for j in range(bits.shape[0]):
+        out = out + bits[j] * (values[j + 1] - values[j])
+    return out
+
+
+def _poly_wide(pw: dict[int, torch.Tensor], coeffs: Sequence[float], prec: int, wide: int,
+               like: torch.Tensor) -> torch.Tensor:
+    """sum_i coeffs[i] v^i at scale 2^wide (powers at `prec`), NOT truncated: the product
+    that follows truncates it (mul_trunc by wide + its operand's extra bits)."""
+    acc = public_share(torch.full_like(like, int(round(coeffs[0] * (1 << wide)))))
+    for i in range(1, len(coeffs)):
+        acc = acc + pw[i] * int(round(coeffs[i] * (1 << (wide - prec))))
+    return acc
+
+
+def _softmax_rows_rss(z: torch.Tensor, prec: int) -> torch.Tensor:
+    """exp(z) / sum_row exp(z) for z = x - rowmax <= 0 (R, k), under rss in 23 rounds:
+    exp: thresholds (7) + powers of u (3) + the bucket's scale times the polynomial, its
+    truncation fused (1); reciprocal of the row sums s in [1, k]: thresholds at 2^1..2^T (7),
+    m = s 2^-j and e 2^-j in one round (1), powers of t = 2m - 3 (3), e 2^-j times the
+    polynomial of 1/m, truncation fused (1). The polynomials are summed untruncated at
+    2^wide; their product's fused truncation removes the extra bits."""
+    wide = min(2 * prec, 58 - prec)
+    # ---- exp(z)
+    ln2 = math.log(2.0)
+    taus = [t * ln2 for t in RSS_EXP_BUCKETS]
+    s = _thresholds_rss(z, prec, taus)                             # (4, R, k)
+    centres = [(4 * k - 18) * ln2 for k in range(len(taus) + 1)]   # bucket 0 (unused) .. 4
+    u = z - _telescope(s, [int(round(c * (1 << prec))) for c in centres], z)
+    # bucket scale 2^(4k - 18) at `prec` (exact powers of two; 0 for bucket 0)
+    scales = [0] + [1 << (4 * k - 18 + prec) for k in range(1, len(taus) + 1)]
+    a = _telescope(s, scales, z)
+    half = 2 * ln2
+    pw = powers(u, RSS_EXP_DEGREE, prec)
+    p_exp = _poly_wide(pw, _monomial_fit("exp", -half, half, RSS_EXP_DEGREE), prec, wide, z)
+    (e,) = mul_trunc([(a, p_exp)], wide)                           # at prec
+    # ---- 1 / sum
+    k = z.shape[-1]
+    total = e.sum(-1)
+    T = _log2_ceil(k)
+    q = 16
+    if T:
+        bits = _thresholds_rss(total, prec, [2.0 ** t for t in range(1, T + 1)])
+        b = _telescope(bits, [1 << (q - j) for j in range(T + 1)], total)
+    else:
+        b = public_share(torch.full_like(total, 1 << q))
+    m, e_b = mul_trunc([(total, b), (e, b.unsqueeze(-1).expand_as(e))], q)   # m in [1, 2)
+    t = 2 * m - public_share(torch.full_like(m, 3 << prec))
+    pw = powers(t, RSS_RECIP_DEGREE, prec)
+    p_rec = _poly_wide(pw, _monomial_fit("recip_t", -1.0, 1.0, RSS_RECIP_DEGREE), prec, wide, m)
+    (out,) = mul_trunc([(e_b, p_rec.unsqueeze(-1).expand_as(e_b))], wide)
+    return out
+
+
 def softmax(x: CrypTensor, dim=-1) -> CrypTensor:
     """exp(x - max) / sum exp(x - max) along `dim` (max: pairwise for dims <= 16)."""
     if x.dim() == 0:  # torch: softmax of a 0-d tensor is 1
@@ -478,6 +567,9 @@ def softmax(x: CrypTensor, dim=-1) -> CrypTensor:
         return softmax(x.reshape(1), 0).reshape(())
     x_f, d, shape, k, z = _softmax_parts(x, dim)
     p = x_f.precision
+    if protocol.is_rss() and p >= 14:
+        out = _softmax_rows_rss(z, p).view(shape).movedim(-1, d)
+        return _record(new_like(x_f, out), "softmax", (x,), dim=d)
     e = fast.exp_nonpos(z, p)                         # 4 thresholds; 0 below z = -11.1
     total = e.sum(-1)                                 # in [1, k]: one reciprocal per row
     inv = reciprocal_share(total, p, range(1, _log2_ceil(k) + 1), signed=False, exact=False)

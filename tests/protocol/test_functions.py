@@ -183,7 +183,7 @@ def autograd_records():
 
 
 # ---------------------------------------------------------------------------- tests
-RSS_SOFTMAX_ROUNDS = 47  # online, truncation pairs prefetched (3-party additive: 51)
+RSS_SOFTMAX_ROUNDS = 36  # online, truncation pairs prefetched (3-party additive: 51)
 
 
 def test_accuracy_targets(pool_all):
