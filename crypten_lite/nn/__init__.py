@@ -13,6 +13,7 @@ Importing this package also installs autograd (`CrypTensor.backward`).
 from .. import autograd as _autograd  # noqa: F401  (installs CrypTensor.backward)
 from . import functional
 from .from_pytorch import CONVERTERS, FUNCTIONS, METHODS, from_pytorch
+from .generation import PrivateGenerator, generate
 from .layers import (AdaptiveAvgPool2d, AvgPool2d, BatchNorm1d, BatchNorm2d, BCELoss,
                      BCEWithLogitsLoss, Conv1d, Conv2d, ConvTranspose2d, CrossEntropyLoss, Dropout,
                      Flatten, GELU, Identity, L1Loss, LayerNorm, Linear, LogSoftmax, MaxPool2d,
@@ -22,7 +23,7 @@ from .transformer_ops import PrivateTokens, share_tokens
 
 __all__ = [
     "Module", "Sequential", "ModuleList", "ModuleDict", "functional", "from_pytorch",
-    "share_tokens", "PrivateTokens",
+    "share_tokens", "PrivateTokens", "generate", "PrivateGenerator",
     "CONVERTERS", "FUNCTIONS", "METHODS",
     "Linear", "Conv1d", "Conv2d", "ConvTranspose2d", "BatchNorm1d", "BatchNorm2d", "LayerNorm",
     "Dropout", "ReLU", "ReLU6", "GELU", "SiLU", "Sigmoid", "Tanh", "Softmax", "LogSoftmax",

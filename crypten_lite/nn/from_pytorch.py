@@ -98,6 +98,8 @@ def _matmul(a, b):
 
 def _cat(tensors, dim=0):
     tensors = list(tensors)
+    if F.is_private(*tensors):  # torch skips 1-D empty tensors (an empty KV cache's first cat)
+        tensors = [t for t in tensors if not (isinstance(t, torch.Tensor) and t.dim() == 1 and t.numel() == 0)]
     if not F.is_private(*tensors):
         return torch.cat(tensors, dim)
     from ..cryptensor import cat, default_precision
@@ -845,4 +847,6 @@ def _in_band(model, dummy_input, src: int, check: bool, tolerance: float, fold_b
                                 f"differ from the model owner's {[tuple(e) for e in expected]} "
                                 "(beyond the batch dimension)")
     object.__setattr__(result, "_model_src", src)
+    if s.rank == src:  # the owner's own torch model (nn.generate exports its step graphs from it)
+        object.__setattr__(result, "_torch_model", model)
     return result

@@ -1,0 +1,296 @@
+"""Private greedy decoding with a secret-shared KV cache (GPT-2, LLaMA-style causal LMs).
+
+    private = nn.from_pytorch(model if rank == src else None, dummy, src=src).encrypt(src=src)
+    tokens = nn.generate(private, prompt_ids if rank == owner else None, max_new_tokens=8, owner=owner)
+    # party `owner`: a LongTensor (1, prompt length + 8), prompt then generated ids; others: None
+
+Parties: the model owner `src` (the HuggingFace model, its weights secret-shared by
+`encrypt`) and the data owner `owner` (the prompt's token ids). Both may be the same party.
+
+How a generation runs (every party runs the same program):
+
+1. The prompt is shared by its owner as a one-hot matrix (`share_tokens`).
+2. The model owner exports two graphs of its model through `from_pytorch(..., src=src)`
+   (architecture and public constants broadcast, no weights) and every party attaches the
+   weights already shared by `encrypt` (the same CrypTensors: a weight masked once,
+   crypten_lite.mpc.fixed, stays masked for both graphs):
+   * **prefill**: the prompt (L tokens) -> the last position's logits and every layer's keys
+     and values (the KV cache, secret-shared);
+   * **decode step**: one token, the cache of P = L + max_new_tokens - 2 slots -> its logits
+     and the cache with its own key and value appended. Only the new token goes through the
+     model: its projections, MLP and LM head are one row, its attention one query against
+     the P + 1 cached keys. The graph is exported once, with fixed shapes: the cache is kept
+     left-aligned-empty (valid entries at the right end) and a public attention mask marks the
+     empty slots, so every step runs the same graph and costs exactly the same.
+   Both graphs are the model's own forward (HuggingFace's code with `DynamicCache`, traced by
+   torch.export), the code path its pretrained weights use.
+3. After each forward, the next token is chosen privately: `argmax(logits, one_hot=True)`
+   (a tournament of private comparisons) gives its one-hot, secret-shared, which is the next
+   step's token input as it is (a one-hot x embedding-table product, like a shared prompt).
+   Nothing is revealed during the loop.
+4. At the end, the generated ids (the one-hots' indices, computed locally) are opened to the
+   data owner only: one message from each other party to it.
+
+What each party learns: the model owner's architecture and the prompt length are public
+(shapes), as are max_new_tokens and the positions; the data owner learns the generated ids;
+no party learns the prompt, the weights, the logits or the KV cache. Generation always runs
+max_new_tokens steps (stopping at an end-of-sequence token would reveal when it was produced).
+
+Public values are computed in the clear: positions (position_ids) and the attention mask of
+the cache slots are plain tensors every party builds from the public step number.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+
+from ..cryptensor import CrypTensor
+from ..errors import ProtocolError, UnsupportedError
+
+
+class _CausalLMStep(torch.nn.Module):
+    """The model owner's HuggingFace causal LM as a function of tensors only (what torch.export
+    traces): (ids, attention_mask, position_ids, k_0, v_0, k_1, v_1, ...) -> (last logits,
+    k_0, v_0, ...), the cache given and returned as one key and one value tensor per layer."""
+
+    def __init__(self, model: torch.nn.Module, layers: int) -> None:
+        super().__init__()
+        self.model = model
+        self.layers = layers
+        params = inspect.signature(model.forward).parameters
+        self.cache_arg = "cache" if "cache" in params else "past_key_values"
+
+    def forward(self, input_ids, attention_mask, position_ids, *past):
+        from transformers import DynamicCache  # only the model owner runs this (it has the model)
+        cache = DynamicCache(ddp_cache_data=[(past[2 * i], past[2 * i + 1]) for i in range(self.layers)]) \
+            if past else DynamicCache()
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                         use_cache=True, logits_to_keep=1, **{self.cache_arg: cache})
+        cache = getattr(out, "cache", None) or out.past_key_values
+        flat = []
+        for layer in cache.layers:
+            flat += [layer.keys, layer.values]
+        return (out.logits[:, -1],) + tuple(flat)
+
+
+def _step_module(model: torch.nn.Module) -> _CausalLMStep:
+    """The model owner's model wrapped for export; a clear refusal for an unsupported model."""
+    name = type(model).__name__
+    config = getattr(model, "config", None)
+    layers = getattr(config, "num_hidden_layers", None)
+    params = inspect.signature(model.forward).parameters
+    if config is None or not isinstance(layers, int) or "logits_to_keep" not in params or \
+            not ({"cache", "past_key_values"} & set(params)):
+        raise UnsupportedError(
+            f"nn.generate: {name} is not a HuggingFace causal language model with a KV cache "
+            "(a transformers *ForCausalLM / *LMHeadModel whose forward takes a cache and "
+            "logits_to_keep); generation supports GPT-2 and LLaMA-style decoders")
+    if getattr(config, "is_encoder_decoder", False):
+        raise UnsupportedError(f"nn.generate: {name} is an encoder-decoder model; only decoder-only "
+                               "causal language models are supported")
+    return _CausalLMStep(model, layers).eval()
+
+
+def _share_weights(graph, private, prefix: str = "model.") -> None:
+    """Give `graph` (a step graph of the same model) the CrypTensors of `private` (the model
+    shared by encrypt), by state path: no new sharing, the fixed-weight masks are kept."""
+    own = private.state_dict()
+    for mprefix, m in graph.named_modules():
+        for table in (m._parameters, m._buffers):
+            for name in list(table):
+                key = f"{mprefix}.{name}" if mprefix else name
+                base = key[len(prefix):] if key.startswith(prefix) else key
+                if base not in own:
+                    raise UnsupportedError(f"nn.generate: the step graph uses {key!r}, which the shared "
+                                           "model does not have")
+                value = own[base]
+                if tuple(value.shape) != tuple(table[name].shape):
+                    raise ProtocolError(f"nn.generate: {base} has shape {tuple(value.shape)} in the shared "
+                                        f"model, {tuple(table[name].shape)} in the step graph")
+                table[name] = value
+        object.__setattr__(m, "_encrypted", True)
+    object.__setattr__(graph, "_architecture_only", False)
+
+
+def _one_hot_index(one_hot: CrypTensor) -> CrypTensor:
+    """The index of a secret one-hot (..., V): a local weighted sum, nothing opened."""
+    ints = one_hot._new(one_hot.share, 0, torch.int64)
+    return ints.mul(torch.arange(one_hot.shape[-1])).sum(-1)
+
+
+class PrivateGenerator:
+    """Greedy decoding of a shared causal LM (see the module docstring); keeps its exported
+    graphs per (prompt length, max_new_tokens) for later calls.
+
+    `costs` (after `generate`): rounds and bytes sent by this party for the prefill (with its
+    argmax), each decode step (with its argmax) and the final reveal, from the communication
+    counters.
+    """
+
+    def __init__(self, model, owner: int) -> None:
+        from .from_pytorch import GraphModule
+        if not isinstance(model, GraphModule) or model.__dict__.get("_model_src") is None:
+            raise UnsupportedError("nn.generate needs a model converted with nn.from_pytorch(model if rank == "
+                                   "src else None, dummy, src=src) and shared with encrypt(src=src)")
+        if model.__dict__.get("_architecture_only", True) is not False and not model.encrypted:
+            raise ProtocolError("nn.generate: call encrypt(src=...) on the model first")
+        self.model = model
+        self.src = model.__dict__["_model_src"]
+        self.owner = owner
+        self._graphs: dict[tuple, Any] = {}
+        self.costs: dict[str, Any] = {}
+        self.vocab_size: int | None = None
+
+    # -------------------------------------------------------------- graphs
+    def _torch_model(self):
+        return self.model.__dict__.get("_torch_model")
+
+    def _vocab(self) -> int:
+        """The model owner's vocabulary size, broadcast (a model it cannot run is refused here,
+        on every party: the owner sends -1)."""
+        from ..session import current
+        if self.vocab_size is not None:
+            return self.vocab_size
+        s = current()
+        problem, vocab = None, -1
+        if s.rank == self.src:
+            try:
+                model = self._torch_model()
+                if model is None:
+                    raise UnsupportedError("nn.generate: the model owner's converted model has no torch model "
+                                           "attached (convert it with nn.from_pytorch(..., src=src))")
+                _step_module(model)
+                vocab = int(model.get_input_embeddings().num_embeddings)
+            except UnsupportedError as e:
+                problem = e
+        got = int(s.comm.broadcast(torch.tensor([vocab]) if s.rank == self.src else None, self.src)[0])
+        if problem is not None:
+            raise problem
+        if got <= 0:
+            raise UnsupportedError(f"nn.generate: the model owner (party {self.src}) refused: its model is "
+                                   "not a supported causal language model")
+        self.vocab_size = got
+        return got
+
+    def _graph(self, kind: str, length: int, past: tuple | None):
+        """The prefill (past None) or decode-step graph, exported by the model owner, shared weights."""
+        from .from_pytorch import from_pytorch
+        from ..session import current
+        key = (kind, length, past)
+        if key in self._graphs:
+            return self._graphs[key]
+        rank = current().rank
+        ids = torch.zeros(1, 1 if past else length, dtype=torch.long)
+        mask = torch.ones(1, length, dtype=torch.long)
+        positions = torch.arange(length - ids.shape[1], length)[None]
+        dummy = (ids, mask, positions)
+        if past:  # (layers, batch, kv heads, P, head dim) -> per-layer k, v of (batch, heads, P, dim)
+            dummy = (ids, mask, positions) + tuple(torch.zeros(past[1:]) for _ in range(2 * past[0]))
+        module = _step_module(self._torch_model()) if rank == self.src else None
+        graph = from_pytorch(module, dummy, src=self.src)
+        _share_weights(graph, self.model)
+        graph.eval()
+        self._graphs[key] = graph
+        return graph
+
+    # -------------------------------------------------------------- decoding
+    @staticmethod
+    def _next(logits: CrypTensor) -> CrypTensor:
+        """The secret one-hot of the greedy token (torch's tie rule: the first largest logit)."""
+        return logits.argmax(-1, one_hot=True)
+
+    @staticmethod
+    def _tokens(one_hot: CrypTensor):
+        from .transformer_ops import PrivateTokens
+        return PrivateTokens(one_hot.reshape(1, 1, one_hot.shape[-1]), None, None)
+
+    def generate(self, input_ids: torch.Tensor | None, max_new_tokens: int = 8) -> torch.Tensor | None:
+        from .transformer_ops import share_tokens
+        from .. import comm
+        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise UnsupportedError(f"nn.generate: max_new_tokens must be a positive int, got {max_new_tokens!r}")
+        c = comm.get()
+        if c.rank == self.owner and (not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2
+                                     or input_ids.shape[0] != 1):
+            shape = tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
+            input_ids = None  # refused below, on every party, by share_tokens
+            problem = f"nn.generate: the prompt must be a LongTensor of shape (1, length), got {shape}"
+        else:
+            problem = None
+        vocab = self._vocab()
+        if problem is not None:
+            try:
+                share_tokens(None, vocab, src=self.owner)
+            finally:
+                raise UnsupportedError(problem)
+        counters = self._counters
+        start = counters()
+        prompt = share_tokens(input_ids if c.rank == self.owner else None, vocab, src=self.owner)
+        length = prompt.shape[-1]
+        prefill = self._graph("prefill", length, None)
+        mark = counters()
+        out = prefill(prompt, torch.ones(1, length, dtype=torch.long), torch.arange(length)[None])
+        logits, kv = out[0], list(out[1:])
+        chosen = [self._next(logits)]
+        self.costs = {"share_prompt": _diff(start, mark), "prefill": _diff(mark, counters()), "steps": []}
+        if max_new_tokens > 1:
+            slots = length + max_new_tokens - 2
+            shape = tuple(kv[0].shape)
+            past = self._left_pad(kv, slots)
+            step = self._graph("step", slots + 1, (len(kv) // 2, shape[0], shape[1], slots, shape[3]))
+            for valid in range(length, length + max_new_tokens - 1):
+                mark = counters()
+                mask = torch.zeros(1, slots + 1, dtype=torch.long)
+                mask[:, slots - valid:] = 1   # the valid entries (right end) and the new token
+                out = step(self._tokens(chosen[-1]), mask, torch.tensor([[valid]]), *past)
+                chosen.append(self._next(out[0]))
+                past = [t[:, :, 1:] for t in out[1:]]  # drop one empty slot: P slots again
+                self.costs["steps"].append(_diff(mark, counters()))
+        mark = counters()
+        from ..cryptensor import stack
+        ids = stack([_one_hot_index(t).reshape(-1) for t in chosen], 1)
+        new = ids.get_plain_text(dst=self.owner)
+        self.costs["reveal"] = _diff(mark, counters())
+        if new is None:
+            return None
+        return torch.cat([input_ids.long(), new.long().reshape(1, -1)], 1)
+
+    @staticmethod
+    def _left_pad(kv: list, slots: int) -> list:
+        """Each (batch, heads, L, dim) cache tensor as (batch, heads, slots, dim), valid at the right."""
+        from ..cryptensor import cat
+        out = []
+        for t in kv:
+            b, h, n, d = t.shape
+            if n > slots:
+                raise ProtocolError(f"nn.generate: {n} cached positions for {slots} slots")
+            empty = CrypTensor._public(torch.zeros(b, h, slots - n, d), t.precision, t.dtype)
+            out.append(cat([empty, t], 2) if slots > n else t)
+        return out
+
+    @staticmethod
+    def _counters() -> tuple[int, int]:
+        from .. import comm
+        stats = comm.get().get_communication_stats()
+        return int(stats["rounds"]), int(stats["bytes_sent"])
+
+
+def _diff(a: tuple[int, int], b: tuple[int, int]) -> dict:
+    return {"rounds": b[0] - a[0], "bytes_sent": b[1] - a[1]}
+
+
+def generate(model, input_ids: torch.Tensor | None, max_new_tokens: int = 8, *, owner: int,
+             generator: PrivateGenerator | None = None) -> torch.Tensor | None:
+    """Greedy decoding of `model` (from nn.from_pytorch(..., src=src), encrypted) on party
+    `owner`'s prompt (a LongTensor (1, length); None on the other parties), with a
+    secret-shared KV cache. Returns, on party `owner` only, the prompt followed by the
+    max_new_tokens generated ids (like HuggingFace's generate with do_sample=False, without
+    stopping at an end-of-sequence token); None on every other party. Every party must call it.
+    Pass a `PrivateGenerator` to reuse its exported graphs and read its `costs`."""
+    gen = generator if generator is not None else PrivateGenerator(model, owner)
+    if gen.model is not model or gen.owner != owner:
+        raise UnsupportedError("nn.generate: the generator was made for another model or owner")
+    return gen.generate(input_ids, max_new_tokens)
