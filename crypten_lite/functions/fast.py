@@ -97,6 +97,87 @@ def _products(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], prec: int) -> 
     return out
 
 
+def _short_ok() -> bool:
+    """Short comparisons (and free local truncation) apply: 2 parties, additive sharing."""
+    return _additive() and current().world_size == 2
+
+
+def _msb_low(v: torch.Tensor, m: int) -> torch.Tensor:
+    fn = getattr(protocol, "msb_low", None)
+    if fn is None:  # older layout: the short MSB lives with the int8 protocol steps
+        from ..quantized.mpc_ops import msb_low as fn
+    return fn(v, m)
+
+
+def neg_words(v: torch.Tensor, shift: int = 0) -> torch.Tensor:
+    """Packed XOR shares of [v < 0]. Between 2 additive parties: the MSB of (v >> shift)
+    mod 2^32 (5 rounds instead of 6, half the bytes), exact for |v| < 2^(31 + shift) units
+    (the local truncation by `shift` bits moves v by at most one unit of 2^shift); otherwise
+    the full 64-bit MSB."""
+    if not _short_ok():
+        return protocol.msb_words(v)
+    return _msb_low(truncate(v, shift) if shift else v, SHORT_BITS)
+
+
+SHORT_BITS = 32
+
+
+def products_round(jobs: Sequence[tuple]) -> list[torch.Tensor]:
+    """Untruncated products of several jobs in ONE round (additive): ("square", x) opens one
+    value; ("mul", x, y) with broadcasting shapes (e.g. (R, D) x (R, 1): a broadcasting
+    triple, only x - A and the R values of y - B are opened)."""
+    if not _additive():
+        return [mul_shares([(j[1], j[1] if j[0] == "square" else j[2])])[0] for j in jobs]
+    s = current()
+    corrs, opened = [], []
+    for job in jobs:
+        if job[0] == "square":
+            corr = s.provider.get("square", [tuple(job[1].shape)])
+            opened.append(job[1] - corr[0])
+        else:
+            corr = s.provider.get("triple", [tuple(job[1].shape), tuple(job[2].shape)], "mul", ())
+            opened += [job[1] - corr[0], job[2] - corr[1]]
+        corrs.append(corr)
+    vals = open_many(opened)
+    out, i = [], 0
+    for job, corr in zip(jobs, corrs):
+        if job[0] == "square":
+            e = vals[i]
+            i += 1
+            c = corr.corrected()[1]
+            z = c + 2 * e * corr[0]
+            if s.rank == 0:
+                z = z + e * e
+        else:
+            e, d = vals[i], vals[i + 1]
+            i += 2
+            c = corr.corrected()[2]
+            z = c + e * corr[1] + corr[0] * d
+            if s.rank == 0:
+                z = z + e * d
+        out.append(z)
+    return out
+
+
+def polys_many(ts: Sequence[torch.Tensor], coeffs: Sequence[Sequence[float]], prec: int) -> list[torch.Tensor]:
+    """Shares of p_i(t_i) for several variables together. Degree 5..7: Paterson-Stockmeyer,
+    p = a(t) + t^4 b(t) with a, b of degree <= 3: t^2 | t^3, t^4 | t^4 b(t), 3 rounds and
+    48 bytes per element at degree 7 (instead of 72 for t^5, t^6, t^7). Else all powers."""
+    degs = [len(c) - 1 for c in coeffs]
+    if not all(5 <= d <= 7 for d in degs):
+        pws = powers_many(ts, degs, prec)
+        return [_poly_from_powers(pw, c, prec, t) for pw, c, t in zip(pws, coeffs, ts)]
+    t2s = _products([(t, t) for t in ts], prec)
+    rest = _products([p for t, t2 in zip(ts, t2s) for p in ((t2, t), (t2, t2))], prec)
+    lows, highs = [], []
+    for i, (t, c) in enumerate(zip(ts, coeffs)):
+        pw = {1: t, 2: t2s[i], 3: rest[2 * i]}
+        lows.append(_poly_from_powers(pw, c[:4], prec, t))
+        highs.append(_poly_from_powers(pw, c[4:], prec, t))
+    tops = _products([(rest[2 * i + 1], highs[i]) for i in range(len(ts))], prec)
+    return [lo + hi for lo, hi in zip(lows, tops)]
+
+
 def powers_many(ts: Sequence[torch.Tensor], degree: Sequence[int], prec: int) -> list[dict[int, torch.Tensor]]:
     """Powers t^1..t^d of several variables, all in ceil(log2 max d) rounds; t^(2j) = (t^j)^2
     by squares."""
@@ -186,14 +267,13 @@ def half_plus_even(xs: torch.Tensor, prec: int, name: str) -> torch.Tensor:
     tail, segs = EVEN_SPECS[name]
     (y,) = _products([(xs, xs)], prec)
     ts = [_to_unit(y, prec, lo, hi) for lo, hi, _ in segs]
-    pws = powers_many(ts, [d for _, _, d in segs], prec)
-    polys = [_poly_from_powers(pw, fit(name, lo, hi, d), prec, xs) for pw, (lo, hi, d) in zip(pws, segs)]
+    polys = polys_many(ts, [fit(name, lo, hi, d) for lo, hi, d in segs], prec)
     # Bits: [y >= s_j] for the inner breakpoints, [x >= T], [x <= -T]; one MSB circuit.
     items = [y - _enc(lo, prec, xs) for lo, _, _ in segs[1:]]
     items += [xs - _enc(tail, prec, xs), -xs - _enc(tail, prec, xs)]
     flats = [v.reshape(-1) for v in items]
     n = xs.numel()
-    words = protocol.msb_words(torch.cat(flats))          # [v < 0]: the complement of each bit
+    words = neg_words(torch.cat(flats))                  # [v < 0]: the complement of each bit
     bits = circuits.unpack_bits(words, n * len(items))
     bits = protocol.xor_public(bits, 1)                  # [v >= 0]
     half = _half(xs)
@@ -224,7 +304,7 @@ def exp_nonpos(z: torch.Tensor, prec: int) -> torch.Tensor:
              for t in EXP_BUCKETS]
     flats = [v.reshape(-1) for v in items]
     n = z.numel()
-    words = protocol.msb_words(torch.cat(flats))          # [z < tau]
+    words = neg_words(torch.cat(flats), 2)               # [z < tau]; |z| < 2^17
     bits = circuits.unpack_bits(words, n * len(items))
     bits = protocol.xor_public(bits, 1)                  # [z >= tau]
     arith = protocol.b2a(circuits.pack_bits(bits), n * len(items)).view(len(items), *z.shape)
@@ -238,26 +318,47 @@ def exp_nonpos(z: torch.Tensor, prec: int) -> torch.Tensor:
     a = torch.zeros_like(z)
     for b, w in zip(arith, weights):
         a = a + b * w
-    (pw,) = powers_many([t], [EXP_DEGREE], prec)
-    p = _poly_from_powers(pw, fit("exp2", 0.0, 4.0, EXP_DEGREE), prec, z)
+    (p,) = polys_many([t], [fit("exp2", 0.0, 4.0, EXP_DEGREE)], prec)
     (prod,) = mul_shares([(a, p)])
     return truncate(prod, q)
 
 
 def row_max(flat: torch.Tensor) -> torch.Tensor:
     """Shares of the max of each row of `flat` (R, k): all-pairs over groups of 8 while more
-    than 16 remain, then all-pairs over the rest."""
-    from .reductions import SENTINEL, argmax_pairwise
+    than 16 remain, then all-pairs over the rest (a short row is padded with copies of its
+    first entry, which leave the max alone)."""
     v = flat
     rows = v.shape[0]
     while v.shape[1] > 16:
-        k = v.shape[1]
-        pad = (-k) % 8
+        pad = (-v.shape[1]) % 8
         if pad:
-            v = torch.cat([v, public_share(torch.full((rows, pad), -SENTINEL, dtype=torch.int64))], 1)
-        vals, _ = argmax_pairwise(v.reshape(-1, 8), True, False)
-        v = vals.view(rows, -1)
-    return argmax_pairwise(v, True, False)[0]
+            v = torch.cat([v, v[:, :1].expand(rows, pad)], 1)
+        v = pairwise_max(v.reshape(-1, 8)).view(rows, -1)
+    return pairwise_max(v)
+
+
+def pairwise_max(v: torch.Tensor) -> torch.Tensor:
+    """Shares of each row's max (R, k) by all k(k-1)/2 comparisons at once (neg_words on the
+    exact differences, no truncation, so that the comparisons stay a total order: between 2
+    parties |x_i - x_j| < 2^15 at 16 fractional bits), the AND of each
+    candidate's k - 1 wins (ceil(log2(k - 1)) rounds) and one bit-times-value round."""
+    rows, k = v.shape
+    if k == 1:
+        return v[:, 0]
+    i, j = torch.triu_indices(k, k, 1)
+    npairs = i.numel()
+    beats = circuits.unpack_bits(neg_words((v[:, i] - v[:, j]).reshape(-1)),
+                                 rows * npairs).view(rows, npairs)   # [x_i < x_j]: j beats i
+    pair = torch.full((k, k), -1, dtype=torch.long)
+    pair[i, j] = torch.arange(npairs)
+    pair[j, i] = torch.arange(npairs)
+    others = torch.stack([torch.cat([torch.arange(a), torch.arange(a + 1, k)]) for a in range(k)])
+    cand = torch.arange(k).unsqueeze(1).expand(k, k - 1)
+    # a wins against b < a iff pair (b, a) says a beats b; against b > a iff pair (a, b) does not
+    wins = protocol.xor_public(beats[:, pair[cand, others]], (others > cand).long())
+    onehot = protocol.and_reduce_bits(wins)               # (rows, k); ties: several ones
+    _, (out,) = protocol.finish((), [(circuits.pack_bits(onehot.reshape(-1)), (rows, k), v)])
+    return out.sum(1)
 
 
 def mul_rows(e: torch.Tensor, inv: torch.Tensor) -> torch.Tensor:
@@ -267,3 +368,79 @@ def mul_rows(e: torch.Tensor, inv: torch.Tensor) -> torch.Tensor:
         (out,) = mul_shares([(e, inv.unsqueeze(-1))])
         return out
     return protocol.mul("mul", e, inv.unsqueeze(-1))
+
+
+# -------------------------------------------------------------------- layer norm
+ISQRT_J = range(-13, 16)      # thresholds 2^j on v = var + eps: v in [2^-14, 2^15)
+ISQRT_DEGREE = 4              # 1/sqrt(m) on m in [1, 2): relative error 8.4e-5 (fit)
+_Q = 16                       # scale of the bucket factors 2^-L (exact: L <= 16)
+_Q2 = 24                      # scale of 2^(-L/2)
+
+
+def layer_norm_ok() -> bool:
+    """The fast LayerNorm applies (2 additive parties: short comparisons, local truncation)."""
+    return _short_ok()
+
+
+def layer_norm_share(c: torch.Tensor, prec: int, eps: float, gamma: torch.Tensor | None,
+                     public_weight: bool = False, saved: bool = False):
+    """Shares of c / sqrt(mean(c^2) + eps) * gamma per row of the centered rows c (R, D), at
+    `prec`; gamma: shares (D,), the encoded public weight (public_weight) or None. 10 rounds
+    between 2 parties:
+      1      c^2 (squares) and c * gamma (a broadcasting triple: D values of gamma opened)
+      2-6    [v >= 2^j] for every j in ISQRT_J, v = var + eps (one short MSB circuit, per row)
+      7      B2A of the bits and m = v 2^-L in [1, 2) as bits times public multiples of v
+      8      t^2 of t = 2m - 3, and (c gamma) * 2^(-L/2) (a broadcasting triple: R values)
+      9      t^3, t^4: p(t) ~ 1/sqrt(m) (degree 4)
+      10     (c gamma 2^(-L/2)) * p (a broadcasting triple)
+    Domain: var + eps in [2^-14, 2^15) (6.1e-5 to 32768). saved=True (autograd): returns
+    (out, x_hat, inv_std) too, x_hat and inv_std from two more products in rounds 8 and 10."""
+    rows, d = c.shape
+    secret = gamma is not None and not public_weight
+    jobs = [("square", c)] + ([("mul", c, gamma.reshape(1, d))] if secret else [])
+    outs = products_round(jobs)
+    sq = outs[0]
+    if secret:
+        cg = truncate(outs[1], prec)
+    elif gamma is not None:
+        cg = truncate(c * gamma.reshape(1, d), prec)
+    else:
+        cg = c
+    total = truncate(sq.sum(1, keepdim=True), prec)
+    var = truncate(total * int(round((1 << (prec + 8)) / d)), prec + 8)
+    v = var + _enc(eps, prec, var)
+    js = list(ISQRT_J)
+    items = torch.cat([(v - _enc(2.0 ** j, prec, v)).reshape(-1) for j in js])
+    bits = circuits.unpack_bits(neg_words(items, 2), rows * len(js))
+    bits = protocol.xor_public(bits, 1)                  # [v >= 2^j], (len(js) * rows,)
+    # bucket n (bits set): v in [2^(L), 2^(L+1)) with L = js[0] - 1 + n
+    lo = js[0] - 1
+    a = [2.0 ** -(lo + n) for n in range(len(js) + 1)]   # m = v * a[n]
+    b = [2.0 ** (-(lo + n) / 2) for n in range(len(js) + 1)]
+    words = circuits.pack_bits(bits)
+    muls = [(circuits.pack_bits(bits[n * rows:(n + 1) * rows]), (rows, 1),
+             v * int(round((a[n + 1] - a[n]) * (1 << _Q)))) for n in range(len(js))]
+    (arith,), prods = protocol.finish([(words, rows * len(js))], muls)
+    m = v * int(round(a[0] * (1 << _Q)))
+    for p_ in prods:
+        m = m + p_
+    m = truncate(m, _Q)
+    arith = arith.view(len(js), rows, 1)
+    scale = public_share(torch.full_like(v, int(round(b[0] * (1 << _Q2)))))
+    for n in range(len(js)):
+        scale = scale + arith[n] * int(round((b[n + 1] - b[n]) * (1 << _Q2)))
+    t = 2 * m - _enc(3.0, prec, m)
+    extra = [("mul", c, scale)] if saved else []
+    t2, cgs, *cs = products_round([("square", t), ("mul", cg, scale)] + extra)
+    t2, cgs = truncate(t2, prec), truncate(cgs, _Q2)
+    t3, t4 = products_round([("mul", t2, t), ("square", t2)])
+    pw = {1: t, 2: t2, 3: truncate(t3, prec), 4: truncate(t4, prec)}
+    nodes = np.cos(np.pi * (np.arange(ISQRT_DEGREE + 1) + 0.5) / (ISQRT_DEGREE + 1))
+    cheb = np.polynomial.chebyshev.chebfit(nodes, 1.0 / np.sqrt((nodes + 3) / 2), ISQRT_DEGREE)
+    coeffs = [float(x) for x in np.polynomial.chebyshev.cheb2poly(cheb)]
+    p = _poly_from_powers(pw, coeffs, prec, t)
+    if not saved:
+        (out,) = products_round([("mul", cgs, p)])
+        return truncate(out, prec)
+    out, x_hat, inv_std = products_round([("mul", cgs, p), ("mul", truncate(cs[0], _Q2), p), ("mul", scale, p)])
+    return truncate(out, prec), truncate(x_hat, prec), truncate(inv_std, _Q2)

@@ -9,6 +9,8 @@ import torch
 from ..cryptensor import CrypTensor, _record, no_grad
 from .comparisons import _needs_grad
 from .nonlinear import inv_sqrt
+from . import fast
+from .. import encoding
 
 
 def _bcast(v, x: CrypTensor):
@@ -26,6 +28,8 @@ def layer_norm(x: CrypTensor, normalized_shape: Sequence[int] | int, weight=None
     if isinstance(normalized_shape, int):
         normalized_shape = (normalized_shape,)
     dims = tuple(range(x.dim() - len(normalized_shape), x.dim()))
+    if fast.layer_norm_ok() and dims:
+        return _layer_norm_fast(x, dims, weight, bias, eps)
     with no_grad():
         xd = x.detach() if x.dtype.is_floating_point else x.detach().float()
         mean = xd.mean(dims, keepdim=True)
@@ -42,6 +46,42 @@ def layer_norm(x: CrypTensor, normalized_shape: Sequence[int] | int, weight=None
     inputs = (x, weight, bias)
     saved = {"x_hat": x_hat, "inv_std": inv_std} if _needs_grad(*inputs) else {}
     return _record(out, "layer_norm", inputs, normalized_shape=tuple(normalized_shape), eps=eps, **saved)
+
+
+def _layer_norm_fast(x: CrypTensor, dims, weight, bias, eps: float) -> CrypTensor:
+    """Inference LayerNorm between 2 parties: functions.fast.layer_norm_share (10 rounds,
+    var + eps in [6.1e-5, 32768)); the weight multiplies in the variance's round."""
+    with no_grad():
+        xd = x.detach() if x.dtype.is_floating_point else x.detach().float()
+        centered = xd.sub(xd.mean(dims, keepdim=True))
+        d = 1
+        for k in dims:
+            d *= x.shape[k]
+        rows = centered.share.reshape(-1, d)
+        p = centered.precision
+        gamma = None
+        if isinstance(weight, CrypTensor):
+            gamma = weight.detach().float() if not weight.dtype.is_floating_point else weight.detach()
+            if gamma.precision != p:
+                raise ValueError(f"layer_norm: a weight at precision {gamma.precision}, the input at {p}")
+            gamma = gamma.share.reshape(-1)
+        elif weight is not None:  # public: encoded, multiplied locally
+            gamma = encoding.encode(torch.as_tensor(weight, dtype=torch.float64).reshape(-1), p)
+        grad = _needs_grad(x, weight, bias)
+        share = fast.layer_norm_share(rows, p, eps, gamma, public_weight=weight is not None
+                                      and not isinstance(weight, CrypTensor), saved=grad)
+        saved = {}
+        if grad:
+            share, x_hat, inv_std = share
+            keep = [1 if k in dims else x.shape[k] for k in range(x.dim())]
+            saved = {"x_hat": CrypTensor(x_hat.view(x.shape), p, centered.dtype, x._names),
+                     "inv_std": CrypTensor(inv_std.view(keep), p, centered.dtype)}
+        out = CrypTensor(share.view(x.shape), p, centered.dtype, x._names)
+        if bias is not None:
+            out = out.add(bias.detach() if isinstance(bias, CrypTensor) else bias)
+    out = CrypTensor(out.share, out.precision, out.dtype, x._names)
+    return _record(out, "layer_norm", (x, weight, bias), normalized_shape=tuple(x.shape[k] for k in dims),
+                   eps=eps, **saved)
 
 
 def batch_norm(x: CrypTensor, running_mean=None, running_var=None, weight=None, bias=None,
