@@ -59,3 +59,38 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+# ------------------------------------------------------------------ docs/transformers.md
+PHASE_NAMES = [("linear", "linear layers (Q, K, V, O, FFN: fixed weights masked once)"),
+               ("attention_matmul", "attention matmuls (Q K^T, P V)"), ("softmax", "softmax"),
+               ("gelu", "GELU"), ("layernorm", "LayerNorm (2)")]
+
+
+def render(data: dict) -> str:
+    """The block of docs/transformers.md between its `transformer-split` markers."""
+    lines = []
+    for name in ("bert_base_layer_seq128", "bert_layer_tiny"):
+        layer = data["layers"].get(name)
+        if layer is None:
+            continue
+        lines += [f"**{name}** ({layer['shape']}), per inference, 2 parties + dealer:", "",
+                  "| phase | rounds | MB sent per party | dealer MB (to party 0) |", "|---|---|---|---|"]
+        for key, label in PHASE_NAMES:
+            ph = layer["phases"].get(key, {"rounds": 0, "bytes_sent": [0], "dealer_bytes": 0})
+            lines.append(f"| {label} | {ph['rounds']} | {max(ph['bytes_sent']) / 1e6:.2f} | "
+                         f"{ph['dealer_bytes'] / 1e6:.2f} |")
+        t = layer["total"]
+        lines += [f"| **total** | **{t['rounds']}** | **{max(t['bytes_sent']) / 1e6:.2f}** | "
+                  f"**{t['dealer_bytes'] / 1e6:.2f}** |", "",
+                  f"Max error against torch: {t['max_error']:.1e}.", ""]
+    base = data["layers"].get("bert_base_layer_seq128")
+    if base is not None:
+        t = base["total"]
+        lines += ["12-layer BERT-base encoder, **computed** as 12 x the measured layer (the layers are "
+                  "identical and run one after another; embeddings and the classifier head not included):", "",
+                  "| | computed from the measured layer | target (issue) |", "|---|---|---|",
+                  f"| rounds | {12 * t['rounds']} | <= 800 |",
+                  f"| MB sent per party (online) | {12 * max(t['bytes_sent']) / 1e6:.0f} | <= 1000 |",
+                  f"| dealer MB (offline, to party 0) | {12 * t['dealer_bytes'] / 1e6:.0f} | |", ""]
+    return "\n".join(lines)
