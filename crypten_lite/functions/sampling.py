@@ -1,10 +1,13 @@
 """Secret random values: rand (uniform in [0, 1)) and bernoulli.
 
-rand: every party draws `precision` random bits per element from its own cryptographic PRG
-(a fresh seed); taken as XOR shares, their XOR is a uniform bit string that no coalition
-missing a party knows. One B2A round turns the bits into arithmetic shares, summed with
-public weights 2^j into a fixed-point value (2 parties: 1 round, 2 + 1/8 bytes per bit per
-party with the dealer). bernoulli(p) = [rand < p]: rand plus one comparison.
+rand: `precision` secret random bits per element as binary shares, made with no
+communication (protocol.random_words): under the additive protocol every party draws its XOR
+share from its own cryptographic PRG (a fresh seed), under rss the three components come from
+the pairwise PRG streams; either way the XOR is a uniform bit string that no coalition
+missing a party knows. One B2A turns the bits into arithmetic shares, summed with public
+weights 2^j into a fixed-point value (additive: 1 round, 2 + 1/8 bytes per bit per party with
+the dealer at 2 parties; rss: 2 rounds, 8 1/6 bytes per bit per party).
+bernoulli(p) = [rand < p]: rand plus one comparison.
 """
 
 from __future__ import annotations
@@ -13,20 +16,20 @@ import torch
 
 from ..cryptensor import CrypTensor, _shape_arg, default_precision
 from ..mpc import circuits, protocol
-from ..random import PRG, fresh_seed
 
 
 def rand(*sizes, precision: int | None = None) -> CrypTensor:
-    """A secret CrypTensor of uniform values in [0, 1) on a 2^-precision grid (1 round)."""
+    """A secret CrypTensor of uniform values in [0, 1) on a 2^-precision grid (one B2A:
+    1 round additive, 2 under rss)."""
     shape = tuple(_shape_arg(sizes))
     p = default_precision() if precision is None else int(precision)
     n = 1
     for s in shape:
         n *= s
-    mine = PRG(fresh_seed()).draw((n,))                  # this party's XOR share of the bits
+    mine = protocol.random_words(n)                      # binary shares of 64 bits per element
     bits = ((mine.unsqueeze(1) >> torch.arange(p)) & 1).reshape(-1)
     arith = protocol.b2a(circuits.pack_bits(bits), n * p).view(n, p) if n * p else \
-        torch.zeros(n, p, dtype=torch.int64)
+        protocol.public_share(torch.zeros(n, p, dtype=torch.int64))
     share = (arith << torch.arange(p)).sum(1).view(shape)
     return CrypTensor(share, p, torch.float32)
 

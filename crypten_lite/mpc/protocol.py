@@ -256,3 +256,59 @@ def and_reduce_bits(x: torch.Tensor) -> torch.Tensor:
     if is_rss():
         return _rss_binary("and_reduce_bits")(x)
     return convert.and_reduce_bits(x)
+
+
+# ------------------------------------------- short integers (int8 inference) and sampling
+# Additive: crypten_lite.mpc.intops; rss: crypten_lite.mpc.rss_int / rss_binary.
+def msb_low(x: torch.Tensor, m: int) -> torch.Tensor:
+    """Packed binary shares of bit m-1 of x mod 2^m (x < 0 when -2^(m-1) <= x < 2^(m-1))."""
+    if is_rss():
+        return _rss_binary("msb_low")(x, m)
+    from . import intops
+    return intops.msb_low(x, m)
+
+
+def round_shift(x: torch.Tensor, shift: int, bits: int, rounding: str = "half_up",
+                carry_bits: int = 16, method: str = "auto") -> torch.Tensor:
+    """Shares of round(x / 2^shift) (half_up or half_even) for -2^bits <= x < 2^bits, exactly
+    (additive: exact for shift <= carry_bits, see intops; rss: exact for every shift)."""
+    if is_rss():
+        from . import rss_int
+        return rss_int.round_shift(x, shift, bits, rounding, carry_bits, method)
+    from . import intops
+    return intops.round_shift(x, shift, bits, rounding, carry_bits, method)
+
+
+def has_requantize_clamp() -> bool:
+    """Whether requantize_clamp exists for this session (additive, 2 parties)."""
+    return not is_rss() and current().world_size == 2
+
+
+def requantize_clamp(v: torch.Tensor, shift: int, offset: int, lo, hi, m: int, carry_bits: int = 16) -> torch.Tensor:
+    """clamp(round(v / 2^shift) + offset, lo, hi) fused (intops.requantize_clamp; 2 parties,
+    additive only: see has_requantize_clamp)."""
+    if not has_requantize_clamp():
+        raise UnsupportedError("requantize_clamp exists for 2 parties under the additive protocol "
+                               "only; use round_shift and a clamp")
+    from . import intops
+    return intops.requantize_clamp(v, shift, offset, lo, hi, m, carry_bits)
+
+
+def random_words(n_words: int) -> torch.Tensor:
+    """Packed binary shares of 64 * n_words uniform secret bits, with no communication
+    (additive: each party's own PRG; rss: pairwise PRG streams)."""
+    if is_rss():
+        from . import rss_int
+        return rss_int.random_words(n_words)
+    from . import intops
+    return intops.random_words(n_words)
+
+
+def msb_low_mul(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], m: int) -> list[torch.Tensor]:
+    """[x < 0] * v for each (x, v), v of x's shape and -2^(m-1) <= x < 2^(m-1) (additive:
+    short MSB then one bit-times-value round; rss: the product folded into the MSB's rounds)."""
+    if is_rss():
+        from . import rss_int
+        return rss_int.msb_low_mul(pairs, m)
+    from . import intops
+    return intops.msb_low_mul(pairs, m)

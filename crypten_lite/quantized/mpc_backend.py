@@ -5,8 +5,8 @@ The model owner (``src_model``) secret-shares the integer weights and biases, th
 (:meth:`~crypten_lite.quantized.ir.QuantizedProgram.public_copy`). Values are int64
 additive shares at scale 1 (integers, no fixed point), so:
 
-* conv2d / linear / secret products: one Beaver round each (:mod:`crypten_lite.mpc.beaver`),
-  exact in the ring, no truncation;
+* conv2d / linear / secret products: one round each (Beaver's under additive, a reshare under
+  rss: protocol.mul), exact in the ring, no truncation;
 * public multipliers, additions, pooling sums, reshapes, nearest upsampling: local;
 * requantization ``round(v / 2**shift)``: :func:`crypten_lite.quantized.mpc_ops.round_shift`,
   exact rounding (not the one-round probabilistic truncation, whose result is one too large
@@ -50,12 +50,14 @@ MAX_TRIPLE_ELEMENTS = 3 << 17
 
 
 class MpcBackend(Backend):
-    """:class:`~crypten_lite.quantized.backend.Backend` on int64 additive shares.
+    """:class:`~crypten_lite.quantized.backend.Backend` on the session protocol's shares:
+    int64 additive shares (any N, dealer) or replicated shares (``rss``: 3 parties, no dealer).
 
     ``src_model`` shares the weights (memoized by ``id``: a weight is shared once per
     backend), ``src_input`` the input. ``truncation``: ``"auto"`` (local exact rounding for
-    2 parties, dealer-assisted for more), ``"local"``, ``"dealer"`` or ``"probabilistic"``
-    (one-round truncation, off by one on about half the values; for measurements).
+    2 parties, dealer-assisted for more, under rss the replicated exact rounding),
+    ``"local"``, ``"dealer"`` (additive only) or ``"probabilistic"`` (one-round truncation,
+    off by one on about half the values; for measurements).
     ``carry_bits``: low bits the rounding's carry looks at (exact for shifts up to it; see
     :func:`crypten_lite.quantized.mpc_ops.round_shift`).
     """
@@ -65,12 +67,11 @@ class MpcBackend(Backend):
         if truncation not in ("auto", "local", "dealer", "probabilistic"):
             raise ValueError(f"truncation must be auto, local, dealer or probabilistic, got {truncation!r}")
         s = current()
-        if s.config.protocol != "additive":
-            # mpc_ops's integer protocols are written for additive shares and dealer
-            # correlations: refuse up front rather than fail (or worse) halfway.
+        if protocol.is_rss() and truncation in ("local", "dealer"):
+            # the additive protocol's rounding methods; rss has its own exact one ("auto")
             raise UnsupportedError(
-                f"int8 quantized execution has no {s.config.protocol!r} protocols yet; run the "
-                "float model (nn.from_pytorch of the float module) or use CRYPTEN_LITE_PROTOCOL=additive")
+                f"truncation={truncation!r} is a method of the additive protocol; under protocol "
+                "'rss' use truncation='auto' (exact rounding, no dealer) or 'probabilistic'")
         for what, src in (("src_model", src_model), ("src_input", src_input)):
             if not 0 <= src < s.world_size:
                 raise ProtocolError(f"{what}={src} is out of range: ranks are 0..{s.world_size - 1}")

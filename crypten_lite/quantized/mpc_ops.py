@@ -1,5 +1,12 @@
 """Short comparisons and exact rounding on arithmetic shares of small integers (int8 inference).
 
+Everything here goes through the protocol interface (:mod:`crypten_lite.mpc.protocol`), so the
+same code runs on additive shares (any N, the dealer's correlations: the protocols below live
+in :mod:`crypten_lite.mpc.intops`) and on replicated shares (3 parties, no dealer:
+:mod:`crypten_lite.mpc.rss_int`, :mod:`crypten_lite.mpc.rss_binary`). No rank is tested here.
+The descriptions and costs below are those of the additive protocols; docs/quantized.md gives
+the rss figures.
+
 Values of a quantized program are small (an int8 activation before its clamp has 9 to 12
 bits, an accumulator times its multiplier 30 to 50) and every caller passes a sound
 ``bits`` bound. These protocols use it: a comparison runs its carry circuit over
@@ -66,18 +73,13 @@ Kogge, Stone (carry trees).
 
 from __future__ import annotations
 
-from typing import Sequence
-
 import torch
 import torch.nn.functional as F
 
 from crypten_lite.errors import ProtocolError
-from crypten_lite.mpc import circuits, convert
-from crypten_lite.mpc.binary import PolyJob, and_many, eval_polys, provider_get, xor_public
-from crypten_lite.mpc.primitives import open_
-from crypten_lite.provider.correlations import logical_shift
+from crypten_lite.mpc import circuits, protocol
+from crypten_lite.mpc.intops import lane_mask, next_pow2  # noqa: F401  (re-exported)
 from crypten_lite.quantized.ir import bits_for
-from crypten_lite.session import current
 
 BIAS_BITS = 62  # x' = x + 2**62 is in [0, 2**63) for |x| < 2**61
 MAX_BITS = 61
@@ -87,34 +89,10 @@ Bound = int | torch.Tensor
 
 
 # ------------------------------------------------------------------------ small helpers
-def next_pow2(k: int) -> int:
-    """Smallest power of two >= k (and >= 2)."""
-    w = 2
-    while w < k:
-        w *= 2
-    return w
-
-
-def _word(v: int) -> int:
-    """A 64-bit pattern as a Python int that fits torch.int64 (two's complement)."""
-    v &= (1 << 64) - 1
-    return v - (1 << 64) if v >> 63 else v
-
-
-def lane_mask(width: int, bit: int) -> int:
-    """Word with bit ``bit`` set in every ``width``-bit lane."""
-    return _word(sum(1 << (width * j + bit) for j in range(64 // width)))
-
-
-def _low_mask(width: int) -> int:
-    return -1 if width >= 64 else (1 << width) - 1
-
-
 def public_share(value: torch.Tensor | int, like: torch.Tensor) -> torch.Tensor:
-    """A public integer as a share broadcast to ``like``'s shape (rank 0 holds it)."""
+    """A public integer as a share broadcast to ``like``'s shape (protocol.public_share)."""
     v = torch.as_tensor(value, dtype=torch.int64)
-    out = torch.zeros(torch.broadcast_shapes(v.shape, like.shape), dtype=torch.int64)
-    return out + v if current().rank == 0 else out
+    return protocol.public_share(torch.zeros(torch.broadcast_shapes(v.shape, like.shape), dtype=torch.int64) + v)
 
 
 def _bounds(v: Bound) -> tuple[int, int]:
@@ -123,60 +101,31 @@ def _bounds(v: Bound) -> tuple[int, int]:
     return int(v), int(v)
 
 
-def _lane_top_bits(words: torch.Tensor, width: int, n: int) -> torch.Tensor:
-    """Bit ``width - 1`` of each lane (element) of packed words, re-packed one bit each."""
-    lanes = circuits.unpack_lanes(words, width, n)
-    return circuits.pack_bits(logical_shift(lanes, width - 1) & 1)
-
-
 # ------------------------------------------------------------------------ short MSB
-def _csa_reduce(ops: list[tuple[torch.Tensor, int]], width: int) -> list[tuple[torch.Tensor, int]]:
-    """Carry-save layers (one round each) until two operands are left; lanes of ``width`` bits."""
-    keep = ~lane_mask(width, 0)  # a carry shifted out of a lane must not enter the next
-    while len(ops) > 2:
-        cut = len(ops) - len(ops) % 3
-        groups = [ops[i:i + 3] for i in range(0, cut, 3)]
-        jobs = [PolyJob([g[0][0], g[1][0], g[2][0]], [g[0][1], g[1][1], g[2][1]], [circuits.MAJ3])
-                for g in groups]
-        majs = eval_polys(jobs)
-        ops = list(ops[cut:])
-        for g, (maj,) in zip(groups, majs):
-            ops += [(g[0][0] ^ g[1][0] ^ g[2][0], -1), ((maj << 1) & keep, -1)]
-    return ops
-
-
 def msb_low(x: torch.Tensor, m: int) -> torch.Tensor:
-    """Packed XOR shares of bit ``m - 1`` of ``x mod 2**m`` (``x``: arithmetic shares).
+    """Packed binary shares of bit ``m - 1`` of ``x mod 2**m`` (``x``: arithmetic shares).
 
     That bit is ``x < 0`` whenever ``-2**(m-1) <= x < 2**(m-1)``. Rounds (2 parties):
-    ``log2(next_pow2(m))``; see the module docstring.
+    ``log2(next_pow2(m))``; see the module docstring (protocol.msb_low).
     """
     if not 1 <= m <= 64:
         raise ProtocolError(f"msb_low: width {m} must be in 1..64")
-    s = current()
-    flat = x.reshape(-1)
-    n = flat.numel()
-    width = next_pow2(m)
-    mine = circuits.pack_lanes((flat << (width - m)) & _low_mask(width), width)
-    ops = [(mine if s.rank == r else torch.zeros_like(mine), r) for r in range(s.world_size)]
-    (sv, so), (cv, co) = _csa_reduce(ops, width)
-    top = _lane_top_bits(sv ^ cv, width, n)
-    top_lanes = lane_mask(width, width - 1)
-    # s_top := 0 and c_top := 1, so that the group generate of the lane is the carry into the top
-    sv = sv & ~top_lanes
-    cv = cv & ~top_lanes
-    if s.rank == (0 if co == -1 else co):
-        cv = cv | top_lanes
-    planes = circuits.group2_planes(sv, cv)
-    ((g, p),) = eval_polys([PolyJob(planes, [so, so, co, co], [circuits.GROUP2_G, circuits.GROUP2_P])])
-    return circuits.carry_tree(g, p, width // 2, and_many) ^ top
+    return protocol.msb_low(x, m)
 
 
 def sign_words(x: torch.Tensor, bits: int) -> torch.Tensor:
-    """Packed XOR shares of ``[x < 0]`` for ``-2**bits <= x < 2**bits``."""
+    """Packed binary shares of ``[x < 0]`` for ``-2**bits <= x < 2**bits``."""
     if bits >= 63:
-        return convert.msb_words(x)
+        return protocol.msb_words(x)
     return msb_low(x, bits + 1)
+
+
+def sign_mul(pairs, bits: int) -> list[torch.Tensor]:
+    """Shares of ``[x < 0] * v`` for each ``(x, v)`` (``v`` of ``x``'s shape,
+    ``-2**bits <= x < 2**bits``): protocol.msb_low_mul, or the 64-bit MSB for ``bits >= 63``."""
+    if bits >= 63:
+        return [protocol.msb_finish(x, False, [(tuple(x.shape), v)])[1][0] for x, v in pairs]
+    return protocol.msb_low_mul(pairs, bits + 1)
 
 
 # ------------------------------------------------------------------------ clamp
@@ -201,18 +150,22 @@ def clamp(x: torch.Tensor, lo: Bound | None, hi: Bound | None, bits: int) -> tor
         width_bits = max(width_bits, bits_for(b_lo - x_hi, b_hi - x_lo))
     shape = diffs[0].shape
     n = diffs[0].numel()
+    if protocol.is_rss() or len(diffs) == 1:
+        # lo + [x > lo] (x - lo) - [x > hi] (x - hi): the products folded into the short MSB
+        # (rss: 1 + log2(W/2) + 1 rounds in all; additive: one short MSB and one product round)
+        prods = sign_mul([(d, -d) for d in diffs], width_bits)
+        if lo is None:
+            return x.expand(shape) - prods[0]
+        out = public_share(lo, x) + prods[0]
+        return out - prods[1] if hi is not None else out
     words = sign_words(torch.cat([d.reshape(-1) for d in diffs]), width_bits)
     bits_all = circuits.unpack_bits(words, len(diffs) * n)
     if lo is not None and hi is not None:
         b_lo, b_hi = bits_all[:n], bits_all[n:]
         sel = circuits.pack_bits(b_lo ^ b_hi)
-        (hi_a,), (prod,) = convert.finish([(circuits.pack_bits(b_hi), n)], [(sel, tuple(shape), -diffs[0])])
+        (hi_a,), (prod,) = protocol.finish([(circuits.pack_bits(b_hi), n)], [(sel, tuple(shape), -diffs[0])])
         gap = torch.as_tensor(hi, dtype=torch.int64) - torch.as_tensor(lo, dtype=torch.int64)
         return public_share(lo, x) + prod + hi_a.view(shape) * gap
-    (prod,) = convert.finish((), [(words, tuple(shape), -diffs[0])])[1]
-    if lo is not None:
-        return public_share(lo, x) + prod  # lo + [x > lo] (x - lo)
-    return x.expand(shape) - prod          # x - [x > hi] (x - hi)
 
 
 # ------------------------------------------------------------------------ max pooling
@@ -236,8 +189,11 @@ def windows(share: torch.Tensor, fill: int, kernel_size, stride, padding, dilati
     span_h, span_w = dh * (kh - 1) + 1, dw * (kw - 1) + 1
     extra_h = max(0, (ho - 1) * sh + span_h - (h + 2 * ph))
     extra_w = max(0, (wo - 1) * sw + span_w - (w + 2 * pw))
-    value = fill if current().rank == 0 else 0
-    xp = F.pad(share, (pw, pw + extra_w, ph, ph + extra_h), value=value)
+    pads = (pw, pw + extra_w, ph, ph + extra_h)
+    xp = F.pad(share, pads)
+    if fill and any(pads):  # the public fill in the padding (protocol.add_public: no rank test)
+        border = F.pad(torch.zeros(share.shape, dtype=torch.int64), pads, value=1)
+        xp = protocol.add_public(xp, border * fill)
     win = xp.unfold(-2, span_h, sh).unfold(-2, span_w, sw)[..., ::dh, ::dw]
     win = win[..., :ho, :wo, :, :]
     return win.reshape(*win.shape[:-2], kh * kw)
@@ -253,8 +209,7 @@ def max_rows(v: torch.Tensor, bits: int) -> torch.Tensor:
         half = v.shape[-1] // 2
         left, right = v[..., :half], v[..., half:2 * half]
         diff = right - left  # [left > right] = [right - left < 0]
-        words = sign_words(diff, bits + 1)
-        (prod,) = convert.finish((), [(words, tuple(diff.shape), -diff)])[1]
+        (prod,) = sign_mul([(diff, -diff)], bits + 1)
         best = right + prod
         v = torch.cat([best, v[..., 2 * half:]], -1) if v.shape[-1] % 2 else best
     return v[..., 0]
@@ -272,72 +227,17 @@ def sum_pool2d(x: torch.Tensor, kernel_size, stride, padding, ceil_mode: bool) -
 
 
 # ------------------------------------------------------------------------ rounding division
-def _floor_div_local(xb: torch.Tensor, k: int, e: int, extra_b2a: Sequence[torch.Tensor]):
-    """2 parties: shares of floor(xb / 2**k) for xb in [0, 2**63), carry on the top e low bits."""
-    s = current()
-    n = xb.numel()
-    high = logical_shift(xb, k)
-    width = next_pow2(e)
-    low_top = ((xb & ((1 << k) - 1)) >> (k - e)) << (width - e)
-    mine = circuits.pack_lanes(low_top, width)
-    zero = torch.zeros_like(mine)
-    sv, cv = (mine, zero) if s.rank == 0 else (zero, mine)
-    top = circuits.pack_bits(logical_shift(xb, 63))
-    a, b = (top, torch.zeros_like(top)) if s.rank == 0 else (torch.zeros_like(top), top)
-    planes = circuits.group2_planes(sv, cv)
-    (g, p), (ab,) = eval_polys([
-        PolyJob(planes, [0, 0, 1, 1], [circuits.GROUP2_G, circuits.GROUP2_P]),
-        PolyJob([a, b], [0, 1], [[(0, 1)]]),
-    ])
-    carry = circuits.carry_tree(g, p, width // 2, and_many)
-    wrap = a ^ b ^ ab  # top_0 OR top_1
-    got, _ = convert.finish([(carry, n), (wrap, n)] + [(w, n) for w in extra_b2a])
-    return high + got[0] - (got[1] << (64 - k)), got[2:]
-
-
-def _floor_div_dealer(xb: torch.Tensor, k: int, e: int, extra_b2a: Sequence[torch.Tensor]):
-    """Any N: shares of floor(xb / 2**k) for xb in [0, 2**63) from an opened c = xb + r."""
-    s = current()
-    n = xb.numel()
-    corr = provider_get("trunc_exact", n, lambda m: [(m,)], 3, params=[k])
-    c = open_(xb + corr[0])
-    _, rlow, rt, m = corr.corrected()
-    width = next_pow2(e)
-    keep = (1 << e) - 1
-    r_top = ((rlow >> (k - e)) & keep) << (width - e)
-    not_c = ((~c >> (k - e)) & keep) << (width - e)
-    # borrow = [c_top < r_top] = carry out of r_top + ~c_top
-    g = r_top & not_c
-    p = r_top ^ not_c if s.rank == 0 else r_top.clone()
-    borrow = circuits.carry_tree(circuits.pack_lanes(g, width), circuits.pack_lanes(p, width), width, and_many)
-    got, _ = convert.finish([(borrow, n)] + [(w, n) for w in extra_b2a])
-    wrap = (1 - logical_shift(c, 63)) * m
-    out = -rt - got[0] + (wrap << (64 - k))
-    if s.rank == 0:
-        out = out + logical_shift(c, k)
-    return out, got[1:]
-
-
-def _tie_words(x: torch.Tensor, k: int) -> torch.Tensor:
-    """Packed XOR shares of [x mod 2**(k+1) == 2**(k-1)] (a tie whose half-up result is odd)."""
-    z = x - public_share(1 << (k - 1), x)
-    n = z.numel()
-    words = msb_low(torch.cat([z, -z]), k + 1)
-    both = circuits.unpack_bits(words, 2 * n)
-    (nor,) = and_many([(xor_public(circuits.pack_bits(both[:n]), -1),
-                        xor_public(circuits.pack_bits(both[n:]), -1))])
-    return nor
-
-
 def round_shift(x: torch.Tensor, shift: int, bits: int, rounding: str = "half_up",
                 carry_bits: int = DEFAULT_CARRY_BITS, method: str = "auto") -> torch.Tensor:
     """Shares of ``round(x / 2**shift)`` for ``-2**bits <= x < 2**bits`` (``bits <= 61``).
 
-    ``rounding``: ``"half_up"`` or ``"half_even"``. ``method``: ``"local"`` (2 parties),
-    ``"dealer"`` (any N), ``"auto"`` (local for 2 parties) or ``"probabilistic"``
-    (:func:`crypten_lite.mpc.truncation.truncate_exact` of ``x + 2**(shift-1)``: one round,
-    but the result is one too large with probability equal to the fraction dropped, so about
-    half the values differ from the rounded result; for measurements only).
+    ``rounding``: ``"half_up"`` or ``"half_even"``. ``method`` (additive): ``"local"``
+    (2 parties), ``"dealer"`` (any N), ``"auto"`` (local for 2 parties) or
+    ``"probabilistic"`` (:func:`crypten_lite.mpc.truncation.truncate_exact` of
+    ``x + 2**(shift-1)``: one round, but the result is one too large with probability equal
+    to the fraction dropped, so about half the values differ from the rounded result; for
+    measurements only). Under rss: ``"auto"`` (exact for every shift, no dealer) or
+    ``"probabilistic"`` (protocol.round_shift).
     """
     if shift == 0:
         return x
@@ -346,91 +246,14 @@ def round_shift(x: torch.Tensor, shift: int, bits: int, rounding: str = "half_up
     if bits > MAX_BITS or shift > BIAS_BITS:
         raise ProtocolError(f"round_shift: {bits}-bit values / shift {shift} exceed the "
                             f"{MAX_BITS}-bit range of exact truncation")
-    s = current()
-    shape = x.shape
-    flat = x.reshape(-1)
-    if method == "probabilistic":
-        return _probabilistic(flat + public_share(1 << (shift - 1), flat), shift).view(shape)
-    if method == "auto":
-        method = "local" if s.world_size == 2 else "dealer"
-    if method == "local" and s.world_size != 2:
-        raise ProtocolError(f"round_shift: the local method needs 2 parties, not {s.world_size}")
-    e = max(1, min(shift, carry_bits))
-    ties = [_tie_words(flat, shift)] if rounding == "half_even" else []
-    # local: the top-e carry can miss a carry from the bits below only where the low k bits
-    # are below 2**(k-e); adding 2**(k-e) moves that band from just above a rounding boundary
-    # (exact ties included) to just below it
-    guard = (1 << (shift - e)) if method == "local" and e < shift else 0
-    xb = flat + public_share((1 << (shift - 1)) + (1 << BIAS_BITS) + guard, flat)
-    if method == "local":
-        q, tie = _floor_div_local(xb, shift, e, ties)
-    elif method == "dealer":
-        q, tie = _floor_div_dealer(xb, shift, e, ties)
-    else:
-        raise ValueError(f"unknown truncation method {method!r}")
-    q = q - public_share(1 << (BIAS_BITS - shift), q)
-    if tie:
-        q = q - tie[0]
-    return q.view(shape)
+    return protocol.round_shift(x, shift, bits, rounding, carry_bits, method)
 
 
 # ------------------------------------------------------------------ requantize and clamp
-def _lockstep_trees(tasks: list[list]) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
-    """Several :func:`crypten_lite.mpc.circuits.carry_tree` s in lockstep: one AND round per
-    level for all of them. A task is ``[g, p, width, want_p]``; returns each (G, P or None)."""
-    while any(t[2] > 1 for t in tasks):
-        pairs, plan = [], []
-        for i, (g, p, width, want_p) in enumerate(tasks):
-            if width == 1:
-                continue
-            g_hi, g_lo = circuits.halves(g)
-            p_hi, p_lo = circuits.halves(p)
-            need_p = width > 2 or want_p
-            pairs += [(p_hi, g_lo)] + ([(p_hi, p_lo)] if need_p else [])
-            plan.append((i, g_hi, need_p))
-        outs = and_many(pairs)
-        j = 0
-        for i, g_hi, need_p in plan:
-            tasks[i] = [g_hi ^ outs[j], outs[j + 1] if need_p else None, tasks[i][2] // 2, tasks[i][3]]
-            j += 1 + need_p
-    return [(t[0], t[1]) for t in tasks]
-
-
-def and_with_b2a(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], b2as: Sequence[tuple[torch.Tensor, int]]):
-    """ANDs of packed words and B2A of packed bits in ONE round (one opening of XOR masks)."""
-    s = current()
-    xs = [x.reshape(-1) for x, _ in pairs]
-    ys = [y.reshape(-1) for _, y in pairs]
-    x, y = torch.cat(xs), torch.cat(ys)
-    nw = x.numel()
-    triple = provider_get("binary_triple", nw, lambda m: [(m,)], 1)
-    corrs = [provider_get("bit", n, lambda m: [(m,)], 1) for _, n in b2as]
-    masked = [w ^ circuits.pack_bits(c[0].reshape(-1)) for (w, _), c in zip(b2as, corrs)]
-    a, b = triple[0], triple[1]
-    from crypten_lite.mpc.binary import open_xor
-
-    opened = open_xor(torch.cat([x ^ a, y ^ b] + masked))
-    e, d = opened[:nw], opened[nw:2 * nw]
-    z = triple.corrected()[2] ^ (e & b) ^ (a & d)
-    if s.rank == 0:
-        z = z ^ (e & d)
-    ands, off = [], 0
-    for t in xs:
-        ands.append(z[off:off + t.numel()])
-        off += t.numel()
-    arith, off = [], 2 * nw
-    for (w, n), corr in zip(b2as, corrs):
-        c = circuits.unpack_bits(opened[off:off + w.numel()], n)
-        off += w.numel()
-        ra = corr.corrected()[1]
-        share = ra - 2 * c * ra
-        arith.append(share + c if s.rank == 0 else share)
-    return ands, arith
-
-
 def can_fuse(shift: int, rounding: str, lo, hi, in_bits: int, out_bits: int) -> bool:
-    """Whether :func:`requantize_clamp` applies (2 parties, half-up, a clamp, short outputs)."""
-    return (current().world_size == 2 and shift > 0 and rounding == "half_up" and in_bits <= MAX_BITS
+    """Whether :func:`requantize_clamp` applies (2 parties under the additive protocol, half-up,
+    a clamp, short outputs)."""
+    return (protocol.has_requantize_clamp() and shift > 0 and rounding == "half_up" and in_bits <= MAX_BITS
             and (lo is not None or hi is not None) and _window_bits(lo, hi, out_bits) <= min(32, 64 - shift)
             and shift <= BIAS_BITS)
 
@@ -445,85 +268,13 @@ def _window_bits(lo, hi, out_bits: int) -> int:
 
 def requantize_clamp(v: torch.Tensor, shift: int, offset: int, lo: Bound | None, hi: Bound | None,
                      out_bits: int, carry_bits: int = DEFAULT_CARRY_BITS) -> torch.Tensor:
-    """2 parties: ``clamp(floor((v + 2**(shift-1)) / 2**shift) + offset, lo, hi)`` in 6 rounds.
-
-    The rounding of :func:`round_shift` (local method) and the clamp's comparisons run
-    together: with ``t = H_0 + H_1 + carry - wrap 2**(64-k) - 2**(62-k)``, the sign of
-    ``t + offset - B`` for a bound ``B`` is the top bit of ``A_0 + A_1 + carry`` on ``m``
-    bits, where ``A_i`` are the low bits of each party's ``H_i`` (plus public constants on
-    party 0): its carry tree needs no rounding result, only the rounding's carry as a
-    carry-in (``G | P & carry``). Rounds: level 1 of every tree (one masked opening), the
-    tree levels in lockstep, the carry-in ANDs with the B2A of the carry and the wrap (one
-    opening), the bit-times-value fold. Same bytes as the separate steps, 4 rounds fewer.
-    """
-    s = current()
-    shape = v.shape
-    flat = v.reshape(-1)
-    n = flat.numel()
-    k = shift
-    e = max(1, min(k, carry_bits))
-    guard = (1 << (k - e)) if e < k else 0
-    xb = flat + public_share((1 << (k - 1)) + (1 << BIAS_BITS) + guard, flat)
-    high = logical_shift(xb, k)
-    # the rounding's carry (as _floor_div_local)
-    we = next_pow2(e)
-    low_top = circuits.pack_lanes(((xb & ((1 << k) - 1)) >> (k - e)) << (we - e), we)
-    zero = torch.zeros_like(low_top)
-    st, ct = (low_top, zero) if s.rank == 0 else (zero, low_top)
-    top = circuits.pack_bits(logical_shift(xb, 63))
-    a, b = (top, torch.zeros_like(top)) if s.rank == 0 else (torch.zeros_like(top), top)
-    # the comparisons: A = high (+ offset - B - 2**(62-k) on party 0), m bits at the top of
-    # W-bit lanes; lane padding: top (g 0, p 1) and bits below the value (g 0, p 1)
-    bounds = [bd for bd in (lo, hi) if bd is not None]
-    m = _window_bits(lo, hi, out_bits)
-    wm = next_pow2(m)
-    consts = [offset - (1 << (BIAS_BITS - k)) - torch.as_tensor(bd, dtype=torch.int64) for bd in bounds]
-    vals = torch.cat([(high + public_share(c, xb.view(shape)).reshape(-1)) & _low_mask(m) for c in consts])
-    lanes = circuits.pack_lanes(vals << (wm - m), wm)
-    nb = vals.numel()
-    sign_top = lane_mask(wm, wm - 1)
-    pad = _word(sum(((1 << (wm - m)) - 1) << (wm * j) for j in range(64 // wm))) | sign_top
-    mine = lanes & ~sign_top
-    sc, cc = (mine, torch.zeros_like(mine)) if s.rank == 0 else (torch.zeros_like(mine), mine | pad)
-    top_c = _lane_top_bits(lanes, wm, nb)  # each party's own top bit: XOR shares of s_top ^ c_top
-    (gt, pt), (ab,), (gc, pc) = eval_polys([
-        PolyJob(circuits.group2_planes(st, ct), [0, 0, 1, 1], [circuits.GROUP2_G, circuits.GROUP2_P]),
-        PolyJob([a, b], [0, 1], [[(0, 1)]]),
-        PolyJob(circuits.group2_planes(sc, cc), [0, 0, 1, 1], [circuits.GROUP2_G, circuits.GROUP2_P]),
-    ])
-    (carry, _), (g_all, p_all) = _lockstep_trees([[gt, pt, we // 2, False], [gc, pc, wm // 2, True]])
-    wrap = a ^ b ^ ab
-    carry_bits_n = circuits.unpack_bits(carry, n)
-    cin = circuits.pack_bits(carry_bits_n.repeat(len(bounds)))
-    (p_cin,), (carry_a, wrap_a) = and_with_b2a([(p_all, cin)], [(carry, n), (wrap, n)])
-    below = circuits.unpack_bits(top_c ^ g_all ^ p_cin, nb)  # [t + offset < B]
-    t = (high + carry_a - (wrap_a << (64 - k))) + public_share(offset - (1 << (BIAS_BITS - k)), high)
-    t = t.view(shape)
-    at_least = [1 - below[i * n:(i + 1) * n] if s.rank == 0 else below[i * n:(i + 1) * n] for i in range(len(bounds))]
-    # at_least[i]: XOR shares of [t + offset >= B_i] (rank 0 flips)
-    if lo is not None and hi is not None:
-        sel = circuits.pack_bits(at_least[0] ^ at_least[1])
-        (hi_a,), (prod,) = convert.finish([(circuits.pack_bits(at_least[1]), n)],
-                                         [(sel, tuple(shape), t - public_share(lo, t))])
-        gap = torch.as_tensor(hi, dtype=torch.int64) - torch.as_tensor(lo, dtype=torch.int64)
-        return public_share(lo, t) + prod + hi_a.view(shape) * gap
-    words = circuits.pack_bits(at_least[0])
-    if lo is not None:
-        (prod,) = convert.finish((), [(words, tuple(shape), t - public_share(lo, t))])[1]
-        return public_share(lo, t) + prod
-    (prod,) = convert.finish((), [(words, tuple(shape), t - public_share(hi, t))])[1]
-    return t - prod
-
-
-def _probabilistic(flat: torch.Tensor, shift: int) -> torch.Tensor:
-    from crypten_lite.mpc.truncation import truncate_exact
-
-    chunk = 1 << 17  # the dealer answers each request in one 4 MiB message
-    return torch.cat([truncate_exact(flat[i:i + chunk], shift) for i in range(0, flat.numel(), chunk)])
+    """2 parties (additive): ``clamp(floor((v + 2**(shift-1)) / 2**shift) + offset, lo, hi)``
+    in 6 rounds (:func:`crypten_lite.mpc.intops.requantize_clamp`: the rounding and the
+    clamp's comparisons run together, 4 rounds fewer than the separate steps)."""
+    return protocol.requantize_clamp(v, shift, offset, lo, hi, _window_bits(lo, hi, out_bits), carry_bits)
 
 
 __all__ = [
-    "and_with_b2a",
     "can_fuse",
     "clamp",
     "max_pool2d",

@@ -1,4 +1,5 @@
-"""Private int8 inference (crypten_lite.quantized.mpc_backend) against torch, 2 and 3 parties.
+"""Private int8 inference (crypten_lite.quantized.mpc_backend) against torch: 2 and 3 parties
+with the dealer, and 3 parties under replicated secret sharing (rss, no dealer).
 
 Models are quantized by torch in this process (eager, FX, PT2E; per-channel and per-tensor
 weights), converted, and run privately by the session's party pools (tests/conftest.py):
@@ -23,7 +24,7 @@ from torch.ao.quantization import DeQuantStub, QuantStub
 import crypten_lite
 from crypten_lite import comm
 from crypten_lite.errors import ProtocolError, UnsupportedError
-from crypten_lite.mpc import primitives
+from crypten_lite.mpc import primitives, protocol
 from crypten_lite.quantized import PlainBackend, from_quantized
 from crypten_lite.quantized.executor import diff_values, run
 from crypten_lite.quantized.mpc_backend import optimize_for_mpc, pool_before_clamp
@@ -243,7 +244,7 @@ def party_run_programs(jobs):
         comm.get().reset_communication_stats()
         secret = run_private(program, x if crypten_lite.get_rank() == 1 else None, reveal=False)
         share = secret.int_repr().share if isinstance(secret, QuantizedCrypTensor) else secret.share
-        ints = primitives.open_(share)
+        ints = protocol.open_(share)
         out[name] = (ints, *_stats())
     return out
 
@@ -256,10 +257,10 @@ def party_ops():
     res = {}
 
     def share(t):
-        return primitives.share(t if crypten_lite.get_rank() == 0 else None, 0, tuple(t.shape))
+        return protocol.share(t if crypten_lite.get_rank() == 0 else None, 0, tuple(t.shape))
 
     def reveal(s):
-        return primitives.open_(s)
+        return protocol.open_(s)
 
     # short MSB at every width, values filling the range (edges included)
     msb = []
@@ -269,8 +270,7 @@ def party_ops():
             torch.randint(-(1 << 62), 1 << 62, (154,), generator=g)
         words = mpc_ops.msb_low(share(t), m)
         from crypten_lite.mpc import circuits
-        from crypten_lite.mpc.binary import open_xor
-        bits = circuits.unpack_bits(open_xor(words), t.numel())
+        bits = circuits.unpack_bits(protocol.open_xor(words), t.numel())
         msb.append(bool(torch.equal(bits, (t < 0).long())))
     res["msb"] = msb
     # clamp with int, tensor and one-sided bounds; the cost of one two-sided clamp
@@ -299,7 +299,8 @@ def party_ops():
     for shift, bits in ((1, 10), (2, 10), (7, 20), (16, 40), (30, 45)):
         t = torch.randint(-(1 << bits), 1 << bits, (300,), generator=g)
         t[:8] = torch.tensor([1, 3, -1, -3, 5, 7, -5, -7]) << (shift - 1)  # exact ties
-        for method in (("local", "dealer") if crypten_lite.get_world_size() == 2 else ("dealer",)):
+        methods = ("local", "dealer") if crypten_lite.get_world_size() == 2 else ("dealer",)
+        for method in (("auto",) if protocol.is_rss() else methods):
             for mode in ("half_up", "half_even"):
                 got = reveal(mpc_ops.round_shift(share(t), shift, bits, mode, method=method))
                 ref = torch.tensor([ref_round(int(v), shift, mode) for v in t])
@@ -432,20 +433,33 @@ def _as_eager(model: nn.Module) -> nn.Module:
 
 
 # ------------------------------------------------------------------ results per world size
-_RESULTS: dict[int, dict] = {}
+_RESULTS: dict[tuple[int, str], dict] = {}
 
 
 def results(pool) -> dict:
     ws = pool.world_size
-    if ws not in _RESULTS:
+    key = (ws, pool.protocol)
+    if key not in _RESULTS:
         names = CASES if ws == 2 else CASES_3PC
         jobs = [(n, built(n)[0], built(n)[1]) for n in names]
         got = pool.run(party_run_programs, jobs)
         for r in range(1, ws):
             for n in names:
                 assert torch.equal(got[r][n][0], got[0][n][0]), f"{n}: parties revealed different outputs"
-        _RESULTS[ws] = got[0]
-    return _RESULTS[ws]
+        _RESULTS[key] = got
+    return _RESULTS[key][0]
+
+
+@pytest.fixture(params=["pool3", "pool3_rss"], ids=["3pc", "3rss"])
+def pool3_any(request):
+    """3 parties: additive with the dealer, and replicated secret sharing (no dealer)."""
+    return request.getfixturevalue(request.param)
+
+
+@pytest.fixture(params=["pool2", "pool3", "pool3_rss"], ids=["2pc", "3pc", "3rss"])
+def pool_q(request):
+    """2 and 3 parties (additive, dealer) and 3 parties under rss (no dealer)."""
+    return request.getfixturevalue(request.param)
 
 
 def _check_case(pool, case: str):
@@ -463,25 +477,52 @@ def _check_case(pool, case: str):
 
 
 # ------------------------------------------------------------------ tests
+# rss, party 0: clamp(0, 255) of 64 values on 10 bits, both products folded into the short
+# MSB (carry circuit 4 rounds, the masked opening 1); rounding of 256 values by 2**33,
+# exact: the carry circuit over all 33 low bits (W = 64) and the bit injection
+RSS_CLAMP_COST = (5, 2912)
+RSS_ROUND_COST = (7, 9216)
+
+
 @pytest.mark.parametrize("case", CASES)
 def test_private_model_2pc(pool2, case):
     _check_case(pool2, case)
 
 
 @pytest.mark.parametrize("case", CASES_3PC)
-def test_private_model_3pc(pool3, case):
-    _check_case(pool3, case)
+def test_private_model_3pc(pool3_any, case):
+    _check_case(pool3_any, case)
 
 
-@pytest.mark.parametrize("world_size", [2, 3])
-def test_short_comparisons_pooling_and_rounding(pool2, pool3, world_size):
-    res = (pool2 if world_size == 2 else pool3).run(party_ops)[0]
+# (rounds, bytes sent by each party) of eager/digits (BATCH = 6 samples: weights and input
+# shared, the whole program, the output revealed), 3 parties: with the dealer, and under rss
+# (no dealer; the parties' bytes differ by the roles of the binary circuits)
+DIGITS_COSTS = {"additive": [(65, 972176), (65, 972272), (65, 972176)],
+                "rss": [(62, 780784), (62, 777752), (62, 769464)]}
+
+
+def test_private_digits_costs_3pc(pool3_any):
+    """Exact rounds and bytes of the int8 digits CNN at 3 parties, dealer and rss, bit-exact
+    against the plaintext program on both."""
+    got = _RESULTS.get((3, pool3_any.protocol))
+    if got is None:
+        results(pool3_any)
+        got = _RESULTS[(3, pool3_any.protocol)]
+    ints = got[0]["eager/digits"][0]
+    assert torch.equal(ints, built("eager/digits")[3])
+    assert [g["eager/digits"][1:] for g in got] == DIGITS_COSTS[pool3_any.protocol]
+
+
+def test_short_comparisons_pooling_and_rounding(pool_q):
+    world_size = pool_q.world_size
+    rss = pool_q.protocol == "rss"
+    res = pool_q.run(party_ops)[0]
     assert all(res["msb"]), res["msb"]
     assert all(res["clamp"]) and all(res["pool"])
     for shift, method, mode, wrong, worst in res["round"]:
         # exact up to carry_bits (16); beyond it an error needs x / 2**k within 2**-16 of a
         # rounding boundary (local) or a 2**-16 event of the dealer's randomness
-        limit = 0 if shift <= 16 else 2
+        limit = 0 if shift <= 16 or rss else 2
         assert wrong <= limit and worst <= 1, (shift, method, mode, wrong)
     for shift, wrong, worst, (rounds, _) in res.get("fused", []):
         assert wrong <= (0 if shift <= 16 else 2) and worst <= 1, (shift, wrong)
@@ -495,11 +536,15 @@ def test_short_comparisons_pooling_and_rounding(pool2, pool3, world_size):
         # 2-party rounding of 256 values by 2**33 (carry of the top 16 low bits): level 1
         # and the wrap AND (2 * 32 + 4 words), tree (512 + 256 + 64 B), B2A of 2 bits (8 words)
         assert res["round_cost"] == (5, 1440)
+    if rss:
+        # the carry circuits of rss_binary (module docstring), party 0's bytes; the rss
+        # rounding is exact for every shift (no carry_bits approximation)
+        assert res["clamp_cost"] == RSS_CLAMP_COST
+        assert res["round_cost"] == RSS_ROUND_COST
 
 
-@pytest.mark.parametrize("world_size", [2, 3])
-def test_quantized_cryptensor_mirrors_torch(pool2, pool3, world_size):
-    out = (pool2 if world_size == 2 else pool3).run(party_tensor_api)[0]
+def test_quantized_cryptensor_mirrors_torch(pool_q):
+    out = pool_q.run(party_tensor_api)[0]
     ok, worst = out["per_tensor"]
     assert ok and worst <= 1
     assert out["bounded"] <= 1
@@ -510,12 +555,11 @@ def test_quantized_cryptensor_mirrors_torch(pool2, pool3, world_size):
     assert out["is_qct"] and "scale=0.05" in out["repr"] and out["torch_function"]
 
 
-@pytest.mark.parametrize("world_size", [2, 3])
-def test_program_on_a_cryptensor_input(pool2, pool3, world_size):
+def test_program_on_a_cryptensor_input(pool_q):
     """from_quantized(...)(x) with x a CrypTensor: the input is quantized in MPC (fixed-point
     x, so within one step of torch's input quantization), the output stays secret."""
     program, x, ref, plain = built("eager/conv_relu/per_channel")
-    ints, scale, zero_point = (pool2 if world_size == 2 else pool3).run(party_cryptensor_input, program, x)[0]
+    ints, scale, zero_point = pool_q.run(party_cryptensor_input, program, x)[0]
     info = program.output_info
     assert (scale, zero_point) == (info.scale, info.zero_point)
     diff = (ints - plain).abs()

@@ -91,6 +91,12 @@ def party_fixed_point_overflow():
 
 
 # ------------------------------------------------------------------ tests
+@pytest.fixture(params=["pool2", "pool3", "pool3_rss"], ids=["2pc", "3pc", "3rss"])
+def pool_q(request):
+    """2 and 3 parties (additive, dealer) and 3 parties under rss (no dealer)."""
+    return request.getfixturevalue(request.param)
+
+
 def test_range_of_a_float_program_in_plaintext():
     relu, clamp, mlp = _programs()
     assert input_range(relu.input) == [-256.0, 256.0 - 2.0 ** -20]
@@ -109,9 +115,8 @@ def test_range_of_a_float_program_in_plaintext():
     assert (y - torch_out).abs().max() <= 0.03 * torch_out.abs().max()
 
 
-@pytest.mark.parametrize("world_size", [2, 3])
-def test_out_of_range_inputs_fail_on_every_party(pool2, pool3, world_size):
-    pool = pool2 if world_size == 2 else pool3
+def test_out_of_range_inputs_fail_on_every_party(pool_q):
+    pool = pool_q
     relu, clamp, mlp = _programs()
     _, qmodel = _mlp()
     near_3000 = 3000 + torch.randn(2, 16, generator=torch.Generator().manual_seed(2))
@@ -147,9 +152,8 @@ def test_out_of_range_inputs_fail_on_every_party(pool2, pool3, world_size):
         assert (y - torch_out).abs().max() <= 0.03 * torch_out.abs().max()
 
 
-@pytest.mark.parametrize("world_size", [2, 3])
-def test_secret_input_is_clamped_into_the_range(pool2, pool3, world_size):
-    pool = pool2 if world_size == 2 else pool3
+def test_secret_input_is_clamped_into_the_range(pool_q):
+    pool = pool_q
     relu, clamp, _ = _programs()
     x = torch.tensor([[-5000.0, 4200.0, 3.5]])
     for program, expected in ((relu, [0.0, 256.0, 3.5]), (clamp, [-128.0, 127.0, 3.5])):
@@ -157,9 +161,8 @@ def test_secret_input_is_clamped_into_the_range(pool2, pool3, world_size):
             assert (y - torch.tensor([expected])).abs().max() <= 1e-4, y
 
 
-@pytest.mark.parametrize("world_size", [2, 3])
-def test_fixed_point_overflow_is_refused_on_every_party(pool2, pool3, world_size):
-    pool = pool2 if world_size == 2 else pool3
+def test_fixed_point_overflow_is_refused_on_every_party(pool_q):
+    pool = pool_q
     for rank, ((status, message), after) in enumerate(pool.run(party_fixed_point_overflow)):
         assert status == "error", (rank, message)
         if rank == 0:
