@@ -368,7 +368,7 @@ def _decode_step_run(kind: str, seq: int):
                 want = torch.cat([first, model(input_ids=first, past_key_values=cache).logits[:, -1].argmax(-1, keepdim=True)], 1)
 
             def torch_step():  # the plaintext decode step: one token against the 32 cached
-                cache.crop(seq)
+                cache.crop(-1)  # back to the prompt's entries
                 model(input_ids=first, past_key_values=cache)
             torch_s = _torch_seconds(torch_step, None)
         # party 1 tells party 0 whether its tokens are torch's (a bench check, not a protocol step)

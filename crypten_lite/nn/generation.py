@@ -208,55 +208,70 @@ class PrivateGenerator:
         return PrivateTokens(one_hot.reshape(1, 1, one_hot.shape[-1]), None, None)
 
     def generate(self, input_ids: torch.Tensor | None, max_new_tokens: int = 8) -> torch.Tensor | None:
+        """The prompt and max_new_tokens greedy ids on the data owner; None elsewhere."""
+        state = self.start(input_ids, max_new_tokens)
+        while state.steps_left:
+            self.step(state)
+        new = self.reveal(state.chosen)
+        if new is None:
+            return None
+        return torch.cat([input_ids.long(), new.reshape(1, -1)], 1)
+
+    def start(self, input_ids: torch.Tensor | None, max_new_tokens: int) -> "Decoding":
+        """Share the prompt, run the prefill and choose the first token (secret): a Decoding."""
         from .transformer_ops import share_tokens
         from .. import comm
         if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise UnsupportedError(f"nn.generate: max_new_tokens must be a positive int, got {max_new_tokens!r}")
         c = comm.get()
+        problem = None
         if c.rank == self.owner and (not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2
                                      or input_ids.shape[0] != 1):
             shape = tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
-            input_ids = None  # refused below, on every party, by share_tokens
             problem = f"nn.generate: the prompt must be a LongTensor of shape (1, length), got {shape}"
-        else:
-            problem = None
         vocab = self._vocab()
         if problem is not None:
-            try:
+            try:  # the others are told at once (the announcement refuses)
                 share_tokens(None, vocab, src=self.owner)
             finally:
                 raise UnsupportedError(problem)
-        counters = self._counters
-        start = counters()
+        start = self._counters()
         prompt = share_tokens(input_ids if c.rank == self.owner else None, vocab, src=self.owner)
         length = prompt.shape[-1]
         prefill = self._graph("prefill", length, None)
-        mark = counters()
+        mark = self._counters()
         out = prefill(prompt, torch.ones(1, length, dtype=torch.long), torch.arange(length)[None])
-        logits, kv = out[0], list(out[1:])
-        chosen = [self._next(logits)]
-        self.costs = {"share_prompt": _diff(start, mark), "prefill": _diff(mark, counters()), "steps": []}
+        state = Decoding(length, max_new_tokens, [self._next(out[0])], list(out[1:]))
+        self.costs = {"share_prompt": _diff(start, mark), "prefill": _diff(mark, self._counters()), "steps": []}
         if max_new_tokens > 1:
-            slots = length + max_new_tokens - 2
-            shape = tuple(kv[0].shape)
-            past = self._left_pad(kv, slots)
-            step = self._graph("step", slots + 1, (len(kv) // 2, shape[0], shape[1], slots, shape[3]))
-            for valid in range(length, length + max_new_tokens - 1):
-                mark = counters()
-                mask = torch.zeros(1, slots + 1, dtype=torch.long)
-                mask[:, slots - valid:] = 1   # the valid entries (right end) and the new token
-                out = step(self._tokens(chosen[-1]), mask, torch.tensor([[valid]]), *past)
-                chosen.append(self._next(out[0]))
-                past = [t[:, :, 1:] for t in out[1:]]  # drop one empty slot: P slots again
-                self.costs["steps"].append(_diff(mark, counters()))
-        mark = counters()
+            state.past = self._left_pad(state.past, state.slots)
+            b, h, _, d = state.past[0].shape
+            state.graph = self._graph("step", state.slots + 1, (len(state.past) // 2, b, h, state.slots, d))
+        return state
+
+    def step(self, state: "Decoding") -> CrypTensor:
+        """One decode step: the last chosen token against the cache; the next token's secret one-hot."""
+        if not state.steps_left:
+            raise UnsupportedError(f"nn.generate: the cache holds {state.slots} positions: all "
+                                   f"{state.max_new_tokens} tokens are generated")
+        mark = self._counters()
+        valid = state.length + len(state.chosen) - 1  # positions in the cache; the new one's position
+        mask = torch.zeros(1, state.slots + 1, dtype=torch.long)
+        mask[:, state.slots - valid:] = 1   # the valid entries (right end) and the new token
+        out = state.graph(self._tokens(state.chosen[-1]), mask, torch.tensor([[valid]]), *state.past)
+        state.chosen.append(self._next(out[0]))
+        state.past = [t[:, :, 1:] for t in out[1:]]  # one empty slot dropped: `slots` again
+        self.costs.setdefault("steps", []).append(_diff(mark, self._counters()))
+        return state.chosen[-1]
+
+    def reveal(self, one_hots: list) -> torch.Tensor | None:
+        """The ids of secret one-hots, opened to the data owner only (None on the others)."""
         from ..cryptensor import stack
-        ids = stack([_one_hot_index(t).reshape(-1) for t in chosen], 1)
+        mark = self._counters()
+        ids = stack([_one_hot_index(t).reshape(-1) for t in one_hots], 1)
         new = ids.get_plain_text(dst=self.owner)
-        self.costs["reveal"] = _diff(mark, counters())
-        if new is None:
-            return None
-        return torch.cat([input_ids.long(), new.long().reshape(1, -1)], 1)
+        self.costs["reveal"] = _diff(mark, self._counters())
+        return None if new is None else new.long()
 
     @staticmethod
     def _left_pad(kv: list, slots: int) -> list:
@@ -276,6 +291,24 @@ class PrivateGenerator:
         from .. import comm
         stats = comm.get().get_communication_stats()
         return int(stats["rounds"]), int(stats["bytes_sent"])
+
+
+class Decoding:
+    """A generation in progress: the chosen tokens' secret one-hots and the secret KV cache."""
+
+    def __init__(self, length: int, max_new_tokens: int, chosen: list, past: list) -> None:
+        self.length, self.max_new_tokens = length, max_new_tokens
+        self.slots = length + max_new_tokens - 2  # cache positions a decode step reads
+        self.chosen, self.past, self.graph = chosen, past, None
+
+    @property
+    def steps_left(self) -> int:
+        return self.max_new_tokens - len(self.chosen)
+
+    def copy(self) -> "Decoding":
+        out = Decoding(self.length, self.max_new_tokens, list(self.chosen), list(self.past))
+        out.graph = self.graph
+        return out
 
 
 def _diff(a: tuple[int, int], b: tuple[int, int]) -> dict:
