@@ -536,6 +536,11 @@ def test_short_comparisons_pooling_and_rounding(pool_q):
         # 2-party rounding of 256 values by 2**33 (carry of the top 16 low bits): level 1
         # and the wrap AND (2 * 32 + 4 words), tree (512 + 256 + 64 B), B2A of 2 bits (8 words)
         assert res["round_cost"] == (5, 1440)
+    elif not rss:
+        # 3 parties with the dealer: a carry-save layer first (one round more), the rounding
+        # from an opened c = x + r (dealer's trunc_exact), exact up to carry_bits only
+        assert res["clamp_cost"] == (6, 3424)
+        assert res["round_cost"] == (6, 7872)
     if rss:
         # the carry circuits of rss_binary (module docstring), party 0's bytes; the rss
         # rounding is exact for every shift (no carry_bits approximation)
