@@ -57,6 +57,34 @@ def ring_from_bytes(data: bytes | bytearray, shape: tuple[int, ...]) -> torch.Te
     return torch.frombuffer(bytearray(data), dtype=torch.int64, count=numel).view(shape)
 
 
+# Plaintext of the keystream (zeros), shared by every draw of up to this many bytes.
+_ZEROS_MAX = 1 << 26
+_zeros = bytes(0)
+
+
+def keystream_ring(seed: bytes, nonce: bytes, shape: tuple[int, ...], numel: int) -> torch.Tensor:
+    """int64 tensor of `shape` holding the AES-256-CTR keystream under `seed` from block
+    `nonce` (the bytes random_bytes returns), written by the cipher straight into the
+    tensor's memory: no intermediate bytes object, no copy."""
+    global _zeros
+    if numel == 0:
+        return torch.zeros(shape, dtype=torch.int64)
+    n = 8 * numel
+    if n <= _ZEROS_MAX:
+        if len(_zeros) < n:
+            _zeros = bytes(max(n, min(2 * len(_zeros), _ZEROS_MAX)))
+        plain = memoryview(_zeros)[:n]
+    else:
+        plain = bytes(n)
+    out = torch.empty(numel + 2, dtype=torch.int64)  # update_into needs 15 spare bytes
+    encryptor = Cipher(algorithms.AES(seed), modes.CTR(nonce + b"\x00" * 4)).encryptor()
+    written = encryptor.update_into(plain, memoryview(out.numpy()).cast("B"))
+    encryptor.finalize()
+    if written != n:
+        raise RuntimeError(f"AES-CTR wrote {written} bytes, expected {n}")
+    return out[:numel].view(shape)
+
+
 class PRG:
     """A seeded stream of uniform ring elements; draws are separated by (domain, counter).
 
@@ -89,7 +117,7 @@ class PRG:
         for s in shape:
             numel *= s
         nonce = struct.pack("<IQ", self._domain if domain is None else domain, counter)
-        return ring_from_bytes(random_bytes(self._seed, nonce, 8 * numel), shape)
+        return keystream_ring(self._seed, nonce, shape, numel)
 
 
 def derive_key(secret: bytes, info: str) -> bytes:

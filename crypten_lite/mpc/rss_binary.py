@@ -57,6 +57,9 @@ c = b ^ r, role 0 sending b_0 ^ s ^ F(k_02) and role 2 b_2 ^ t ^ F(k_02) to both
   * ``msb_finish`` (lt, ReLU, abs, clamp): the random bit and [r v] = [r][v] (one product,
     round 3) are made during the MSB's rounds 1-6 and its XOR sharing is opened in round 7.
   * ``eqz_finish``: z == 0 iff msb(z) == msb(-z): both carry circuits, one opening, 7 rounds.
+  * With random bits made offline (``dabits``, rss.prefetch_dabits: r in both forms, its
+    binary sharing free as (F(k_02), F(k_01), F(k_12)) and [r] as above), ``finish`` is ONE
+    round: c = b ^ r opened like any binary value, [r v] = [r][v] reshared in the same message.
   Privacy: role 2 receives s - S_1 and S_1 t - z_1 (S_1, z_1 from k_01), role 1 receives
   (s - S_1) t - z_0 (z_0 from k_02); the opening's shares are masked by F(k_02) for role 1 and
   by r's other half (t, resp. the k_01 half of s) for roles 0 and 2, and c itself is b ^ r.
@@ -81,6 +84,8 @@ msb_finish, bit * value (ReLU)    7       30.42 (27.75 / 35.75), with or without
 eqz_finish (eq)                   7       36.67
 b2a / finish (B2A)                2       8.17 per bit
 bit_mul / finish (product)        2       16.17 per bit and value element
+finish, random bits prefetched    1       0.125 per bit + 8 per value element
+dabits (offline random bits)      2       8.17 per bit
 msb_low(m = 16)                   5       3.33
 a2b                               8       104 (+8 on party 1)
 round_exact(bits = 1 / 8 / 16)    3/4/5   19.17 / 20.42 / 22.25 (bits = 32: 6, 25.92)
@@ -653,10 +658,15 @@ def _g_inject(ro: _Roles, n: int, bits_words: torch.Tensor, values: Sequence[tup
             peer = r2 if role == 1 else r1
             c2 = msgs[0] + got[peer][:n]
             st = (st_c1, c2) if role == 1 else (c2, st_c0)
-        t_comps = {0: (torch.zeros(n, dtype=torch.int64), torch.zeros(n, dtype=torch.int64)),
-                   1: (torch.zeros(n, dtype=torch.int64), bit),
-                   2: (bit, torch.zeros(n, dtype=torch.int64))}[role]
-        r_comps = tuple(s_comps[j] + t_comps[j] - 2 * st[j] for j in range(2))
+        # [t] = (0, 0, t): role 1 holds (0, t), role 2 (t, 0), role 0 (0, 0)
+        t_at = {1: 1, 2: 0}.get(role)
+        r_comps = []
+        for j in range(2):
+            comp = s_comps[j] - 2 * st[j]
+            if j == t_at:
+                comp += bit
+            r_comps.append(comp)
+        r_comps = tuple(r_comps)
     # products: received from nxt; skip the st part when nxt is the st peer
     skip = 0
     if want_bit and ((role == 1 and nxt == r2) or (role == 2 and nxt == r1)):
@@ -881,10 +891,101 @@ def finish(b2as: Sequence[tuple[Replicated, int]] = (),
             mul_jobs.append(len(jobs))
             jobs.append({"n": n, "wa": words.a.reshape(-1), "wb": words.b.reshape(-1),
                          "want_bit": False, "va": va, "vb": vb})
-    bits, prods = _finish_jobs(jobs)
+    from . import rss
+    stocked = rss.take_dabits(sum(job["n"] for job in jobs))
+    bits, prods = _finish_jobs(jobs) if stocked is None else _finish_stocked(jobs, *stocked)
     out_b = [_cat_rep(bits[j], (n,)) for j, (_, n) in enumerate(b2as)]
     out_m = [_cat_rep(prods[j], targets[i]) for i, j in enumerate(mul_jobs)]
     return out_b, out_m
+
+
+# ------------------------------------------------- random bits made ahead (offline)
+def _g_dabit_chunk(ro: _Roles, n: int) -> Gen:
+    """n random bits r = F(k_01) ^ F(k_02) ^ F(k_12) of chunk role `ro`: binary replicated
+    for free (component 0 = F(k_02), 1 = F(k_01), 2 = F(k_12), each held by its two roles),
+    arithmetic [r] by _g_inject (2 rounds). Returns ((binary a, b) unpacked, (arith a, b))."""
+    nw = -(-n // 64)
+    d = ro.draws({(0, 1): [nw], (1, 2): [nw], (0, 2): [nw]})
+    comps = {}
+    if (0, 2) in d:
+        comps[0] = d[(0, 2)][0]
+    if (0, 1) in d:
+        comps[1] = d[(0, 1)][0]
+    if (1, 2) in d:
+        comps[2] = d[(1, 2)][0]
+    # s = F(k_01) ^ F(k_02) on role 0, t = F(k_12) on roles 1 and 2 (as _dabit_words)
+    words = comps[0] ^ comps[1] if ro.role == 0 else comps[2]
+    r, _ = yield from _g_inject(ro, n, words, [], True)
+    binary = (circuits.unpack_bits(comps[ro.role], n), circuits.unpack_bits(comps[(ro.role + 1) % WORLD], n))
+    return binary, r
+
+
+def dabits(n: int) -> tuple[Replicated, Replicated]:
+    """n uniform secret bits, as binary (XOR, one 0/1 bit per element) and arithmetic 0/1
+    replicated shares of the same bits: 2 rounds, input-independent (made offline,
+    rss.prefetch_dabits). Nobody knows a bit: each party lacks one of its three XOR parts."""
+    got = _run(_par([_g_dabit_chunk(_Roles(k), hi - lo) for k, lo, hi in _chunks(n)]))
+    cat = lambda ts: torch.cat(ts) if ts else torch.zeros(0, dtype=torch.int64)  # noqa: E731
+    return (_rep(cat([g[0][0] for g in got]), cat([g[0][1] for g in got])),
+            _rep(cat([g[1][0] for g in got]), cat([g[1][1] for g in got])))
+
+
+def _finish_stocked(jobs, rb: Replicated, ra: Replicated):
+    """_finish_jobs with prefetched random bits: ONE round. Per job, c = b ^ r is opened
+    (open_xor of the masked words: each party sends one word per 64 bits to prev) and
+    [r v] = [r] [v] is reshared (a replicated product, fresh zero sharing: 8 B per value
+    element) in the same message; then [b] = c + (1 - 2c)[r], [b v] = c [v] + (1 - 2c)[r v]."""
+    from . import rss
+    s = current()
+    rank = s.rank
+    nxt, prev = (rank + 1) % WORLD, (rank + 2) % WORLD
+    masked, zs, off = [], [], 0
+    for job in jobs:
+        n = job["n"]
+        nw = -(-n // 64)
+        ba, bb = rb.a[off:off + n], rb.b[off:off + n]
+        aa, ab = ra.a[off:off + n], ra.b[off:off + n]
+        off += n
+        wa = job["wa"][:nw] ^ circuits.pack_bits(ba)
+        wb = job["wb"][:nw] ^ circuits.pack_bits(bb)
+        z = None
+        if job.get("va") is not None:
+            va, vb = job["va"], job["vb"]
+            z = aa.unsqueeze(1) * (va + vb) + ab.unsqueeze(1) * va
+            z = z + rss.zero_share(z.shape)
+        masked.append((wa, wb))
+        zs.append(z)
+    parts = [wb for _, wb in masked] + [z.reshape(-1) for z in zs if z is not None]
+    msg = torch.cat(parts) if parts else _EMPTY
+    got = s.comm.exchange({prev: msg}, [nxt])[nxt]
+    if got.dtype != torch.int64 or got.dim() != 1 or got.numel() != msg.numel():
+        raise ProtocolError(f"party {rank}: expected {msg.numel()} words from party {nxt} in a B2A "
+                            f"round, got shape {tuple(got.shape)} ({got.dtype}); the parties' "
+                            "programs diverged (check shapes and inputs)")
+    bits: list[list] = [[] for _ in jobs]
+    prods: list[list] = [[] for _ in jobs]
+    pos, off = 0, 0
+    opened = []
+    for (wa, wb) in masked:
+        opened.append(wa ^ wb ^ got[pos:pos + wa.numel()])
+        pos += wa.numel()
+    for j, job in enumerate(jobs):
+        n = job["n"]
+        c = circuits.unpack_bits(opened[j], n)
+        r = (ra.a[off:off + n], ra.b[off:off + n])
+        off += n
+        values, rvs = [], []
+        if zs[j] is not None:
+            m = zs[j].numel()
+            values = [(job["va"], job["vb"])]
+            rvs = [(zs[j], got[pos:pos + m].view(zs[j].shape))]
+            pos += m
+        bit, ps = _combine(c, r, rvs, values, job["want_bit"])
+        if bit is not None:
+            bits[j].append(bit)
+        if ps:
+            prods[j].append(ps[0])
+    return bits, prods
 
 
 def b2a(words: Replicated, n: int) -> Replicated:

@@ -337,3 +337,45 @@ def test_refusals(rss_pool):
     for caught in rss_pool.run(_refusals):
         assert "replicated" in caught[0] and "bits must be 1..62" in caught[1] and "replicated" in caught[2], caught
         assert "needs 2 packed words, got 1" in caught[3], caught
+
+
+# ------------------------------------------- B2A and bit * value with prefetched random bits
+def _stocked_finish():
+    """finish with random bits made offline (rss.prefetch_dabits): ONE round online, right
+    against torch; the stock's bits are uniform and each one is used once."""
+    from crypten_lite.mpc import circuits, offline, rss
+    from crypten_lite.mpc import rss_binary as rb
+    x, y = _values(21, N), _values(22, N)
+    bits = x & 1
+    words = _binary_share(circuits.pack_bits(bits), 23)
+    other = _binary_share(circuits.pack_bits(bits), 24)
+    ys = _arith_share(y)
+    job = lambda: rb.finish([(words, N)], [(other, (N, 1), ys.view(N, 1)), (words, (N,), ys)])  # noqa: E731
+    with offline.record() as plan:
+        job()
+    _, r_off, b_off = _cost(lambda: offline.prefetch(plan))
+    before = rss.stocked(rss.DABITS)
+    (bs, ms), r_fin, b_fin = _cost(job)
+    ok = (torch.equal(rss.open_(bs[0]), bits) and torch.equal(rss.open_(ms[0]).view(N), bits * y)
+          and torch.equal(rss.open_(ms[1]), bits * y))
+    # the bits themselves: binary and arithmetic sharings of the same uniform bits
+    rs_bin, rs_ar = rb.dabits(4096)
+    b_open, a_open = rss.open_xor(rs_bin), rss.open_(rs_ar)
+    return {"plan": [list(p) for p in plan], "offline": (r_off, b_off), "stock": (before, rss.stocked(rss.DABITS)),
+            "online": (ok, r_fin, b_fin), "same_bits": torch.equal(b_open, a_open),
+            "ones": int(a_open.sum()), "binary": bool(((a_open == 0) | (a_open == 1)).all())}
+
+
+def test_finish_with_prefetched_random_bits_takes_one_round(rss_pool):
+    for rank, r in enumerate(rss_pool.run(_stocked_finish)):
+        # two jobs (the B2A shares its words with the second product): 2N bits recorded
+        assert r["plan"] == [[0, 2 * N]], r["plan"]
+        assert r["offline"][0] == 1 + 2                   # plan check, the random bits' 2 rounds
+        assert r["stock"] == (2 * N, 0)                   # every stocked bit used, once
+        ok, rounds, sent = r["online"]
+        assert ok, f"party {rank}: finish with prefetched bits differs from torch"
+        # one message to prev: the masked words (N / 64 per job) and [r][v] (8 B per value
+        # element of each product)
+        assert (rounds, sent) == (1, WORD * (2 * (N // 64) + 2 * N)), (rank, rounds, sent)
+        assert r["same_bits"] and r["binary"]
+        assert abs(r["ones"] - 2048) < 6 * 32             # 4096 fair bits: sd 32
