@@ -160,11 +160,12 @@ def products_round(jobs: Sequence[tuple]) -> list[torch.Tensor]:
 
 
 def polys_many(ts: Sequence[torch.Tensor], coeffs: Sequence[Sequence[float]], prec: int) -> list[torch.Tensor]:
-    """Shares of p_i(t_i) for several variables together. Degree 5..7: Paterson-Stockmeyer,
+    """Shares of p_i(t_i) for several variables together. Degree 5..7 between 2 additive
+    parties (where truncation is local): Paterson-Stockmeyer,
     p = a(t) + t^4 b(t) with a, b of degree <= 3: t^2 | t^3, t^4 | t^4 b(t), 3 rounds and
     48 bytes per element at degree 7 (instead of 72 for t^5, t^6, t^7). Else all powers."""
     degs = [len(c) - 1 for c in coeffs]
-    if not all(5 <= d <= 7 for d in degs):
+    if not (_short_ok() and all(5 <= d <= 7 for d in degs)):  # b(t)'s truncation: local at 2
         pws = powers_many(ts, degs, prec)
         return [_poly_from_powers(pw, c, prec, t) for pw, c, t in zip(pws, coeffs, ts)]
     t2s = _products([(t, t) for t in ts], prec)

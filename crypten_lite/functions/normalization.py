@@ -51,6 +51,7 @@ def layer_norm(x: CrypTensor, normalized_shape: Sequence[int] | int, weight=None
 def _layer_norm_fast(x: CrypTensor, dims, weight, bias, eps: float) -> CrypTensor:
     """Inference LayerNorm between 2 parties: functions.fast.layer_norm_share (10 rounds,
     var + eps in [6.1e-5, 32768)); the weight multiplies in the variance's round."""
+    grad = _needs_grad(x, weight, bias)
     with no_grad():
         xd = x.detach() if x.dtype.is_floating_point else x.detach().float()
         centered = xd.sub(xd.mean(dims, keepdim=True))
@@ -67,7 +68,6 @@ def _layer_norm_fast(x: CrypTensor, dims, weight, bias, eps: float) -> CrypTenso
             gamma = gamma.share.reshape(-1)
         elif weight is not None:  # public: encoded, multiplied locally
             gamma = encoding.encode(torch.as_tensor(weight, dtype=torch.float64).reshape(-1), p)
-        grad = _needs_grad(x, weight, bias)
         share = fast.layer_norm_share(rows, p, eps, gamma, public_weight=weight is not None
                                       and not isinstance(weight, CrypTensor), saved=grad)
         saved = {}
