@@ -178,10 +178,13 @@ def offline_plan():
 
 
 def int8_backend_refused():
+    """int8 execution runs under rss (tests/protocol/test_quantized_mpc.py); only the additive
+    protocol's rounding methods are refused, up front."""
     from crypten_lite.errors import UnsupportedError
     from crypten_lite.quantized.mpc_backend import MpcBackend
+    MpcBackend()
     try:
-        MpcBackend()
+        MpcBackend(truncation="dealer")
     except UnsupportedError as e:
         return str(e)
     return ""
@@ -286,8 +289,8 @@ def test_rss_offline_plan_moves_pair_generation_out_of_the_online_phase(pool3_rs
             {"rounds": 1, "bytes_sent": 16 * N, "bytes_received": 16 * N}
 
 
-def test_rss_int8_execution_is_refused_up_front(pool3_rss):
-    """The int8 pipeline's integer protocols are additive-only: a clear error, never a wrong
-    result halfway."""
+def test_rss_int8_additive_rounding_methods_refused_up_front(pool3_rss):
+    """The int8 pipeline runs under rss; asking for one of the additive protocol's rounding
+    methods (local, dealer) is a clear error up front, never a wrong result halfway."""
     for msg in pool3_rss.run(int8_backend_refused):
-        assert "no 'rss' protocols yet" in msg
+        assert "method of the additive protocol" in msg and "truncation='auto'" in msg
