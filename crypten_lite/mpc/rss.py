@@ -57,7 +57,9 @@ def zero_share(shape) -> torch.Tensor:
     s = current()
     nxt, prev = _peers(s.rank)
     shape = tuple(shape)
-    return s.pair_prg("rss-zero", nxt).draw(shape) - s.pair_prg("rss-zero", prev).draw(shape)
+    out = s.pair_prg("rss-zero", nxt).draw(shape)
+    out -= s.pair_prg("rss-zero", prev).draw(shape)
+    return out
 
 
 def _check(mine: torch.Tensor, got: torch.Tensor, peer: int, what: str) -> None:
@@ -205,21 +207,26 @@ class _PairStock:
         self.parts: list[tuple[Replicated, Replicated, Replicated]] = []
         self.available = 0
 
-    def take(self, n: int) -> tuple[Replicated, Replicated, Replicated]:
+    def take(self, n: int) -> tuple[Replicated, ...]:
         got, need = [], n
         while need:
-            r, rt, m = self.parts[0]
-            k = min(need, r.numel())
-            got.append((r[:k], rt[:k], m[:k]))
-            if k == r.numel():
+            part = self.parts[0]
+            size = part[0].numel()
+            k = min(need, size)
+            got.append(tuple(t[:k] for t in part))
+            if k == size:
                 self.parts.pop(0)
             else:
-                self.parts[0] = (r[k:], rt[k:], m[k:])
+                self.parts[0] = tuple(t[k:] for t in part)
             need -= k
         self.available -= n
         if len(got) == 1:
             return got[0]
-        return tuple(torch.cat([g[j] for g in got]) for j in range(3))
+        return tuple(torch.cat([g[j] for g in got]) for j in range(len(got[0])))
+
+
+# Stock key of the random bits (rss_binary.dabits), beside the truncation pairs' bit counts.
+DABITS = 0
 
 
 def _stock(bits: int) -> _PairStock:
@@ -227,6 +234,31 @@ def _stock(bits: int) -> _PairStock:
     if bits not in stocks:
         stocks[bits] = _PairStock()
     return stocks[bits]
+
+
+def prefetch_dabits(n: int) -> None:
+    """Offline: make n random bits, each both XOR- and arithmetically shared
+    (rss_binary.dabits: 2 rounds, input-independent), for later B2As and bit * value
+    products (rss_binary.finish then takes one round instead of two). Collective."""
+    if n <= 0:
+        return
+    from . import rss_binary
+    stock = _stock(DABITS)
+    stock.parts.append(tuple(rss_binary.dabits(n)))
+    stock.available += n
+
+
+def take_dabits(n: int):
+    """(binary 0/1 bits, arithmetic 0/1 bits) of n prefetched random bits, or None when fewer
+    than n are stocked (then the caller makes its own online). Recorded (bits 0) under
+    record(), so that a plan prefetches them."""
+    s = current()
+    if s.rss_recording is not None:
+        s.rss_recording.append((DABITS, n))
+    stock = _stock(DABITS)
+    if n and stock.available >= n:
+        return stock.take(n)
+    return None
 
 
 def prefetch_trunc(n: int, bits: int) -> None:
@@ -261,7 +293,8 @@ def record() -> Iterator[list]:
 
 def prefetch(plan: Sequence[tuple[int, int]]) -> None:
     """Offline (collective): make every truncation pair of a recorded plan now, one batch per
-    bit count (7 rounds each, all input-independent); the run that follows uses them."""
+    bit count (7 rounds each, all input-independent), and its random bits (bit count 0:
+    2 rounds); the run that follows uses them."""
     s = current()
     digest = hashlib.sha256(canonical("rss-plan/v1", [[int(b), int(n)] for b, n in plan])).digest()
     mine = torch.frombuffer(bytearray(digest), dtype=torch.int64).clone()
@@ -274,7 +307,10 @@ def prefetch(plan: Sequence[tuple[int, int]]) -> None:
     for bits, n in plan:
         totals[int(bits)] = totals.get(int(bits), 0) + int(n)
     for bits in sorted(totals):
-        prefetch_trunc(totals[bits], bits)
+        if bits == DABITS:
+            prefetch_dabits(totals[bits])
+        else:
+            prefetch_trunc(totals[bits], bits)
 
 
 def _trunc_pairs(n: int, bits: int):
@@ -290,10 +326,23 @@ def _trunc_pairs(n: int, bits: int):
 
 
 def _finish_trunc(c: torch.Tensor, rt: Replicated, m: Replicated, bits: int) -> Replicated:
-    """(c >> bits) - [rt] + 2^(64-bits) (1 - msb c) [m] - 2^(62-bits) (local)."""
-    wrap = m * (1 - logical_shift(c, 63))
-    out = -rt + (wrap << (64 - bits))
-    return out + (logical_shift(c, bits) - (1 << (BIAS_BITS - bits)))
+    """(c >> bits) - [rt] + 2^(64-bits) (1 - msb c) [m] - 2^(62-bits) (local; on the
+    components, each in a few in-place passes)."""
+    keep = c >= 0                                   # 1 - msb c, public
+    comps = []
+    for mc, rc in ((m.a, rt.a), (m.b, rt.b)):
+        w = mc * keep
+        w <<= 64 - bits
+        w -= rc
+        comps.append(w)
+    public = logical_shift(c, bits)
+    public -= 1 << (BIAS_BITS - bits)
+    rank = current().rank
+    if rank == 0:
+        comps[0] += public
+    elif rank == 2:
+        comps[1] += public
+    return Replicated(comps[0], comps[1], rank)
 
 
 def truncate(x: Replicated, bits: int) -> Replicated:
@@ -315,7 +364,9 @@ def open_additive(u: torch.Tensor) -> torch.Tensor:
     got = s.comm.exchange({nxt: u, prev: u}, [nxt, prev])
     for peer in (nxt, prev):
         _check(u, got[peer], peer, "opening")
-    return u + got[nxt] + got[prev]
+    out = u + got[nxt]
+    out += got[prev]
+    return out
 
 
 def mul_trunc(op: str, x: Replicated, y: Replicated, params: Sequence[int], bits: int) -> Replicated:
@@ -340,8 +391,9 @@ def _trunc_additive(z: torch.Tensor, bits: int) -> Replicated:
     rank = current().rank
     shape = z.shape
     r, rt, m = _trunc_pairs(z.numel(), bits)
-    u = z.reshape(-1) + zero_share((z.numel(),)) + r.a
+    u = z.reshape(-1) + r.a
+    u += zero_share((z.numel(),))
     if rank == 0:
-        u = u + (1 << BIAS_BITS)
+        u += 1 << BIAS_BITS
     c = open_additive(u)
     return _finish_trunc(c, rt, m, bits).view(shape)
