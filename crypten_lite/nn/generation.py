@@ -125,9 +125,9 @@ class PrivateGenerator:
     """Greedy decoding of a shared causal LM (see the module docstring); keeps its exported
     graphs per (prompt length, max_new_tokens) for later calls.
 
-    `costs` (after `generate`): rounds and bytes sent by this party for the prefill (with its
-    argmax), each decode step (with its argmax) and the final reveal, from the communication
-    counters.
+    `costs` (after `generate`): rounds, bytes sent and bytes received by this party for the
+    prompt's sharing, the prefill (with its argmax), each decode step (with its argmax) and the
+    final reveal, from the communication counters.
     """
 
     def __init__(self, model, owner: int) -> None:
@@ -287,10 +287,10 @@ class PrivateGenerator:
         return out
 
     @staticmethod
-    def _counters() -> tuple[int, int]:
+    def _counters() -> tuple[int, int, int]:
         from .. import comm
         stats = comm.get().get_communication_stats()
-        return int(stats["rounds"]), int(stats["bytes_sent"])
+        return int(stats["rounds"]), int(stats["bytes_sent"]), int(stats["bytes_received"])
 
 
 class Decoding:
@@ -311,8 +311,8 @@ class Decoding:
         return out
 
 
-def _diff(a: tuple[int, int], b: tuple[int, int]) -> dict:
-    return {"rounds": b[0] - a[0], "bytes_sent": b[1] - a[1]}
+def _diff(a: tuple, b: tuple) -> dict:
+    return {"rounds": b[0] - a[0], "bytes_sent": b[1] - a[1], "bytes_received": b[2] - a[2]}
 
 
 def generate(model, input_ids: torch.Tensor | None, max_new_tokens: int = 8, *, owner: int,
