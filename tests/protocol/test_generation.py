@@ -139,3 +139,27 @@ def test_unsupported_model_refused(pool2):
     errors = pool2.run(party_unsupported)
     assert "Sequential is not a HuggingFace causal language model" in errors[MODEL_OWNER], errors
     assert "party 0" in errors[DATA] and "refused" in errors[DATA], errors
+
+
+def party_bad_prompt() -> str:
+    """A prompt that is not (1, length) ids: the data owner's error; the model owner told at once."""
+    from crypten_lite.errors import CryptenLiteError
+
+    warnings.simplefilter("ignore")
+    rank = crypten_lite.get_rank()
+    model = importlib.import_module(HF).build("gpt2") if rank == MODEL_OWNER else None
+    private = crypten_lite.nn.from_pytorch(model, {"input_ids": torch.zeros(1, 4, dtype=torch.long)},
+                                           src=MODEL_OWNER)
+    private.encrypt(src=MODEL_OWNER)
+    try:
+        crypten_lite.nn.generate(private, torch.tensor([1, 2, 3]) if rank == DATA else None, 2, owner=DATA)
+    except CryptenLiteError as e:
+        return f"{type(e).__name__}: {e}"
+    return "no error"
+
+
+@needs_transformers
+def test_bad_prompt_refused(pool2):
+    errors = pool2.run(party_bad_prompt)
+    assert "the prompt must be a LongTensor of shape (1, length), got (3,)" in errors[DATA], errors
+    assert errors[MODEL_OWNER].startswith("ProtocolError") and "party 1 refused" in errors[MODEL_OWNER], errors
