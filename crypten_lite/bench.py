@@ -235,7 +235,11 @@ def _loaded_model_run(key: tuple, build: Callable[[], torch.nn.Module], inputs: 
     x = crypten_lite.cryptensor(inputs if rank == 1 else None, src=1)
     with torch.no_grad():
         ref = model(inputs)
-    result = _measure(lambda: (_reveal_after(lambda: private(x)), ref))
+
+    def infer():  # inference: no autograd graph (what backward would need is not computed)
+        with crypten_lite.no_grad():
+            return private(x)
+    result = _measure(lambda: (_reveal_after(infer), ref))
     result["torch_seconds"] = _torch_seconds(model, inputs)
     return result
 

@@ -182,7 +182,7 @@ def test_large_bench_workloads_are_opt_in():
 GELU_COST = (10, 24256)          # 256 elements: 94.75 bytes each
 SILU_COST = (10, 41504)          # two segments: 162.1 bytes each
 SOFTMAX_COST = (40, 42856)       # [6, 40]: 17 (max) + 10 (exp) + 12 (1/sum per row) + 1
-RMS_NORM_COST = (14, 2496)       # [3, 16]: one inv_sqrt per row
+RMS_NORM_COST = (10, 3264)       # [3, 16]: the 10-round path of layer_norm, per row
 # One encoder layer (hidden 32, 2 heads, FFN 64, seq 8), weights masked at load time:
 # per inference, rounds and bytes sent by each party; dealer bytes (online + offline).
 BERT_TINY_COST = (70, [122120, 122120])
