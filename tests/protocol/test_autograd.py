@@ -392,7 +392,8 @@ def party_engine_semantics():
                 detach=d.requires_grad, errors=errors)
 
 
-def test_engine_semantics(pool):
+def test_engine_semantics(pool_all):
+    pool = pool_all  # 2 and 3 parties additive, 3 parties rss
     r = pool.run(party_engine_semantics)[0]
     torch.testing.assert_close(r["first"], torch.full((3,), 2.0))
     torch.testing.assert_close(r["accumulated"], torch.full((3,), 2.5))

@@ -272,6 +272,13 @@ def test_matches_torch(pool, fn):
     assert not bad, f"mismatches with torch: {bad}"
 
 
+@pytest.mark.parametrize("fn", [comparison_results, piecewise_results, reduction_results, pooling_results])
+def test_matches_torch_rss(pool3_rss, fn):
+    """The same checks under rss (3 parties, no dealer). binary_results is not run there: its
+    eval_polys of several inputs asks for the dealer's binary_monomials (no rss version yet)."""
+    test_matches_torch(pool3_rss, fn)
+
+
 def test_autograd_op_names(pool2):
     r = pool2.run(autograd_records)[0]
     assert r["relu"] == ("relu", ["mask"]) and r["relu_mask"]

@@ -120,7 +120,8 @@ def exact_integers():
             torch.equal((x * b).get_plain_text(), a * b), torch.equal((x.sum()).get_plain_text(), a.sum())]
 
 
-def test_integer_arithmetic_exact_to_2_40(pool):
+def test_integer_arithmetic_exact_to_2_40(pool_all):
+    pool = pool_all  # 2 and 3 parties additive, 3 parties rss
     assert all(pool.run(exact_integers)[0])
 
 
@@ -132,7 +133,8 @@ def conversions():
             "bool": i.bool().get_plain_text(), "float": i.float().get_plain_text()}
 
 
-def test_conversions_follow_torch(pool):
+def test_conversions_follow_torch(pool_all):
+    pool = pool_all  # 2 and 3 parties additive, 3 parties rss
     r = pool.run(conversions)[0]
     assert torch.equal(r["long"], r["ref"]) and torch.equal(r["to"], r["ref"])
     assert r["long"].dtype == torch.int64

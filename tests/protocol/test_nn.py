@@ -233,7 +233,8 @@ def party_module_api():
                 roundtrip=roundtrip, decrypted=not net.encrypted, dst_only=dst_only)
 
 
-def test_module_api(pool):
+def test_module_api(pool_all):
+    pool = pool_all  # 2 and 3 parties additive, 3 parties rss
     r = pool.run(party_module_api)
     for res in r:
         assert res["names"] == ["fc.weight", "fc.bias", "blocks.0.weight", "blocks.0.bias",
@@ -284,7 +285,8 @@ def party_loss(key: str):
 
 
 @pytest.mark.parametrize("key", sorted(LOSSES))
-def test_loss(pool, key):
+def test_loss(pool_all, key):
+    pool = pool_all  # 2 and 3 parties additive, 3 parties rss
     factory, kind, methods, tol = LOSSES[key]
     needs(*methods)
     x, target = _loss_data(kind)
@@ -309,7 +311,8 @@ def party_dropout():
     return y, x.grad.get_plain_text(), same
 
 
-def test_dropout_public_mask_same_on_every_party(pool):
+def test_dropout_public_mask_same_on_every_party(pool_all):
+    pool = pool_all  # 2 and 3 parties additive, 3 parties rss
     results = pool.run(party_dropout)
     y, grad, same = results[0]
     for other in results[1:]:

@@ -153,7 +153,8 @@ def _plain_mlp(epochs: int, batch: int):
     return losses, (model(x).argmax(1) == y).float().mean().item()
 
 
-def test_short_training_reduces_loss_like_torch(pool):
+def test_short_training_reduces_loss_like_torch(pool_all):
+    pool = pool_all  # 2 and 3 parties additive, 3 parties rss
     needs("relu", "log_softmax")
     losses, accuracy = pool.run(party_train_mlp, 4, 30)[0]
     plain_losses, plain_accuracy = _plain_mlp(4, 30)
