@@ -42,6 +42,8 @@ def measure(name: str) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", action="append", choices=sorted(SHAPES), help="workload(s) to (re)measure")
+    ap.add_argument("--model", action="store_true",
+                    help="also run the whole 12-layer bench workload bert_base_seq128 once (minutes)")
     ap.add_argument("--out", default=str(OUT))
     args = ap.parse_args(argv)
     path = pathlib.Path(args.out)
@@ -50,9 +52,18 @@ def main(argv=None) -> int:
                      "layer, 2 parties + dealer, by phase. Written by python benchmarks/transformer_split.py; "
                      "the bert_layer_tiny entry is asserted by tests/protocol/test_transformer_blocks.py.")
     layers = data.setdefault("layers", {})
-    for name in args.only or ["bert_layer_tiny"]:
+    for name in args.only or ([] if args.model else ["bert_layer_tiny"]):
         layers[name] = measure(name)
         print(name, json.dumps(layers[name]), file=sys.stderr)
+    if args.model:
+        from crypten_lite import bench
+        (row,) = bench.run(["bert_base_seq128"], 2, "dealer", 1)
+        if "error" in row:
+            raise SystemExit(f"bert_base_seq128: {row['error']}")
+        data["bert_base_seq128"] = {k: row[k] for k in (
+            "rounds", "bytes_sent_per_party", "online_dealer_bytes", "offline_dealer_bytes",
+            "seconds_median", "offline_seconds", "torch_seconds", "max_error", "load_average_1min", "cpus")}
+        print("bert_base_seq128", json.dumps(data["bert_base_seq128"]), file=sys.stderr)
     path.write_text(json.dumps(data, indent=1) + "\n")
     return 0
 
@@ -93,4 +104,15 @@ def render(data: dict) -> str:
                   f"| rounds | {12 * t['rounds']} | <= 800 |",
                   f"| MB sent per party (online) | {12 * max(t['bytes_sent']) / 1e6:.0f} | <= 1000 |",
                   f"| dealer MB (offline, to party 0) | {12 * t['dealer_bytes'] / 1e6:.0f} | |", ""]
+    model = data.get("bert_base_seq128")
+    if model is not None:
+        lines += ["The whole HuggingFace `BertForSequenceClassification` (12 layers, private token ids as a "
+                  "secret one-hot, embeddings and classifier included), **measured** by "
+                  "`crypten-lite bench --only bert_base_seq128` (one repetition, after a warm-up):", "",
+                  "| rounds | MB sent per party | dealer MB | online s | offline s | torch s | max error | "
+                  "load average (cpus) |", "|---|---|---|---|---|---|---|---|",
+                  f"| {model['rounds']} | {max(model['bytes_sent_per_party']) / 1e6:.0f} | "
+                  f"{(model['online_dealer_bytes'] + model['offline_dealer_bytes']) / 1e6:.0f} | "
+                  f"{model['seconds_median']:.1f} | {model['offline_seconds']:.1f} | {model['torch_seconds']:.2f} | "
+                  f"{model['max_error']:.1e} | {model['load_average_1min']} ({model['cpus']}) |", ""]
     return "\n".join(lines)

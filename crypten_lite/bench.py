@@ -208,8 +208,8 @@ class EncoderLayer(torch.nn.Module):
         q = self.q(x).reshape(b, s, h, dh).transpose(1, 2)
         k = self.k(x).reshape(b, s, h, dh).transpose(1, 2)
         v = self.v(x).reshape(b, s, h, dh).transpose(1, 2)
-        scores = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / dh ** 0.5)
-        ctx = torch.matmul(torch.softmax(scores, -1), v).transpose(1, 2).reshape(b, s, d)
+        # softmax(q k^T / sqrt(dh)) v, as torch's own MultiheadAttention computes it
+        ctx = torch.nn.functional.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, s, d)
         x = self.ln1(x + self.o(ctx))
         return self.ln2(x + self.fc2(torch.nn.functional.gelu(self.fc1(x))))
 
@@ -421,7 +421,7 @@ def bert_base_layer_seq128():
 # Phases of a transformer layer, by the outermost function on the call stack when a round,
 # a byte or a dealer byte is counted: (file, function) -> phase; anything else: "other".
 SPLIT_PHASES = {("fixed.py", "product"): "linear", ("nonlinear.py", "softmax"): "softmax",
-                ("nonlinear.py", "gelu"): "gelu", ("normalization.py", "layer_norm"): "layernorm",
+                ("fast.py", "softmax_last"): "softmax", ("nonlinear.py", "gelu"): "gelu", ("normalization.py", "layer_norm"): "layernorm",
                 ("cryptensor.py", "matmul"): "attention_matmul",
                 ("cryptensor.py", "__matmul__"): "attention_matmul",
                 ("cryptensor.py", "get_plain_text"): "reveal"}

@@ -445,3 +445,62 @@ def layer_norm_share(c: torch.Tensor, prec: int, eps: float, gamma: torch.Tensor
         return truncate(out, prec)
     out, x_hat, inv_std = products_round([("mul", cgs, p), ("mul", truncate(cs[0], _Q2), p), ("mul", scale, p)])
     return truncate(out, prec), truncate(x_hat, prec), truncate(inv_std, _Q2)
+
+
+# ------------------------------------------------------------- attention softmax
+RECIP_DEGREE = 4              # 1/m on m in [1, 2): relative error 3.0e-4 (fit)
+
+
+def softmax_rows_share(flat: torch.Tensor, prec: int) -> torch.Tensor:
+    """Shares of softmax over each row of `flat` (R, k), between 2 additive parties: the row
+    max and exp(x - max) as in nonlinear.softmax, then ONE reciprocal per row in 9 rounds
+    with the final product: [sum >= 2^j] for 2^j <= k (one 32-bit MSB circuit), the B2A
+    round also making m = sum 2^-n in [1, 2) (bits times public multiples of the sum), then
+    t^2 of t = 2m - 3 beside e * 2^-n (a broadcasting triple), t^3 and t^4, and
+    (e 2^-n) * p(t) with p ~ 1/m of degree 4: max - 19 (128 columns), exp 10, 1/sum 9."""
+    rows, k = flat.shape
+    mx = row_max(flat)
+    e = exp_nonpos(flat - mx.unsqueeze(-1), prec)
+    total = e.sum(-1, keepdim=True)                       # in [1, k]: the max's own term is 1
+    js = list(range(1, max(1, math.ceil(math.log2(k))) + 1)) if k > 1 else []
+    a = [2.0 ** -n for n in range(len(js) + 1)]           # bucket n: sum in [2^n, 2^(n+1))
+    if js:
+        items = torch.cat([(total - _enc(2.0 ** j, prec, total)).reshape(-1) for j in js])
+        bits = protocol.xor_public(circuits.unpack_bits(neg_words(items, 2), rows * len(js)), 1)
+        muls = [(circuits.pack_bits(bits[n * rows:(n + 1) * rows]), (rows, 1),
+                 total * int(round((a[n + 1] - a[n]) * (1 << _Q)))) for n in range(len(js))]
+        (arith,), prods = protocol.finish([(circuits.pack_bits(bits), rows * len(js))], muls)
+        arith = arith.view(len(js), rows, 1)
+    else:
+        arith, prods = torch.zeros(0, rows, 1, dtype=torch.int64), []
+    m = total * (1 << _Q)
+    for p_ in prods:
+        m = m + p_
+    m = truncate(m, _Q)
+    scale = public_share(torch.full_like(total, 1 << _Q))
+    for n in range(len(js)):
+        scale = scale + arith[n] * int(round((a[n + 1] - a[n]) * (1 << _Q)))
+    t = 2 * m - _enc(3.0, prec, m)
+    t2, es = products_round([("square", t), ("mul", e, scale)])
+    t2, es = truncate(t2, prec), truncate(es, _Q)
+    t3, t4 = products_round([("mul", t2, t), ("square", t2)])
+    pw = {1: t, 2: t2, 3: truncate(t3, prec), 4: truncate(t4, prec)}
+    nodes = np.cos(np.pi * (np.arange(RECIP_DEGREE + 1) + 0.5) / (RECIP_DEGREE + 1))
+    cheb = np.polynomial.chebyshev.chebfit(nodes, 2.0 / (nodes + 3), RECIP_DEGREE)
+    p = _poly_from_powers(pw, [float(c) for c in np.polynomial.chebyshev.cheb2poly(cheb)], prec, t)
+    (out,) = products_round([("mul", es, p)])
+    return truncate(out, prec)
+
+
+def softmax_last(x):
+    """softmax over the last dim of a float CrypTensor: softmax_rows_share between 2 additive
+    parties (attention: rows within 2^15 of each other), nonlinear.softmax otherwise."""
+    from ..cryptensor import _record
+    from .nonlinear import softmax
+    from ._common import float_view, new_like
+    if not _short_ok() or x.dim() == 0 or x.shape[-1] < 1:
+        return softmax(x, -1)
+    x_f = float_view(x)
+    flat = x_f.share.reshape(-1, x_f.shape[-1])
+    out = softmax_rows_share(flat, x_f.precision).view(x_f.shape)
+    return _record(new_like(x_f, out), "softmax", (x,), dim=x_f.dim() - 1)

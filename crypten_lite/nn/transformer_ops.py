@@ -315,10 +315,11 @@ def _sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, e
     if attn_mask is not None:
         m = torch.as_tensor(attn_mask)
         m = torch.zeros(m.shape).masked_fill(~m, MASK_VALUE) if m.dtype == torch.bool else _clamp_mask(m.float())
-        bias = bias + m
+        bias = (bias + m).clamp_min(MASK_VALUE)  # a causal AND a padding mask: still MASK_VALUE
     if is_causal or attn_mask is not None:
         scores = scores + bias
-    return F.softmax(scores, -1) @ v
+    from ..functions.fast import softmax_last  # 2 parties: one 9-round reciprocal per row
+    return softmax_last(scores) @ v
 
 
 def _repeat_heads(x, rep: int):

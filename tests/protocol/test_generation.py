@@ -119,7 +119,7 @@ def test_private_greedy_decoding(pool2, name):
     assert step["bytes_sent"] < rerun["bytes_sent"] and step["rounds"] <= rerun["rounds"], (step, rerun)
 
 
-STEP_COSTS = {"gpt2": (199, 77_752), "llama": (232, 71_728)}
+STEP_COSTS = {"gpt2": (191, 77_720), "llama": (224, 71_696)}
 
 
 def party_unsupported() -> str:

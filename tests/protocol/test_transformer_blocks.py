@@ -185,5 +185,5 @@ SOFTMAX_COST = (40, 42856)       # [6, 40]: 17 (max) + 10 (exp) + 12 (1/sum per 
 RMS_NORM_COST = (10, 3264)       # [3, 16]: the 10-round path of layer_norm, per row
 # One encoder layer (hidden 32, 2 heads, FFN 64, seq 8), weights masked at load time:
 # per inference, rounds and bytes sent by each party; dealer bytes (online + offline).
-BERT_TINY_COST = (70, [122120, 122120])
-BERT_TINY_DEALER = 135920
+BERT_TINY_COST = (66, [121312, 121312])
+BERT_TINY_DEALER = 136176
