@@ -62,7 +62,10 @@ _ZEROS_MAX = 1 << 26
 _zeros = bytes(0)
 
 
-def keystream_ring(seed: bytes, nonce: bytes, shape: tuple[int, ...], numel: int) -> torch.Tensor:
+_AES, _CTR = algorithms.AES, modes.CTR  # looked up once (the modules' attribute hooks are slow)
+
+
+def keystream_ring(seed: bytes | algorithms.AES, nonce: bytes, shape: tuple[int, ...], numel: int) -> torch.Tensor:
     """int64 tensor of `shape` holding the AES-256-CTR keystream under `seed` from block
     `nonce` (the bytes random_bytes returns), written by the cipher straight into the
     tensor's memory: no intermediate bytes object, no copy."""
@@ -77,7 +80,8 @@ def keystream_ring(seed: bytes, nonce: bytes, shape: tuple[int, ...], numel: int
     else:
         plain = bytes(n)
     out = torch.empty(numel + 2, dtype=torch.int64)  # update_into needs 15 spare bytes
-    encryptor = Cipher(algorithms.AES(seed), modes.CTR(nonce + b"\x00" * 4)).encryptor()
+    algorithm = seed if isinstance(seed, _AES) else _AES(seed)
+    encryptor = Cipher(algorithm, _CTR(nonce + b"\x00" * 4)).encryptor()
     written = encryptor.update_into(plain, memoryview(out.numpy()).cast("B"))
     encryptor.finalize()
     if written != n:
@@ -98,6 +102,7 @@ class PRG:
         self._seed = seed
         self._domain = domain
         self.counter = 0
+        self._algorithm = None  # AES under the seed, made at the first draw
 
     def __repr__(self) -> str:  # never show the seed
         return f"PRG(domain={self._domain}, counter={self.counter})"
@@ -117,7 +122,9 @@ class PRG:
         for s in shape:
             numel *= s
         nonce = struct.pack("<IQ", self._domain if domain is None else domain, counter)
-        return keystream_ring(self._seed, nonce, shape, numel)
+        if self._algorithm is None:
+            self._algorithm = _AES(self._seed)
+        return keystream_ring(self._algorithm, nonce, shape, numel)
 
 
 def derive_key(secret: bytes, info: str) -> bytes:
