@@ -240,13 +240,6 @@ def round_shift(x: torch.Tensor, shift: int, bits: int, rounding: str = "half_up
     but the result is one too large with probability equal to the fraction dropped, so about
     half the values differ from the rounded result; for measurements only).
     """
-    if shift == 0:
-        return x
-    if rounding not in ("half_up", "half_even"):
-        raise ValueError(f"unknown rounding {rounding!r}")
-    if bits > MAX_BITS or shift > BIAS_BITS:
-        raise ProtocolError(f"round_shift: {bits}-bit values / shift {shift} exceed the "
-                            f"{MAX_BITS}-bit range of exact truncation")
     s = current()
     shape = x.shape
     flat = x.reshape(-1)

@@ -19,7 +19,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from ..errors import UnsupportedError
+from ..errors import ProtocolError, UnsupportedError
 from ..session import current
 from . import beaver, binary, convert, primitives, rss, truncation
 from .replicated import Replicated
@@ -271,7 +271,16 @@ def msb_low(x: torch.Tensor, m: int) -> torch.Tensor:
 def round_shift(x: torch.Tensor, shift: int, bits: int, rounding: str = "half_up",
                 carry_bits: int = 16, method: str = "auto") -> torch.Tensor:
     """Shares of round(x / 2^shift) (half_up or half_even) for -2^bits <= x < 2^bits, exactly
-    (additive: exact for shift <= carry_bits, see intops; rss: exact for every shift)."""
+    (additive: exact for shift <= carry_bits, see intops; rss: exact for every shift).
+    The arguments are checked here, once, for both schemes."""
+    if shift == 0:
+        return x
+    if rounding not in ("half_up", "half_even"):
+        raise ValueError(f"unknown rounding {rounding!r}")
+    from .intops import BIAS_BITS, MAX_BITS
+    if bits > MAX_BITS or shift > BIAS_BITS:
+        raise ProtocolError(f"round_shift: {bits}-bit values / shift {shift} exceed the "
+                            f"{MAX_BITS}-bit range of exact truncation")
     if is_rss():
         from . import rss_int
         return rss_int.round_shift(x, shift, bits, rounding, carry_bits, method)

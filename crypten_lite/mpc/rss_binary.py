@@ -906,19 +906,19 @@ def finish(b2as: Sequence[tuple[Replicated, int]] = (),
 
 
 # ------------------------------------------------- random bits made ahead (offline)
+def _pair_components(d: dict) -> dict:
+    """Replicated components from one draw of each pairwise stream this role holds: component 0
+    is F(k_02), 1 is F(k_01), 2 is F(k_12) (the two a role holds; the third is absent)."""
+    return {c: d[pair][0] for c, pair in ((0, (0, 2)), (1, (0, 1)), (2, (1, 2))) if pair in d}
+
+
 def _g_dabit_chunk(ro: _Roles, n: int) -> Gen:
     """n random bits r = F(k_01) ^ F(k_02) ^ F(k_12) of chunk role `ro`: binary replicated
     for free (component 0 = F(k_02), 1 = F(k_01), 2 = F(k_12), each held by its two roles),
     arithmetic [r] by _g_inject (2 rounds). Returns ((binary a, b) unpacked, (arith a, b))."""
     nw = -(-n // 64)
     d = ro.draws({(0, 1): [nw], (1, 2): [nw], (0, 2): [nw]})
-    comps = {}
-    if (0, 2) in d:
-        comps[0] = d[(0, 2)][0]
-    if (0, 1) in d:
-        comps[1] = d[(0, 1)][0]
-    if (1, 2) in d:
-        comps[2] = d[(1, 2)][0]
+    comps = _pair_components(d)
     # s = F(k_01) ^ F(k_02) on role 0, t = F(k_12) on roles 1 and 2 (as _dabit_words)
     words = comps[0] ^ comps[1] if ro.role == 0 else comps[2]
     r, _ = yield from _g_inject(ro, n, words, [], True)
@@ -1192,13 +1192,7 @@ def _g_trunc_chunk(ro: _Roles, n: int, bits: int) -> Gen:
     nw = -(-n // 64)
     d = ro.draws({(0, 1): [n], (1, 2): [n], (0, 2): [n]})
     role = ro.role
-    comps = {}
-    if (0, 2) in d:
-        comps[0] = d[(0, 2)][0]
-    if (0, 1) in d:
-        comps[1] = d[(0, 1)][0]
-    if (1, 2) in d:
-        comps[2] = d[(1, 2)][0]
+    comps = _pair_components(d)
     r = (comps[role], comps[(role + 1) % WORLD])
     if role == 1:
         a, b = None, comps[1] + comps[2]

@@ -26,9 +26,6 @@ from ..session import current
 from . import circuits, rss, rss_binary
 from .replicated import Replicated
 
-BIAS_BITS = 62
-MAX_BITS = 61
-
 
 def tie_words(x: Replicated, k: int) -> Replicated:
     """Packed binary shares of [x mod 2**(k+1) == 2**(k-1)] (a tie whose half-up result is odd)."""
@@ -47,13 +44,6 @@ def round_shift(x: Replicated, shift: int, bits: int, rounding: str = "half_up",
     exactly. ``method``: ``"auto"`` (exact) or ``"probabilistic"`` (rss.truncate of
     ``x + 2**(shift-1)``: one round, off by one on about half the values; for measurements).
     The additive methods ``"local"`` / ``"dealer"`` do not exist here."""
-    if shift == 0:
-        return x
-    if rounding not in ("half_up", "half_even"):
-        raise ValueError(f"unknown rounding {rounding!r}")
-    if bits > MAX_BITS or shift > BIAS_BITS:
-        raise ProtocolError(f"round_shift: {bits}-bit values / shift {shift} exceed the "
-                            f"{MAX_BITS}-bit range of exact truncation")
     if method == "probabilistic":
         return rss.truncate(x + (1 << (shift - 1)), shift)
     if method != "auto":

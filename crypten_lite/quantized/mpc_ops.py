@@ -4,71 +4,8 @@ Everything here goes through the protocol interface (:mod:`crypten_lite.mpc.prot
 same code runs on additive shares (any N, the dealer's correlations: the protocols below live
 in :mod:`crypten_lite.mpc.intops`) and on replicated shares (3 parties, no dealer:
 :mod:`crypten_lite.mpc.rss_int`, :mod:`crypten_lite.mpc.rss_binary`). No rank is tested here.
-The descriptions and costs below are those of the additive protocols; docs/quantized.md gives
-the rss figures.
-
-Values of a quantized program are small (an int8 activation before its clamp has 9 to 12
-bits, an accumulator times its multiplier 30 to 50) and every caller passes a sound
-``bits`` bound. These protocols use it: a comparison runs its carry circuit over
-``bits + 1`` bits instead of 64, and a rounding division by ``2**k`` needs only the carry
-out of the shares' low bits. Built on the binary-sharing primitives of
-:mod:`crypten_lite.mpc.binary` (binary triples, masked openings, lane packing) and the
-dealer's ``trunc_exact`` / ``bit`` / ``bit_mul`` correlations; every function takes and
-returns this party's int64 shares (arithmetic unless the name says words: bit-packed XOR
-shares, 64 elements per word). Byte counts below are per element and per party, 2 parties.
-
-**Short MSB** (:func:`msb_low`): XOR shares of bit ``m - 1`` of ``x mod 2**m``, which is
-``x < 0`` when ``-2**(m-1) <= x < 2**(m-1)``. Let ``W = next_pow2(m)``.
-
-1. Each party keeps ``(x_i << (W - m)) mod 2**W`` (local; the sign lands on bit ``W - 1``)
-   and packs ``64 / W`` elements per word. With N > 2 parties, carry-save layers (one round
-   each, the majority of three operands from masked openings) reduce the N owned operands
-   to two XOR-shared ones, the carries shifted within their lane.
-2. msb = s_top ^ c_top ^ carry into bit ``W - 1`` of s + c: bit ``W - 1`` is padded with
-   (generate 0, propagate 1) and level 1 (2-bit groups) comes from ONE masked opening (each
-   owner sends its operand: ``W / 8`` bytes), as :func:`crypten_lite.mpc.convert.msb_words`
-   does for 64 bits.
-3. ``log2(W) - 1`` rounds of :func:`crypten_lite.mpc.circuits.carry_tree`.
-
-``m <= 16``: 4 rounds and 5.25 bytes (64 bits: 6 rounds, 23.25 bytes).
-
-**Clamp** (:func:`clamp`): ``b_lo = [x > lo]``, ``b_hi = [x > hi]`` in one short-MSB call;
-``y = lo + (b_lo ^ b_hi) (x - lo) + (hi - lo) b_hi`` (``b_hi <= b_lo``), the bit times value
-and the B2A in ONE round (kind ``bit_mul``: 8.125 bytes). One bound: one bit, one product.
-
-**Max pooling** (:func:`max_pool2d`): windows gathered locally (padding filled with the
-public ``-2**bits``, which never wins), then ``ceil(log2 k)`` levels of
-``max(a, b) = b + [a > b] (a - b)``: a short MSB on ``bits + 2`` bits and one bit-times-value
-round per level.
-
-**Rounding division** (:func:`round_shift`): ``floor((x + 2**(k-1)) / 2**k)``, torch's
-``half_up`` (and ``half_even`` with a tie bit). With ``x' = x + 2**(k-1) + 2**62`` in
-``[0, 2**63)``:
-
-* 2 parties, no dealer opening (a la [MZ17] made exact): shares ``x'_i = H_i 2**k + L_i``
-  (unsigned) give ``floor(x' / 2**k) = H_0 + H_1 + [L_0 + L_1 >= 2**k] - w 2**(64-k)``
-  where the wrap ``w = top(x'_0) OR top(x'_1)`` (because ``x' < 2**63``). The carry comes
-  from a carry tree over the top ``e = min(k, carry_bits)`` bits of ``L_0``, ``L_1``
-  (level 1 and the AND for ``w`` in one masked opening), then one B2A round for both bits.
-  ``e = 16``: 5 rounds, 5.6 bytes.
-* N > 2 parties (dealer-assisted, a la [EGK+20]): open ``c = x' + r`` (one round, 8 bytes),
-  borrow ``[c mod 2**k < r mod 2**k]`` from ``r``'s XOR-shared bits (kind ``trunc_exact``)
-  by a carry tree on the top ``e`` bits (``c`` is public: no level-1 opening), the wrap
-  from ``msb(r)``; one B2A round. ``e = 16``: 6 rounds, 15.4 bytes.
-
-Both are exact when ``k <= carry_bits``. Otherwise the carry ignores the bits below
-``k - e``. 2 parties: the missed carry needs the low ``k`` bits of ``x'`` below
-``2**(k-e)``; ``x'`` gets ``+ 2**(k-e)`` first, so that this band lies just below a rounding
-boundary (not on exact ties): the result can be one too large only where ``x / 2**k`` lies
-within ``2**-e`` below ``j + 1/2``. N > 2: one too large with probability at most
-``2**-(e+1)`` per element over the dealer's randomness (when ``r``'s top ``e`` low bits
-equal ``c``'s). ``half_even`` subtracts
-``[x mod 2**(k+1) == 2**(k-1)]`` (a tie whose half-up result is odd): a short MSB of
-``x - 2**(k-1)`` and of its negation on ``k + 1`` bits, a NOR, and the B2A round above.
-
-References: [MZ17] Mohassel, Zhang, SecureML (S&P 2017); [EGK+20] Escudero et al.,
-Improved primitives for MPC over mixed arithmetic-binary circuits (CRYPTO 2020); [KS73]
-Kogge, Stone (carry trees).
+docs/quantized.md gives the rss figures. The protocols, their steps and their additive costs
+(short MSB, clamp, max pooling, rounding division) are described in :mod:`crypten_lite.mpc.intops`.
 """
 
 from __future__ import annotations
@@ -78,11 +15,9 @@ import torch.nn.functional as F
 
 from crypten_lite.errors import ProtocolError
 from crypten_lite.mpc import circuits, protocol
-from crypten_lite.mpc.intops import lane_mask, next_pow2  # noqa: F401  (re-exported)
+from crypten_lite.mpc.intops import BIAS_BITS, MAX_BITS, lane_mask, next_pow2  # noqa: F401  (re-exported)
 from crypten_lite.quantized.ir import bits_for
 
-BIAS_BITS = 62  # x' = x + 2**62 is in [0, 2**63) for |x| < 2**61
-MAX_BITS = 61
 DEFAULT_CARRY_BITS = 16
 
 Bound = int | torch.Tensor
@@ -239,13 +174,6 @@ def round_shift(x: torch.Tensor, shift: int, bits: int, rounding: str = "half_up
     measurements only). Under rss: ``"auto"`` (exact for every shift, no dealer) or
     ``"probabilistic"`` (protocol.round_shift).
     """
-    if shift == 0:
-        return x
-    if rounding not in ("half_up", "half_even"):
-        raise ValueError(f"unknown rounding {rounding!r}")
-    if bits > MAX_BITS or shift > BIAS_BITS:
-        raise ProtocolError(f"round_shift: {bits}-bit values / shift {shift} exceed the "
-                            f"{MAX_BITS}-bit range of exact truncation")
     return protocol.round_shift(x, shift, bits, rounding, carry_bits, method)
 
 
