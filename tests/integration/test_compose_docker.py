@@ -216,6 +216,16 @@ def _containers(project: str) -> dict[str, dict]:
     return {c["Config"]["Labels"]["com.docker.compose.service"]: c for c in inspected}
 
 
+def _wait_exited(project: str, names: tuple[str, ...]) -> dict[str, dict]:
+    """`up ... party0` returns when party0 exits; the other parties finish their own shutdown
+    on their own time (seen: party1 still running right after `up` returned, its work done).
+    `docker wait` on each (a hang guard, not a timing assumption), then inspect again."""
+    for name, c in _containers(project).items():
+        if name in names:
+            _run(["docker", "wait", c["Id"]], timeout=UP_TIMEOUT)
+    return _containers(project)
+
+
 def _volume_files(volume: str) -> list[str]:
     """`ls -ln` of a volume, from a throwaway container of the image."""
     out = _run(["docker", "run", "--rm", "--entrypoint", "ls", "-v", f"{volume}:/x:ro", IMAGE,
@@ -234,7 +244,8 @@ def test_compose_up_with_docker(image: dict, tmp_path: pathlib.Path) -> None:
         up = _run([*compose, "up", "--no-color", *args], timeout=UP_TIMEOUT, check=False)
         log = up.stdout
         print(log[-6000:], flush=True)
-        containers = _containers(project)
+        containers = (_wait_exited(project, ("certs", "party0", "party1")) if up.returncode == 0
+                      else _containers(project))
         logs = {name: _run(["docker", "logs", c["Id"]], timeout=60).stdout
                 for name, c in containers.items()}
         assert up.returncode == 0, f"`up` exited {up.returncode}:\n{log[-6000:]}\n{logs}"
@@ -315,7 +326,8 @@ def test_compose_rss_with_docker(image: dict) -> None:
     assert set(services) == {"certs", "party0", "party1", "party2"}  # no dealer
     try:
         up = _run([*compose, "up", "--no-color", *args], timeout=UP_TIMEOUT, check=False)
-        containers = _containers(project)
+        containers = (_wait_exited(project, tuple(services)) if up.returncode == 0
+                      else _containers(project))
         logs = {name: _run(["docker", "logs", c["Id"]], timeout=60).stdout
                 for name, c in containers.items()}
         assert up.returncode == 0, f"`up` exited {up.returncode}:\n{up.stdout[-6000:]}\n{logs}"
