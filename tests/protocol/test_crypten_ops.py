@@ -340,8 +340,10 @@ def party_random():
     probs = torch.tensor([0.0, 1.0, 0.5, 0.25]).repeat(1024)
     b = torch.bernoulli(crypten_lite.cryptensor(probs)).get_plain_text()
     x = crypten_lite.cryptensor(positive(4, 3, 5, 5))
-    d2 = F.dropout2d(x, 0.5).get_plain_text()
-    d3 = x.unsqueeze(0).dropout3d(0.5).get_plain_text()[0]
+    # Channel dropout on many channels (100 and 60), so that "some kept, some dropped" below
+    # fails with probability 2**-59 at most, not 1/16 (dropout3d of x.unsqueeze(0): 4 channels).
+    d2 = F.dropout2d(x.reshape(1, 100, 3, 1), 0.5).get_plain_text().reshape(x.shape)
+    d3 = x.reshape(1, 60, 5, 1, 1).dropout3d(0.5).get_plain_text().reshape(x.shape)
     d1 = F.dropout(x, 0.25).get_plain_text()
     y = x.clone()
     y.dropout(0.5, inplace=True)
@@ -376,7 +378,7 @@ def test_random_and_dropout(pool_all):
         assert bool((kept | (r[0][key] == 0)).all()), key   # every element dropped or scaled
         assert 0 < int(kept.sum()) < x.numel(), key
         if key in ("d2", "d3"):  # one draw per channel: a channel is all kept or all dropped
-            per_channel = kept.reshape(4, 3, -1)
+            per_channel = kept.reshape({"d2": 100, "d3": 60}[key], -1)
             assert bool((per_channel.all(-1) | ~per_channel.any(-1)).all()), key
     assert not torch.equal(r[0]["inplace"], x)
     onehot, value = r[0]["onehot"], r[0]["value"]
