@@ -58,7 +58,9 @@ def scatter(x, dim, index, src) -> CrypTensor:
     x, src = _operands(x, src)
     d, idx = _dim(x, dim), public_index(index, "scatter")
     s = _src_share(x, src)
-    share = x.share.scatter(d, idx, s) if s.dim() > 0 else x.share.scatter(d, idx, int(s))
+    if s.dim() == 0:  # a number: its share, spread over the index (no scalar read of a share)
+        s = s.expand(idx.shape)
+    share = x.share.scatter(d, idx, s)
     out = x._new(share, names=x._names)
     return _record(out, "scatter", (x, src), dim=d, index=idx)
 
