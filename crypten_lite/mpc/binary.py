@@ -244,31 +244,37 @@ def eval_polys(jobs: Sequence[PolyJob]) -> list[list[torch.Tensor]]:
 
 
 class BinaryShared:
-    """A bit-packed XOR-shared int64 tensor with operators (thin wrapper over this module)."""
+    """A bit-packed XOR-shared int64 tensor with operators, under the session's protocol
+    (crypten_lite.mpc.protocol: additive with binary triples, or rss)."""
 
     def __init__(self, share: torch.Tensor):
         self.share = share
 
     def __xor__(self, other):
-        """x ^ y (local; a public y is applied by rank 0)."""
+        """x ^ y (local; a public y is applied once, protocol.xor_public)."""
+        from . import protocol
         if isinstance(other, BinaryShared):
             return BinaryShared(self.share ^ other.share)
-        return BinaryShared(xor_public(self.share, other))
+        return BinaryShared(protocol.xor_public(self.share, other))
 
     def __and__(self, other):
         """x & y (one round; a public mask is local)."""
+        from . import protocol
         if isinstance(other, BinaryShared):
-            return BinaryShared(and_(self.share, other.share))
+            return BinaryShared(protocol.and_many([(self.share, other.share)])[0])
         return BinaryShared(self.share & other)  # public mask: local
 
     def __or__(self, other):
-        """x | y (one round; a public y is local)."""
+        """x | y = x ^ y ^ (x & y) (one round; a public y is local: (x & ~c) ^ c)."""
+        from . import protocol
         if isinstance(other, BinaryShared):
-            return BinaryShared(or_(self.share, other.share))
-        return BinaryShared(xor_public(self.share & ~other, other))  # (x & ~c) ^ c
+            return BinaryShared(self.share ^ other.share ^
+                                protocol.and_many([(self.share, other.share)])[0])
+        return BinaryShared(protocol.xor_public(self.share & ~other, other))
 
     def __invert__(self):
-        return BinaryShared(not_(self.share))
+        from . import protocol
+        return BinaryShared(protocol.xor_public(self.share, ALL_ONES))
 
     def __lshift__(self, k: int):
         return BinaryShared(lshift(self.share, k))
@@ -278,4 +284,5 @@ class BinaryShared:
 
     def get_plain_text(self) -> torch.Tensor:
         """Reveal to every party (one round)."""
-        return open_xor(self.share)
+        from . import protocol
+        return protocol.open_xor(self.share)

@@ -177,19 +177,19 @@ def pooling_results():
 
 
 def binary_results():
-    from crypten_lite.mpc import convert
+    from crypten_lite.mpc import protocol
     from crypten_lite.mpc.binary import BinaryShared
     g = torch.Generator().manual_seed(6)
     a = torch.randint(-(2 ** 62), 2 ** 62, (40,), generator=g)
     b = torch.randint(-(2 ** 62), 2 ** 62, (40,), generator=g)
     x, y = crypten_lite.cryptensor(a, src=0), crypten_lite.cryptensor(b, src=1)
-    bx, by = BinaryShared(convert.a2b(x.share)), BinaryShared(convert.a2b(y.share))
+    bx, by = BinaryShared(protocol.a2b(x.share)), BinaryShared(protocol.a2b(y.share))
     m = 0x0F0F0F0F0F0F0F0F
     v = torch.randn(300, generator=g) * 1000
     xv = crypten_lite.cryptensor(v, src=1)
     enc = torch.round(v.double() * SCALE).long()
-    rounded = convert.round_exact(xv.share, 7)
-    from crypten_lite.mpc.primitives import open_
+    rounded = protocol.round_exact(xv.share, 7)
+    open_ = protocol.open_
     return {
         "a2b": bool(torch.equal(bx.get_plain_text(), a)),
         "xor": bool(torch.equal((bx ^ by).get_plain_text(), a ^ b)),
@@ -272,10 +272,10 @@ def test_matches_torch(pool, fn):
     assert not bad, f"mismatches with torch: {bad}"
 
 
-@pytest.mark.parametrize("fn", [comparison_results, piecewise_results, reduction_results, pooling_results])
+@pytest.mark.parametrize("fn", [comparison_results, piecewise_results, reduction_results, pooling_results,
+                                binary_results])
 def test_matches_torch_rss(pool3_rss, fn):
-    """The same checks under rss (3 parties, no dealer). binary_results is not run there: its
-    eval_polys of several inputs asks for the dealer's binary_monomials (no rss version yet)."""
+    """The same checks under rss (3 parties, no dealer)."""
     test_matches_torch(pool3_rss, fn)
 
 
