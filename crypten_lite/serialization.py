@@ -17,8 +17,10 @@ Secret-shared values (a CrypTensor, an encrypted Module, or a dict / list of Cry
     model.load_state_dict(crypten_lite.load_from_party("ckpt.pt", encrypted=True))
 
 Each party writes its own file, `share_path(path, rank)` (`path` with `{rank}` replaced,
-or `path.party<rank>`), with torch.save of its plain int64 share tensors and their
-metadata (precision, dtype, names): local disk only, nothing on the wire. The files of one
+or `path.party<rank>`), with torch.save of its plain int64 share tensors (under the rss
+protocol, the two components of each replicated share) and their metadata (precision,
+dtype, names, the protocol): local disk only, nothing on the wire. A file is loaded only by
+a session of the protocol that wrote it. The files of one
 save carry a common random id; loading checks in one all-gather that every party loaded
 files of the same save (mixing shares of different saves would silently give garbage).
 """
@@ -155,18 +157,29 @@ def _tensor_to_bytes(t: torch.Tensor) -> bytes:
 # --------------------------------------------------------------------------- shares
 def _share_leaf(o):
     if isinstance(o, CrypTensor):
-        return {"share": o.share.clone(), "precision": o.precision, "dtype": str(o.dtype),
+        from .mpc.replicated import Replicated
+        share = o.share
+        leaf = {"precision": o.precision, "dtype": str(o.dtype),
                 "names": list(o._names) if o._names is not None else None,
                 "requires_grad": bool(o.requires_grad)}
+        if isinstance(share, Replicated):  # rss: both components, as plain int64 tensors
+            leaf.update(share=share.a.clone(), share_b=share.b.clone())
+        else:
+            leaf["share"] = share.clone()
+        return leaf
     if isinstance(o, torch.Tensor):
         return {"public": o.detach().clone()}
     return None
 
 
-def _share_from_leaf(node):
+def _share_from_leaf(node, rank: int, protocol: str):
     if "public" in node:
         return node["public"]
-    out = CrypTensor(node["share"], node["precision"], _DTYPES[node["dtype"]],
+    share = node["share"]
+    if protocol == "rss":
+        from .mpc.replicated import Replicated
+        share = Replicated(share, node["share_b"], rank)
+    out = CrypTensor(share, node["precision"], _DTYPES[node["dtype"]],
                      tuple(node["names"]) if node["names"] is not None else None)
     out.requires_grad = node["requires_grad"]
     return out
@@ -180,7 +193,7 @@ def _save_shares(obj, path: str, s) -> None:
         obj = obj.state_dict()
     save_id = common_prg().draw((2,))  # the same on every party: ties the files of one save
     record = {"format": FORMAT, "rank": s.rank, "world_size": s.world_size, "save_id": save_id,
-              "tree": _to_tree(obj, _share_leaf)}
+              "protocol": s.config.protocol, "tree": _to_tree(obj, _share_leaf)}
     torch.save(record, share_path(path, s.rank))
 
 
@@ -197,11 +210,17 @@ def _load_shares(path: str, s):
         raise ProtocolError(f"party {s.rank}: {file!r} holds the shares of party {record['rank']} "
                             f"of {record['world_size']}; this session is party {s.rank} of "
                             f"{s.world_size}")
+    saved_protocol = record.get("protocol", "additive")
+    if saved_protocol != s.config.protocol:
+        raise ProtocolError(f"party {s.rank}: {file!r} holds shares of protocol "
+                            f"{saved_protocol!r}; this session runs protocol "
+                            f"{s.config.protocol!r} (a share of one scheme means nothing in "
+                            "the other: load it in a session of the protocol that saved it)")
     ids = s.comm.all_gather(record["save_id"])
     if any(not torch.equal(i, ids[0]) for i in ids):
         raise ProtocolError("load_from_party: the parties loaded share files of different saves; "
                             "every party must load the files written by the same save")
-    return _from_tree(record["tree"], _share_from_leaf)
+    return _from_tree(record["tree"], lambda node: _share_from_leaf(node, s.rank, saved_protocol))
 
 
 __all__ = ["save_from_party", "load_from_party", "share_path"]

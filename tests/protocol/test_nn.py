@@ -139,18 +139,8 @@ def _compare_layer(pool, key, encrypt=True, train=True, private_input=True):
 
 
 @pytest.mark.parametrize("key", sorted(k for k in LAYERS if k != "dropout_eval"))
-def test_layer_encrypted_parameters(pool, key):
-    _compare_layer(pool, key, encrypt=True, train=True)
-
-
-# Under replicated sharing (3 parties, no dealer): the arithmetic layers and ReLU, forward and
-# backward (the other layers' functions run there too: tests/protocol/test_rss_arithmetic.py).
-RSS_LAYERS = sorted(k for k in LAYERS if k != "dropout_eval" and set(LAYERS[k][2]) <= {"relu"})
-
-
-@pytest.mark.parametrize("key", RSS_LAYERS)
-def test_layer_encrypted_parameters_rss(pool3_rss, key):
-    _compare_layer(pool3_rss, key, encrypt=True, train=True)
+def test_layer_encrypted_parameters(pool_all, key):
+    _compare_layer(pool_all, key, encrypt=True, train=True)  # 2pc, 3pc additive; 3 parties rss
 
 
 @pytest.mark.parametrize("key", ["linear", "conv2d", "conv_transpose2d", "batchnorm2d", "layernorm", "mlp"])
@@ -354,12 +344,36 @@ def party_save_load(directory: str):
     return ok_plain, ok_shares, on_disk["tree"]["dict"][0][1]["share"].dtype, mixed
 
 
-def test_save_and_load_from_party(pool, tmp_path):
+def test_save_and_load_from_party(pool_all, tmp_path):
+    pool = pool_all  # 2 and 3 parties additive, 3 parties rss
     for ok_plain, ok_shares, dtype, mixed in pool.run(party_save_load, str(tmp_path)):
         assert ok_plain and ok_shares and dtype == torch.int64 and mixed == "refused"
     expected = sorted(["plain.pt"] + [f"{name}.pt.party{r}" for name in ("other", "shares")
                                       for r in range(pool.world_size)])
     assert sorted(os.listdir(tmp_path)) == expected
+
+
+def party_save_shares(path: str):
+    save_from_party(crypten_lite.cryptensor(torch.arange(6.0).reshape(2, 3), src=0), path)
+
+
+def party_load_shares(path: str):
+    try:
+        load_from_party(path, encrypted=True)
+        return "loaded"
+    except crypten_lite.ProtocolError as e:
+        return str(e)
+
+
+def test_shares_of_another_protocol_refused(pool3, pool3_rss, tmp_path):
+    """3-party share files of the additive protocol mean nothing under rss, and back: the
+    loading party refuses them, naming both protocols (never a silently wrong value)."""
+    for saver, loader, saved, runs in ((pool3, pool3_rss, "additive", "rss"),
+                                       (pool3_rss, pool3, "rss", "additive")):
+        path = str(tmp_path / f"{saved}.pt")
+        saver.run(party_save_shares, path)
+        for msg in loader.run(party_load_shares, path):
+            assert f"shares of protocol '{saved}'" in msg and f"runs protocol '{runs}'" in msg, msg
 
 
 # ------------------------------------------------------------------ imported models
