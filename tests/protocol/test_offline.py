@@ -1,4 +1,6 @@
-"""Offline phase: a recorded plan's corrections are fetched ahead and used by the next run."""
+"""Offline phase: a recorded plan's corrections are fetched ahead and used by the next run
+(additive: the dealer's corrections, bound to request counters; rss: truncation pairs the
+three parties make themselves, at the end of this file)."""
 
 from __future__ import annotations
 
@@ -156,3 +158,117 @@ def test_parties_with_different_plans_get_a_clear_error(pool2):
     for error, still in pool2.run(mismatched_plans):
         assert "plan" in error and "differs" in error
         assert still <= 1e-3
+
+
+# --- the same offline API under rss (3 parties, no dealer) --------------------------------
+# There the plan lists truncation pairs and random bits ([(bits, n)], bits 0: random bits),
+# which prefetch makes now between the parties themselves (crypten_lite.mpc.rss). Pairs are
+# not bound to one request counter: any later truncation by the same bit count takes them
+# from the stock, in order, each once; a truncation the stock cannot cover makes its own
+# online. Every party function below ends with an empty stock (the pool's session is shared
+# by the other rss tests, whose exact costs assume none was prefetched).
+
+
+def _rss_stock(plan) -> dict:
+    from crypten_lite.mpc import rss
+    return {bits: rss.stocked(bits) for bits in sorted({b for b, _ in plan})}
+
+
+def _rss_cost(fn):
+    from crypten_lite import comm
+    c = comm.get()
+    c.reset_communication_stats()
+    out = fn()
+    st = c.get_communication_stats()
+    return out, (st["rounds"], st["bytes_sent"])
+
+
+def rss_planned_runs():
+    a, b = torch.linspace(-3, 3, 50), torch.linspace(1, 2, 50)
+    x, y = crypten_lite.cryptensor(a, src=0), crypten_lite.cryptensor(b, src=1)
+    with offline.record() as plan:
+        first, online_cost = _rss_cost(lambda: (x * y).relu().get_plain_text())
+    offline.prefetch(plan)
+    stocked = _rss_stock(plan)
+    second, prefetched_cost = _rss_cost(lambda: (x * y).relu().get_plain_text())
+    ref = (a * b).relu()
+    return {"plan": [tuple(p) for p in plan], "stocked": stocked, "left": _rss_stock(plan),
+            "online": online_cost, "prefetched": prefetched_cost,
+            "err": max(float((got - ref).abs().max()) for got in (first, second))}
+
+
+def test_rss_prefetched_plan_is_used_and_correct(pool3_rss):
+    results = pool3_rss.run(rss_planned_runs)
+    for r in results:
+        # one truncation of 50 products (16 bits); the ReLU (B2A folded into its MSB) and
+        # the reveal need no pair
+        assert r["plan"] == [(16, 50)] and r["stocked"] == {16: 50} and r["left"] == {16: 0}
+        assert r["err"] <= 1e-3
+    # rounds: product 8 -> 1 (the pairs' 7 rounds went offline), ReLU 7, reveal 1; bytes
+    # sent per party (party 1 sends more in the pairs' protocol)
+    assert [r["online"] for r in results] == [(16, 4704), (16, 5936), (16, 4704)]
+    assert [r["prefetched"] for r in results] == [(9, 2656), (9, 3032), (9, 2656)]
+
+
+def rss_runs_that_differ_from_the_plan():
+    """Plan recorded on x.square() (12 elements); then x * y (12: takes the pairs), x * y
+    again (stock empty: made online), a plan of 12 run on 5 then on 7 elements."""
+    from crypten_lite.mpc import rss
+    a, b = torch.linspace(-3, 3, 12), torch.linspace(1, 2, 12)
+    x, y = crypten_lite.cryptensor(a, src=0), crypten_lite.cryptensor(b, src=1)
+    with offline.record() as plan:
+        x.square()
+    out = {"plan": [tuple(p) for p in plan], "errs": [], "costs": [], "stock": []}
+
+    def product(n):
+        got, cost = _rss_cost(lambda: x[:n] * y[:n])
+        out["errs"].append(float((got.get_plain_text() - a[:n] * b[:n]).abs().max()))
+        out["costs"].append(cost)
+        out["stock"].append(rss.stocked(16))
+
+    offline.prefetch(plan)
+    product(12)                       # another op of the same size: the stocked pairs
+    product(12)                       # nothing stocked: pairs made online
+    offline.prefetch(plan)
+    offline.prefetch(plan)            # two prefetches: 24 pairs, used in order, each once
+    out["twice"] = rss.stocked(16)
+    for n in (5, 7, 12):
+        product(n)
+    return out
+
+
+def test_rss_runs_that_differ_from_the_plan_are_correct(pool3_rss):
+    results = pool3_rss.run(rss_runs_that_differ_from_the_plan)
+    for r in results:
+        assert r["plan"] == [(16, 12)] and r["twice"] == 24
+        assert max(r["errs"]) <= 1e-3, r["errs"]
+        assert r["stock"] == [0, 0, 19, 12, 0]
+        # stocked pairs: one round, 16 B per product; made online: 8 rounds
+        for i, n in ((0, 12), (2, 5), (3, 7), (4, 12)):
+            assert r["costs"][i] == (1, 16 * n), (i, r["costs"][i])
+        assert r["costs"][1][0] == 8
+    assert [r["costs"][1][1] for r in results] == [744, 936, 744]
+
+
+def rss_mismatched_plans():
+    from crypten_lite.errors import ProtocolError
+    x = crypten_lite.cryptensor(torch.ones(4), src=0)
+    with offline.record() as plan:
+        x.square()
+    if current().rank == 1:
+        plan = [(bits, n + 1) for bits, n in plan]
+    try:
+        offline.prefetch(plan)
+        error = ""
+    except ProtocolError as e:
+        error = str(e)
+    offline.prefetch([])
+    from crypten_lite.mpc import rss
+    still = float((x.square().get_plain_text() - 1).abs().max())
+    return error, still, rss.stocked(16)
+
+
+def test_rss_parties_with_different_plans_get_a_clear_error(pool3_rss):
+    for error, still, left in pool3_rss.run(rss_mismatched_plans):
+        assert "plan" in error and "differs" in error
+        assert still <= 1e-3 and left == 0      # nothing was made for the refused plan
