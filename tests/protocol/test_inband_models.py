@@ -196,7 +196,8 @@ def party_hostile(payload: bytes, kind: str) -> str:
 
 # ------------------------------------------------------------------ tests
 @pytest.mark.parametrize("kind", ["float", "int8"])
-def test_vendor_model_in_band(pool, kind):
+def test_vendor_model_in_band(pool_all, kind):
+    pool = pool_all  # 2 and 3 parties additive, 3 parties rss
     x, calib = _data()
     got = pool.run(party_vendor_model, kind, x, calib)
     owner, others = got[OWNER], [g for r, g in enumerate(got) if r != OWNER]

@@ -92,11 +92,17 @@ def test_optimizer_matches_torch(pool2, name):
     _check_optimizer(pool2, name)
 
 
+@pytest.fixture(params=["pool3", "pool3_rss"], ids=["3pc", "3rss"])
+def pool3_any(request):
+    """3 parties: additive (with the dealer) and rss (no dealer)."""
+    return request.getfixturevalue(request.param)
+
+
 @pytest.mark.parametrize("name", ["sgd_momentum", "adam"])
-def test_optimizer_with_state_3_parties(pool3, name):
+def test_optimizer_with_state_3_parties(pool3_any, name):
     if name == "adam":
         needs("inv_sqrt")
-    _check_optimizer(pool3, name)
+    _check_optimizer(pool3_any, name)
 
 
 # ----------------------------------------------------------------- training reduces the loss
