@@ -10,15 +10,16 @@ Two algorithms, both with torch's tie rule (the FIRST index of the extreme value
   winner's one-hot is the AND of its k-1 wins (ceil(log2(k-1)) AND rounds), then one fold
   round: 6 + ceil(log2(k-1)) + 1 rounds, more bytes. Used by softmax for small k.
 * ``grouped``: levels of all-pairs groups (argmax_grouped, group sizes from grouped_plan):
-  for long vectors about a third of the tree's rounds for similar bytes (the tree's bytes are
-  mostly its one-hot blocks, folded at every one of its log2(k) levels). Used by generation's
-  argmax over the vocabulary.
+  the fewest rounds with no more bytes than the tree (2 parties), about a third of the tree's
+  rounds for long vectors (the tree's bytes are mostly its one-hot blocks, folded at every
+  one of its log2(k) levels). Used by generation's argmax over the vocabulary.
 
 Inputs must satisfy |x| < 2^59 at their scale (the sentinel is -/+2^60).
 """
 
 from __future__ import annotations
 
+import functools
 from collections import namedtuple
 
 import torch
@@ -94,30 +95,76 @@ def _level_rounds(g: int) -> int:
     return 7 + (g - 2).bit_length()
 
 
-def grouped_plan(k: int) -> tuple[int, ...]:
-    """The group sizes of argmax_grouped's levels for k candidates (public: depends on k only).
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _msb_words(n: int) -> int:
+    """Words one of 2 parties sends for the MSB of n values (convert.msb_words)."""
+    w = [_ceil(n, 2)]
+    for _ in range(5):
+        w.append(_ceil(w[-1], 2))
+    return n + 4 * sum(w[1:5]) + 2 * w[5]
+
+
+def _level_words(n: int, g: int, b: int) -> int:
+    """Words one of 2 parties sends for a grouped level over n candidates with one-hot blocks
+    of b: the pairs' MSB, the AND tree of each candidate's g-1 wins, the fold round."""
+    cands = _ceil(n, g) * g
+    words = _msb_words(cands * (g - 1) // 2)
+    x = g - 1
+    while x > 1:
+        words += 2 * _ceil(cands * (x // 2), 64)
+        x = x // 2 + x % 2
+    return words + _ceil(cands, 64) + cands * (1 + b)
+
+
+def _tree_words(k: int) -> int:
+    n, b, words = _next_pow2(k), 1, 0
+    while n > 1:
+        n //= 2
+        words += _msb_words(n) + _ceil(n, 64) + n * (1 + 2 * b)
+        b *= 2
+    return words
+
+
+@functools.lru_cache(maxsize=256)
+def grouped_plan(k: int) -> tuple[int, ...] | None:
+    """The group sizes of argmax_grouped's levels for k candidates (public: depends on k only),
+    or None where no grouped tournament sends fewer bytes than the tree (k <= 2).
 
     Level sizes g are 2^j + 1 (the g-1 wins of a candidate AND in j rounds) or all the
-    candidates left; the plan minimises rounds + comparisons / k (one round is worth k more
-    comparisons, about 23 bytes each between 2 parties), by dynamic programming over the
-    number of candidates left."""
-    memo: dict[int, tuple[float, tuple[int, ...]]] = {1: (0.0, ())}
+    candidates left. The plan has the fewest rounds among those that send no more bytes than
+    the tree (counted for 2 parties): dynamic programming over (candidates left, block size)
+    minimising rounds + mu * words, for a sweep of mu, keeping the best plan under the bound."""
+    budget = _tree_words(k)
+    found = None
+    for mu in [0.0] + [2.0 ** -e for e in range(30)]:
+        memo: dict[tuple[int, int], tuple[float, tuple[int, ...]]] = {}
 
-    def best(n: int):
-        if n in memo:
-            return memo[n]
-        options = {n} | {2 ** j + 1 for j in range(10) if 2 ** j + 1 < n}
-        out = None
-        for g in sorted(options):
-            m = -(-n // g)
-            cost, rest = best(m)
-            cost += _level_rounds(g) + m * g * (g - 1) / (2 * k)
-            if out is None or cost < out[0] - 1e-9:
-                out = (cost, (g,) + rest)
-        memo[n] = out
-        return out
+        def best(n: int, b: int):
+            if n == 1:
+                return 0.0, ()
+            if (n, b) not in memo:
+                options = {2 ** j + 1 for j in range(11) if 2 ** j + 1 < n} | ({n} if n <= 4096 else set())
+                out = None
+                for g in sorted(options):
+                    cost, rest = best(_ceil(n, g), b * g)
+                    cost += _level_rounds(g) + mu * _level_words(n, g, b)
+                    if out is None or cost < out[0]:
+                        out = (cost, (g,) + rest)
+                memo[(n, b)] = out
+            return memo[(n, b)]
 
-    return best(k)[1]
+        plan = best(k, 1)[1]
+        n, b, words = k, 1, 0
+        for g in plan:
+            words += _level_words(n, g, b)
+            n, b = _ceil(n, g), b * g
+        rounds = sum(_level_rounds(g) for g in plan)
+        if words <= budget and (found is None or (rounds, words) < found[:2]):
+            found = (rounds, words, plan)
+    return found[2] if found is not None else None
 
 
 def argmax_grouped(v: torch.Tensor, largest: bool = True, want_onehot: bool = True):
@@ -127,12 +174,17 @@ def argmax_grouped(v: torch.Tensor, largest: bool = True, want_onehot: bool = Tr
     one-hot (ceil(log2(g-1)) AND rounds) and folds value and one-hot block by that one-hot in
     one bit * value round. Ties: within a group the first largest wins, and an earlier group's
     winner beats a later one's on a tie, so the first largest index wins overall.
-    Rounds (2 parties): sum of 7 + ceil(log2(g-1)) over the levels, e.g. 21 for k = 100
-    (groups 5, 20) and 37 for k = 50257 (groups 9, 17, 329) against 49 and 112 for the tree."""
+    Rounds (2 parties): sum of 7 + ceil(log2(g-1)) over the levels, e.g. 27 for k = 100
+    (groups 3, 5, 7) and 37 for k = 50257 (groups 9, 17, 329) against 49 and 112 for the
+    tree, with fewer bytes (8,544 against 11,616 for k = 100; the tree folds its one-hot
+    blocks at each of its log2(k) levels). Where no plan beats the tree's bytes (k = 2), the tree."""
     rows, k = v.shape
+    plan = grouped_plan(k)
+    if plan is None:
+        return argmax_tree(v, largest, want_onehot)
     oh = public_share(torch.ones(rows, k, 1, dtype=torch.int64)) if want_onehot else None
     fill = -SENTINEL if largest else SENTINEL
-    for g in grouped_plan(k):
+    for g in plan:
         n = v.shape[1]
         m = -(-n // g)
         if m * g > n:
