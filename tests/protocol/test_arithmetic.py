@@ -179,6 +179,21 @@ def test_exact_communication_counts_3pc(pool3):
     assert r["reveal"]["rounds"] == 1 and r["reveal"]["bytes_sent"] == 2 * 8 * n
 
 
+def test_exact_communication_counts_rss(pool3_rss):
+    """The same program under rss, no pair prefetched (with prefetched pairs a fixed-point
+    product is one round: tests/protocol/test_rss_arithmetic.py)."""
+    n, m, k, p = 1000, 8, 16, 4
+    got = [{key: (v["rounds"], v["bytes_sent"]) for key, v in r.items()}
+           for r in pool3_rss.run(counts, n, m, k, p)]
+    # product + truncation with its pairs made online: 8 rounds (party 1 sends more)
+    assert [r["mul"] for r in got] == [(8, 58888), (8, 61592), (8, 61592)]
+    assert [r["matmul"] for r in got] == [(8, 1776), (8, 2328), (8, 1776)]
+    # reveal: each party sends one component (8 B per element) to one peer
+    assert all(r["reveal"] == (1, 8 * n) for r in got)
+    # sharing by party 0: its shape to both peers (3 words each), one component to party 1
+    assert [r["share"] for r in got] == [(0, 2 * 24 + 8 * n), (0, 0), (0, 0)]
+
+
 def bad_inputs():
     rank = comm.get().rank
     out = {}

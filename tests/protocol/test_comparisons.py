@@ -331,6 +331,20 @@ def test_exact_counts(pool2, pool3, parties):
     assert r["max"][0] == 6 * rounds   # 64 candidates: 6 levels of (MSB + fold)
 
 
+def test_exact_counts_rss(pool3_rss):
+    """The same comparisons under rss (rss_binary: MSB with the B2A folded in, 7 rounds)."""
+    n = 1000
+    got = pool3_rss.run(counts, n)
+    per_rank = {"lt": (21632, 22864, 22864), "eq": (35072, 37568, 37568),
+                "relu": (29632, 30864, 30864), "max": (2208, 2512, 2208)}
+    for name, sent in per_rank.items():
+        rounds = 54 if name == "max" else 7   # max: 6 levels of 9 rounds (MSB, fold)
+        assert [r[name] for r in got] == [(rounds, b) for b in sent], name
+    for r in got:
+        assert r["ltz"] == r["ge"] == r["lt"] and r["abs"] == r["relu"]
+        assert r["lt"][1] <= 24 * n and r["relu"][1] <= 32 * n   # issue 14's per-element bounds
+
+
 def test_million_values_exact_2pc(pool2):
     r = pool2.run(million_exact)[0]
     assert r["lt_mismatch"] == 0 and r["ltz_mismatch"] == 0 and r["relu_mismatch"] == 0
