@@ -24,8 +24,8 @@ How a generation runs (every party runs the same program):
      empty slots, so every step runs the same graph and costs exactly the same.
    Both graphs are the model's own forward (HuggingFace's code with `DynamicCache`, traced by
    torch.export), the code path its pretrained weights use.
-3. After each forward, the next token is chosen privately: `argmax(logits, one_hot=True)`
-   (a tournament of private comparisons) gives its one-hot, secret-shared, which is the next
+3. After each forward, the next token is chosen privately: `argmax(logits, one_hot=True,
+   method="grouped")` (a tournament of all-pairs groups of private comparisons) gives its one-hot, secret-shared, which is the next
    step's token input as it is (a one-hot x embedding-table product, like a shared prompt).
    Nothing is revealed during the loop.
 4. At the end, the generated ids (the one-hots' indices, computed locally) are opened to the
@@ -199,8 +199,10 @@ class PrivateGenerator:
     # -------------------------------------------------------------- decoding
     @staticmethod
     def _next(logits: CrypTensor) -> CrypTensor:
-        """The secret one-hot of the greedy token (torch's tie rule: the first largest logit)."""
-        return logits.argmax(-1, one_hot=True)
+        """The secret one-hot of the greedy token (torch's tie rule: the first largest logit), by
+        the grouped tournament (functions.reductions.argmax_grouped: 37 rounds over GPT-2's
+        50257 logits between 2 parties, against 112 for the tree)."""
+        return logits.argmax(-1, one_hot=True, method="grouped")
 
     @staticmethod
     def _tokens(one_hot: CrypTensor):

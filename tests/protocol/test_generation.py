@@ -79,7 +79,7 @@ def party_generate(name: str, prompt: torch.Tensor) -> dict:
     seq = nn.share_tokens(tokens[:, :full] if rank == DATA else None, private_vocab(gen), src=DATA)
     before = c.get_communication_stats()
     logits = private(input_ids=seq, attention_mask=dummy["attention_mask"])["logits"]
-    logits[:, -1].argmax(-1, one_hot=True)
+    logits[:, -1].argmax(-1, one_hot=True, method="grouped")  # generation's argmax
     after = c.get_communication_stats()
     rerun = {"rounds": int(after["rounds"] - before["rounds"]),
              "bytes_sent": int(after["bytes_sent"] - before["bytes_sent"])}
@@ -119,7 +119,7 @@ def test_private_greedy_decoding(pool2, name):
     assert step["bytes_sent"] < rerun["bytes_sent"] and step["rounds"] <= rerun["rounds"], (step, rerun)
 
 
-STEP_COSTS = {"gpt2": (191, 77_720), "llama": (224, 71_696)}
+STEP_COSTS = {"gpt2": (169, 74_648), "llama": (202, 68_624)}
 
 
 def party_unsupported() -> str:
