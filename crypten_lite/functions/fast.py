@@ -324,12 +324,19 @@ def exp_nonpos(z: torch.Tensor, prec: int) -> torch.Tensor:
     return truncate(prod, q)
 
 
-def row_max(flat: torch.Tensor) -> torch.Tensor:
+ALL_PAIRS_MAX = 1 << 16  # row_max(all_pairs=True): at most this many comparisons at once
+
+
+def row_max(flat: torch.Tensor, all_pairs: bool = False) -> torch.Tensor:
     """Shares of the max of each row of `flat` (R, k): all-pairs over groups of 8 while more
     than 16 remain, then all-pairs over the rest (a short row is padded with copies of its
-    first entry, which leave the max alone)."""
+    first entry, which leave the max alone). all_pairs (softmax_last of one query row per
+    head: a decode step against its cache, 12 rows of 33 in GPT-2 small) takes all R k(k-1)/2
+    pairs at once when they are at most ALL_PAIRS_MAX: one level instead of two or more."""
     v = flat
     rows = v.shape[0]
+    if all_pairs and rows * v.shape[1] * (v.shape[1] - 1) // 2 <= ALL_PAIRS_MAX:
+        return pairwise_max(v)
     while v.shape[1] > 16:
         pad = (-v.shape[1]) % 8
         if pad:
@@ -451,7 +458,7 @@ def layer_norm_share(c: torch.Tensor, prec: int, eps: float, gamma: torch.Tensor
 RECIP_DEGREE = 4              # 1/m on m in [1, 2): relative error 3.0e-4 (fit)
 
 
-def softmax_rows_share(flat: torch.Tensor, prec: int) -> torch.Tensor:
+def softmax_rows_share(flat: torch.Tensor, prec: int, all_pairs: bool = False) -> torch.Tensor:
     """Shares of softmax over each row of `flat` (R, k), between 2 additive parties: the row
     max and exp(x - max) as in nonlinear.softmax, then ONE reciprocal per row in 9 rounds
     with the final product: [sum >= 2^j] for 2^j <= k (one 32-bit MSB circuit), the B2A
@@ -459,7 +466,7 @@ def softmax_rows_share(flat: torch.Tensor, prec: int) -> torch.Tensor:
     t^2 of t = 2m - 3 beside e * 2^-n (a broadcasting triple), t^3 and t^4, and
     (e 2^-n) * p(t) with p ~ 1/m of degree 4: max - 19 (128 columns), exp 10, 1/sum 9."""
     rows, k = flat.shape
-    mx = row_max(flat)
+    mx = row_max(flat, all_pairs)
     e = exp_nonpos(flat - mx.unsqueeze(-1), prec)
     total = e.sum(-1, keepdim=True)                       # in [1, k]: the max's own term is 1
     js = list(range(1, max(1, math.ceil(math.log2(k))) + 1)) if k > 1 else []
@@ -502,5 +509,6 @@ def softmax_last(x):
         return softmax(x, -1)
     x_f = float_view(x)
     flat = x_f.share.reshape(-1, x_f.shape[-1])
-    out = softmax_rows_share(flat, x_f.precision).view(x_f.shape)
+    one_query = x_f.dim() >= 2 and x_f.shape[-2] == 1   # a decode step's query row per head
+    out = softmax_rows_share(flat, x_f.precision, all_pairs=one_query).view(x_f.shape)
     return _record(new_like(x_f, out), "softmax", (x,), dim=x_f.dim() - 1)
