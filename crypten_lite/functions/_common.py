@@ -135,3 +135,19 @@ def unify_names(a, b):
 
 def bool_tensor(share: torch.Tensor, names=None) -> CrypTensor:
     return CrypTensor(share, 0, torch.bool, names)
+
+
+def all_pairs_winners(beats: torch.Tensor, g: int) -> torch.Tensor:
+    """Binary shares (rows, g) of which of g candidates beats all others, from the shared bits
+    `beats` (rows, g(g-1)/2) of the pairs torch.triu_indices(g, g, 1) in order, where a pair
+    (i, j)'s bit is [j strictly beats i]. Candidate a wins against b < a iff pair (b, a)'s
+    bit is set and against b > a iff pair (a, b)'s is not (so ties go to the first index);
+    the AND of its g - 1 wins costs ceil(log2(g - 1)) rounds."""
+    i, j = torch.triu_indices(g, g, 1)
+    pair = torch.full((g, g), -1, dtype=torch.long)
+    pair[i, j] = torch.arange(i.numel())
+    pair[j, i] = torch.arange(i.numel())
+    others = torch.stack([torch.cat([torch.arange(a), torch.arange(a + 1, g)]) for a in range(g)])
+    cand = torch.arange(g).unsqueeze(1).expand(g, g - 1)
+    wins = protocol.xor_public(beats[:, pair[cand, others]], (others > cand).long())
+    return protocol.and_reduce_bits(wins)

@@ -41,7 +41,7 @@ from ..mpc import beaver, circuits, protocol
 from ..mpc.binary import provider_get
 from ..mpc.primitives import open_many
 from ..session import current
-from ._common import mul_shares, mul_trunc, public_share, truncate
+from ._common import all_pairs_winners, mul_shares, mul_trunc, public_share, truncate
 
 LOG2E = 1.0 / math.log(2.0)
 
@@ -357,14 +357,7 @@ def pairwise_max(v: torch.Tensor) -> torch.Tensor:
     npairs = i.numel()
     beats = circuits.unpack_bits(neg_words((v[:, i] - v[:, j]).reshape(-1)),
                                  rows * npairs).view(rows, npairs)   # [x_i < x_j]: j beats i
-    pair = torch.full((k, k), -1, dtype=torch.long)
-    pair[i, j] = torch.arange(npairs)
-    pair[j, i] = torch.arange(npairs)
-    others = torch.stack([torch.cat([torch.arange(a), torch.arange(a + 1, k)]) for a in range(k)])
-    cand = torch.arange(k).unsqueeze(1).expand(k, k - 1)
-    # a wins against b < a iff pair (b, a) says a beats b; against b > a iff pair (a, b) does not
-    wins = protocol.xor_public(beats[:, pair[cand, others]], (others > cand).long())
-    onehot = protocol.and_reduce_bits(wins)               # (rows, k); ties: several ones
+    onehot = all_pairs_winners(beats, k)                  # (rows, k): the first largest
     _, (out,) = protocol.finish((), [(circuits.pack_bits(onehot.reshape(-1)), (rows, k), v)])
     return out.sum(1)
 

@@ -27,7 +27,7 @@ import torch
 from ..cryptensor import CrypTensor, _record, _reduce_names
 from ..errors import ProtocolError
 from ..mpc import circuits, protocol
-from ._common import bool_tensor, public_share
+from ._common import all_pairs_winners, bool_tensor, public_share
 from .comparisons import _needs_grad
 
 SENTINEL = 1 << 60
@@ -74,16 +74,7 @@ def argmax_pairwise(v: torch.Tensor, largest: bool = True, want_onehot: bool = T
     z = v[:, i] - v[:, j] if largest else v[:, j] - v[:, i]   # msb: j beats i
     npairs = i.numel()
     beats = circuits.unpack_bits(protocol.msb_words(z), rows * npairs).view(rows, npairs)
-    pair_id = torch.full((k, k), -1, dtype=torch.long)
-    pair_id[i, j] = torch.arange(npairs)
-    pair_id[j, i] = torch.arange(npairs)
-    others = torch.stack([torch.cat([torch.arange(a), torch.arange(a + 1, k)]) for a in range(k)])
-    cand = torch.arange(k).unsqueeze(1).expand(k, k - 1)
-    # Candidate a wins against b < a iff [b's pair says a beats b]; against b > a iff not.
-    flip = (others > cand).long()
-    wins = beats[:, pair_id[cand, others]]
-    wins = protocol.xor_public(wins, flip)
-    onehot_bits = protocol.and_reduce_bits(wins)              # (rows, k) xor shares
+    onehot_bits = all_pairs_winners(beats, k)                 # (rows, k) xor shares
     words = circuits.pack_bits(onehot_bits.reshape(-1))
     bs, ms = protocol.finish([(words, rows * k)] if want_onehot else [], [(words, (rows, k), v)])
     oh = bs[0].view(rows, k) if want_onehot else None
@@ -196,14 +187,7 @@ def argmax_grouped(v: torch.Tensor, largest: bool = True, want_onehot: bool = Tr
         z = vg[:, i] - vg[:, j] if largest else vg[:, j] - vg[:, i]   # msb: j strictly beats i
         npairs = i.numel()
         beats = circuits.unpack_bits(protocol.msb_words(z), rows * m * npairs).view(rows * m, npairs)
-        pair_id = torch.full((g, g), -1, dtype=torch.long)
-        pair_id[i, j] = torch.arange(npairs)
-        pair_id[j, i] = torch.arange(npairs)
-        others = torch.stack([torch.cat([torch.arange(a), torch.arange(a + 1, g)]) for a in range(g)])
-        cand = torch.arange(g).unsqueeze(1).expand(g, g - 1)
-        # a beats b < a iff [a strictly larger] (b's pair bit); a beats b > a iff not [b strictly larger]
-        wins = protocol.xor_public(beats[:, pair_id[cand, others]], (others > cand).long())
-        bits = protocol.and_reduce_bits(wins)                   # (rows * m, g): the group's one-hot
+        bits = all_pairs_winners(beats, g)                      # (rows * m, g): the group's one-hot
         parts = [vg.unsqueeze(-1)]
         if oh is not None:
             parts.append(oh.reshape(rows * m, g, -1))
