@@ -177,7 +177,7 @@ def argmax_grouped(v: torch.Tensor, largest: bool = True, want_onehot: bool = Tr
     fill = -SENTINEL if largest else SENTINEL
     for g in plan:
         n = v.shape[1]
-        m = -(-n // g)
+        m = _ceil(n, g)
         if m * g > n:
             v = torch.cat([v, public_share(torch.full((rows, m * g - n), fill, dtype=torch.int64))], 1)
             if oh is not None:

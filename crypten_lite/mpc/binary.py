@@ -74,11 +74,6 @@ def xor_public(x: torch.Tensor, c) -> torch.Tensor:
     return x ^ c if current().rank == 0 else x.clone()
 
 
-def not_(x: torch.Tensor) -> torch.Tensor:
-    """Bitwise NOT of a shared word (local)."""
-    return xor_public(x, ALL_ONES)
-
-
 def xor(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """Shares of x ^ y (local)."""
     return x ^ y
@@ -150,11 +145,6 @@ class PrefetchedAnd:
 def and_(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """Shares of x & y (one round)."""
     return and_many([(x, y)])[0]
-
-
-def or_(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Shares of x | y = x ^ y ^ (x & y) (one round)."""
-    return x ^ y ^ and_(x, y)
 
 
 @dataclass
