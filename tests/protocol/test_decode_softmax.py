@@ -7,19 +7,11 @@ from __future__ import annotations
 import torch
 
 import crypten_lite
-from crypten_lite import comm
 from crypten_lite.functions.fast import softmax_last
 
+from _costs import cost_pair  # tests/protocol/_costs.py
+
 SCALE = 2 ** 16
-
-
-def _cost(fn):
-    c = comm.get()
-    c.barrier()
-    c.reset_communication_stats()
-    out = fn()
-    st = c.get_communication_stats()
-    return out, (int(st["rounds"]), int(st["bytes_sent"]))
 
 
 def party_decode_softmax():
@@ -31,7 +23,7 @@ def party_decode_softmax():
     x = crypten_lite.cryptensor(s, src=1)
     out = {}
     for name, t, ref in (("one_query", x, q), ("rows", x.reshape(4, 40), q.reshape(4, 40))):
-        y, out[f"{name}_cost"] = _cost(lambda: softmax_last(t))
+        y, out[f"{name}_cost"] = cost_pair(lambda: softmax_last(t))
         out[f"{name}_err"] = (y.get_plain_text().double() - ref.softmax(-1)).abs().max().item()
     out["masked"] = float(softmax_last(x).get_plain_text()[0, 0, 0, :6].abs().max())
     return out

@@ -21,6 +21,8 @@ import torch
 
 from crypten_lite.mpc.launcher import PartyPool
 
+from _costs import cost  # tests/protocol/_costs.py
+
 N = 192
 WORD = 8
 EDGES = [0, -1, 1, (1 << 63) - 1, -(1 << 63), -2, 2, 1 << 62, -(1 << 62)]
@@ -57,35 +59,25 @@ def _arith_share(v: torch.Tensor):
     return rss.share(v if current().rank == 0 else None, 0, tuple(v.shape))
 
 
-def _cost(fn):
-    """(result, rounds, bytes sent) of fn() on this party."""
-    from crypten_lite.session import current
-    comm = current().comm
-    comm.reset_communication_stats()
-    out = fn()
-    st = comm.get_communication_stats()
-    return out, st["rounds"], st["bytes_sent"]
-
-
 # ------------------------------------------------------------------ party functions
 def _and_and_msb():
     from crypten_lite.mpc import circuits, rss
     from crypten_lite.mpc import rss_binary as rb
     x, y = _values(1, N), _values(2, N)
-    (z,), r_and, b_and = _cost(lambda: rb.and_many([(_binary_share(x, 3), _binary_share(y, 4))]))
+    (z,), r_and, b_and = cost(lambda: rb.and_many([(_binary_share(x, 3), _binary_share(y, 4))]))
     ok_and = torch.equal(rss.open_xor(z), x & y)
     xs = _arith_share(x)
-    w, r_msb, b_msb = _cost(lambda: rb.msb_words(xs))
+    w, r_msb, b_msb = cost(lambda: rb.msb_words(xs))
     ok_msb = torch.equal(circuits.unpack_bits(rss.open_xor(w), N), (x < 0).long())
     # lt as the function layer gets it: msb and B2A fused
-    (bit, _), r_lt, b_lt = _cost(lambda: rb.msb_finish(xs, True))
+    (bit, _), r_lt, b_lt = cost(lambda: rb.msb_finish(xs, True))
     ok_lt = torch.equal(rss.open_(bit), (x < 0).long())
     # ReLU: relu(v) = v * [v > 0] = v * msb(-v); with and without the mask bit
     v = _values(5, N) >> 20
     vs = _arith_share(v)
-    (_, (p,)), r_relu, b_relu = _cost(lambda: rb.msb_finish(-vs, False, [((N,), vs)]))
+    (_, (p,)), r_relu, b_relu = cost(lambda: rb.msb_finish(-vs, False, [((N,), vs)]))
     ok_relu = torch.equal(rss.open_(p), v.clamp(min=0))
-    (mask, (p2,)), r_relu2, b_relu2 = _cost(lambda: rb.msb_finish(-vs, True, [((N,), vs)]))
+    (mask, (p2,)), r_relu2, b_relu2 = cost(lambda: rb.msb_finish(-vs, True, [((N,), vs)]))
     ok_relu2 = torch.equal(rss.open_(p2), v.clamp(min=0)) and torch.equal(rss.open_(mask), (v > 0).long())
     return {"and": (ok_and, r_and, b_and), "msb": (ok_msb, r_msb, b_msb), "lt": (ok_lt, r_lt, b_lt),
             "relu": (ok_relu, r_relu, b_relu), "relu_mask": (ok_relu2, r_relu2, b_relu2)}
@@ -99,13 +91,13 @@ def _conversions():
     words = _binary_share(circuits.pack_bits(bits), 8)
     ys = _arith_share(y)
     other = _binary_share(circuits.pack_bits(bits), 17)   # another sharing of the same bits
-    (bs, ms), r_fin, b_fin = _cost(lambda: rb.finish([(words, N)], [(other, (N, 1), ys.view(N, 1))]))
+    (bs, ms), r_fin, b_fin = cost(lambda: rb.finish([(words, N)], [(other, (N, 1), ys.view(N, 1))]))
     ok_b2a = torch.equal(rss.open_(bs[0]), bits)
     ok_mul = torch.equal(rss.open_(ms[0]).view(N), bits * y)
     # the same words as a B2A and a product (relu with its mask): one random bit, one opening
-    (bs2, ms2), r_same, b_same = _cost(lambda: rb.finish([(words, N)], [(words, (N,), ys)]))
+    (bs2, ms2), r_same, b_same = cost(lambda: rb.finish([(words, N)], [(words, (N,), ys)]))
     ok_same = torch.equal(rss.open_(bs2[0]), bits) and torch.equal(rss.open_(ms2[0]), bits * y)
-    b, r_b2a, b_b2a = _cost(lambda: rb.b2a(words, N))
+    b, r_b2a, b_b2a = cost(lambda: rb.b2a(words, N))
     ok_b2a2 = torch.equal(rss.open_(b), bits)
     # a value broadcast over a trailing dim: 2 bits times (2, 3) values
     v = y[:6].view(2, 3)
@@ -114,26 +106,26 @@ def _conversions():
     prod = rb.bit_mul(w2, (2, 1), vs)
     ok_bcast = torch.equal(rss.open_(prod), bits[:2].view(2, 1) * v)
     xs = _arith_share(x)
-    a, r_a2b, b_a2b = _cost(lambda: rb.a2b(xs))
+    a, r_a2b, b_a2b = cost(lambda: rb.a2b(xs))
     ok_a2b = torch.equal(rss.open_xor(a), x)
     # AND of 0/1 bits and its tree over the last axis (5 -> 3 -> 2 -> 1: 3 rounds, 1 word each)
     u = (_values(14, 20) & 1).view(4, 5)
     u[0] = 1
     us = _binary_share(u, 15)
     both = rb.and_bits(us, _binary_share(u.flip(1), 16))
-    red, r_red, b_red = _cost(lambda: rb.and_reduce_bits(us))
+    red, r_red, b_red = cost(lambda: rb.and_reduce_bits(us))
     ok_red = torch.equal(rss.open_xor(both), u & u.flip(1)) and torch.equal(rss.open_xor(red), u.prod(1))
     # equality (fused: both MSBs, one bit injection) and the short MSB, |z| < 2^63
     z = _values(12, N) % 5 - 2
     z[:4] = torch.tensor([0, (1 << 63) - 1, -(1 << 63) + 1, 1 << 40])
     zs = _arith_share(z)
-    e, r_eq, b_eq = _cost(lambda: rb.eqz_finish(zs))
+    e, r_eq, b_eq = cost(lambda: rb.eqz_finish(zs))
     ok_eq = torch.equal(rss.open_(e), (z == 0).long())
     small = _values(13, N) >> 49                     # 15-bit signed values
     ss = _arith_share(small)
     lows = {}
     for m in (1, 2, 16, 64):
-        w, r_low, b_low = _cost(lambda: rb.msb_low(ss, m))
+        w, r_low, b_low = cost(lambda: rb.msb_low(ss, m))
         ok = torch.equal(circuits.unpack_bits(rss.open_xor(w), N), (small >> (m - 1)) & 1)
         lows[f"msb_low{m}"] = (ok, r_low, b_low)
     return {"finish": (ok_b2a and ok_mul, r_fin, b_fin), "b2a": (ok_b2a2, r_b2a, b_b2a),
@@ -151,11 +143,11 @@ def _rounding_and_pairs():
     xs = _arith_share(x)
     out = {}
     for bits in (1, 16, 32):
-        y, rounds, sent = _cost(lambda: rb.round_exact(xs, bits))
+        y, rounds, sent = cost(lambda: rb.round_exact(xs, bits))
         want = torch.div(x + (1 << (bits - 1)), 1 << bits, rounding_mode="floor")
         out[f"round{bits}"] = (torch.equal(rss.open_(y), want), rounds, sent)
     for bits in (1, 16, 40):
-        (r, rt, m), rounds, sent = _cost(lambda: rb.trunc_pairs(N, bits))
+        (r, rt, m), rounds, sent = cost(lambda: rb.trunc_pairs(N, bits))
         rv, rtv, mv = rss.open_(r), rss.open_(rt), rss.open_(m)
         ok = torch.equal(rtv, logical_shift(rv, bits)) and torch.equal(mv, logical_shift(rv, 63))
         # r is not constant across elements and its top bit varies (a weak sanity check:
@@ -353,9 +345,9 @@ def _stocked_finish():
     job = lambda: rb.finish([(words, N)], [(other, (N, 1), ys.view(N, 1)), (words, (N,), ys)])  # noqa: E731
     with offline.record() as plan:
         job()
-    _, r_off, b_off = _cost(lambda: offline.prefetch(plan))
+    _, r_off, b_off = cost(lambda: offline.prefetch(plan))
     before = rss.stocked(rss.DABITS)
-    (bs, ms), r_fin, b_fin = _cost(job)
+    (bs, ms), r_fin, b_fin = cost(job)
     ok = (torch.equal(rss.open_(bs[0]), bits) and torch.equal(rss.open_(ms[0]).view(N), bits * y)
           and torch.equal(rss.open_(ms[1]), bits * y))
     # the bits themselves: binary and arithmetic sharings of the same uniform bits

@@ -14,20 +14,13 @@ import torch.nn.functional as F
 import crypten_lite
 from crypten_lite import comm
 
+from _costs import cost_pair  # tests/protocol/_costs.py
+
 SCALE = 2 ** 16
 
 
 def _q(t: torch.Tensor) -> torch.Tensor:
     return torch.round(t.double() * SCALE) / SCALE
-
-
-def _cost(fn):
-    c = comm.get()
-    c.barrier()
-    c.reset_communication_stats()
-    out = fn()
-    st = c.get_communication_stats()
-    return out, (st["rounds"], st["bytes_sent"])
 
 
 # ------------------------------------------------------------------ party functions
@@ -38,22 +31,22 @@ def party_fast_functions():
     x = crypten_lite.cryptensor(a, src=0)
     q = _q(a)
     out = {}
-    y, out["gelu_cost"] = _cost(lambda: x.gelu())
+    y, out["gelu_cost"] = cost_pair(lambda: x.gelu())
     out["gelu_err"] = (y.get_plain_text().double() - F.gelu(q)).abs().max().item()
-    y, out["gelu_tanh_cost"] = _cost(lambda: x.gelu("tanh"))
+    y, out["gelu_tanh_cost"] = cost_pair(lambda: x.gelu("tanh"))
     out["gelu_tanh_err"] = (y.get_plain_text().double() - F.gelu(q, approximate="tanh")).abs().max().item()
-    y, out["silu_cost"] = _cost(lambda: x.silu())
+    y, out["silu_cost"] = cost_pair(lambda: x.silu())
     out["silu_err"] = (y.get_plain_text().double() - F.silu(q)).abs().max().item()
     s = torch.randn(6, 40, generator=g) * 4           # 40 columns: grouped all-pairs max
     s[0, 5] = -1e4                                    # a masked score: weight 0
     xs = crypten_lite.cryptensor(s, src=1)
-    y, out["softmax_cost"] = _cost(lambda: xs.softmax(-1))
+    y, out["softmax_cost"] = cost_pair(lambda: xs.softmax(-1))
     out["softmax_err"] = (y.get_plain_text().double() - _q(s).softmax(-1)).abs().max().item()
     out["masked_weight"] = y.get_plain_text()[0, 5].item()
     h = torch.randn(3, 16, generator=g) * 2 + 1
     w = torch.rand(16, generator=g) + 0.5
     xh = crypten_lite.cryptensor(h, src=0)
-    y, out["rms_norm_cost"] = _cost(lambda: F.rms_norm(xh, (16,), w, 1e-6))
+    y, out["rms_norm_cost"] = cost_pair(lambda: F.rms_norm(xh, (16,), w, 1e-6))
     out["rms_norm_err"] = (y.get_plain_text().double()
                            - F.rms_norm(_q(h), (16,), w.double(), 1e-6)).abs().max().item()
     return out
@@ -75,7 +68,7 @@ def party_fixed_weights():
     for _ in range(3):
         t = torch.randn(4, 16, generator=g)
         x = crypten_lite.cryptensor(t if c.rank == 1 else None, src=1)
-        y, cost = _cost(lambda: model(x))
+        y, cost = cost_pair(lambda: model(x))
         out["costs"].append(cost)
         out["errs"].append((y.get_plain_text() - lin(t)).abs().max().item())
     # A changed weight (in place, as an optimizer or load_state_dict would) gets a new mask.
@@ -85,13 +78,13 @@ def party_fixed_weights():
     lin.weight.data += 1.0
     t = torch.randn(4, 16, generator=g)
     x = crypten_lite.cryptensor(t if c.rank == 1 else None, src=1)
-    y, out["after_update"] = _cost(lambda: model(x))
+    y, out["after_update"] = cost_pair(lambda: model(x))
     out["errs"].append((y.get_plain_text() - lin(t)).abs().max().item())
     img = torch.randn(1, 2, 5, 5, generator=g)
     xi = crypten_lite.cryptensor(img, src=1)
     out["conv_costs"] = []
     for _ in range(2):
-        y, cost = _cost(lambda: cmodel(xi))
+        y, cost = cost_pair(lambda: cmodel(xi))
         out["conv_costs"].append(cost)
         out["errs"].append((y.get_plain_text() - conv(img)).abs().max().item())
     return out

@@ -8,6 +8,11 @@ argv: FAILING MODE [MARKER]
   wait     nobody fails: every party waits for a message that never comes (for SIGINT)
 Each party prints the CommunicationError it gets, then re-raises it. MARKER is ignored (it
 lets a test find this run's processes by their command line).
+
+The failing party fails only once every other party has told it, from inside the try block
+below, that it is there: without that, a party still finishing the reveal before it may get
+the failure there (a third party's report of it can overtake the failing party's last data,
+which travels on another stream), and never print the line the tests look for.
 """
 import sys
 
@@ -38,6 +43,9 @@ x = crypten_lite.cryptensor(torch.ones(10), src=0)
 (x * x).get_plain_text()
 print("inside the protocol", flush=True)
 if rank == failing:
+    for peer in range(world):
+        if peer != rank:
+            comm.recv(peer)  # "I am inside the try block"
     if mode == "exit":
         sys.exit(0)
     if mode == "noisy":
@@ -46,6 +54,8 @@ if rank == failing:
             print(f"stderr line {i}", file=sys.stderr)
     level_a()
 try:
+    if mode != "wait":
+        comm.send(torch.zeros(1), failing)
     if mode in ("barrier", "noisy"):
         comm.barrier()
     elif mode == "wait":
