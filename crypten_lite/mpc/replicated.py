@@ -31,7 +31,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_unflatten
+from torch.utils._pytree import tree_flatten as _tree_flatten, tree_unflatten as _tree_unflatten
 
 aten = torch.ops.aten
 
@@ -209,6 +209,43 @@ def _zero_like(x: Any) -> Any:
 def _refuse(func, why: str):
     raise TypeError(f"Replicated shares: {func} {why}; use crypten_lite.mpc.protocol (mul, "
                     "matmul, conv, and, truncate, open) for anything that is not linear")
+
+
+class _FlatArgs:
+    """The "spec" of arguments that need no pytree: no container among them holds a
+    replicated share, so the flat list is the positional arguments themselves (kwargs kept
+    aside). torch's pytree walk costs more than most component ops on small tensors, and
+    almost every op has this form."""
+
+    __slots__ = ("kwargs",)
+
+    def __init__(self, kwargs: dict):
+        self.kwargs = kwargs
+
+
+def _holds_rep(x: Any) -> bool:
+    if isinstance(x, (list, tuple)):
+        return any(_holds_rep(v) for v in x)
+    if isinstance(x, dict):
+        return any(_holds_rep(v) for v in x.values())
+    return isinstance(x, Replicated)
+
+
+def tree_flatten(tree):
+    """(flat leaves, spec) of (args, kwargs): torch's pytree, or the positional arguments
+    as they are where no container holds a share (see _FlatArgs)."""
+    args, kwargs = tree
+    if not any(isinstance(a, (list, tuple, dict)) and _holds_rep(a) for a in args) \
+            and not any(_holds_rep(v) for v in kwargs.values()):
+        return list(args), _FlatArgs(kwargs)
+    return _tree_flatten(tree)
+
+
+def tree_unflatten(items, spec):
+    """(args, kwargs) back from tree_flatten's leaves (changed or not)."""
+    if isinstance(spec, _FlatArgs):
+        return tuple(items), spec.kwargs
+    return _tree_unflatten(items, spec)
 
 
 def _dispatch(func, args: tuple, kwargs: dict):
