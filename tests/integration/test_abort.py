@@ -18,14 +18,23 @@ from crypten_lite.mpc import PartyFailure, PartyPool, run_multiprocess
 
 
 def raise_in_protocol(wait_on: dict[int, int]):
-    """Rank 1 raises after one private product; rank r waits for a message from wait_on[r]."""
+    """Rank 1 raises after one private product; rank r waits for a message from wait_on[r].
+
+    Rank 1 raises only once every other party has told it, from inside the try block, that it
+    is there: a party still finishing the reveal could otherwise see the failure there, first
+    from a third party's report (which can overtake rank 1's last data, on another stream),
+    and name it differently from what the test expects."""
     rank = crypten_lite.get_rank()
+    comm = crypten_lite.comm.get()
     x = crypten_lite.cryptensor(torch.ones(4), src=0)
     (x * x).get_plain_text()
     if rank == 1:
+        for peer in wait_on:
+            comm.recv(peer)  # "I am inside the try block"
         raise ValueError("secret value 12345")
     try:
-        crypten_lite.comm.get().recv(wait_on[rank])
+        comm.send(torch.zeros(1), 1)
+        comm.recv(wait_on[rank])
     except CommunicationError as e:
         assert e.peer == wait_on[rank]
         raise
