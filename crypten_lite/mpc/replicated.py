@@ -31,7 +31,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import torch
-from torch.utils._pytree import tree_flatten as _tree_flatten, tree_unflatten as _tree_unflatten
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 aten = torch.ops.aten
 
@@ -228,29 +228,28 @@ def _holds_rep(x: Any) -> bool:
         return any(_holds_rep(v) for v in x)
     if isinstance(x, dict):
         return any(_holds_rep(v) for v in x.values())
-    return isinstance(x, Replicated)
+    return _is_rep(x)
 
 
-def tree_flatten(tree):
-    """(flat leaves, spec) of (args, kwargs): torch's pytree, or the positional arguments
-    as they are where no container holds a share (see _FlatArgs)."""
-    args, kwargs = tree
+def _flatten(args: tuple, kwargs: dict):
+    """(flat leaves, spec) of (args, kwargs): the positional arguments as they are where no
+    container holds a share (see _FlatArgs), else torch's pytree."""
     if not any(isinstance(a, (list, tuple, dict)) and _holds_rep(a) for a in args) \
             and not any(_holds_rep(v) for v in kwargs.values()):
         return list(args), _FlatArgs(kwargs)
-    return _tree_flatten(tree)
+    return tree_flatten((args, kwargs))
 
 
-def tree_unflatten(items, spec):
-    """(args, kwargs) back from tree_flatten's leaves (changed or not)."""
+def _unflatten(items, spec):
+    """(args, kwargs) back from _flatten's leaves (changed or not)."""
     if isinstance(spec, _FlatArgs):
         return tuple(items), spec.kwargs
-    return _tree_unflatten(items, spec)
+    return tree_unflatten(items, spec)
 
 
 def _dispatch(func, args: tuple, kwargs: dict):
     packet = _BASE.get(func.overloadpacket, func.overloadpacket)
-    flat, spec = tree_flatten((args, kwargs))
+    flat, spec = _flatten(args, kwargs)
     reps = [x for x in flat if _is_rep(x)]
     rank = next((r.rank for r in reps if r.rank is not None), None)
     mutable = func._schema.is_mutable
@@ -286,7 +285,7 @@ def _componentwise(func, flat, spec, rank, zero_public: str | None = None):
                 items.append(getattr(x, comp))
             else:
                 items.append(x)
-        args, kwargs = tree_unflatten(items, spec)
+        args, kwargs = _unflatten(items, spec)
         outs.append(func(*args, **kwargs))
     return _wrap(outs[0], outs[1], rank)
 
@@ -296,7 +295,7 @@ _CONSTANTS = _packets("full_like", "ones_like", "new_full", "new_ones", "fill")
 
 def _additive(func, packet, flat, spec, reps, rank):
     """An op additive in its secret operands: public operands on share index 0 only."""
-    args, kwargs = tree_unflatten(flat, spec)
+    args, kwargs = _unflatten(flat, spec)
     idx0 = _index0(reps[0].share_rank())
     if packet in _CONSTANTS and not _is_rep(args[0]):
         _refuse(func, "writes a replicated share into a public tensor")
@@ -366,7 +365,7 @@ def _zero_const(func, packet, args, kwargs):
 
 def _not(func, flat, spec, reps, rank):
     """Binary NOT: xor all-ones into share index 0 only."""
-    (x,), kwargs = tree_unflatten(flat, spec)
+    (x,), kwargs = _unflatten(flat, spec)
     idx0 = _index0(x.share_rank())
     a = func(x.a) if idx0 == "a" else x.a.clone()
     b = func(x.b) if idx0 == "b" else x.b.clone()
