@@ -48,7 +48,7 @@ def _eqz_words(z: torch.Tensor) -> torch.Tensor:
     if s.world_size == 2:
         # z_0 + z_1 = 0  <=>  z_0 == -z_1  <=>  every bit of ~(z_0 ^ -z_1) is 1.
         w = ~flat if s.rank == 0 else -flat
-        return circuits.and_tree(w, 64, and_many)
+        return protocol.and_tree_words(w, 64)
     n = flat.numel()
     words = protocol.msb_words(torch.cat([flat, -flat]))
     bits = circuits.unpack_bits(words, 2 * n)

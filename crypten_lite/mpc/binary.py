@@ -174,13 +174,52 @@ class _Plan:
     corr: object
 
 
-def _plan(job: PolyJob) -> _Plan:
-    monos = circuits.monomials([t for out in job.outputs for t in out])
-    dealt = [m for m in monos if len({job.owners[k] for k in m}) > 1 or job.owners[m[0]] == -1]
+def _monomials_of(owners: Sequence[int], outputs) -> tuple[list, list]:
+    monos = circuits.monomials([t for out in outputs for t in out])
+    dealt = [m for m in monos if len({owners[k] for k in m}) > 1 or owners[m[0]] == -1]
+    return monos, dealt
+
+
+def _request(numel: int, owners: Sequence[int], outputs):
+    """The dealer's masks and mask products for a job of `numel` words (kind binary_monomials)."""
+    _, dealt = _monomials_of(owners, outputs)
     subsets = [sum(1 << k for k in m) for m in dealt]
-    corr = provider_get("binary_monomials", job.inputs[0].numel(), lambda n: [(n,)], len(dealt),
-                        params=monomial_params(job.owners, subsets))
+    return provider_get("binary_monomials", numel, lambda n: [(n,)], len(dealt),
+                        params=monomial_params(list(owners), subsets))
+
+
+def _plan(job: PolyJob) -> _Plan:
+    monos, dealt = _monomials_of(job.owners, job.outputs)
+    corr = job._corr
+    if corr is None:
+        corr = _request(job.inputs[0].numel(), job.owners, job.outputs)
     return _Plan(job, monos, dealt, corr)
+
+
+class PolyRounds:
+    """The poly_fn of :mod:`crypten_lite.mpc.circuits` (radix-4 carry trees, AND trees): each
+    call evaluates its jobs, on inputs XOR-shared by every party, in ONE eval_polys round.
+
+    `plan`: the calls to come, each a list of (words, inputs, outputs) per job (e.g.
+    ``[[level] for level in circuits.carry_plan(...)]``): their correlations are all requested
+    up front, so that the dealer computes them while earlier rounds run.
+    """
+
+    def __init__(self, plan: Sequence[Sequence[tuple[int, int, list]]] = ()):
+        self._corrs = [[_request(words, [-1] * k, outputs) for words, k, outputs in call] for call in plan]
+
+    def __call__(self, jobs) -> list[list[torch.Tensor]]:
+        poly_jobs = [PolyJob(list(inputs), [-1] * len(inputs), [list(o) for o in outputs])
+                     for inputs, outputs in jobs]
+        if self._corrs:
+            for job, corr in zip(poly_jobs, self._corrs.pop(0), strict=True):
+                job._corr = corr  # sizes from circuits.carry_plan (tests/unit/test_circuits.py)
+        return eval_polys(poly_jobs)
+
+
+def xor_polys(jobs) -> list[list[torch.Tensor]]:
+    """poly_fn without prefetching (see PolyRounds)."""
+    return PolyRounds()(jobs)
 
 
 def _open_masked(plans: Sequence[_Plan]) -> list[list[torch.Tensor]]:

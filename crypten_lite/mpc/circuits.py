@@ -15,9 +15,20 @@ Carry of a two-operand sum (what the MSB, i.e. x < 0, needs), a la [KS73] / [CGH
   (G, P) = (G_hi ^ P_hi & G_lo, P_hi & P_lo), so the carry into bit 63 of s + c is the G of
   bits 0..62. Bit 63 is padded with g = 0, p = 1 (s_63 := 0, c_63 := 1), giving 64 bits
   whose G is that carry. Level 1 (2-bit groups) is evaluated from masked openings (see
-  ``expand_terms``); each further level halves the groups per element and packs the live
-  bits of several elements into one word ("lane packing") so that a level with half the
-  live bits sends half the bytes.
+  ``expand_terms``); each further level combines the groups of an element and packs the live
+  bits of several elements into one word ("lane packing") so that a level with fewer live
+  bits sends fewer bytes.
+
+Two ways to run the levels after level 1:
+
+* ``poly_fn`` (the additive protocol, with a dealer): radix 4. Four groups combine in ONE
+  round as a masked polynomial (``CARRY4_G`` / ``CARRY4_P``: products of up to four inputs,
+  the dealer's shares of the mask products, see ``expand_terms``), so w groups take
+  ceil(log4 w) rounds instead of log2 w: 32 -> 8 -> 2 -> 1 in 3 rounds, 16 -> 4 -> 1 in 2.
+  ``poly_fn(jobs) -> list``: for each job (inputs, outputs), XOR shares of every output, an
+  output being an XOR of ANDs of inputs (all XOR-shared); all jobs of a call in ONE round.
+* ``and_fn`` (the rss protocol, which has no dealer for mask products): radix 2, one AND
+  round per level.
 """
 
 from __future__ import annotations
@@ -28,6 +39,8 @@ from typing import Callable, Sequence
 import torch
 
 AndFn = Callable[[Sequence[tuple[torch.Tensor, torch.Tensor]]], list[torch.Tensor]]
+Terms = Sequence[Sequence[int]]
+PolyFn = Callable[[Sequence[tuple[Sequence[torch.Tensor], Sequence[Terms]]]], list[list[torch.Tensor]]]
 
 TOP = -(1 << 63)             # bit 63
 LOW63 = (1 << 63) - 1        # bits 0..62
@@ -93,6 +106,19 @@ def halves(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return pack_lanes(hi, 32), pack_lanes(lo, 32)
 
 
+def quarters(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Bits 4j, 4j+1, 4j+2, 4j+3 of packed groups of width >= 4 (q0, q1, q2, q3), each
+    re-packed into full words (a quarter as many)."""
+    hi, lo = halves(x)
+    q3, q1 = halves(hi)
+    q2, q0 = halves(lo)
+    return q0, q1, q2, q3
+
+
+def _halved_words(words: int) -> int:
+    return -(-words // 2)
+
+
 # ------------------------------------------------------------- masked polynomial terms
 # Level 1 of the carry circuit from masked openings: inputs 0..3 are the bit planes
 # s_lo, s_hi, c_lo, c_hi of 2-bit groups; a term is an AND of inputs, an output the XOR of
@@ -101,6 +127,21 @@ GROUP2_G = [(1, 3), (1, 0, 2), (3, 0, 2)]
 GROUP2_P = [(1, 0), (1, 2), (3, 0), (3, 2)]
 # Majority (carry of a full adder) of three inputs: ab ^ ac ^ bc.
 MAJ3 = [(0, 1), (0, 2), (1, 2)]
+
+# Radix-4 carry level. Inputs g0, g1, g2, p0, p1, p2, p3 of four groups (3 the most
+# significant); g3 enters the result linearly and is never opened:
+# G = g3 ^ p3 g2 ^ p3 p2 g1 ^ p3 p2 p1 g0 (the terms exclude each other, so XOR is OR),
+# P = p3 p2 p1 p0.
+CARRY4_G = [(6, 2), (6, 5, 1), (6, 5, 4, 0)]
+CARRY4_P = [(6, 5, 4, 3)]
+# The last level needs G only: inputs g0, g1, g2, p1, p2, p3.
+CARRY4_G_ONLY = [(5, 2), (5, 4, 1), (5, 4, 3, 0)]
+# Radix 2 (a level of width 2): inputs g0, p0, p1 (G = g1 ^ p1 g0, P = p1 p0), or g0, p1.
+CARRY2_G = [(2, 0)]
+CARRY2_P = [(2, 1)]
+CARRY2_G_ONLY = [(1, 0)]
+AND4 = [(0, 1, 2, 3)]
+AND2 = [(0, 1)]
 
 
 def monomials(terms: Sequence[Sequence[int]]) -> list[tuple[int, ...]]:
@@ -152,12 +193,72 @@ def pad_operands(s: torch.Tensor, c: torch.Tensor, lead: torch.Tensor) -> tuple[
 
 
 # ------------------------------------------------------------------------ carry tree
-def carry_tree(g: torch.Tensor, p: torch.Tensor, width: int, and_fn: AndFn) -> torch.Tensor:
+def _carry_level(g: torch.Tensor, p: torch.Tensor, width: int, want_p: bool):
+    """One radix-4 (or, at width 2, radix-2) level: (inputs, outputs, finish), where
+    finish(results) -> (G, P or None, new width)."""
+    if width >= 4:
+        g0, g1, g2, g3 = quarters(g)
+        p0, p1, p2, p3 = quarters(p)
+        if width == 4 and not want_p:
+            return [g0, g1, g2, p1, p2, p3], [CARRY4_G_ONLY], lambda r: (g3 ^ r[0], None, 1)
+        return [g0, g1, g2, p0, p1, p2, p3], [CARRY4_G, CARRY4_P], lambda r: (g3 ^ r[0], r[1], width // 4)
+    g1, g0 = halves(g)
+    p1, p0 = halves(p)
+    if want_p:
+        return [g0, p0, p1], [CARRY2_G, CARRY2_P], lambda r: (g1 ^ r[0], r[1], 1)
+    return [g0, p1], [CARRY2_G_ONLY], lambda r: (g1 ^ r[0], None, 1)
+
+
+def carry_trees(tasks: Sequence[tuple[torch.Tensor, torch.Tensor, int, bool]],
+                poly_fn: PolyFn) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+    """Several radix-4 carry trees in lockstep (one poly_fn round per level for all of them).
+
+    A task is (g, p, width, want_p): lane-packed group generate/propagate words of `width`
+    groups per element (a power of 2). Returns each task's (G, P) of all its groups, one bit
+    per element packed 64 per word in element order; P is None unless want_p.
+    """
+    state = [[g, p if want_p or width > 1 else None, width, want_p] for g, p, width, want_p in tasks]
+    while any(t[2] > 1 for t in state):
+        live, jobs = [], []
+        for t in state:
+            if t[2] > 1:
+                inputs, outputs, finish = _carry_level(*t[:4])
+                live.append((t, finish))
+                jobs.append((inputs, outputs))
+        for (t, finish), results in zip(live, poly_fn(jobs)):
+            t[0], t[1], t[2] = finish(results)
+    return [(t[0], t[1]) for t in state]
+
+
+def carry_plan(words: int, width: int, want_p: bool = False) -> list[tuple[int, int, list]]:
+    """(words, inputs, outputs) of each level of carry_trees on `words` lane-packed words of
+    `width` groups per element: what the levels will ask poly_fn for (to prefetch it)."""
+    plan = []
+    while width > 1:
+        if width >= 4:
+            words = _halved_words(_halved_words(words))
+            if width == 4 and not want_p:
+                plan.append((words, 6, [CARRY4_G_ONLY]))
+            else:
+                plan.append((words, 7, [CARRY4_G, CARRY4_P]))
+            width //= 4
+        else:
+            words = _halved_words(words)
+            plan.append((words, 3, [CARRY2_G, CARRY2_P]) if want_p else (words, 2, [CARRY2_G_ONLY]))
+            width = 1
+    return plan
+
+
+def carry_tree(g: torch.Tensor, p: torch.Tensor, width: int, and_fn: AndFn | None = None,
+               poly_fn: PolyFn | None = None) -> torch.Tensor:
     """Group-generate of `width` bits per element (lane-packed words) -> 1 bit per element.
 
-    One and_fn call (one round) per level; the last level skips P. Returns words with one
-    bit per element, 64 elements per word, in element order.
+    With poly_fn: radix 4 (carry_trees). With and_fn: one and_fn call (one round) per level
+    of two groups; the last level skips P. Returns words with one bit per element, 64
+    elements per word, in element order.
     """
+    if poly_fn is not None:
+        return carry_trees([(g, p, width, False)], poly_fn)[0][0]
     while width > 1:
         g_hi, g_lo = halves(g)
         p_hi, p_lo = halves(p)
@@ -180,8 +281,20 @@ def carry_tree_and_sizes(words: int, width: int) -> list[int]:
     return sizes
 
 
-def and_tree(x: torch.Tensor, width: int, and_fn: AndFn) -> torch.Tensor:
-    """AND of the `width` bits of each element (lane-packed) -> 1 bit per element."""
+def and_tree(x: torch.Tensor, width: int, and_fn: AndFn | None = None,
+             poly_fn: PolyFn | None = None) -> torch.Tensor:
+    """AND of the `width` bits of each element (lane-packed) -> 1 bit per element.
+
+    With poly_fn: four bits per round (64 -> 16 -> 4 -> 1: 3 rounds); with and_fn: two."""
+    if poly_fn is not None:
+        while width > 1:
+            if width >= 4:
+                ((x,),) = poly_fn([(list(quarters(x)), [AND4])])
+                width //= 4
+            else:
+                ((x,),) = poly_fn([(list(halves(x)), [AND2])])
+                width //= 2
+        return x
     while width > 1:
         hi, lo = halves(x)
         (x,) = and_fn([(hi, lo)])
@@ -189,9 +302,10 @@ def and_tree(x: torch.Tensor, width: int, and_fn: AndFn) -> torch.Tensor:
     return x
 
 
-def msb_from_group2(g: torch.Tensor, p: torch.Tensor, top: torch.Tensor, and_fn: AndFn) -> torch.Tensor:
+def msb_from_group2(g: torch.Tensor, p: torch.Tensor, top: torch.Tensor, and_fn: AndFn | None = None,
+                    poly_fn: PolyFn | None = None) -> torch.Tensor:
     """Level-1 outputs (32 groups per element) + top bits (packed) -> packed msb shares."""
-    return carry_tree(g, p, 32, and_fn) ^ top
+    return carry_tree(g, p, 32, and_fn, poly_fn) ^ top
 
 
 # ------------------------------------------------------------- full adders (A2B)

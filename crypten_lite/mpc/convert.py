@@ -6,8 +6,9 @@ MSB of x = sum_i x_i mod 2^64 (``msb_words``), rounds for 2 parties:
      its operand masked by dealer randomness (8 bytes per element, one word each way) and
      the parties get XOR shares of (G, P) of the 32 2-bit groups from the dealer's mask
      products (kind ``binary_monomials``, circuits.expand_terms).
-  2. (5 rounds) circuits.carry_tree: 32 -> 16 -> 8 -> 4 -> 2 -> 1 groups with lane packing;
-     8 + 4 + 2 + 1 + 0.25 bytes per element per party.
+  2. (3 rounds) circuits.carry_trees, radix 4: 32 -> 8 -> 2 -> 1 groups with lane packing,
+     each level one masked polynomial round (binary.PolyRounds; its correlations requested
+     up front); 7 + 1.75 + 0.25 bytes per element per party.
   3. msb = s_63 ^ c_63 ^ carry (local).
   With N > 2 parties a carry-save layer per 3 operands (one masked round each layer,
   the majority of the owners' words) first reduces the N shares to two xor-shared
@@ -32,7 +33,7 @@ import torch
 from ..provider.correlations import logical_shift
 from ..session import current
 from . import circuits
-from .binary import PolyJob, PrefetchedAnd, and_many, eval_polys, lead_of, provider_get
+from .binary import PolyJob, PolyRounds, and_many, eval_polys, lead_of, provider_get, xor_polys
 from .primitives import open_
 
 # ----------------------------------------------------------------------------- MSB
@@ -69,9 +70,9 @@ def msb_words(x: torch.Tensor) -> torch.Tensor:
         cv = (cv & circuits.LOW63) | (circuits.TOP if s.rank == co else 0)
     planes = circuits.group2_planes(sv, cv)
     job = PolyJob(planes, [so, so, co, co], [circuits.GROUP2_G, circuits.GROUP2_P])
-    and_fn = PrefetchedAnd(circuits.carry_tree_and_sizes(planes[0].numel(), 32))
+    poly_fn = PolyRounds([[level] for level in circuits.carry_plan(planes[0].numel(), 32)])
     (g, p), = eval_polys([job])
-    return circuits.msb_from_group2(g, p, top, and_fn)
+    return circuits.msb_from_group2(g, p, top, poly_fn=poly_fn)
 
 
 def and_bits(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -87,10 +88,42 @@ def not_bits(x: torch.Tensor) -> torch.Tensor:
     return x ^ 1 if current().rank == 0 else x
 
 
+def _and_groups(x: torch.Tensor) -> torch.Tensor:
+    """One round: AND of each run of (up to) four entries along the last axis of 0/1 XOR
+    shares, as masked polynomials (xor_polys) on the bits packed 64 per word."""
+    k = x.shape[-1]
+    lead = x.shape[:-1]
+    full, rest = divmod(k, 4)
+    jobs, plan = [], []
+    if full:
+        body = x[..., :4 * full].reshape(*lead, full, 4)
+        jobs.append(([circuits.pack_bits(body[..., j].reshape(-1)) for j in range(4)], [circuits.AND4]))
+        plan.append(full)
+    if rest > 1:
+        tail = x[..., 4 * full:]
+        inputs = [circuits.pack_bits(tail[..., j].reshape(-1)) for j in range(rest)]
+        jobs.append((inputs, [[tuple(range(rest))]]))
+        plan.append(1)
+    outs = xor_polys(jobs) if jobs else []
+    parts = []
+    for (words,), m in zip(outs, plan):
+        count = m
+        for d in lead:
+            count *= d
+        parts.append(circuits.unpack_bits(words, count).view(*lead, m))
+    if rest == 1:
+        parts.append(x[..., 4 * full:])
+    return torch.cat(parts, -1) if len(parts) > 1 else parts[0]
+
+
 def and_reduce_bits(x: torch.Tensor, and_fn=None) -> torch.Tensor:
-    """AND over the last axis of 0/1 XOR shares, by a tree (ceil(log2 k) rounds); `and_fn`:
-    the AND of two such tensors (default: this module's and_bits; rss_binary passes its own)."""
-    and_fn = and_fn or and_bits
+    """AND over the last axis of 0/1 XOR shares, by a tree. Without `and_fn`: four entries
+    per round (ceil(log4 k) rounds, masked polynomials); `and_fn`: the AND of two such
+    tensors (rss_binary passes its own), ceil(log2 k) rounds."""
+    if and_fn is None:
+        while x.shape[-1] > 1:
+            x = _and_groups(x)
+        return x[..., 0]
     while x.shape[-1] > 1:
         k = x.shape[-1]
         half = k // 2
@@ -179,7 +212,7 @@ def _next_pow2(k: int) -> int:
 def round_exact(x: torch.Tensor, bits: int) -> torch.Tensor:
     """Shares of floor((x + 2^(bits-1)) / 2^bits), exactly (|x| < 2^61, 1 <= bits <= 32).
 
-    1 round to open c = x + 2^62 + 2^(bits-1) + r, log2(bits) rounds of carry tree for the
+    1 round to open c = x + 2^62 + 2^(bits-1) + r, ceil(log4(bits)) rounds of carry tree for the
     borrow [c mod 2^bits < r mod 2^bits], 1 round of B2A.
     """
     s = current()
@@ -199,7 +232,7 @@ def round_exact(x: torch.Tensor, bits: int) -> torch.Tensor:
         p = p | (((1 << width) - 1) ^ keep)
     n = g.numel()
     borrow_words = circuits.carry_tree(circuits.pack_lanes(g, width), circuits.pack_lanes(p, width),
-                                       width, and_many)
+                                       width, poly_fn=xor_polys)
     borrow = b2a(borrow_words, n)
     wrap = (1 - logical_shift(c, 63)) * m
     out = -rt - borrow + (wrap << (64 - bits))

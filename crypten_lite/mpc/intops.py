@@ -78,7 +78,7 @@ from ..errors import ProtocolError
 from ..provider.correlations import logical_shift
 from ..session import current
 from . import circuits, convert
-from .binary import PolyJob, and_many, eval_polys, provider_get, xor_public
+from .binary import PolyJob, and_many, eval_polys, provider_get, xor_polys, xor_public
 from .primitives import open_
 
 BIAS_BITS = 62  # x' = x + 2**62 is in [0, 2**63) for |x| < 2**61
@@ -170,7 +170,7 @@ def msb_low(x: torch.Tensor, m: int) -> torch.Tensor:
         cv = cv | top_lanes
     planes = circuits.group2_planes(sv, cv)
     ((g, p),) = eval_polys([PolyJob(planes, [so, so, co, co], [circuits.GROUP2_G, circuits.GROUP2_P])])
-    return circuits.carry_tree(g, p, width // 2, and_many) ^ top
+    return circuits.carry_tree(g, p, width // 2, poly_fn=xor_polys) ^ top
 
 
 def _floor_div_local(xb: torch.Tensor, k: int, e: int, extra_b2a: Sequence[torch.Tensor]):
@@ -190,7 +190,7 @@ def _floor_div_local(xb: torch.Tensor, k: int, e: int, extra_b2a: Sequence[torch
         PolyJob(planes, [0, 0, 1, 1], [circuits.GROUP2_G, circuits.GROUP2_P]),
         PolyJob([a, b], [0, 1], [[(0, 1)]]),
     ])
-    carry = circuits.carry_tree(g, p, width // 2, and_many)
+    carry = circuits.carry_tree(g, p, width // 2, poly_fn=xor_polys)
     wrap = a ^ b ^ ab  # top_0 OR top_1
     got, _ = convert.finish([(carry, n), (wrap, n)] + [(w, n) for w in extra_b2a])
     return high + got[0] - (got[1] << (64 - k)), got[2:]
@@ -210,7 +210,8 @@ def _floor_div_dealer(xb: torch.Tensor, k: int, e: int, extra_b2a: Sequence[torc
     # borrow = [c_top < r_top] = carry out of r_top + ~c_top
     g = r_top & not_c
     p = r_top ^ not_c if s.rank == 0 else r_top.clone()
-    borrow = circuits.carry_tree(circuits.pack_lanes(g, width), circuits.pack_lanes(p, width), width, and_many)
+    borrow = circuits.carry_tree(circuits.pack_lanes(g, width), circuits.pack_lanes(p, width), width,
+                                poly_fn=xor_polys)
     got, _ = convert.finish([(borrow, n)] + [(w, n) for w in extra_b2a])
     wrap = (1 - logical_shift(c, 63)) * m
     out = -rt - got[0] + (wrap << (64 - k))
@@ -269,24 +270,9 @@ def round_shift(x: torch.Tensor, shift: int, bits: int, rounding: str = "half_up
 
 
 def _lockstep_trees(tasks: list[list]) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
-    """Several :func:`crypten_lite.mpc.circuits.carry_tree` s in lockstep: one AND round per
-    level for all of them. A task is ``[g, p, width, want_p]``; returns each (G, P or None)."""
-    while any(t[2] > 1 for t in tasks):
-        pairs, plan = [], []
-        for i, (g, p, width, want_p) in enumerate(tasks):
-            if width == 1:
-                continue
-            g_hi, g_lo = circuits.halves(g)
-            p_hi, p_lo = circuits.halves(p)
-            need_p = width > 2 or want_p
-            pairs += [(p_hi, g_lo)] + ([(p_hi, p_lo)] if need_p else [])
-            plan.append((i, g_hi, need_p))
-        outs = and_many(pairs)
-        j = 0
-        for i, g_hi, need_p in plan:
-            tasks[i] = [g_hi ^ outs[j], outs[j + 1] if need_p else None, tasks[i][2] // 2, tasks[i][3]]
-            j += 1 + need_p
-    return [(t[0], t[1]) for t in tasks]
+    """Several radix-4 carry trees in lockstep (circuits.carry_trees): one round per level
+    for all of them. A task is ``[g, p, width, want_p]``; returns each (G, P or None)."""
+    return circuits.carry_trees([tuple(t) for t in tasks], xor_polys)
 
 
 def and_with_b2a(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], b2as: Sequence[tuple[torch.Tensor, int]]):

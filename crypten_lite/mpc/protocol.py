@@ -21,7 +21,7 @@ import torch
 
 from ..errors import ProtocolError, UnsupportedError
 from ..session import current
-from . import beaver, binary, convert, primitives, rss, truncation
+from . import beaver, binary, circuits, convert, primitives, rss, truncation
 from .replicated import Replicated
 
 ALL_ONES = -1
@@ -251,8 +251,17 @@ def not_bits(x: torch.Tensor) -> torch.Tensor:
     return xor_public(x, 1)
 
 
+def and_tree_words(x: torch.Tensor, width: int) -> torch.Tensor:
+    """AND of the `width` lane-packed bits of each element -> packed bits (additive: four
+    bits per round, circuits.and_tree with binary.xor_polys; rss: two, with its AND)."""
+    if is_rss():
+        return circuits.and_tree(x, width, and_fn=_rss_binary("and_many"))
+    return circuits.and_tree(x, width, poly_fn=binary.xor_polys)
+
+
 def and_reduce_bits(x: torch.Tensor) -> torch.Tensor:
-    """AND over the last axis of 0/1 binary shares (ceil(log2 k) rounds)."""
+    """AND over the last axis of 0/1 binary shares (additive: ceil(log4 k) rounds; rss:
+    ceil(log2 k))."""
     if is_rss():
         return _rss_binary("and_reduce_bits")(x)
     return convert.and_reduce_bits(x)

@@ -295,17 +295,23 @@ def _ceil(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def _quarter(words: int) -> int:
+    return _ceil(_ceil(words, 2), 2)
+
+
 def msb_words_sent(n: int, parties: int) -> int:
-    """Words one party sends for the MSB of n elements (convert.msb_words)."""
-    w = [_ceil(n, 2)]
-    for _ in range(5):
-        w.append(_ceil(w[-1], 2))
-    tree = 4 * sum(w[1:5]) + 2 * w[5]
+    """Words one party sends for the MSB of n elements (convert.msb_words): level 1 gives 32
+    groups per element (n/2 words); radix-4 levels 32 -> 8 -> 2 (7 opened inputs each:
+    g0..g2, p0..p3) and 2 -> 1 (2 inputs: g0, p1)."""
+    w0 = _ceil(n, 2)
+    w1 = _quarter(w0)
+    w2 = _quarter(w1)
+    tree = 7 * w1 + 7 * w2 + 2 * _ceil(w2, 2)
     peers = parties - 1
     if parties == 2:
         return n + tree                    # level 1: the owner's 2 planes of n/2 words
     # carry-save (own operand, masked) + level 1 (4 shared planes) + tree, to every peer
-    return peers * (n + 4 * w[0] + tree)
+    return peers * (n + 4 * w0 + tree)
 
 
 @pytest.mark.parametrize("parties", [2, 3])
@@ -315,19 +321,20 @@ def test_exact_counts(pool2, pool3, parties):
     peers = parties - 1
     msb = msb_words_sent(n, parties)
     bits = peers * _ceil(n, 64)
-    rounds = 7 if parties == 2 else 8
+    rounds = 5 if parties == 2 else 6   # (carry-save,) level 1, 3 radix-4 levels, B2A
     assert r["lt"] == (rounds, 8 * (msb + bits))
     assert r["ltz"] == r["lt"] and r["ge"] == r["lt"]
     assert r["relu"] == (rounds, 8 * (msb + bits + peers * n))
     assert r["abs"] == r["relu"]
     if parties == 2:
-        # zero test: AND tree 64 -> 1 bits over words of z_0 vs -z_1 (6 rounds) + B2A
+        # zero test: AND tree 64 -> 16 -> 4 -> 1 bits over words of z_0 vs -z_1 (3 rounds of
+        # four opened inputs) + B2A
         w = [n]
-        for _ in range(6):
-            w.append(_ceil(w[-1], 2))
-        assert r["eq"] == (7, 8 * (2 * sum(w[1:]) + _ceil(n, 64)))
+        for _ in range(3):
+            w.append(_quarter(w[-1]))
+        assert r["eq"] == (4, 8 * (4 * sum(w[1:]) + _ceil(n, 64)))
     else:
-        assert r["eq"] == (8, 8 * (msb_words_sent(2 * n, 3) + 2 * _ceil(n, 64)))
+        assert r["eq"] == (6, 8 * (msb_words_sent(2 * n, 3) + 2 * _ceil(n, 64)))
     assert r["max"][0] == 6 * rounds   # 64 candidates: 6 levels of (MSB + fold)
 
 
@@ -350,6 +357,6 @@ def test_million_values_exact_2pc(pool2):
     assert r["lt_mismatch"] == 0 and r["ltz_mismatch"] == 0 and r["relu_mismatch"] == 0
     n = 1_000_000
     # Targets: lt <= 7 rounds and <= 48 bytes per element, relu <= 8 rounds and <= 64 bytes.
-    assert r["lt_stats"] == (7, 23_375_000)
-    assert r["relu_stats"] == (7, 31_375_000)
+    assert r["lt_stats"] == (5, 8 * (msb_words_sent(n, 2) + _ceil(n, 64))) == (5, 17_125_000)
+    assert r["relu_stats"] == (5, 25_125_000)
     assert r["lt_stats"][1] / n <= 48 and r["relu_stats"][1] / n <= 64

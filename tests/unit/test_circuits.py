@@ -44,6 +44,7 @@ class Sim:
         self.gen = torch.Generator().manual_seed(seed)
         self.rounds = 0
         self.sizes: list[int] = []
+        self.poly_sizes: list[list] = []
 
     def lead(self, like: torch.Tensor) -> torch.Tensor:
         out = torch.zeros_like(like)
@@ -54,6 +55,13 @@ class Sim:
         self.rounds += 1
         self.sizes.append(sum(torch.broadcast_shapes(x.shape, y.shape)[-1] for x, y in pairs))
         return [_share_xor(_xor_all(x) & _xor_all(y), self.parties, self.gen) for x, y in pairs]
+
+    def poly_fn(self, jobs):
+        """circuits.PolyFn: every job's inputs XOR-shared; all jobs in one round."""
+        self.rounds += 1
+        self.poly_sizes.append([(inputs[0].shape[-1], len(inputs), [list(o) for o in outputs])
+                                for inputs, outputs in jobs])
+        return [self.eval_terms(outputs, list(inputs), [-1] * len(inputs)) for inputs, outputs in jobs]
 
     def eval_terms(self, outputs, inputs, owners):
         """Level-1 style evaluation: masked openings + dealt monomials, like binary.eval_polys."""
@@ -104,7 +112,7 @@ def _owned(values: list[torch.Tensor], parties: int) -> list[torch.Tensor]:
     return out
 
 
-def sim_msb(x: torch.Tensor, parties: int, seed: int = 0) -> tuple[torch.Tensor, int]:
+def sim_msb(x: torch.Tensor, parties: int, seed: int = 0, radix4: bool = True) -> tuple[torch.Tensor, int]:
     """The msb_words pipeline of convert.py, simulated: returns (msb bits, AND rounds)."""
     sim = Sim(parties, seed)
     gen = torch.Generator().manual_seed(seed + 1)
@@ -126,7 +134,11 @@ def sim_msb(x: torch.Tensor, parties: int, seed: int = 0) -> tuple[torch.Tensor,
         c[co] |= circuits.TOP
     planes = circuits.group2_planes(s, c)
     g, p = sim.eval_terms([circuits.GROUP2_G, circuits.GROUP2_P], planes, [so, so, co, co])
-    words = circuits.msb_from_group2(g, p, top, sim.and_fn)
+    if radix4:
+        words = circuits.msb_from_group2(g, p, top, poly_fn=sim.poly_fn)
+        assert [c[0] for c in sim.poly_sizes] == circuits.carry_plan(g.shape[-1], 32)
+    else:
+        words = circuits.msb_from_group2(g, p, top, sim.and_fn)
     return circuits.unpack_bits(_xor_all(words), x.numel()), sim.rounds
 
 
@@ -215,14 +227,71 @@ def test_msb_is_sign(values, parties, seed):
     x = torch.tensor(values, dtype=torch.int64)
     bits, rounds = sim_msb(x, parties, seed)
     assert torch.equal(bits, (x < 0).long())
+    assert rounds == 3  # radix 4: 32 -> 8 -> 2 -> 1 groups
+    bits, rounds = sim_msb(x, parties, seed, radix4=False)
+    assert torch.equal(bits, (x < 0).long())
     assert rounds == 5
 
 
 def test_msb_edges_exhaustive():
     x = torch.tensor(EDGES + [i for i in range(-300, 300)], dtype=torch.int64)
     for parties in (2, 3):
-        bits, _ = sim_msb(x, parties, 7)
-        assert torch.equal(bits, (x < 0).long())
+        for radix4 in (True, False):
+            bits, _ = sim_msb(x, parties, 7, radix4)
+            assert torch.equal(bits, (x < 0).long())
+
+
+def test_carry4_terms_are_the_4group_carry():
+    # All 2^8 assignments of 4 groups' (g, p) with g & p = 0 (as the circuit makes them):
+    # G = carry out of the 4 groups, P = all four propagate.
+    for v in range(1 << 8):
+        g = [(v >> i) & 1 for i in range(4)]
+        p = [(v >> (4 + i)) & 1 for i in range(4)]
+        if any(a and b for a, b in zip(g, p)):
+            continue
+        carry = 0
+        for i in range(4):
+            carry = g[i] | (p[i] & carry)
+        ones = lambda bits: [torch.tensor([-b]) for b in bits]
+        got_g = (_plain_terms(circuits.CARRY4_G, ones(g[:3] + p)).item() ^ -g[3]) & 1
+        got_p = _plain_terms(circuits.CARRY4_P, ones(g[:3] + p)).item() & 1
+        got_g_only = (_plain_terms(circuits.CARRY4_G_ONLY, ones(g[:3] + p[1:])).item() ^ -g[3]) & 1
+        assert got_g == carry == got_g_only and got_p == (p == [1, 1, 1, 1])
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(INT64, min_size=1, max_size=70), st.sampled_from([2, 4, 8, 16, 32, 64]),
+       st.booleans(), st.sampled_from([2, 3]))
+def test_radix4_carry_trees_match_radix2(values, width, want_p, parties):
+    # Random group (g, p) words with g & p = 0: the radix-4 trees (lockstep, two tasks) give
+    # the G and P of the radix-2 tree, in ceil(log4 width) rounds, with carry_plan's sizes.
+    x = torch.tensor(values, dtype=torch.int64)
+    n = x.numel()
+    mask = (1 << width) - 1 if width < 64 else -1
+    g = circuits.pack_lanes(x & mask, width)
+    p = circuits.pack_lanes(((x * 0x9E3779B97F4A7C15) & ~x) & mask, width)
+    sim = Sim(parties)
+    shares = [(_share_xor(g, parties, sim.gen), _share_xor(p, parties, sim.gen)) for _ in range(2)]
+    got = circuits.carry_trees([(shares[0][0], shares[0][1], width, want_p),
+                                (shares[1][0], shares[1][1], width // 2 or 1, False)], sim.poly_fn)
+    levels = 0
+    w = width
+    while w > 1:
+        w = w // 4 if w >= 4 else 1
+        levels += 1
+    assert sim.rounds == levels
+    assert [c[0] for c in sim.poly_sizes] == circuits.carry_plan(g.numel(), width, want_p)
+    # reference: sequential carry over the width groups, plaintext
+    gbits = (x.unsqueeze(-1) >> torch.arange(width)) & 1
+    pbits = (((x * 0x9E3779B97F4A7C15) & ~x).unsqueeze(-1) >> torch.arange(width)) & 1
+    carry = torch.zeros(n, dtype=torch.int64)
+    for i in range(width):
+        carry = gbits[:, i] | (pbits[:, i] & carry)
+    assert torch.equal(circuits.unpack_bits(_xor_all(got[0][0]), n), carry)
+    if want_p:
+        assert torch.equal(circuits.unpack_bits(_xor_all(got[0][1]), n), pbits.prod(-1))
+    else:
+        assert got[0][1] is None
 
 
 @settings(max_examples=30, deadline=None)
@@ -248,3 +317,8 @@ def test_and_tree_detects_all_ones(values):
     got = circuits.unpack_bits(_xor_all(circuits.and_tree(_share_xor(x, 2, gen), 64, sim.and_fn)), x.numel())
     assert torch.equal(got, (x == -1).long())
     assert sim.rounds == 6
+    sim = Sim(3)
+    got = circuits.unpack_bits(_xor_all(circuits.and_tree(_share_xor(x, 3, gen), 64, poly_fn=sim.poly_fn)),
+                               x.numel())
+    assert torch.equal(got, (x == -1).long())
+    assert sim.rounds == 3  # 64 -> 16 -> 4 -> 1
