@@ -5,10 +5,10 @@ Two algorithms, both with torch's tie rule (the FIRST index of the extreme value
 * ``tree`` (default): pad the k candidates to a power of two with a sentinel, then
   log2(k) levels; a level compares neighbours (left, right) and keeps right only if it is
   strictly better, multiplying the choice bit into [right - left] and into both one-hot
-  blocks in the B2A round (kind bit_mul): 7 rounds per level between 2 parties.
+  blocks in the B2A round (kind bit_mul): 5 rounds per level between 2 parties.
 * ``pairwise``: every pair compared at once (k(k-1)/2 comparisons, one MSB circuit), the
-  winner's one-hot is the AND of its k-1 wins (ceil(log2(k-1)) AND rounds), then one fold
-  round: 6 + ceil(log2(k-1)) + 1 rounds, more bytes. Used by softmax for small k.
+  winner's one-hot is the AND of its k-1 wins (ceil(log4(k-1)) rounds), then one fold
+  round: 4 + ceil(log4(k-1)) + 1 rounds, more bytes. Used by softmax for small k.
 * ``grouped``: levels of all-pairs groups (argmax_grouped, group sizes from grouped_plan):
   the fewest rounds with no more bytes than the tree (2 parties), about a third of the tree's
   rounds for long vectors (the tree's bytes are mostly its one-hot blocks, folded at every
@@ -81,9 +81,19 @@ def argmax_pairwise(v: torch.Tensor, largest: bool = True, want_onehot: bool = T
     return ms[0].sum(1), oh
 
 
+def _and_rounds(x: int) -> int:
+    """Rounds of the AND of x bits (convert.and_reduce_bits: four per round)."""
+    rounds = 0
+    while x > 1:
+        x = _ceil(x, 4)
+        rounds += 1
+    return rounds
+
+
 def _level_rounds(g: int) -> int:
-    """Rounds of one grouped level (2 parties): MSB (6) + AND of the g-1 wins + one fold."""
-    return 7 + (g - 2).bit_length()
+    """Rounds of one grouped level (2 parties): MSB (4: level 1 and three radix-4 carry
+    levels) + the AND of the g-1 wins + one fold."""
+    return 5 + _and_rounds(g - 1)
 
 
 def _ceil(a: int, b: int) -> int:
@@ -91,11 +101,11 @@ def _ceil(a: int, b: int) -> int:
 
 
 def _msb_words(n: int) -> int:
-    """Words one of 2 parties sends for the MSB of n values (convert.msb_words)."""
-    w = [_ceil(n, 2)]
-    for _ in range(5):
-        w.append(_ceil(w[-1], 2))
-    return n + 4 * sum(w[1:5]) + 2 * w[5]
+    """Words one of 2 parties sends for the MSB of n values (convert.msb_words: level 1, then
+    radix-4 levels 32 -> 8 -> 2 of 7 opened inputs and 2 -> 1 of 2)."""
+    w1 = _ceil(_ceil(_ceil(n, 2), 2), 2)
+    w2 = _ceil(_ceil(w1, 2), 2)
+    return n + 7 * (w1 + w2) + 2 * _ceil(w2, 2)
 
 
 def _level_words(n: int, g: int, b: int) -> int:
@@ -104,9 +114,11 @@ def _level_words(n: int, g: int, b: int) -> int:
     cands = _ceil(n, g) * g
     words = _msb_words(cands * (g - 1) // 2)
     x = g - 1
-    while x > 1:
-        words += 2 * _ceil(cands * (x // 2), 64)
-        x = x // 2 + x % 2
+    while x > 1:  # convert.and_reduce_bits: runs of four (and the rest) per round
+        full, rest = divmod(x, 4)
+        words += 4 * _ceil(cands * full, 64) if full else 0
+        words += rest * _ceil(cands, 64) if rest > 1 else 0
+        x = full + (1 if rest else 0)
     return words + _ceil(cands, 64) + cands * (1 + b)
 
 
@@ -124,8 +136,8 @@ def grouped_plan(k: int) -> tuple[int, ...] | None:
     """The group sizes of argmax_grouped's levels for k candidates (public: depends on k only),
     or None where no grouped tournament sends fewer bytes than the tree (k <= 2).
 
-    Level sizes g are 2^j + 1 (the g-1 wins of a candidate AND in j rounds) or all the
-    candidates left. The plan has the fewest rounds among those that send no more bytes than
+    Level sizes g are 2^j + 1 (the g-1 wins of a candidate AND in ceil(j/2) rounds) or all
+    the candidates left. The plan has the fewest rounds among those that send no more bytes than
     the tree (counted for 2 parties): dynamic programming over (candidates left, block size)
     minimising rounds + mu * words, for a sweep of mu, keeping the best plan under the bound."""
     budget = _tree_words(k)

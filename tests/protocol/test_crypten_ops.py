@@ -307,13 +307,13 @@ LOCAL_OPS = ("scatter", "scatter_add", "index_select", "index_add", "take", "unf
 COSTS = {
     2: {"conv_transpose1d_public_w": (0, 0), "dropout": (0, 0), "dropout2d": (0, 0),
         "ger": (1, 128), "conv_transpose1d": (1, 448), "prod": (3, 448), "var": (1, 256),
-        "std": (13, 2512), "norm_1": (7, 1016), "norm_2": (13, 2512), "norm_inf": (28, 2848),
-        "cosine_similarity": (15, 6056), "polynomial_private": (3, 1816), "softplus": (36, 50096)},
+        "std": (11, 2096), "norm_1": (5, 816), "norm_2": (11, 2096), "norm_inf": (20, 2496),
+        "cosine_similarity": (13, 5208), "polynomial_private": (3, 1816), "softplus": (28, 38696)},
     3: {"conv_transpose1d_public_w": (1, 320), "dropout": (1, 512), "dropout2d": (1, 512),
         "ger": (2, 1280), "conv_transpose1d": (2, 1216), "prod": (6, 1344), "var": (4, 1152),
-        "std": (24, 8544), "norm_1": (8, 3056), "norm_2": (22, 8416), "norm_inf": (32, 7616),
-        "cosine_similarity": (26, 19536), "polynomial_private": (6, 6192),
-        "softplus": (50, 166240)},
+        "std": (22, 7712), "norm_1": (6, 2656), "norm_2": (20, 7584), "norm_inf": (24, 6912),
+        "cosine_similarity": (24, 17840), "polynomial_private": (6, 6192),
+        "softplus": (42, 143440)},
 }
 # Under rss (3 parties, no dealer) every truncation of a float product makes its truncation
 # pairs online when none were prefetched (crypten_lite.mpc.rss: 8 rounds with the fused

@@ -38,4 +38,4 @@ def test_one_query_row_softmax(pool2):
     assert r["one_query_cost"][0] < r["rows_cost"][0]
 
 
-ONE_QUERY_COST, ROWS_COST = (31, 58_800), (36, 29_400)
+ONE_QUERY_COST, ROWS_COST = (22, 47_000), (26, 25_584)

@@ -183,7 +183,7 @@ def autograd_records():
 
 
 # ---------------------------------------------------------------------------- tests
-RSS_SOFTMAX_ROUNDS = 35  # online, truncation pairs prefetched (3-party additive: 51)
+RSS_SOFTMAX_ROUNDS = 35  # online, truncation pairs prefetched (3-party additive: 43)
 
 
 def test_accuracy_targets(pool_all):
@@ -198,11 +198,11 @@ def test_softmax(pool_all):
     r = pool.run(softmax_results)[0]
     assert r["softmax_abs"] <= 1e-3
     if pool.world_size == 2:
-        assert r["softmax_rounds"] == 33 <= 60
+        assert r["softmax_rounds"] == 25 <= 60
     elif pool.protocol == "rss":
         assert r["softmax_rounds"] == RSS_SOFTMAX_ROUNDS, r["softmax_rounds"]
     else:
-        assert r["softmax_rounds"] == 51
+        assert r["softmax_rounds"] == 43
     for key in ("log_softmax_abs", "softmax_dim0", "softmax_dim_last", "softmax_torch",
                 "log_softmax_F", "softmax_ties", "softmax_wide"):
         assert r[key] <= 2e-3, (key, r[key])

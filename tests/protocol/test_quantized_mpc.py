@@ -497,7 +497,7 @@ def test_private_model_3pc(pool3_any, case):
 # (rounds, bytes sent by each party) of eager/digits (BATCH = 6 samples: weights and input
 # shared, the whole program, the output revealed), 3 parties: with the dealer, and under rss
 # (no dealer; the parties' bytes differ by the roles of the binary circuits)
-DIGITS_COSTS = {"additive": [(65, 972176), (65, 972272), (65, 972176)],
+DIGITS_COSTS = {"additive": [(51, 860880), (51, 860976), (51, 860880)],
                 "rss": [(62, 780784), (62, 777752), (62, 769464)]}
 
 
@@ -526,21 +526,22 @@ def test_short_comparisons_pooling_and_rounding(pool_q):
         assert wrong <= limit and worst <= 1, (shift, method, mode, wrong)
     for shift, wrong, worst, (rounds, _) in res.get("fused", []):
         assert wrong <= (0 if shift <= 16 else 2) and worst <= 1, (shift, wrong)
-        assert rounds == 6  # level 1, 3 tree levels in lockstep, carry-in AND + B2A, fold
+        assert rounds == 5  # level 1, 2 radix-4 tree levels in lockstep, carry-in AND + B2A, fold
     frac, worst = res["probabilistic"]
     assert 0.3 < frac < 0.7 and worst == 1  # why the one-round truncation is not used
     if world_size == 2:
         # clamp(0, 255) of 64 values on 10 bits: short MSB of 128 values (W = 16: level 1
-        # 256 B, tree 256 + 128 + 32 B) and one bit * value round (66 words): 5 rounds
-        assert res["clamp_cost"] == (5, 1200)
+        # 256 B; radix-4 tree 8 -> 2 groups, 7 inputs of 4 words, 224 B, and 2 -> 1, 2 inputs
+        # of 2 words, 32 B) and one bit * value round (66 words): 4 rounds
+        assert res["clamp_cost"] == (4, 1040)
         # 2-party rounding of 256 values by 2**33 (carry of the top 16 low bits): level 1
-        # and the wrap AND (2 * 32 + 4 words), tree (512 + 256 + 64 B), B2A of 2 bits (8 words)
-        assert res["round_cost"] == (5, 1440)
+        # and the wrap AND (2 * 32 + 4 words), tree (7 * 8 + 2 * 4 words), B2A of 2 bits (8 words)
+        assert res["round_cost"] == (4, 1120)
     elif not rss:
         # 3 parties with the dealer: a carry-save layer first (one round more), the rounding
         # from an opened c = x + r (dealer's trunc_exact), exact up to carry_bits only
-        assert res["clamp_cost"] == (6, 3424)
-        assert res["round_cost"] == (6, 7872)
+        assert res["clamp_cost"] == (5, 3104)
+        assert res["round_cost"] == (4, 6336)
     if rss:
         # the carry circuits of rss_binary (module docstring), party 0's bytes; the rss
         # rounding is exact for every shift (no carry_bits approximation)
