@@ -114,7 +114,8 @@ def _max_windows(x: CrypTensor, spatial: int, table: torch.Tensor, out_shape, op
 def relu_max_pool2d(x: CrypTensor, kernel_size, stride=None, padding=0, dilation=1,
                     ceil_mode: bool = False) -> CrypTensor:
     """max_pool2d(relu(x)) (= relu(max_pool2d(x))) with the rounds of one pooling: 0 joins
-    every window's candidates, so a 2x2 pool and its ReLU take 6 + 2 + 1 rounds, not 7 + 14."""
+    every window's candidates, so a 2x2 pool and its ReLU take 4 + 1 + 1 rounds (the 64-bit
+    MSB of the 10 pairs, the AND of each candidate's 4 wins, the fold), not 5 + 10."""
     return max_pool2d(x, kernel_size, stride, padding, dilation, ceil_mode, _relu=True)
 
 

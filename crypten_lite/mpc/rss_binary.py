@@ -30,7 +30,11 @@ parties with role 1 as their dealer:
      role 2 f(a) & rho: an XOR sharing of (G2, P2) between roles 0 and 2.
   2. (rounds 2..) per level of circuits.carry_tree, roles 0 and 2 open e = P_hi ^ alpha,
      d = G_lo ^ gamma, d' = P_lo ^ gamma' to each other (P_hi is one operand of both ANDs of a
-     level, so one mask serves both: 3 words for 2 ANDs) and compute Beaver's shares.
+     level, so one mask serves both: 3 words for 2 ANDs) and compute Beaver's shares. The
+     last level takes the final FOUR groups at once (G only, circuits.CARRY4_G_ONLY): roles 0
+     and 2 open their 6 inputs masked, role 1 having dealt in round 1 the 15 mask products
+     (the dealer-style masked polynomial of binary.eval_polys): one round instead of two, for
+     a few more words from role 1 on the level's few words.
   Privacy: role 0 receives h ^ rho (rho unknown to it) and role 2's openings, masked by
   role 2's mask shares F(k_12) (unknown to role 0); role 2 receives c_2, masked by c_0 =
   F(k_01), and role 0's openings, masked by F(k_01); role 1 receives nothing. Fresh masks on
@@ -38,10 +42,11 @@ parties with role 1 as their dealer:
 
 **MSB** (``msb_words``): a = x_0 with bit 63 := 0, b = x_1 + x_2 with bit 63 := 1, so the
 G of the 64 bits is the carry into bit 63; msb = a_63 ^ b_63 ^ carry (roles 0/2 XOR shares).
-  Rounds 1-6 as above (1 + 5 levels), then round 7 turns the XOR sharing (u at role 0, v at
-  role 2) into replicated shares: z_1 = F(k_01), z_0 = u ^ z_1 ^ F(k_02) sent by role 0 to
-  role 2, z_2 = v ^ F(k_02) sent by role 2 to role 1 (each masked by a seed the receiver
-  lacks). Bytes per element: role 0 and role 2 11.5 + 0.125, role 1 12.125 + 7.625.
+  Rounds 1-5 as above (1 + 4 levels: 32 -> 16 -> 8 -> 4 -> 1 groups), then round 6 turns
+  the XOR sharing (u at role 0, v at role 2) into replicated shares: z_1 = F(k_01), z_0 =
+  u ^ z_1 ^ F(k_02) sent by role 0 to role 2, z_2 = v ^ F(k_02) sent by role 2 to role 1
+  (each masked by a seed the receiver lacks). Bytes per element: role 0 and role 2
+  11.25 + 0.125, role 1 12.125 + 8.875.
 
 **Bit injection** (``finish``, ``b2a``, ``bit_mul``, a la [DSZ15] with a random bit made by
 the parties): r = s ^ t with s = F(k_01) ^ F(k_02) (known to role 0 alone) and t = F(k_12)
@@ -55,8 +60,8 @@ c = b ^ r, role 0 sending b_0 ^ s ^ F(k_02) and role 2 b_2 ^ t ^ F(k_02) to both
   * ``finish`` on replicated words: 2 rounds (the opening with the first); [r v] =
     [s (v - 2 t v)] + [t v] ([t v]: cross terms at roles 1 and 2 in round 1).
   * ``msb_finish`` (lt, ReLU, abs, clamp): the random bit and [r v] = [r][v] (one product,
-    round 3) are made during the MSB's rounds 1-6 and its XOR sharing is opened in round 7.
-  * ``eqz_finish``: z == 0 iff msb(z) == msb(-z): both carry circuits, one opening, 7 rounds.
+    round 3) are made during the MSB's rounds 1-5 and its XOR sharing is opened in round 6.
+  * ``eqz_finish``: z == 0 iff msb(z) == msb(-z): both carry circuits, one opening, 6 rounds.
   * With random bits made offline (``dabits``, rss.prefetch_dabits: r in both forms, its
     binary sharing free as (F(k_02), F(k_01), F(k_12)) and [r] as above), ``finish`` is ONE
     round: c = b ^ r opened like any binary value, [r v] = [r][v] reshared in the same message.
@@ -78,18 +83,18 @@ element per party, averaged over the roles, n a multiple of 192):
 function                          rounds  bytes per element per party
 ================================  ======  ===========================================
 and_many                          1       8 per AND word
-msb_words                         7       14.33 (roles 0/2: 11.625, role 1: 19.75)
-msb_finish, bit only (lt)         7       22.42 (19.75 / 27.75)
-msb_finish, bit * value (ReLU)    7       30.42 (27.75 / 35.75), with or without the bit
-eqz_finish (eq)                   7       36.67
+msb_words                         6       14.58 (roles 0/2: 11.375, role 1: 21)
+msb_finish, bit only (lt)         6       22.67 (19.5 / 29)
+msb_finish, bit * value (ReLU)    6       30.67 (27.5 / 37), with or without the bit
+eqz_finish (eq)                   6       37.17
 b2a / finish (B2A)                2       8.17 per bit
 bit_mul / finish (product)        2       16.17 per bit and value element
 finish, random bits prefetched    1       0.125 per bit + 8 per value element
 dabits (offline random bits)      2       8.17 per bit
-msb_low(m = 16)                   5       3.33
+msb_low(m = 16)                   4       3.58
 a2b                               8       104 (+8 on party 1)
-round_exact(bits = 1 / 8 / 16)    3/4/5   19.17 / 20.42 / 22.25 (bits = 32: 6, 25.92)
-trunc_pairs(bits = 1 / 16 / 32)   7       41.54 / 44.63 / 48.29 per pair (offline)
+round_exact(bits = 1 / 16 / 32)   3/4/5   per chunk: tests/protocol/test_rss_binary.py
+trunc_pairs(bits = 1 / 16 / 32)   6       about 42 / 45 / 49 per pair (offline)
 ================================  ======  ===========================================
 """
 
@@ -396,18 +401,44 @@ def _halves(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return odd.view(torch.int64), even.view(torch.int64)
 
 
-def _carry_levels(words: int, width: int) -> tuple[int, list[tuple[int, bool]]]:
-    """Words of the level-1 planes, and (words, computes P) of each carry-tree level, for
-    `words` lane-packed words of `width`-bit lanes."""
+def _quarters(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """circuits.quarters with the table-lookup _halves."""
+    hi, lo = _halves(x)
+    q3, q1 = _halves(hi)
+    q2, q0 = _halves(lo)
+    return q0, q1, q2, q3
+
+
+# The last carry level combines the final four groups in one round (G only): a masked
+# polynomial of 6 inputs (circuits.CARRY4_G_ONLY) whose 15 mask products role 1 deals.
+_G4_MONOS = circuits.monomials(circuits.CARRY4_G_ONLY)
+
+
+def _carry_levels(words: int, width: int) -> tuple[int, list[tuple[int, str]]]:
+    """Words of the level-1 planes, and (words, kind) of each carry-tree level, for `words`
+    lane-packed words of `width`-bit lanes. kind: "gp" (two groups, G and P), "g" (two
+    groups, G only: the last level from 2 groups) or "g4" (four groups, G only: the last
+    level from 4 groups, one round instead of two)."""
     w = -(-words // 2)
     first = w
     levels = []
     width //= 2
     while width > 1:
+        if width == 4:
+            w = -(-(-(-w // 2)) // 2)
+            levels.append((w, "g4"))
+            break
         w = -(-w // 2)
-        levels.append((w, width > 2))
+        levels.append((w, "gp" if width > 2 else "g"))
         width //= 2
     return first, levels
+
+
+# Pairwise draws per level (numels in units of the level's words): role pair (0, 1) and
+# role pair (1, 2); role 1's corrections to role 2, per level.
+_SPEC01 = {"gp": 5, "g": 3, "g4": 6 + len(_G4_MONOS)}
+_SPEC12 = {"gp": 3, "g": 2, "g4": 6}
+_CORR = {"gp": 2, "g": 1, "g4": len(_G4_MONOS)}
 
 
 def _g_carry(ro: _Roles, a_words, b_words, words: int, width: int, extra_b: Sequence, extra_sizes: Sequence[int]) -> Gen:
@@ -418,22 +449,29 @@ def _g_carry(ro: _Roles, a_words, b_words, words: int, width: int, extra_b: Sequ
     first, levels = _carry_levels(words, width)
     n_extra = sum(extra_sizes)
     spec01, spec12 = [], [3 * first, n_extra]
-    for w, has_p in levels:
-        spec01 += [w, w] + ([w] if has_p else []) + [w] + ([w] if has_p else [])
-        spec12 += [w, w] + ([w] if has_p else [])
+    for w, kind in levels:
+        spec01 += [w] * _SPEC01[kind]
+        spec12 += [w] * _SPEC12[kind]
     d = ro.draws({(0, 1): spec01, (1, 2): spec12})
     out_words = levels[-1][0] if levels else first
 
     def masks(pair_draws: list[torch.Tensor], with_c: bool) -> list[dict]:
-        """Per level: alpha, gamma (for G_lo), gamma_p (P_lo), c, c_p (role 0's products)."""
+        """Per level: alpha, gamma (for G_lo), gamma_p (P_lo), c, c_p (role 0's products);
+        g4 levels: the inputs' masks and (role 0) the mask products' shares."""
         it = iter(pair_draws)
         per = []
-        for _, has_p in levels:
+        for _, kind in levels:
+            if kind == "g4":
+                m = {"masks": [next(it) for _ in range(6)]}
+                if with_c:
+                    m["monos"] = [next(it) for _ in _G4_MONOS]
+                per.append(m)
+                continue
             m = {"alpha": next(it), "gamma": next(it)}
-            m["gamma_p"] = next(it) if has_p else None
+            m["gamma_p"] = next(it) if kind == "gp" else None
             if with_c:
                 m["c"] = next(it)
-                m["c_p"] = next(it) if has_p else None
+                m["c_p"] = next(it) if kind == "gp" else None
             per.append(m)
         return per
 
@@ -444,7 +482,15 @@ def _g_carry(ro: _Roles, a_words, b_words, words: int, width: int, extra_b: Sequ
         h = torch.cat([b_lo, b_hi, b_hi & b_lo])
         ex = torch.cat([t.reshape(-1) for t in extra_b]) if extra_b else _EMPTY
         corr = []
-        for x0, x2 in zip(m0, m2):
+        for (_, kind), x0, x2 in zip(levels, m0, m2):
+            if kind == "g4":
+                full = [a ^ b for a, b in zip(x0["masks"], x2["masks"])]
+                for mono, c0 in zip(_G4_MONOS, x0["monos"]):
+                    v = full[mono[0]]
+                    for k in mono[1:]:
+                        v = v & full[k]
+                    corr.append(v ^ c0)
+                continue
             alpha = x0["alpha"] ^ x2["alpha"]
             corr.append((alpha & (x0["gamma"] ^ x2["gamma"])) ^ x0["c"])
             if x0["gamma_p"] is not None:
@@ -464,14 +510,18 @@ def _g_carry(ro: _Roles, a_words, b_words, words: int, width: int, extra_b: Sequ
         m = got[ro.party(1)]
     else:
         mine = masks(d[(1, 2)][2:], False)
-        n_corr = sum(w * (2 if has_p else 1) for w, has_p in levels)
+        n_corr = sum(w * _CORR[kind] for w, kind in levels)
         got = yield ({}, {ro.party(1): n_corr})
         corr = got[ro.party(1)]
         off = 0
-        for x, (w, has_p) in zip(mine, levels):
+        for x, (w, kind) in zip(mine, levels):
+            if kind == "g4":
+                x["monos"] = [corr[off + i * w:off + (i + 1) * w] for i in range(len(_G4_MONOS))]
+                off += len(_G4_MONOS) * w
+                continue
             x["c"] = corr[off:off + w]
             off += w
-            if has_p:
+            if kind == "gp":
                 x["c_p"] = corr[off:off + w]
                 off += w
         m = torch.cat([d[(1, 2)][0], d[(1, 2)][1]])
@@ -483,9 +533,23 @@ def _g_carry(ro: _Roles, a_words, b_words, words: int, width: int, extra_b: Sequ
     p = (a1 & mb0) ^ (a0 & mb1) ^ mb10
     if lead:
         p = p ^ a10
-    for x, (w, has_p) in zip(mine, levels):
+    for x, (w, kind) in zip(mine, levels):
+        if kind == "g4":
+            g0, g1, g2, g3 = _quarters(g)
+            _, p1, p2, p3 = _quarters(p)
+            inputs = [g0, g1, g2, p1, p2, p3]
+            mine_open = torch.cat([v ^ mk for v, mk in zip(inputs, x["masks"])])
+            got = yield ({other: mine_open}, {other: mine_open.numel()})
+            both = mine_open ^ got[other]
+            opened = [both[i * w:(i + 1) * w] for i in range(6)]
+            lead_words = torch.full((w,), ALL_ONES, dtype=torch.int64) if lead else torch.zeros(w, dtype=torch.int64)
+            t = circuits.expand_terms(circuits.CARRY4_G_ONLY, opened, x["masks"],
+                                      dict(zip(_G4_MONOS, x["monos"])), lead_words)
+            g = g3 ^ t
+            continue
         g_hi, g_lo = _halves(g)
         p_hi, p_lo = _halves(p)
+        has_p = kind == "gp"
         opened = [p_hi ^ x["alpha"], g_lo ^ x["gamma"]] + ([p_lo ^ x["gamma_p"]] if has_p else [])
         mine_open = torch.cat(opened)
         got = yield ({other: mine_open}, {other: mine_open.numel()})
