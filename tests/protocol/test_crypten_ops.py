@@ -316,19 +316,19 @@ COSTS = {
         "softplus": (42, 143440)},
 }
 # Under rss (3 parties, no dealer) every truncation of a float product makes its truncation
-# pairs online when none were prefetched (crypten_lite.mpc.rss: 8 rounds with the fused
+# pairs online when none were prefetched (crypten_lite.mpc.rss: 7 rounds with the fused
 # product); bytes sent differ by rank (party 1 sends more in the pairs' protocol), so the
 # figures are per party: {op: [(rounds, bytes) of party 0, 1, 2]}.
 _RSS_BYTES = {
-    "conv_transpose1d_public_w": (1024, 1360, 1024), "dropout": (1520, 2072, 1520),
-    "dropout2d": (1520, 2072, 1520), "ger": (3504, 4632, 3504), "conv_transpose1d": (1184, 1792, 1184),
-    "prod": (1816, 2216, 1816), "var": (2464, 3064, 2464), "std": (7088, 8712, 7080),
-    "norm_1": (904, 1152, 904), "norm_2": (6400, 7976, 6392), "norm_inf": (2648, 3792, 3416),
-    "cosine_similarity": (14064, 17080, 15088), "polynomial_private": (8832, 11064, 9384),
-    "softplus": (69664, 80000, 72064)}
-_RSS_ROUNDS = {"conv_transpose1d_public_w": 8, "dropout": 8, "dropout2d": 8, "ger": 8,
-               "conv_transpose1d": 8, "prod": 24, "var": 24, "std": 89, "norm_1": 7, "norm_2": 73,
-               "norm_inf": 34, "cosine_similarity": 89, "polynomial_private": 24, "softplus": 120}
+    "conv_transpose1d_public_w": (1040, 1552, 1040), "dropout": (1536, 2264, 1536),
+    "dropout2d": (1536, 2264, 1536), "ger": (3472, 4792, 3472), "conv_transpose1d": (1200, 1984, 1200),
+    "prod": (1864, 2792, 1864), "var": (2512, 3640, 2512), "std": (7240, 10720, 7320),
+    "norm_1": (912, 1248, 912), "norm_2": (6520, 9600, 6600), "norm_inf": (2680, 4176, 3448),
+    "cosine_similarity": (14256, 19056, 15464), "polynomial_private": (8848, 11624, 9576),
+    "softplus": (69968, 82680, 72760)}
+_RSS_ROUNDS = {"conv_transpose1d_public_w": 7, "dropout": 7, "dropout2d": 7, "ger": 7,
+               "conv_transpose1d": 7, "prod": 21, "var": 21, "std": 78, "norm_1": 6, "norm_2": 64,
+               "norm_inf": 30, "cosine_similarity": 78, "polynomial_private": 21, "softplus": 105}
 COSTS_RSS = {k: [(_RSS_ROUNDS[k], b) for b in _RSS_BYTES[k]] for k in _RSS_BYTES}
 
 

@@ -204,10 +204,10 @@ def test_rss_prefetched_plan_is_used_and_correct(pool3_rss):
         # the reveal need no pair
         assert r["plan"] == [(16, 50)] and r["stocked"] == {16: 50} and r["left"] == {16: 0}
         assert r["err"] <= 1e-3
-    # rounds: product 8 -> 1 (the pairs' 7 rounds went offline), ReLU 7, reveal 1; bytes
+    # rounds: product 7 -> 1 (the pairs' 6 rounds went offline), ReLU 6, reveal 1; bytes
     # sent per party (party 1 sends more in the pairs' protocol)
-    assert [r["online"] for r in results] == [(16, 4704), (16, 5936), (16, 4704)]
-    assert [r["prefetched"] for r in results] == [(9, 2656), (9, 3032), (9, 2656)]
+    assert [r["online"] for r in results] == [(14, 4656), (14, 6176), (14, 4656)]
+    assert [r["prefetched"] for r in results] == [(8, 2640), (8, 3112), (8, 2640)]
 
 
 def rss_runs_that_differ_from_the_plan():
@@ -243,11 +243,11 @@ def test_rss_runs_that_differ_from_the_plan_are_correct(pool3_rss):
         assert r["plan"] == [(16, 12)] and r["twice"] == 24
         assert max(r["errs"]) <= 1e-3, r["errs"]
         assert r["stock"] == [0, 0, 19, 12, 0]
-        # stocked pairs: one round, 16 B per product; made online: 8 rounds
+        # stocked pairs: one round, 16 B per product; made online: 7 rounds
         for i, n in ((0, 12), (2, 5), (3, 7), (4, 12)):
             assert r["costs"][i] == (1, 16 * n), (i, r["costs"][i])
-        assert r["costs"][1][0] == 8
-    assert [r["costs"][1][1] for r in results] == [744, 936, 744]
+        assert r["costs"][1][0] == 7
+    assert [r["costs"][1][1] for r in results] == [760, 1128, 760]
 
 
 def rss_mismatched_plans():

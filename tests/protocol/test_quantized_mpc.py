@@ -480,8 +480,8 @@ def _check_case(pool, case: str):
 # rss, party 0: clamp(0, 255) of 64 values on 10 bits, both products folded into the short
 # MSB (carry circuit 4 rounds, the masked opening 1); rounding of 256 values by 2**33,
 # exact: the carry circuit over all 33 low bits (W = 64) and the bit injection
-RSS_CLAMP_COST = (5, 2912)
-RSS_ROUND_COST = (7, 9216)
+RSS_CLAMP_COST = (4, 2880)
+RSS_ROUND_COST = (6, 9152)
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -498,7 +498,7 @@ def test_private_model_3pc(pool3_any, case):
 # shared, the whole program, the output revealed), 3 parties: with the dealer, and under rss
 # (no dealer; the parties' bytes differ by the roles of the binary circuits)
 DIGITS_COSTS = {"additive": [(51, 860880), (51, 860976), (51, 860880)],
-                "rss": [(62, 780784), (62, 777752), (62, 769464)]}
+                "rss": [(52, 786992), (52, 784944), (52, 776656)]}
 
 
 def test_private_digits_costs_3pc(pool3_any):

@@ -21,12 +21,12 @@ from test_doc_costs import gen
 
 # workload -> (rounds, bytes sent by party 0, 1, 2) of the online run after the offline phase
 RSS_COSTS = {
-    "lenet_b1": (39, (288296, 290360, 289912)),
-    "logreg_sgd_step": (28, (243456, 244672, 244672)),
-    "mlp_sgd_step": (84, (1045968, 1051096, 1051096)),
-    "softmax_1000x10": (35, (3289144, 3291424, 3291424)),
-    "eq_100k": (7, (3666336, 3666864, 3666864)),
-    "sign_100k": (7, (4482992, 4483504, 4483504)),
+    "lenet_b1": (35, (290928, 293376, 292920)),
+    "logreg_sgd_step": (27, (244208, 245616, 245616)),
+    "mlp_sgd_step": (78, (1052640, 1058632, 1058632)),
+    "softmax_1000x10": (32, (3311256, 3313840, 3313840)),
+    "eq_100k": (6, (3716384, 3716928, 3716928)),
+    "sign_100k": (6, (4532928, 4533536, 4533536)),
 }
 # workload -> bound on the max abs error against torch
 MAX_ERROR = {"lenet_b1": 1e-2, "logreg_sgd_step": 1e-2, "mlp_sgd_step": 1e-2,

@@ -101,7 +101,7 @@ def test_nonlinear_table_rounds_agree_with_the_measured_rows():
     for line in (ROOT / "docs" / "benchmarks.jsonl").read_text().splitlines():
         row = json.loads(line) if line.strip() else {}
         if row.get("workload") == "accuracy" and row.get("parties") == 2:
-            measured.setdefault(row["function"].split(" ")[0], row["rounds"])
+            measured[row["function"].split(" ")[0]] = row["rounds"]  # the last line counts
     names = {"div": "x", "inv_sqrt": "inv_sqrt", "softmax": "softmax"}
     text = (ROOT / "docs" / "functions.md").read_text()
     section = text.split("## Nonlinear functions", 1)[1].split("\n## ", 1)[0]
