@@ -65,6 +65,7 @@ def _measure(run: Callable[[], tuple[torch.Tensor, torch.Tensor]], plan_name: st
     provider = current().provider
     plan = _PLANS.get(name)
     offline_seconds, offline_dealer, offline_sent = 0.0, 0, 0
+    _reset_peak_memory()
     if plan is not None:
         c.reset_communication_stats()
         before = _dealer_bytes(provider)
@@ -94,7 +95,31 @@ def _measure(run: Callable[[], tuple[torch.Tensor, torch.Tensor]], plan_name: st
             "bytes_received": stats["bytes_received"], "messages": stats["messages"],
             "comm_seconds": stats["seconds"], "dealer_bytes": _dealer_bytes(provider) - dealer_before,
             "offline_seconds": offline_seconds, "offline_dealer_bytes": offline_dealer,
-            "offline_bytes_sent": offline_sent, "max_error": err}
+            "offline_bytes_sent": offline_sent, "max_error": err,
+            "peak_memory_bytes": _peak_memory_bytes()}
+
+
+def _reset_peak_memory() -> None:
+    """Start a new peak-memory window for this process (Linux: VmHWM := current RSS)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+def _peak_memory_bytes() -> int:
+    """This process's peak resident memory since _reset_peak_memory (Linux VmHWM), else since
+    it started (getrusage)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def _dealer_bytes(provider) -> int:
@@ -617,6 +642,8 @@ def run(names: list[str], parties: int, provider: str, repeat: int, tls_dir: str
                    "offline_dealer_bytes": first[0].get("offline_dealer_bytes", 0),
                    "offline_bytes_sent_per_party": [r.get("offline_bytes_sent", 0) for r in first],
                    "max_error": first[0]["max_error"],
+                   # each party's peak resident memory over the offline phase and the run
+                   "peak_memory_mb_per_party": [round(r.get("peak_memory_bytes", 0) / 2**20, 1) for r in first],
                    # seconds depend on what else runs on the machine: record how busy it was
                    "load_average_1min": round(os.getloadavg()[0], 1), "cpus": os.cpu_count()}
             if "torch_seconds" in first[0]:  # the plaintext forward, same run, same process
@@ -681,7 +708,7 @@ def main(argv: list[str] | None = None) -> int:
     for row in rows:
         out.write(json.dumps(row) + "\n")
     print(f"{'workload':18} {'parties':>7} {'protocol':>8} {'median s':>9} {'rounds':>7} "
-          f"{'MB sent/party':>14} {'dealer MB':>9} {'max err':>9}", file=sys.stderr)
+          f"{'MB sent/party':>14} {'dealer MB':>9} {'max err':>9} {'peak MB/party':>13}", file=sys.stderr)
     for r in rows:
         if "error" in r:
             status = r["error"] if "missing" in r else f"error: {r['error'][:80]}"
@@ -690,5 +717,5 @@ def main(argv: list[str] | None = None) -> int:
         dealer_mb = (r["online_dealer_bytes"] + r["offline_dealer_bytes"]) / 1e6
         print(f"{r['workload']:18} {r['parties']:>7} {r['protocol']:>8} {r['seconds_median']:>9.3f} "
               f"{r['rounds']:>7} {max(r['bytes_sent_per_party']) / 1e6:>14.3f} {dealer_mb:>9.2f} "
-              f"{r['max_error']:>9.2e}", file=sys.stderr)
+              f"{r['max_error']:>9.2e} {max(r.get('peak_memory_mb_per_party') or [0]):>13.0f}", file=sys.stderr)
     return 0 if all("error" not in r for r in rows) else 1

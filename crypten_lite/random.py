@@ -127,6 +127,42 @@ class PRG:
         return keystream_ring(self._algorithm, nonce, shape, numel)
 
 
+class BufferedPRG(PRG):
+    """A PRG whose small draws are cut from a keystream block drawn ahead.
+
+    Each draw of PRG makes an AES context and a nonce: for the many small draws of a
+    protocol's rounds (pairwise masks of a few words) that costs more than the keystream.
+    Here a draw of at most SMALL elements takes the next elements of a block of BLOCK
+    elements, itself an ordinary draw (its own counter: a fresh stream, never reused); larger
+    draws and draws at an explicit counter are ordinary draws. Two parties that share a seed
+    and draw the same shapes in the same order still obtain identical tensors, since both
+    apply the same rule; every keystream element is handed out once.
+    """
+
+    SMALL = 4096
+    BLOCK = 1 << 15
+
+    def __init__(self, seed: bytes, domain: int = 0):
+        super().__init__(seed, domain)
+        self._block: torch.Tensor | None = None
+        self._used = 0
+
+    def draw(self, shape: tuple[int, ...] | torch.Size, counter: int | None = None,
+             domain: int | None = None) -> torch.Tensor:
+        shape = tuple(shape)
+        numel = 1
+        for d in shape:
+            numel *= d
+        if counter is not None or domain is not None or numel > self.SMALL:
+            return super().draw(shape, counter, domain)
+        if self._block is None or self._used + numel > self._block.numel():
+            self._block = super().draw((self.BLOCK,))
+            self._used = 0
+        out = self._block[self._used:self._used + numel].clone().view(shape)
+        self._used += numel
+        return out
+
+
 def derive_key(secret: bytes, info: str) -> bytes:
     """HKDF-SHA256 of a shared secret into a 32-byte seed bound to `info`."""
     return HKDF(algorithm=hashes.SHA256(), length=SEED_BYTES, salt=None,

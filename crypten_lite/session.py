@@ -20,7 +20,7 @@ from .comm.communicator import Communicator
 from .config import Config
 from .errors import CommunicationError, ConfigError, NotInitializedError
 from .provider import Provider
-from .random import PRG, subkey
+from .random import PRG, BufferedPRG, subkey
 
 log = logging.getLogger("crypten_lite")
 
@@ -47,7 +47,7 @@ class Session:
         if key not in self._purpose_prgs:
             if peer not in self.pair_seeds:
                 raise ConfigError(f"party {self.rank} has no seed agreed with party {peer}")
-            self._purpose_prgs[key] = PRG(subkey(self.pair_seeds[peer], purpose))
+            self._purpose_prgs[key] = BufferedPRG(subkey(self.pair_seeds[peer], purpose))
         return self._purpose_prgs[key]
 
     @property
@@ -111,7 +111,7 @@ def init(config: Config | None = None, **overrides) -> Session:
         comm.close()
         raise
     session = Session(config, comm, provider,
-                      {p: PRG(subkey(seed, "przs")) for p, seed in comm.pair_seeds.items()},
+                      {p: BufferedPRG(subkey(seed, "przs")) for p, seed in comm.pair_seeds.items()},
                       dict(comm.pair_seeds))
     install(session)
     # threading's exit hooks run before atexit and join the gRPC server's worker threads,

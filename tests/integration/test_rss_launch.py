@@ -333,3 +333,7 @@ def test_bench_rss_rows_carry_the_protocol_and_name_a_missing_operation(monkeypa
     assert matmul["online_dealer_bytes"] == 0 and matmul["offline_dealer_bytes"] == 0
     assert matmul["rounds"] == 1 and matmul["bytes_sent_per_party"] == [8 * 256 * 256 * 2] * 3, matmul
     assert matmul["max_error"] < 1e-2
+    # each party's peak memory over the run: at least its two 256 x 256 operands' components
+    # (4 int64 tensors of 512 KiB), and well below the machine's memory
+    peaks = matmul["peak_memory_mb_per_party"]
+    assert len(peaks) == 3 and all(2.0 <= p < 4096 for p in peaks), peaks
