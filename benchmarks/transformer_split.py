@@ -62,7 +62,8 @@ def main(argv=None) -> int:
             raise SystemExit(f"bert_base_seq128: {row['error']}")
         data["bert_base_seq128"] = {k: row[k] for k in (
             "rounds", "bytes_sent_per_party", "online_dealer_bytes", "offline_dealer_bytes",
-            "seconds_median", "offline_seconds", "torch_seconds", "max_error", "load_average_1min", "cpus")}
+            "seconds_median", "offline_seconds", "torch_seconds", "max_error", "load_average_1min", "cpus",
+            "peak_memory_mb_per_party")}
         print("bert_base_seq128", json.dumps(data["bert_base_seq128"]), file=sys.stderr)
     path.write_text(json.dumps(data, indent=1) + "\n")
     return 0
@@ -110,9 +111,12 @@ def render(data: dict) -> str:
                   "secret one-hot, embeddings and classifier included), **measured** by "
                   "`crypten-lite bench --only bert_base_seq128` (one repetition, after a warm-up):", "",
                   "| rounds | MB sent per party | dealer MB | online s | offline s | torch s | max error | "
-                  "load average (cpus) |", "|---|---|---|---|---|---|---|---|",
+                  "peak memory per party (GB) | load average (cpus) |", "|---|---|---|---|---|---|---|---|---|",
                   f"| {model['rounds']} | {max(model['bytes_sent_per_party']) / 1e6:.0f} | "
                   f"{(model['online_dealer_bytes'] + model['offline_dealer_bytes']) / 1e6:.0f} | "
                   f"{model['seconds_median']:.1f} | {model['offline_seconds']:.1f} | {model['torch_seconds']:.2f} | "
-                  f"{model['max_error']:.1e} | {model['load_average_1min']} ({model['cpus']}) |", ""]
+                  f"{model['max_error']:.1e} | "
+                  + (" / ".join(f"{m / 1024:.1f}" for m in model["peak_memory_mb_per_party"])
+                     if model.get("peak_memory_mb_per_party") else "not measured")
+                  + f" | {model['load_average_1min']} ({model['cpus']}) |", ""]
     return "\n".join(lines)

@@ -38,7 +38,7 @@ from typing import Iterator, Sequence
 import torch
 
 from ..errors import ProtocolError, UnsupportedError
-from ..provider.correlations import TRIPLE_OPS, logical_shift
+from ..provider.correlations import TRIPLE_OPS
 from ..random import canonical
 from ..session import current
 from .replicated import Replicated
@@ -163,6 +163,10 @@ def _cross(op: str, x: Replicated, y: Replicated, params: Sequence[int]) -> torc
         raise UnsupportedError(f"no replicated product for op {op!r}; supported: {sorted(TRIPLE_OPS)}")
     fn = TRIPLE_OPS[op]
     x, y = _as_rep(x), _as_rep(y)
+    if op == "mul" and x.a.shape == y.a.shape:  # the same sum in place: one temporary, not three
+        z = y.a + y.b
+        z *= x.a
+        return z.addcmul_(x.b, y.a)
     return fn(x.a, y.a + y.b, params) + fn(x.b, y.a, params)
 
 
@@ -268,7 +272,7 @@ def prefetch_trunc(n: int, bits: int) -> None:
     if n <= 0:
         return
     stock = _stock(bits)
-    stock.parts.append(tuple(_generate_pairs(n, bits)))
+    stock.parts.append(_prepare(*_generate_pairs(n, bits), bits))
     stock.available += n
 
 
@@ -314,7 +318,7 @@ def prefetch(plan: Sequence[tuple[int, int]]) -> None:
 
 
 def _trunc_pairs(n: int, bits: int):
-    """(r, rt, m) replicated, of n elements each: from the prefetched stock when it holds
+    """A prepared pair (_prepare) of n elements: from the prefetched stock when it holds
     enough, else made now (rss_binary.trunc_pairs: no dealer)."""
     s = current()
     if s.rss_recording is not None:
@@ -322,27 +326,66 @@ def _trunc_pairs(n: int, bits: int):
     stock = _stock(bits)
     if stock.available >= n:
         return stock.take(n)
-    return _generate_pairs(n, bits)
+    return _prepare(*_generate_pairs(n, bits), bits)
 
 
-def _finish_trunc(c: torch.Tensor, rt: Replicated, m: Replicated, bits: int) -> Replicated:
-    """(c >> bits) - [rt] + 2^(64-bits) (1 - msb c) [m] - 2^(62-bits) (local; on the
-    components, each in a few in-place passes)."""
-    keep = c >= 0                                   # 1 - msb c, public
-    comps = []
-    for mc, rc in ((m.a, rt.a), (m.b, rt.b)):
-        w = mc * keep
-        w <<= 64 - bits
-        w -= rc
-        comps.append(w)
-    public = logical_shift(c, bits)
-    public -= 1 << (BIAS_BITS - bits)
+def _wrap64(v: int) -> int:
+    """v mod 2^64 as a signed int64 value."""
+    return ((v + (1 << 63)) % (1 << 64)) - (1 << 63)
+
+
+def _prepare(r: Replicated, rt: Replicated, m: Replicated, bits: int) -> tuple:
+    """Everything of a truncation pair that does not depend on the value, computed when the
+    pair is made (offline for prefetched pairs), so that the online truncation is an opening
+    and a selection:
+
+    * u_mask = r_i + alpha_i (+ 2^62 on rank 0): this party's term of the fused product's
+      opening (_trunc_additive), alpha a fresh zero sharing of its own (rss-zero streams, drawn
+      here once per pair, in the same order on every party);
+    * for each component j of the result, the two values it takes depending on the public
+      keep = 1 - msb(c): A_j = 2^(64-bits) m_j - rt_j and B_j = -rt_j, with the public term's
+      constants (-2^(62-bits), and +2^(64-bits) that turns the arithmetic shift c >> bits into
+      the logical one when c < 0) folded into share index 0; kept as D_j = A_j - B_j and B_j,
+      so that the selection is B_j + (D_j & keep mask).
+
+    Returns (r, u_mask, D_a, D_b, B_a, B_b), every tensor flat (n,)."""
+    rank = current().rank
+    n = r.numel()
+    u_mask = r.a.reshape(-1) + zero_share((n,))
+    if rank == 0:
+        u_mask += 1 << BIAS_BITS
+    hi = 64 - bits
+    comps = {}
+    for name, mc, rc in (("a", m.a, rt.a), ("b", m.b, rt.b)):
+        rc = rc.reshape(-1)
+        comps["A" + name] = (mc.reshape(-1) << hi) - rc
+        comps["B" + name] = -rc
+    holder = "a" if rank == 0 else "b" if rank == 2 else None
+    if holder is not None:
+        k = 1 << (BIAS_BITS - bits)
+        comps["A" + holder] -= k
+        comps["B" + holder] += _wrap64((1 << hi) - k)
+    return (r.reshape(-1), u_mask, comps["Aa"] - comps["Ba"], comps["Ab"] - comps["Bb"],
+            comps["Ba"], comps["Bb"])
+
+
+def _finish_trunc(c: torch.Tensor, pair: tuple, bits: int) -> Replicated:
+    """(c >> bits) - [rt] + 2^(64-bits) (1 - msb c) [m] - 2^(62-bits), c public: one
+    selection per component by keep = 1 - msb(c) between the pair's prepared values, and the
+    arithmetic shift of c added to share index 0 (local)."""
+    _, _, d_a, d_b, b_a, b_b = pair
+    keep = c >> 63                                  # all ones where c < 0 ...
+    keep.bitwise_not_()                             # ... now where c >= 0: 1 - msb c, public
+    a = d_a & keep
+    a += b_a
+    b = d_b & keep
+    b += b_b
     rank = current().rank
     if rank == 0:
-        comps[0] += public
+        a += c >> bits
     elif rank == 2:
-        comps[1] += public
-    return Replicated(comps[0], comps[1], rank)
+        b += c >> bits
+    return Replicated(a, b, rank)
 
 
 def truncate(x: Replicated, bits: int) -> Replicated:
@@ -351,9 +394,9 @@ def truncate(x: Replicated, bits: int) -> Replicated:
         return x
     x = _as_rep(x)
     shape = x.shape
-    r, rt, m = _trunc_pairs(x.numel(), bits)
-    c = open_(x.reshape(-1) + r + (1 << BIAS_BITS))
-    return _finish_trunc(c, rt, m, bits).view(shape)
+    pair = _trunc_pairs(x.numel(), bits)
+    c = open_(x.reshape(-1) + pair[0] + (1 << BIAS_BITS))
+    return _finish_trunc(c, pair, bits).view(shape)
 
 
 def open_additive(u: torch.Tensor) -> torch.Tensor:
@@ -388,12 +431,8 @@ def square_trunc(x: Replicated, bits: int) -> Replicated:
 
 def _trunc_additive(z: torch.Tensor, bits: int) -> Replicated:
     """Replicated shares of (sum_i z_i) / 2^bits from a 3-of-3 additive sharing z (one round)."""
-    rank = current().rank
     shape = z.shape
-    r, rt, m = _trunc_pairs(z.numel(), bits)
-    u = z.reshape(-1) + r.a
-    u += zero_share((z.numel(),))
-    if rank == 0:
-        u += 1 << BIAS_BITS
+    pair = _trunc_pairs(z.numel(), bits)
+    u = z.reshape(-1) + pair[1]                     # r_i + alpha_i (+ 2^62): see _prepare
     c = open_additive(u)
-    return _finish_trunc(c, rt, m, bits).view(shape)
+    return _finish_trunc(c, pair, bits).view(shape)
