@@ -106,7 +106,7 @@ def open_xor(x: torch.Tensor) -> torch.Tensor:
 def and_many(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], triple=None) -> list[torch.Tensor]:
     """Shares of x & y for every pair, in ONE round (all openings in one message).
 
-    `triple`: a binary triple of the total size requested earlier (see PrefetchedAnd).
+    `triple`: a binary triple of the total size, requested earlier.
     """
     s = current()
     xs = [torch.broadcast_tensors(x, y)[0].reshape(-1) for x, y in pairs]
@@ -129,17 +129,6 @@ def and_many(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], triple=None) ->
         out.append(z[offset:offset + flat.numel()].view(shape))
         offset += flat.numel()
     return out
-
-
-class PrefetchedAnd:
-    """An and_fn whose binary triples (one per call, sizes known in advance) are all
-    requested up front, so that the dealer computes them while earlier rounds run."""
-
-    def __init__(self, sizes: Sequence[int]):
-        self._triples = [provider_get("binary_triple", n, lambda m: [(m,)], 1) for n in sizes]
-
-    def __call__(self, pairs: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> list[torch.Tensor]:
-        return and_many(pairs, self._triples.pop(0))
 
 
 def and_(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

@@ -21,14 +21,16 @@ Carry of a two-operand sum (what the MSB, i.e. x < 0, needs), a la [KS73] / [CGH
 
 Two ways to run the levels after level 1:
 
-* ``poly_fn`` (the additive protocol, with a dealer): radix 4. Four groups combine in ONE
+* ``poly_fn`` (what the additive protocol passes; the dealer supplies the mask products):
+  radix 4. Four groups combine in ONE
   round as a masked polynomial (``CARRY4_G`` / ``CARRY4_P``: products of up to four inputs,
   the dealer's shares of the mask products, see ``expand_terms``), so w groups take
   ceil(log4 w) rounds instead of log2 w: 32 -> 8 -> 2 -> 1 in 3 rounds, 16 -> 4 -> 1 in 2.
   ``poly_fn(jobs) -> list``: for each job (inputs, outputs), XOR shares of every output, an
   output being an XOR of ANDs of inputs (all XOR-shared); all jobs of a call in ONE round.
-* ``and_fn`` (the rss protocol, which has no dealer for mask products): radix 2, one AND
-  round per level.
+The rss protocol has its own carry circuit (``rss_binary._g_carry``: roles 0 and 2 as two
+parties, role 1 their dealer), radix 2 but for its last level, which takes four groups
+(``CARRY4_G_ONLY``); and_fn remains the callback of the AND tree and the adder.
 """
 
 from __future__ import annotations
@@ -249,36 +251,11 @@ def carry_plan(words: int, width: int, want_p: bool = False) -> list[tuple[int, 
     return plan
 
 
-def carry_tree(g: torch.Tensor, p: torch.Tensor, width: int, and_fn: AndFn | None = None,
-               poly_fn: PolyFn | None = None) -> torch.Tensor:
-    """Group-generate of `width` bits per element (lane-packed words) -> 1 bit per element.
-
-    With poly_fn: radix 4 (carry_trees). With and_fn: one and_fn call (one round) per level
-    of two groups; the last level skips P. Returns words with one bit per element, 64
-    elements per word, in element order.
-    """
-    if poly_fn is not None:
-        return carry_trees([(g, p, width, False)], poly_fn)[0][0]
-    while width > 1:
-        g_hi, g_lo = halves(g)
-        p_hi, p_lo = halves(p)
-        if width == 2:
-            (t,) = and_fn([(p_hi, g_lo)])
-            return g_hi ^ t
-        t, p = and_fn([(p_hi, g_lo), (p_hi, p_lo)])
-        g = g_hi ^ t
-        width //= 2
-    return g
-
-
-def carry_tree_and_sizes(words: int, width: int) -> list[int]:
-    """Words ANDed at each level of carry_tree on `words` lane-packed words (for prefetching)."""
-    sizes = []
-    while width > 1:
-        words = -(-words // 2)
-        sizes.append(words if width == 2 else 2 * words)
-        width //= 2
-    return sizes
+def carry_tree(g: torch.Tensor, p: torch.Tensor, width: int, poly_fn: PolyFn) -> torch.Tensor:
+    """Group-generate of `width` bits per element (lane-packed words) -> 1 bit per element:
+    carry_trees of one task. Returns words with one bit per element, 64 elements per word,
+    in element order."""
+    return carry_trees([(g, p, width, False)], poly_fn)[0][0]
 
 
 def and_tree(x: torch.Tensor, width: int, and_fn: AndFn | None = None,
@@ -302,10 +279,9 @@ def and_tree(x: torch.Tensor, width: int, and_fn: AndFn | None = None,
     return x
 
 
-def msb_from_group2(g: torch.Tensor, p: torch.Tensor, top: torch.Tensor, and_fn: AndFn | None = None,
-                    poly_fn: PolyFn | None = None) -> torch.Tensor:
+def msb_from_group2(g: torch.Tensor, p: torch.Tensor, top: torch.Tensor, poly_fn: PolyFn) -> torch.Tensor:
     """Level-1 outputs (32 groups per element) + top bits (packed) -> packed msb shares."""
-    return carry_tree(g, p, 32, and_fn, poly_fn) ^ top
+    return carry_tree(g, p, 32, poly_fn) ^ top
 
 
 # ------------------------------------------------------------- full adders (A2B)

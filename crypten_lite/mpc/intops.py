@@ -25,9 +25,9 @@ shares, 64 elements per word). Byte counts below are per element and per party, 
    (generate 0, propagate 1) and level 1 (2-bit groups) comes from ONE masked opening (each
    owner sends its operand: ``W / 8`` bytes), as :func:`crypten_lite.mpc.convert.msb_words`
    does for 64 bits.
-3. ``log2(W) - 1`` rounds of :func:`crypten_lite.mpc.circuits.carry_tree`.
+3. ``ceil(log4(W / 2))`` rounds of :func:`crypten_lite.mpc.circuits.carry_tree` (radix 4).
 
-``m <= 16``: 4 rounds and 5.25 bytes (64 bits: 6 rounds, 23.25 bytes).
+``m <= 16``: 3 rounds and 4 bytes (64 bits: 4 rounds, 17 bytes).
 
 **Clamp** (:func:`clamp`): ``b_lo = [x > lo]``, ``b_hi = [x > hi]`` in one short-MSB call;
 ``y = lo + (b_lo ^ b_hi) (x - lo) + (hi - lo) b_hi`` (``b_hi <= b_lo``), the bit times value
@@ -47,11 +47,12 @@ round per level.
   where the wrap ``w = top(x'_0) OR top(x'_1)`` (because ``x' < 2**63``). The carry comes
   from a carry tree over the top ``e = min(k, carry_bits)`` bits of ``L_0``, ``L_1``
   (level 1 and the AND for ``w`` in one masked opening), then one B2A round for both bits.
-  ``e = 16``: 5 rounds, 5.6 bytes.
+  ``e = 16``: 4 rounds, 4.4 bytes.
 * N > 2 parties (dealer-assisted, a la [EGK+20]): open ``c = x' + r`` (one round, 8 bytes),
   borrow ``[c mod 2**k < r mod 2**k]`` from ``r``'s XOR-shared bits (kind ``trunc_exact``)
   by a carry tree on the top ``e`` bits (``c`` is public: no level-1 opening), the wrap
-  from ``msb(r)``; one B2A round. ``e = 16``: 6 rounds, 15.4 bytes.
+  from ``msb(r)``; one B2A round. ``e = 16``: 4 rounds, 24.75 bytes at 3 parties (to the two
+  others).
 
 Both are exact when ``k <= carry_bits``. Otherwise the carry ignores the bits below
 ``k - e``. 2 parties: the missed carry needs the low ``k`` bits of ``x'`` below
@@ -309,7 +310,7 @@ def and_with_b2a(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], b2as: Seque
 
 def requantize_clamp(v: torch.Tensor, shift: int, offset: int, lo: Bound | None, hi: Bound | None,
                      m: int, carry_bits: int = DEFAULT_CARRY_BITS) -> torch.Tensor:
-    """2 parties (additive): ``clamp(floor((v + 2**(shift-1)) / 2**shift) + offset, lo, hi)`` in 6 rounds.
+    """2 parties (additive): ``clamp(floor((v + 2**(shift-1)) / 2**shift) + offset, lo, hi)`` in 5 rounds.
 
     The rounding of :func:`round_shift` (local method) and the clamp's comparisons run
     together: with ``t = H_0 + H_1 + carry - wrap 2**(64-k) - 2**(62-k)``, the sign of
@@ -318,7 +319,7 @@ def requantize_clamp(v: torch.Tensor, shift: int, offset: int, lo: Bound | None,
     party 0): its carry tree needs no rounding result, only the rounding's carry as a
     carry-in (``G | P & carry``). Rounds: level 1 of every tree (one masked opening), the
     tree levels in lockstep, the carry-in ANDs with the B2A of the carry and the wrap (one
-    opening), the bit-times-value fold. Same bytes as the separate steps, 4 rounds fewer.
+    opening), the bit-times-value fold. Same bytes as the separate steps, 3 rounds fewer.
     """
     s = current()
     shape = v.shape

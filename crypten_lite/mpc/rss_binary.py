@@ -28,7 +28,7 @@ parties with role 1 as their dealer:
      of the AND triples of every tree level (role 0's triple shares and masks are F(k_01),
      role 2's F(k_12); role 1 knows both and sends c_2 = a b ^ c_0). Role 0 computes f(a) & m,
      role 2 f(a) & rho: an XOR sharing of (G2, P2) between roles 0 and 2.
-  2. (rounds 2..) per level of circuits.carry_tree, roles 0 and 2 open e = P_hi ^ alpha,
+  2. (rounds 2..) per level of two groups, roles 0 and 2 open e = P_hi ^ alpha,
      d = G_lo ^ gamma, d' = P_lo ^ gamma' to each other (P_hi is one operand of both ANDs of a
      level, so one mask serves both: 3 words for 2 ANDs) and compute Beaver's shares. The
      last level takes the final FOUR groups at once (G only, circuits.CARRY4_G_ONLY): roles 0

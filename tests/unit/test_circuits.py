@@ -112,7 +112,7 @@ def _owned(values: list[torch.Tensor], parties: int) -> list[torch.Tensor]:
     return out
 
 
-def sim_msb(x: torch.Tensor, parties: int, seed: int = 0, radix4: bool = True) -> tuple[torch.Tensor, int]:
+def sim_msb(x: torch.Tensor, parties: int, seed: int = 0) -> tuple[torch.Tensor, int]:
     """The msb_words pipeline of convert.py, simulated: returns (msb bits, AND rounds)."""
     sim = Sim(parties, seed)
     gen = torch.Generator().manual_seed(seed + 1)
@@ -134,11 +134,8 @@ def sim_msb(x: torch.Tensor, parties: int, seed: int = 0, radix4: bool = True) -
         c[co] |= circuits.TOP
     planes = circuits.group2_planes(s, c)
     g, p = sim.eval_terms([circuits.GROUP2_G, circuits.GROUP2_P], planes, [so, so, co, co])
-    if radix4:
-        words = circuits.msb_from_group2(g, p, top, poly_fn=sim.poly_fn)
-        assert [c[0] for c in sim.poly_sizes] == circuits.carry_plan(g.shape[-1], 32)
-    else:
-        words = circuits.msb_from_group2(g, p, top, sim.and_fn)
+    words = circuits.msb_from_group2(g, p, top, sim.poly_fn)
+    assert [c[0] for c in sim.poly_sizes] == circuits.carry_plan(g.shape[-1], 32)
     return circuits.unpack_bits(_xor_all(words), x.numel()), sim.rounds
 
 
@@ -213,11 +210,11 @@ def test_carry_tree_is_carry_into_bit_63(s_vals, c_vals, parties):
     s_pad, c_pad = s & circuits.LOW63, (c & circuits.LOW63) | circuits.TOP
     planes = [_share_xor(t, parties, sim.gen) for t in circuits.group2_planes(s_pad, c_pad)]
     g, p = sim.eval_terms([circuits.GROUP2_G, circuits.GROUP2_P], planes, [-1] * 4)
-    carry = circuits.unpack_bits(_xor_all(circuits.carry_tree(g, p, 32, sim.and_fn)), n)
+    carry = circuits.unpack_bits(_xor_all(circuits.carry_tree(g, p, 32, sim.poly_fn)), n)
     ref = (((s & circuits.LOW63) + (c & circuits.LOW63)) >> 63) & 1
     assert torch.equal(carry, ref)
-    assert sim.rounds == 5
-    assert sim.sizes == circuits.carry_tree_and_sizes(planes[0].shape[-1], 32)
+    assert sim.rounds == 3  # 32 -> 8 -> 2 -> 1 groups (level 1 above is not counted)
+    assert [c[0] for c in sim.poly_sizes] == circuits.carry_plan(planes[0].shape[-1], 32)
 
 
 @settings(max_examples=40, deadline=None)
@@ -228,17 +225,13 @@ def test_msb_is_sign(values, parties, seed):
     bits, rounds = sim_msb(x, parties, seed)
     assert torch.equal(bits, (x < 0).long())
     assert rounds == 3  # radix 4: 32 -> 8 -> 2 -> 1 groups
-    bits, rounds = sim_msb(x, parties, seed, radix4=False)
-    assert torch.equal(bits, (x < 0).long())
-    assert rounds == 5
 
 
 def test_msb_edges_exhaustive():
     x = torch.tensor(EDGES + [i for i in range(-300, 300)], dtype=torch.int64)
     for parties in (2, 3):
-        for radix4 in (True, False):
-            bits, _ = sim_msb(x, parties, 7, radix4)
-            assert torch.equal(bits, (x < 0).long())
+        bits, _ = sim_msb(x, parties, 7)
+        assert torch.equal(bits, (x < 0).long())
 
 
 def test_carry4_terms_are_the_4group_carry():
