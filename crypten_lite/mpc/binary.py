@@ -169,9 +169,9 @@ def _monomials_of(owners: Sequence[int], outputs) -> tuple[list, list]:
     return monos, dealt
 
 
-def _request(numel: int, owners: Sequence[int], outputs):
-    """The dealer's masks and mask products for a job of `numel` words (kind binary_monomials)."""
-    _, dealt = _monomials_of(owners, outputs)
+def _request(numel: int, owners: Sequence[int], dealt: Sequence[tuple[int, ...]]):
+    """The dealer's masks and the `dealt` mask products for a job of `numel` words (kind
+    binary_monomials)."""
     subsets = [sum(1 << k for k in m) for m in dealt]
     return provider_get("binary_monomials", numel, lambda n: [(n,)], len(dealt),
                         params=monomial_params(list(owners), subsets))
@@ -181,7 +181,7 @@ def _plan(job: PolyJob) -> _Plan:
     monos, dealt = _monomials_of(job.owners, job.outputs)
     corr = job._corr
     if corr is None:
-        corr = _request(job.inputs[0].numel(), job.owners, job.outputs)
+        corr = _request(job.inputs[0].numel(), job.owners, dealt)
     return _Plan(job, monos, dealt, corr)
 
 
@@ -195,7 +195,8 @@ class PolyRounds:
     """
 
     def __init__(self, plan: Sequence[Sequence[tuple[int, int, list]]] = ()):
-        self._corrs = [[_request(words, [-1] * k, outputs) for words, k, outputs in call] for call in plan]
+        self._corrs = [[_request(words, [-1] * k, _monomials_of([-1] * k, outputs)[1])
+                        for words, k, outputs in call] for call in plan]
 
     def __call__(self, jobs) -> list[list[torch.Tensor]]:
         poly_jobs = [PolyJob(list(inputs), [-1] * len(inputs), [list(o) for o in outputs])

@@ -108,12 +108,14 @@ def halves(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return pack_lanes(hi, 32), pack_lanes(lo, 32)
 
 
-def quarters(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def quarters(x: torch.Tensor, halves_fn=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Bits 4j, 4j+1, 4j+2, 4j+3 of packed groups of width >= 4 (q0, q1, q2, q3), each
-    re-packed into full words (a quarter as many)."""
-    hi, lo = halves(x)
-    q3, q1 = halves(hi)
-    q2, q0 = halves(lo)
+    re-packed into full words (a quarter as many). `halves_fn`: an implementation of halves
+    (rss_binary passes its table-lookup one)."""
+    split = halves_fn or halves
+    hi, lo = split(x)
+    q3, q1 = split(hi)
+    q2, q0 = split(lo)
     return q0, q1, q2, q3
 
 

@@ -355,18 +355,15 @@ def _prepare(r: Replicated, rt: Replicated, m: Replicated, bits: int) -> tuple:
     if rank == 0:
         u_mask += 1 << BIAS_BITS
     hi = 64 - bits
-    comps = {}
-    for name, mc, rc in (("a", m.a, rt.a), ("b", m.b, rt.b)):
-        rc = rc.reshape(-1)
-        comps["A" + name] = (mc.reshape(-1) << hi) - rc
-        comps["B" + name] = -rc
-    holder = "a" if rank == 0 else "b" if rank == 2 else None
+    # D_j = A_j - B_j = 2^(64-bits) m_j (share index 0: minus the 2^(64-bits) that B_0 adds)
+    d = [m.a.reshape(-1) << hi, m.b.reshape(-1) << hi]
+    b = [-rt.a.reshape(-1), -rt.b.reshape(-1)]
+    holder = 0 if rank == 0 else 1 if rank == 2 else None
     if holder is not None:
         k = 1 << (BIAS_BITS - bits)
-        comps["A" + holder] -= k
-        comps["B" + holder] += _wrap64((1 << hi) - k)
-    return (r.reshape(-1), u_mask, comps["Aa"] - comps["Ba"], comps["Ab"] - comps["Bb"],
-            comps["Ba"], comps["Bb"])
+        d[holder] -= _wrap64(1 << hi)
+        b[holder] += _wrap64((1 << hi) - k)
+    return (r.reshape(-1), u_mask, d[0], d[1], b[0], b[1])
 
 
 def _finish_trunc(c: torch.Tensor, pair: tuple, bits: int) -> Replicated:

@@ -401,14 +401,6 @@ def _halves(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return odd.view(torch.int64), even.view(torch.int64)
 
 
-def _quarters(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """circuits.quarters with the table-lookup _halves."""
-    hi, lo = _halves(x)
-    q3, q1 = _halves(hi)
-    q2, q0 = _halves(lo)
-    return q0, q1, q2, q3
-
-
 # The last carry level combines the final four groups in one round (G only): a masked
 # polynomial of 6 inputs (circuits.CARRY4_G_ONLY) whose 15 mask products role 1 deals.
 _G4_MONOS = circuits.monomials(circuits.CARRY4_G_ONLY)
@@ -535,8 +527,8 @@ def _g_carry(ro: _Roles, a_words, b_words, words: int, width: int, extra_b: Sequ
         p = p ^ a10
     for x, (w, kind) in zip(mine, levels):
         if kind == "g4":
-            g0, g1, g2, g3 = _quarters(g)
-            _, p1, p2, p3 = _quarters(p)
+            g0, g1, g2, g3 = circuits.quarters(g, _halves)
+            _, p1, p2, p3 = circuits.quarters(p, _halves)
             inputs = [g0, g1, g2, p1, p2, p3]
             mine_open = torch.cat([v ^ mk for v, mk in zip(inputs, x["masks"])])
             got = yield ({other: mine_open}, {other: mine_open.numel()})
