@@ -36,6 +36,8 @@ class Communicator(abc.ABC):
 
     rank: int
     world_size: int
+    # A side protocol whose int64 openings ride in all_gather's messages (mpc.parallel).
+    rider = None
 
     def __init__(self, rank: int, world_size: int):
         self.rank = rank
@@ -128,7 +130,13 @@ class Communicator(abc.ABC):
         return [r for r in range(self.world_size) if r != self.rank]
 
     def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
-        """Every party's tensor, in rank order (one round)."""
+        """Every party's tensor, in rank order (one round). While a side protocol rides
+        (mpc.parallel.alongside), its pending opening travels in the same int64 message."""
+        if self.rider is not None and tensor.dtype == torch.int64:
+            return self.rider.ride(tensor, self._all_gather)
+        return self._all_gather(tensor)
+
+    def _all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         got = self.exchange({p: tensor for p in self.peers()}, self.peers())
         got[self.rank] = tensor
         return [got[r] for r in range(self.world_size)]

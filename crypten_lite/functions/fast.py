@@ -38,6 +38,8 @@ import torch
 
 from .. import encoding
 from ..mpc import beaver, circuits, protocol
+from ..mpc.convert import finish_gen
+from ..mpc.parallel import alongside, drive, opened_sums, split
 from ..mpc.binary import provider_get
 from ..mpc.primitives import open_many
 from ..session import current
@@ -126,6 +128,11 @@ def products_round(jobs: Sequence[tuple]) -> list[torch.Tensor]:
     """Untruncated products of several jobs in ONE round (additive): ("square", x) opens one
     value; ("mul", x, y) with broadcasting shapes (e.g. (R, D) x (R, 1): a broadcasting
     triple, only x - A and the R values of y - B are opened)."""
+    return drive(products_gen(jobs))
+
+
+def products_gen(jobs: Sequence[tuple]):
+    """products_round as a protocol in rounds (mpc.parallel): yields its one opening."""
     if not _additive():
         return [mul_shares([(j[1], j[1] if j[0] == "square" else j[2])])[0] for j in jobs]
     s = current()
@@ -138,7 +145,7 @@ def products_round(jobs: Sequence[tuple]) -> list[torch.Tensor]:
             corr = s.provider.get("triple", [tuple(job[1].shape), tuple(job[2].shape)], "mul", ())
             opened += [job[1] - corr[0], job[2] - corr[1]]
         corrs.append(corr)
-    vals = open_many(opened)
+    vals = split(opened_sums((yield torch.cat([t.reshape(-1) for t in opened]))), opened)
     out, i = [], 0
     for job, corr in zip(jobs, corrs):
         if job[0] == "square":
@@ -156,6 +163,59 @@ def products_round(jobs: Sequence[tuple]) -> list[torch.Tensor]:
             if s.rank == 0:
                 z = z + e * d
         out.append(z)
+    return out
+
+
+def _scaled(v: torch.Tensor, e: int) -> torch.Tensor:
+    """Shares of v 2^e (a local truncation for e < 0)."""
+    return v * (1 << e) if e >= 0 else truncate(v, -e)
+
+
+def bucket_polys_gen(ts: torch.Tensor, coeffs: Sequence[Sequence[float]], prec: int, scale: int):
+    """A protocol in rounds (mpc.parallel): shares of sum_k coeffs[n][k] t_n^k at 2^scale
+    for the variables ts (N, ...) of N buckets (bucket n's own polynomial, any factor of it
+    folded into its coefficients), degree 4: t^2, then t^3 and t^4 (2 rounds). A variable
+    far outside [-1, 1] (a bucket the value is not in) gives garbage, which the selection
+    (select_buckets) cancels exactly."""
+    if any(len(c) != 5 for c in coeffs):
+        raise ValueError("bucket_polys_gen: degree 4 polynomials only")
+    (t2,) = yield from products_gen([("square", ts)])
+    t2 = truncate(t2, prec)
+    t3, t4 = yield from products_gen([("mul", t2, ts), ("square", t2)])
+    pw = [None, ts, t2, truncate(t3, prec), truncate(t4, prec)]
+    view = (ts.shape[0],) + (1,) * (ts.dim() - 1)
+    acc = torch.zeros_like(ts)
+    for k in range(1, 5):
+        acc = acc + pw[k] * torch.tensor([int(round(c[k] * (1 << scale))) for c in coeffs]).view(view)
+    const = torch.tensor([int(round(c[0] * (1 << scale))) for c in coeffs]).view(view)
+    return truncate(acc, prec) + public_share(const.expand_as(ts).contiguous())
+
+
+def select_buckets(bits: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """Shares of values[n] where n = the number of set bits, for bits (N - 1) x R (row-major;
+    bit j of row r: [x_r >= threshold j], thresholds increasing, so the set bits come first)
+    and values (N, R, ...): values[0] + sum_j bit_j (values[j + 1] - values[j]) in ONE round
+    (bit times value). Exact in the ring: the values of the other buckets cancel, whatever
+    they are."""
+    return drive(select_buckets_gen(bits, values))
+
+
+def select_buckets_gen(bits: torch.Tensor, values: torch.Tensor):
+    """select_buckets as a protocol in rounds (mpc.parallel)."""
+    n = values.shape[0] - 1
+    if n == 0:
+        return values[0]
+    rows = bits.numel() // n
+    shape = (rows,) + (1,) * (values.dim() - 2)
+    muls = [(circuits.pack_bits(bits[j * rows:(j + 1) * rows]), shape, values[j + 1] - values[j])
+            for j in range(n)]
+    if _additive():
+        _, prods = yield from finish_gen((), muls)
+    else:
+        _, prods = protocol.finish((), muls)
+    out = values[0]
+    for p_ in prods:
+        out = out + p_
     return out
 
 
@@ -374,8 +434,7 @@ def mul_rows(e: torch.Tensor, inv: torch.Tensor) -> torch.Tensor:
 # -------------------------------------------------------------------- layer norm
 ISQRT_J = range(-13, 16)      # thresholds 2^j on v = var + eps: v in [2^-14, 2^15)
 ISQRT_DEGREE = 4              # 1/sqrt(m) on m in [1, 2): relative error 8.4e-5 (fit)
-_Q = 16                       # scale of the bucket factors 2^-L (exact: L <= 16)
-_Q2 = 24                      # scale of 2^(-L/2)
+_Q2 = 24                      # scale of 1/sqrt(v) (up to 2^7) before the final product
 
 
 def layer_norm_ok() -> bool:
@@ -383,19 +442,53 @@ def layer_norm_ok() -> bool:
     return _short_ok()
 
 
+@functools.lru_cache(maxsize=None)
+def _cheb_monomials(fn_name: str, degree: int) -> tuple[float, ...]:
+    """Monomial coefficients in t in [-1, 1] of the Chebyshev interpolant of 1/sqrt(m)
+    ("isqrt") or 1/m ("recip"), m = (t + 3) / 2 in [1, 2)."""
+    nodes = np.cos(np.pi * (np.arange(degree + 1) + 0.5) / (degree + 1))
+    m = (nodes + 3) / 2
+    vals = 1.0 / np.sqrt(m) if fn_name == "isqrt" else 1.0 / m
+    cheb = np.polynomial.chebyshev.chebfit(nodes, vals, degree)
+    return tuple(float(x) for x in np.polynomial.chebyshev.cheb2poly(cheb))
+
+
+def _octave_inverse(v: torch.Tensor, lo: int, js: Sequence[int], fn_name: str, prec: int,
+                    scale: int) -> torch.Tensor:
+    """Shares of 1/sqrt(v) ("isqrt") or 1/v ("recip") per row of v (R, 1) at 2^scale, for v
+    in [2^lo, 2^(js[-1] + 1)), thresholds 2^j (j in js, increasing, js[0] = lo + 1) between
+    2 additive parties, in 4 rounds. Bucket n (n thresholds met): v in [2^L, 2^(L+1)),
+    L = lo + n, v = 2^L m with m in [1, 2), and 1/sqrt(v) = 2^(-L/2) p((2m - 3)) with p of
+    degree 4 (1/v = 2^-L p). The comparisons [v >= 2^j] (one short MSB circuit, 3 rounds)
+    and the polynomials of EVERY bucket (2 rounds, their openings riding in the circuit's:
+    mpc.parallel) run together; one bit-times-value round selects the row's bucket."""
+    rows = v.shape[0]
+    ls = [lo + n for n in range(len(js) + 1)]
+    ts = torch.stack([_scaled(v, 1 - L) for L in ls]) - _enc(3.0, prec, v)
+    base = _cheb_monomials(fn_name, ISQRT_DEGREE)
+    power = 0.5 if fn_name == "isqrt" else 1.0
+    coeffs = [[c * 2.0 ** (-power * L) for c in base] for L in ls]
+    side = bucket_polys_gen(ts, coeffs, prec, scale)
+    if not js:
+        return drive(side)[0]
+    items = torch.cat([(v - _enc(2.0 ** j, prec, v)).reshape(-1) for j in js])
+    words, values = alongside(lambda: neg_words(items, 2), side)
+    bits = protocol.xor_public(circuits.unpack_bits(words, rows * len(js)), 1)   # [v >= 2^j]
+    return select_buckets(bits, values)
+
+
 def layer_norm_share(c: torch.Tensor, prec: int, eps: float, gamma: torch.Tensor | None,
                      public_weight: bool = False, saved: bool = False):
     """Shares of c / sqrt(mean(c^2) + eps) * gamma per row of the centered rows c (R, D), at
-    `prec`; gamma: shares (D,), the encoded public weight (public_weight) or None. 10 rounds
+    `prec`; gamma: shares (D,), the encoded public weight (public_weight) or None. 6 rounds
     between 2 parties:
       1      c^2 (squares) and c * gamma (a broadcasting triple: D values of gamma opened)
-      2-6    [v >= 2^j] for every j in ISQRT_J, v = var + eps (one short MSB circuit, per row)
-      7      B2A of the bits and m = v 2^-L in [1, 2) as bits times public multiples of v
-      8      t^2 of t = 2m - 3, and (c gamma) * 2^(-L/2) (a broadcasting triple: R values)
-      9      t^3, t^4: p(t) ~ 1/sqrt(m) (degree 4)
-      10     (c gamma 2^(-L/2)) * p (a broadcasting triple)
+      2-5    1/sqrt(v) per row, v = var + eps (_octave_inverse: [v >= 2^j] for every j in
+             ISQRT_J by one short MSB circuit, beside the degree-4 polynomial of every
+             octave; the bucket's value selected in round 5)
+      6      (c gamma) * 1/sqrt(v) (a broadcasting triple: R values)
     Domain: var + eps in [2^-14, 2^15) (6.1e-5 to 32768). saved=True (autograd): returns
-    (out, x_hat, inv_std) too, x_hat and inv_std from two more products in rounds 8 and 10."""
+    (out, x_hat, inv_std) too, x_hat from one more product in round 6."""
     rows, d = c.shape
     secret = gamma is not None and not public_weight
     jobs = [("square", c)] + ([("mul", c, gamma.reshape(1, d))] if secret else [])
@@ -411,84 +504,90 @@ def layer_norm_share(c: torch.Tensor, prec: int, eps: float, gamma: torch.Tensor
     var = truncate(total * int(round((1 << (prec + 8)) / d)), prec + 8)
     v = var + _enc(eps, prec, var)
     js = list(ISQRT_J)
-    items = torch.cat([(v - _enc(2.0 ** j, prec, v)).reshape(-1) for j in js])
-    bits = circuits.unpack_bits(neg_words(items, 2), rows * len(js))
-    bits = protocol.xor_public(bits, 1)                  # [v >= 2^j], (len(js) * rows,)
-    # bucket n (bits set): v in [2^(L), 2^(L+1)) with L = js[0] - 1 + n
-    lo = js[0] - 1
-    a = [2.0 ** -(lo + n) for n in range(len(js) + 1)]   # m = v * a[n]
-    b = [2.0 ** (-(lo + n) / 2) for n in range(len(js) + 1)]
-    words = circuits.pack_bits(bits)
-    muls = [(circuits.pack_bits(bits[n * rows:(n + 1) * rows]), (rows, 1),
-             v * int(round((a[n + 1] - a[n]) * (1 << _Q)))) for n in range(len(js))]
-    (arith,), prods = protocol.finish([(words, rows * len(js))], muls)
-    m = v * int(round(a[0] * (1 << _Q)))
-    for p_ in prods:
-        m = m + p_
-    m = truncate(m, _Q)
-    arith = arith.view(len(js), rows, 1)
-    scale = public_share(torch.full_like(v, int(round(b[0] * (1 << _Q2)))))
-    for n in range(len(js)):
-        scale = scale + arith[n] * int(round((b[n + 1] - b[n]) * (1 << _Q2)))
-    t = 2 * m - _enc(3.0, prec, m)
-    extra = [("mul", c, scale)] if saved else []
-    t2, cgs, *cs = products_round([("square", t), ("mul", cg, scale)] + extra)
-    t2, cgs = truncate(t2, prec), truncate(cgs, _Q2)
-    t3, t4 = products_round([("mul", t2, t), ("square", t2)])
-    pw = {1: t, 2: t2, 3: truncate(t3, prec), 4: truncate(t4, prec)}
-    nodes = np.cos(np.pi * (np.arange(ISQRT_DEGREE + 1) + 0.5) / (ISQRT_DEGREE + 1))
-    cheb = np.polynomial.chebyshev.chebfit(nodes, 1.0 / np.sqrt((nodes + 3) / 2), ISQRT_DEGREE)
-    coeffs = [float(x) for x in np.polynomial.chebyshev.cheb2poly(cheb)]
-    p = _poly_from_powers(pw, coeffs, prec, t)
+    inv = _octave_inverse(v, js[0] - 1, js, "isqrt", prec, _Q2)
     if not saved:
-        (out,) = products_round([("mul", cgs, p)])
-        return truncate(out, prec)
-    out, x_hat, inv_std = products_round([("mul", cgs, p), ("mul", truncate(cs[0], _Q2), p), ("mul", scale, p)])
-    return truncate(out, prec), truncate(x_hat, prec), truncate(inv_std, _Q2)
+        (out,) = products_round([("mul", cg, inv)])
+        return truncate(out, _Q2)
+    out, x_hat = products_round([("mul", cg, inv), ("mul", c, inv)])
+    return truncate(out, _Q2), truncate(x_hat, _Q2), truncate(inv, _Q2 - prec)
 
 
 # ------------------------------------------------------------- attention softmax
-RECIP_DEGREE = 4              # 1/m on m in [1, 2): relative error 3.0e-4 (fit)
+def poly7_gen(ts: torch.Tensor, coeffs: Sequence[float], prec: int):
+    """A protocol in rounds (mpc.parallel): shares of p(t) (degree 7, Paterson-Stockmeyer
+    p = a(t) + t^4 b(t)) for every entry of ts, in 3 rounds (t^2 | t^3, t^4 | t^4 b(t))."""
+    (t2,) = yield from products_gen([("square", ts)])
+    t2 = truncate(t2, prec)
+    t3, t4 = yield from products_gen([("mul", t2, ts), ("square", t2)])
+    pw = {1: ts, 2: t2, 3: truncate(t3, prec)}
+    low = _poly_from_powers(pw, coeffs[:4], prec, ts)
+    high = _poly_from_powers(pw, coeffs[4:], prec, ts)
+    (top,) = yield from products_gen([("mul", truncate(t4, prec), high)])
+    return low + truncate(top, prec)
+
+
+EXP_PAIRS_MAX = 1 << 14  # exp_pairs: at most this many ordered pairs (about 270 bytes each)
+
+
+def exp_pairs(flat: torch.Tensor, prec: int) -> torch.Tensor:
+    """Shares of exp(x - max) per row of `flat` (R, k) without first computing the max: for
+    every ordered pair (i, j) the exponential E_ij = exp(x_j - x_i) of exp_nonpos (four
+    thresholds, the polynomial of each bucket), then e_j = sum_i w_i E_ij with w the one-hot
+    of the row's first largest entry. 7 rounds instead of 7 (max) + 8 (exp):
+      1-3    ONE short MSB circuit over the pairs' comparisons [x_i < x_j] and the four
+             thresholds of every x_j - x_i, beside the four bucket polynomials of every pair
+             (their openings riding in the circuit's rounds, mpc.parallel)
+      4-6    w: the AND of each candidate's k - 1 wins (k <= 65), beside E_ij, the pair's
+             bucket selected (bit times value), in round 4
+      7      e_j = sum_i w_i E_ij (bit times value)
+    A row whose i is not the max has z = x_j - x_i > 0 somewhere: its E_ij are garbage that
+    w_i = 0 cancels exactly. For short rows (a decode step's query against its cache):
+    k (k - 1) ordered pairs per row."""
+    rows, k = flat.shape
+    iu, ju = torch.triu_indices(k, k, 1)
+    off = ~torch.eye(k, dtype=torch.bool)
+    oi, oj = off.nonzero(as_tuple=True)                  # ordered pairs i != j, row-major
+    npairs, nord = iu.numel(), oi.numel()
+    z = (flat[:, oj] - flat[:, oi]).reshape(-1)          # x_j - x_i
+    n = z.numel()
+    cmp = (flat[:, iu] - flat[:, ju]).reshape(-1)        # [x_i < x_j]: j beats i
+    thr = [truncate(z - public_share(encoding.encode(torch.tensor(float(t) / LOG2E), prec).expand_as(z)), 2)
+           for t in EXP_BUCKETS]                         # [z < tau], |z| < 2^17
+    half_y = truncate(z * int(round(LOG2E / 2 * (1 << prec))), prec)
+    ts = torch.stack([half_y + _enc(9.0 - 2 * b, prec, z) for b in range(1, 5)])
+    side = poly7_gen(ts, fit("exp2", 0.0, 4.0, EXP_DEGREE), prec)
+    items = torch.cat([cmp] + thr)
+    words, polys = alongside(lambda: _msb_low(items, SHORT_BITS), side)
+    bits = circuits.unpack_bits(words, items.numel())
+    beats = bits[:cmp.numel()].view(rows, npairs)
+    above = protocol.xor_public(bits[cmp.numel():], 1)   # [z >= tau], threshold-major
+    # bucket b >= 1: exp = 2^(4b - 20) 2^f; below the first threshold: 0
+    values = torch.stack([torch.zeros_like(z)] + [truncate(polys[b - 1], 20 - 4 * b) for b in range(1, 5)])
+    # w (the AND of each candidate's wins), the pairs' buckets selected in its first round
+    onehot, pair_exp = alongside(lambda: all_pairs_winners(beats, k), select_buckets_gen(above, values))
+    grid = public_share(torch.full((rows, k, k), 1 << prec, dtype=torch.int64))
+    grid[:, oi, oj] = pair_exp.view(rows, nord)
+    _, (prods,) = protocol.finish((), [(circuits.pack_bits(onehot.reshape(-1)), (rows * k, 1),
+                                        grid.reshape(rows * k, k))])
+    return prods.view(rows, k, k).sum(1)
 
 
 def softmax_rows_share(flat: torch.Tensor, prec: int, all_pairs: bool = False) -> torch.Tensor:
     """Shares of softmax over each row of `flat` (R, k), between 2 additive parties: the row
-    max and exp(x - max) as in nonlinear.softmax, then ONE reciprocal per row in 9 rounds
-    with the final product: [sum >= 2^j] for 2^j <= k (one 32-bit MSB circuit), the B2A
-    round also making m = sum 2^-n in [1, 2) (bits times public multiples of the sum), then
-    t^2 of t = 2m - 3 beside e * 2^-n (a broadcasting triple), t^3 and t^4, and
-    (e 2^-n) * p(t) with p ~ 1/m of degree 4: max - 19 (128 columns), exp 10, 1/sum 9."""
+    max and exp(x - max) as in nonlinear.softmax, then ONE reciprocal per row
+    (_octave_inverse: [sum >= 2^j] for 2^j <= k beside the degree-4 polynomial of every
+    octave, 4 rounds) and the final product (a broadcasting triple: only e and the R
+    reciprocals are opened): max 12 (128 columns), exp 8, 1/sum and product 5."""
     rows, k = flat.shape
-    mx = row_max(flat, all_pairs)
-    e = exp_nonpos(flat - mx.unsqueeze(-1), prec)
+    if all_pairs and k > 1 and rows * k * (k - 1) <= EXP_PAIRS_MAX:
+        e = exp_pairs(flat, prec)
+    else:
+        mx = row_max(flat, all_pairs)
+        e = exp_nonpos(flat - mx.unsqueeze(-1), prec)
     total = e.sum(-1, keepdim=True)                       # in [1, k]: the max's own term is 1
     js = list(range(1, max(1, math.ceil(math.log2(k))) + 1)) if k > 1 else []
-    a = [2.0 ** -n for n in range(len(js) + 1)]           # bucket n: sum in [2^n, 2^(n+1))
-    if js:
-        items = torch.cat([(total - _enc(2.0 ** j, prec, total)).reshape(-1) for j in js])
-        bits = protocol.xor_public(circuits.unpack_bits(neg_words(items, 2), rows * len(js)), 1)
-        muls = [(circuits.pack_bits(bits[n * rows:(n + 1) * rows]), (rows, 1),
-                 total * int(round((a[n + 1] - a[n]) * (1 << _Q)))) for n in range(len(js))]
-        (arith,), prods = protocol.finish([(circuits.pack_bits(bits), rows * len(js))], muls)
-        arith = arith.view(len(js), rows, 1)
-    else:
-        arith, prods = torch.zeros(0, rows, 1, dtype=torch.int64), []
-    m = total * (1 << _Q)
-    for p_ in prods:
-        m = m + p_
-    m = truncate(m, _Q)
-    scale = public_share(torch.full_like(total, 1 << _Q))
-    for n in range(len(js)):
-        scale = scale + arith[n] * int(round((a[n + 1] - a[n]) * (1 << _Q)))
-    t = 2 * m - _enc(3.0, prec, m)
-    t2, es = products_round([("square", t), ("mul", e, scale)])
-    t2, es = truncate(t2, prec), truncate(es, _Q)
-    t3, t4 = products_round([("mul", t2, t), ("square", t2)])
-    pw = {1: t, 2: t2, 3: truncate(t3, prec), 4: truncate(t4, prec)}
-    nodes = np.cos(np.pi * (np.arange(RECIP_DEGREE + 1) + 0.5) / (RECIP_DEGREE + 1))
-    cheb = np.polynomial.chebyshev.chebfit(nodes, 2.0 / (nodes + 3), RECIP_DEGREE)
-    p = _poly_from_powers(pw, [float(c) for c in np.polynomial.chebyshev.cheb2poly(cheb)], prec, t)
-    (out,) = products_round([("mul", es, p)])
+    inv = _octave_inverse(total, 0, js, "recip", prec, prec)
+    (out,) = products_round([("mul", e, inv)])
     return truncate(out, prec)
 
 

@@ -35,6 +35,7 @@ from ..session import current
 from . import circuits
 from .binary import PolyJob, PolyRounds, and_many, eval_polys, lead_of, provider_get, xor_polys
 from .primitives import open_
+from .parallel import drive, opened_sums, opened_xors
 
 # ----------------------------------------------------------------------------- MSB
 
@@ -141,6 +142,12 @@ def finish(b2as: Sequence[tuple[torch.Tensor, int]] = (),
     muls: (words, bit_shape, value) with prod(bit_shape) bits broadcasting over value's
     shape -> shares of bit * value (value's scale, no truncation).
     """
+    return drive(finish_gen(b2as, muls))
+
+
+def finish_gen(b2as: Sequence[tuple[torch.Tensor, int]] = (),
+               muls: Sequence[tuple[torch.Tensor, Sequence[int], torch.Tensor]] = ()):
+    """finish as a protocol in rounds (mpc.parallel): yields its one message."""
     s = current()
     corrs_b = [provider_get("bit", n, lambda m: [(m,)], 1) for _, n in b2as]
     flat_m = []
@@ -157,11 +164,8 @@ def finish(b2as: Sequence[tuple[torch.Tensor, int]] = (),
     xor_parts += [w ^ circuits.pack_bits(c[0].reshape(-1)) for (w, _, _), c in zip(muls, corrs_m)]
     sum_parts = [(v - c[1]).reshape(-1) for v, c in zip(flat_m, corrs_m)]
     nx = sum(t.numel() for t in xor_parts)
-    parts = s.comm.all_gather(torch.cat(xor_parts + sum_parts))
-    xs, ss = parts[0][:nx].clone(), parts[0][nx:].clone()
-    for p in parts[1:]:
-        xs ^= p[:nx]
-        ss += p[nx:]
+    parts = yield torch.cat(xor_parts + sum_parts)
+    xs, ss = opened_xors([p[:nx] for p in parts]), opened_sums([p[nx:] for p in parts])
     out_b, out_m, ox, os_ = [], [], 0, 0
     for (w, n), corr in zip(b2as, corrs_b):
         c = circuits.unpack_bits(xs[ox:ox + w.numel()], n)
