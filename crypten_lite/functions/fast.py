@@ -111,17 +111,26 @@ def _msb_low(v: torch.Tensor, m: int) -> torch.Tensor:
     return fn(v, m)
 
 
-def neg_words(v: torch.Tensor, shift: int = 0) -> torch.Tensor:
+def neg_words(v: torch.Tensor, shift: int = 0, bits: int = 0) -> torch.Tensor:
     """Packed XOR shares of [v < 0]. Between 2 additive parties: the MSB of (v >> shift)
-    mod 2^32 (5 rounds instead of 6, half the bytes), exact for |v| < 2^(31 + shift) units
-    (the local truncation by `shift` bits moves v by at most one unit of 2^shift); otherwise
-    the full 64-bit MSB."""
+    mod 2^bits (default SHORT_BITS: 3 rounds instead of 4, half the bytes; NARROW_BITS: a
+    quarter), exact for |v| < 2^(bits - 1 + shift) units (the local truncation by `shift`
+    bits moves v by at most one unit of 2^shift); otherwise the full 64-bit MSB."""
     if not _short_ok():
         return protocol.msb_words(v)
-    return _msb_low(truncate(v, shift) if shift else v, SHORT_BITS)
+    return _msb_low(truncate(v, shift) if shift else v, bits or SHORT_BITS)
 
 
 SHORT_BITS = 32
+# Narrow comparisons (2 parties): the values' top bits above 2^-4, in a 16-bit circuit (4
+# bytes per comparison instead of 8.25): GELU's tails and the attention softmax's max and exp
+# thresholds, whose inputs stay within 2^11 (NARROW_RANGE) of each other.
+NARROW_BITS, NARROW_SHIFT = 16, 12
+NARROW_RANGE = 2.0 ** (NARROW_BITS - 1 + NARROW_SHIFT - 16)
+
+
+def _narrow_ok(prec: int) -> bool:
+    return _short_ok() and prec == 16
 
 
 def products_round(jobs: Sequence[tuple]) -> list[torch.Tensor]:
@@ -313,8 +322,10 @@ def fit(name: str, lo: float, hi: float, degree: int) -> tuple[float, ...]:
 
 # (tail T, segments of y = x^2 as (lo, hi, degree)); the last hi is T^2.
 EVEN_SPECS = {
-    "gelu": (4.0, ((0.0, 16.0, 7),)),
-    "gelu_tanh": (4.0, ((0.0, 16.0, 7),)),
+    # GELU's tail bits are narrow comparisons (|x| < NARROW_RANGE): x may be taken for inside
+    # up to 1/16 past T = 4, so its polynomial covers y = x^2 up to 16.6
+    "gelu": (4.0, ((0.0, 16.6, 7),)),
+    "gelu_tanh": (4.0, ((0.0, 16.6, 7),)),
     "silu": (10.0, ((0.0, 25.0, 7), (25.0, 100.0, 5))),
 }
 
@@ -334,7 +345,10 @@ def half_plus_even(xs: torch.Tensor, prec: int, name: str) -> torch.Tensor:
     items += [xs - _enc(tail, prec, xs), -xs - _enc(tail, prec, xs)]
     flats = [v.reshape(-1) for v in items]
     n = xs.numel()
-    words = neg_words(torch.cat(flats))                  # [v < 0]: the complement of each bit
+    if len(segs) == 1 and _narrow_ok(prec):              # only x against +-T: narrow
+        words = neg_words(torch.cat(flats), NARROW_SHIFT, NARROW_BITS)
+    else:
+        words = neg_words(torch.cat(flats))              # [v < 0]: the complement of each bit
     bits = circuits.unpack_bits(words, n * len(items))
     bits = protocol.xor_public(bits, 1)                  # [v >= 0]
     half = _half(xs)
@@ -359,13 +373,17 @@ EXP_BUCKETS = (-16, -12, -8, -4)   # thresholds of y = z log2 e; below the first
 EXP_DEGREE = 7
 
 
-def exp_nonpos(z: torch.Tensor, prec: int) -> torch.Tensor:
-    """Shares of exp(z) for z <= 0 (0 where z log2 e < -16), 11 rounds between 2 parties."""
+def exp_nonpos(z: torch.Tensor, prec: int, narrow: bool = False) -> torch.Tensor:
+    """Shares of exp(z) for z <= 0 (0 where z log2 e < -16), 8 rounds between 2 parties.
+    narrow (2 parties, z > -NARROW_RANGE, z <= 1/8 allowed): narrow threshold comparisons."""
     items = [(z - public_share(encoding.encode(torch.tensor(float(t) / LOG2E), prec).expand_as(z)))
              for t in EXP_BUCKETS]
     flats = [v.reshape(-1) for v in items]
     n = z.numel()
-    words = neg_words(torch.cat(flats), 2)               # [z < tau]; |z| < 2^17
+    if narrow and _narrow_ok(prec):
+        words = neg_words(torch.cat(flats), NARROW_SHIFT, NARROW_BITS)
+    else:
+        words = neg_words(torch.cat(flats), 2)           # [z < tau]; |z| < 2^17
     bits = circuits.unpack_bits(words, n * len(items))
     bits = protocol.xor_public(bits, 1)                  # [z >= tau]
     arith = protocol.b2a(circuits.pack_bits(bits), n * len(items)).view(len(items), *z.shape)
@@ -387,39 +405,59 @@ def exp_nonpos(z: torch.Tensor, prec: int) -> torch.Tensor:
 ALL_PAIRS_MAX = 1 << 16  # row_max(all_pairs=True): at most this many comparisons at once
 
 
-def row_max(flat: torch.Tensor, all_pairs: bool = False) -> torch.Tensor:
+def row_max(flat: torch.Tensor, all_pairs: bool = False, narrow: bool = False) -> torch.Tensor:
     """Shares of the max of each row of `flat` (R, k): all-pairs over groups of 8 while more
     than 16 remain, then all-pairs over the rest (a short row is padded with copies of its
     first entry, which leave the max alone). all_pairs (softmax_last of one query row per
     head: a decode step against its cache, 12 rows of 33 in GPT-2 small) takes all R k(k-1)/2
-    pairs at once when they are at most ALL_PAIRS_MAX: one level instead of two or more."""
+    pairs at once when they are at most ALL_PAIRS_MAX: one level instead of two or more.
+    narrow (pairwise_max): a row's entries within NARROW_RANGE of each other; the result is
+    an entry within 1/8 of the max."""
     v = flat
     rows = v.shape[0]
     if all_pairs and rows * v.shape[1] * (v.shape[1] - 1) // 2 <= ALL_PAIRS_MAX:
-        return pairwise_max(v)
+        return pairwise_max(v, narrow)
     while v.shape[1] > 16:
         pad = (-v.shape[1]) % 8
         if pad:
             v = torch.cat([v, v[:, :1].expand(rows, pad)], 1)
-        v = pairwise_max(v.reshape(-1, 8)).view(rows, -1)
-    return pairwise_max(v)
+        v = pairwise_max(v.reshape(-1, 8), narrow).view(rows, -1)
+    return pairwise_max(v, narrow)
 
 
-def pairwise_max(v: torch.Tensor) -> torch.Tensor:
+def pairwise_max(v: torch.Tensor, narrow: bool = False) -> torch.Tensor:
     """Shares of each row's max (R, k) by all k(k-1)/2 comparisons at once (neg_words on the
     exact differences, no truncation, so that the comparisons stay a total order: between 2
     parties |x_i - x_j| < 2^15 at 16 fractional bits), the AND of each
-    candidate's k - 1 wins (ceil(log2(k - 1)) rounds) and one bit-times-value round."""
+    candidate's k - 1 wins (ceil(log2(k - 1)) rounds) and one bit-times-value round.
+    narrow: the differences of the entries' top bits (each entry truncated once, so the
+    order stays total) in a narrow circuit; the entry chosen is within 1/8 of the max."""
     rows, k = v.shape
     if k == 1:
         return v[:, 0]
     i, j = torch.triu_indices(k, k, 1)
     npairs = i.numel()
-    beats = circuits.unpack_bits(neg_words((v[:, i] - v[:, j]).reshape(-1)),
+    beats = circuits.unpack_bits(_pair_lt_words(v, i, j, narrow),
                                  rows * npairs).view(rows, npairs)   # [x_i < x_j]: j beats i
     onehot = all_pairs_winners(beats, k)                  # (rows, k): the first largest
     _, (out,) = protocol.finish((), [(circuits.pack_bits(onehot.reshape(-1)), (rows, k), v)])
     return out.sum(1)
+
+
+def _pair_lt_items(v: torch.Tensor, i: torch.Tensor, j: torch.Tensor, narrow: bool) -> torch.Tensor:
+    """The values whose sign is [v_i < v_j] for the pairs (i, j) of each row (flat), for a
+    circuit of NARROW_BITS (narrow, 2 parties: the entries' top bits) or SHORT_BITS."""
+    if narrow:
+        top = truncate(v, NARROW_SHIFT)
+        return (top[:, i] - top[:, j]).reshape(-1)
+    return (v[:, i] - v[:, j]).reshape(-1)
+
+
+def _pair_lt_words(v: torch.Tensor, i: torch.Tensor, j: torch.Tensor, narrow: bool) -> torch.Tensor:
+    items = _pair_lt_items(v, i, j, narrow)
+    if narrow:
+        return _msb_low(items, NARROW_BITS)
+    return neg_words(items)
 
 
 def mul_rows(e: torch.Tensor, inv: torch.Tensor) -> torch.Tensor:
@@ -529,7 +567,7 @@ def poly7_gen(ts: torch.Tensor, coeffs: Sequence[float], prec: int):
 EXP_PAIRS_MAX = 1 << 14  # exp_pairs: at most this many ordered pairs (about 270 bytes each)
 
 
-def exp_pairs(flat: torch.Tensor, prec: int) -> torch.Tensor:
+def exp_pairs(flat: torch.Tensor, prec: int, narrow: bool = False) -> torch.Tensor:
     """Shares of exp(x - max) per row of `flat` (R, k) without first computing the max: for
     every ordered pair (i, j) the exponential E_ij = exp(x_j - x_i) of exp_nonpos (four
     thresholds, the polynomial of each bucket), then e_j = sum_i w_i E_ij with w the one-hot
@@ -550,14 +588,15 @@ def exp_pairs(flat: torch.Tensor, prec: int) -> torch.Tensor:
     npairs, nord = iu.numel(), oi.numel()
     z = (flat[:, oj] - flat[:, oi]).reshape(-1)          # x_j - x_i
     n = z.numel()
-    cmp = (flat[:, iu] - flat[:, ju]).reshape(-1)        # [x_i < x_j]: j beats i
-    thr = [truncate(z - public_share(encoding.encode(torch.tensor(float(t) / LOG2E), prec).expand_as(z)), 2)
-           for t in EXP_BUCKETS]                         # [z < tau], |z| < 2^17
+    cmp = _pair_lt_items(flat, iu, ju, narrow)           # [x_i < x_j]: j beats i
+    shift, bits_ = (NARROW_SHIFT, NARROW_BITS) if narrow else (2, SHORT_BITS)
+    thr = [truncate(z - public_share(encoding.encode(torch.tensor(float(t) / LOG2E), prec).expand_as(z)), shift)
+           for t in EXP_BUCKETS]                         # [z < tau]
     half_y = truncate(z * int(round(LOG2E / 2 * (1 << prec))), prec)
     ts = torch.stack([half_y + _enc(9.0 - 2 * b, prec, z) for b in range(1, 5)])
     side = poly7_gen(ts, fit("exp2", 0.0, 4.0, EXP_DEGREE), prec)
     items = torch.cat([cmp] + thr)
-    words, polys = alongside(lambda: _msb_low(items, SHORT_BITS), side)
+    words, polys = alongside(lambda: _msb_low(items, bits_), side)
     bits = circuits.unpack_bits(words, items.numel())
     beats = bits[:cmp.numel()].view(rows, npairs)
     above = protocol.xor_public(bits[cmp.numel():], 1)   # [z >= tau], threshold-major
@@ -579,11 +618,12 @@ def softmax_rows_share(flat: torch.Tensor, prec: int, all_pairs: bool = False) -
     octave, 4 rounds) and the final product (a broadcasting triple: only e and the R
     reciprocals are opened): max 12 (128 columns), exp 8, 1/sum and product 5."""
     rows, k = flat.shape
+    narrow = _narrow_ok(prec)
     if all_pairs and k > 1 and rows * k * (k - 1) <= EXP_PAIRS_MAX:
-        e = exp_pairs(flat, prec)
+        e = exp_pairs(flat, prec, narrow)
     else:
-        mx = row_max(flat, all_pairs)
-        e = exp_nonpos(flat - mx.unsqueeze(-1), prec)
+        mx = row_max(flat, all_pairs, narrow)
+        e = exp_nonpos(flat - mx.unsqueeze(-1), prec, narrow)
     total = e.sum(-1, keepdim=True)                       # in [1, k]: the max's own term is 1
     js = list(range(1, max(1, math.ceil(math.log2(k))) + 1)) if k > 1 else []
     inv = _octave_inverse(total, 0, js, "recip", prec, prec)
@@ -593,7 +633,8 @@ def softmax_rows_share(flat: torch.Tensor, prec: int, all_pairs: bool = False) -
 
 def softmax_last(x):
     """softmax over the last dim of a float CrypTensor: softmax_rows_share between 2 additive
-    parties (attention: rows within 2^15 of each other), nonlinear.softmax otherwise."""
+    parties (attention: a row's entries within NARROW_RANGE = 2^11 of each other at 16
+    fractional bits, 2^15 at other precisions), nonlinear.softmax otherwise."""
     from ..cryptensor import _record
     from .nonlinear import softmax
     from ._common import float_view, new_like

@@ -37,9 +37,11 @@ import torch.fx
 from ..cryptensor import CrypTensor
 from ..errors import UnsupportedError
 
-# Added to masked attention scores: far below the private exp's cut-off (-11.8), far inside the
-# fixed-point range (|x| < 2^46 at 16 fractional bits) even after the softmax's scaling by log2 e.
-MASK_VALUE = -(2.0 ** 14)
+# Added to masked attention scores: far below the private exp's cut-off (-11.1), and within
+# the range of the attention softmax's narrow comparisons between 2 parties (a row's entries
+# within 2^11 of each other, functions.fast.NARROW_RANGE) while the real scores of the row are
+# within 2^10 of each other.
+MASK_VALUE = -(2.0 ** 10)
 # A public float below this is a "minus infinity" mask entry (HF fills masks with finfo.min).
 _MASK_BELOW = -1e30
 

@@ -119,7 +119,7 @@ def test_private_greedy_decoding(pool2, name):
     assert step["bytes_sent"] < rerun["bytes_sent"] and step["rounds"] <= rerun["rounds"], (step, rerun)
 
 
-STEP_COSTS = {"gpt2": (96, 209_696), "llama": (139, 201_936)}
+STEP_COSTS = {"gpt2": (96, 197_424), "llama": (139, 191_840)}
 
 
 def party_unsupported() -> str:
