@@ -165,6 +165,16 @@ class DealerStub:
                 request_serializer=crypten__lite__pb2.CorrelationBatch.SerializeToString,
                 response_deserializer=crypten__lite__pb2.CorrelationReply.FromString,
                 _registered_method=True)
+        self.Prepare = channel.unary_unary(
+                '/crypten_lite.Dealer/Prepare',
+                request_serializer=crypten__lite__pb2.CorrelationBatch.SerializeToString,
+                response_deserializer=crypten__lite__pb2.PrepareReply.FromString,
+                _registered_method=True)
+        self.Pull = channel.unary_unary(
+                '/crypten_lite.Dealer/Pull',
+                request_serializer=crypten__lite__pb2.PullRequest.SerializeToString,
+                response_deserializer=crypten__lite__pb2.CorrelationReply.FromString,
+                _registered_method=True)
 
 
 class DealerServicer:
@@ -185,6 +195,21 @@ class DealerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Prepare(self, request, context):
+        """Offline phase: accept a whole plan's batch and compute its corrections ahead (kept by
+        the dealer, cut into chunks); answers with the chunks' sizes.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Pull(self, request, context):
+        """One chunk of a prepared batch (its requests' corrections, as Correlations answers).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DealerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -196,6 +221,16 @@ def add_DealerServicer_to_server(servicer, server):
             'Correlations': grpc.unary_unary_rpc_method_handler(
                     servicer.Correlations,
                     request_deserializer=crypten__lite__pb2.CorrelationBatch.FromString,
+                    response_serializer=crypten__lite__pb2.CorrelationReply.SerializeToString,
+            ),
+            'Prepare': grpc.unary_unary_rpc_method_handler(
+                    servicer.Prepare,
+                    request_deserializer=crypten__lite__pb2.CorrelationBatch.FromString,
+                    response_serializer=crypten__lite__pb2.PrepareReply.SerializeToString,
+            ),
+            'Pull': grpc.unary_unary_rpc_method_handler(
+                    servicer.Pull,
+                    request_deserializer=crypten__lite__pb2.PullRequest.FromString,
                     response_serializer=crypten__lite__pb2.CorrelationReply.SerializeToString,
             ),
     }
@@ -253,6 +288,60 @@ class Dealer:
             target,
             '/crypten_lite.Dealer/Correlations',
             crypten__lite__pb2.CorrelationBatch.SerializeToString,
+            crypten__lite__pb2.CorrelationReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Prepare(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/crypten_lite.Dealer/Prepare',
+            crypten__lite__pb2.CorrelationBatch.SerializeToString,
+            crypten__lite__pb2.PrepareReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Pull(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/crypten_lite.Dealer/Pull',
+            crypten__lite__pb2.PullRequest.SerializeToString,
             crypten__lite__pb2.CorrelationReply.FromString,
             options,
             channel_credentials,

@@ -21,6 +21,10 @@ The dealer logic itself (which values to derive, which correction to send) lives
       and a ``weight_triple`` (fixed model weights, provider/correlations.py) whose mask
       counter it did not answer as a ``weight_mask`` of that weight's shape.
    Then it derives every party's components and answers with rank 0's corrections only.
+3. An offline phase's whole plan goes through `Prepare` and `Pull` instead (same checks as
+   in 2, then the answers are computed ahead, kept by the dealer and pulled by rank 0 in
+   chunks, each delivered once: comm/dealer_prefetch.py), so that no plan is limited by one
+   message and rank 0 never holds more than a few chunks.
 
 Hostile input (tests/integration/test_fuzz.py, test_dealer_attacks.py): without TLS nobody's
 identity is proven, so a rank's first handshake wins and a second one with another key is
@@ -48,6 +52,8 @@ from ..config import Config
 from ..errors import CommunicationError, ConfigError, CryptenLiteError, ProtocolError
 from ..random import KeyPair, canonical, pair_info, request_encoding, subkey
 from . import serde
+from .dealer_prefetch import (CHUNK_BYTES, PREPARED_BYTES_MAX, ChunkPuller, PreparedBatch,
+                              chunk_counts, pull_mac)
 from .grpc_comm import MAX_REPLY_BYTES, TlsContext, check_hello, handshake, make_hello, start_server
 
 log = logging.getLogger("crypten_lite.dealer")
@@ -211,46 +217,81 @@ class _DealerServicer(pb_grpc.DealerServicer):
         log.info("dealer: party %d joined session %r", request.rank, request.session)
         return pb.HelloReply(hello=d.hello)
 
+    def _requester_only(self, context) -> None:
+        identity = self.dealer.tls.peer_identity(context)
+        if identity is not None and identity != f"party{REQUESTER_RANK}":
+            self.dealer.audit(refused=1)
+            context.abort(grpc.StatusCode.PERMISSION_DENIED, "only party0 may request corrections")
+
+    def _accept(self, request) -> tuple[dict[int, bytes], list[Request], list[int]]:
+        """Steps 2a-2c for a batch: the keys, the requests and their answers' bytes."""
+        d = self.dealer
+        if len(request.mac) != MAC_BYTES:
+            raise ProtocolError("request not authenticated (no MAC): only party 0 may "
+                                "request corrections")
+        keys = d.wait_for_parties()
+        requests = []
+        for msg in request.requests:
+            if msg.session != d.config.session:
+                raise CommunicationError(f"request for session {msg.session!r}")
+            requests.append(Request.from_proto(msg))
+        d.authenticate(request.mac, requests)
+        sizes = [d.check(r) for r in requests]
+        return keys, requests, sizes
+
+    def _refuse(self, e: Exception, reply):
+        d = self.dealer
+        d.audit(refused=1)
+        if isinstance(e, CryptenLiteError):
+            log.warning("dealer refused a request: %s", e)
+            return reply(error=str(e))
+        # A malformed request (missing shapes or params, impossible sizes...): refuse it.
+        log.warning("dealer refused a malformed request: %s: %s", type(e).__name__, e)
+        return reply(error=f"malformed request: {type(e).__name__}")
+
     def Correlations(self, request, context):
         d = self.dealer
-        identity = d.tls.peer_identity(context)
-        if identity is not None and identity != f"party{REQUESTER_RANK}":
-            d.audit(refused=1)
-            context.abort(grpc.StatusCode.PERMISSION_DENIED, "only party0 may request corrections")
+        self._requester_only(context)
         try:
-            if len(request.mac) != MAC_BYTES:
-                raise ProtocolError("request not authenticated (no MAC): only party 0 may "
-                                    "request corrections")
-            keys = d.wait_for_parties()
-            requests = []
-            for msg in request.requests:
-                if msg.session != d.config.session:
-                    raise CommunicationError(f"request for session {msg.session!r}")
-                requests.append(Request.from_proto(msg))
-            d.authenticate(request.mac, requests)
-            answer_bytes = sum(d.check(r) for r in requests)
+            keys, requests, sizes = self._accept(request)
+            answer_bytes = sum(sizes)
             if answer_bytes > MAX_REPLY_BYTES - ANSWER_MARGIN:
                 raise CommunicationError(f"the answer ({answer_bytes} bytes) exceeds "
                                          f"{MAX_REPLY_BYTES - ANSWER_MARGIN} bytes; request "
-                                         "fewer or smaller correlations at a time")
+                                         "fewer or smaller correlations at a time, or prefetch "
+                                         "them (Prepare and Pull stream any number)")
             d.claim(requests)
-            tensors: list[pb.TensorProto] = []
-            counts: list[int] = []
-            for req in requests:
-                answer = d.handler(keys, req)
-                counts.append(len(answer))
-                tensors.extend(tensor_to_proto(t) for t in answer)
+            reply = d.answer(keys, requests)
             d.audit(answered=len(requests))
-            return pb.CorrelationReply(tensors=tensors, counts=counts)
-        except CryptenLiteError as e:
-            d.audit(refused=1)
-            log.warning("dealer refused a request: %s", e)
-            return pb.CorrelationReply(error=str(e))
-        except (ArithmeticError, IndexError, KeyError, TypeError, ValueError, RuntimeError) as e:
-            # A malformed request (missing shapes or params, impossible sizes...): refuse it.
-            d.audit(refused=1)
-            log.warning("dealer refused a malformed request: %s: %s", type(e).__name__, e)
-            return pb.CorrelationReply(error=f"malformed request: {type(e).__name__}")
+            return reply
+        except _REFUSED as e:
+            return self._refuse(e, pb.CorrelationReply)
+
+    def Prepare(self, request, context):
+        d = self.dealer
+        self._requester_only(context)
+        try:
+            keys, requests, sizes = self._accept(request)
+            if not requests:
+                raise ProtocolError("an empty batch has nothing to prepare")
+            d.claim(requests)
+            batch = d.prepare(keys, requests, sizes)
+            d.audit(answered=len(requests))
+            return pb.PrepareReply(chunks=batch.counts)
+        except _REFUSED as e:
+            return self._refuse(e, pb.PrepareReply)
+
+    def Pull(self, request, context):
+        self._requester_only(context)
+        try:
+            return self.dealer.pull(request)
+        except _REFUSED as e:
+            return self._refuse(e, pb.CorrelationReply)
+
+
+# What a servicer turns into a refusal: the protocol's own errors, and the errors of a
+# malformed request (missing shapes or params, impossible sizes...).
+_REFUSED = (CryptenLiteError, ArithmeticError, IndexError, KeyError, TypeError, ValueError, RuntimeError)
 
 
 class DealerServer:
@@ -267,6 +308,7 @@ class DealerServer:
         self.mac_key: bytes | None = None    # rank 0's request MAC key
         self.ledger = CounterLedger()        # counters answered in this session
         self.weight_masks: dict[int, tuple[int, ...]] = {}  # weight_mask counter -> weight shape
+        self.prepared: PreparedBatch | None = None  # the session's latest prepared batch
         self.refused = 0
         self.cond = threading.Condition()
         address = address or config.bind or config.dealer
@@ -309,6 +351,46 @@ class DealerServer:
                                             f"of shape {tuple(r.shapes[1])}")
             self.ledger.claim([r.counter for r in requests])
             self.weight_masks.update(pending)
+
+    def answer(self, keys: dict[int, bytes], requests: Sequence[Request]) -> pb.CorrelationReply:
+        """The reply with rank 0's corrections of `requests` (claimed already)."""
+        tensors: list[pb.TensorProto] = []
+        counts: list[int] = []
+        for req in requests:
+            answer = self.handler(keys, req)
+            counts.append(len(answer))
+            tensors.extend(tensor_to_proto(t) for t in answer)
+            del answer
+        return pb.CorrelationReply(tensors=tensors, counts=counts)
+
+    def prepare(self, keys: dict[int, bytes], requests: Sequence[Request],
+                sizes: Sequence[int]) -> PreparedBatch:
+        """Cut a claimed batch into chunks and compute them ahead (within PREPARED_BYTES_MAX);
+        it supersedes the session's earlier prepared batch (its undelivered chunks dropped:
+        rank 0 moved past them)."""
+        chunk_bytes = min(CHUNK_BYTES, self.config.max_message_bytes)
+        batch = PreparedBatch(requests[0].counter, requests, chunk_counts(sizes, chunk_bytes), sizes,
+                              lambda chunk: self.answer(keys, chunk))
+        with self.cond:
+            self.prepared = None
+        batch.compute_ahead(PREPARED_BYTES_MAX)
+        with self.cond:
+            self.prepared = batch
+        return batch
+
+    def pull(self, request: pb.PullRequest) -> pb.CorrelationReply:
+        """One chunk of the prepared batch, for rank 0 only (its MAC), each chunk once."""
+        if request.session != self.config.session:
+            raise CommunicationError(f"pull for session {request.session!r}")
+        with self.cond:
+            key, batch = self.mac_key, self.prepared
+        if key is None or not hmac.compare_digest(
+                request.mac, pull_mac(key, self.config.session, request.start, request.chunk)):
+            raise ProtocolError("pull not authenticated (bad MAC): only party 0 may pull corrections")
+        if batch is None or batch.start != request.start:
+            raise ProtocolError(f"no prepared batch starts at counter {request.start} (never "
+                                "prepared, or a newer prefetch replaced it)")
+        return batch.take(request.chunk)
 
     def audit(self, answered: int = 0, refused: int = 0) -> None:
         """Log the session's totals (INFO): what the dealer answered and refused so far."""
@@ -386,19 +468,62 @@ class DealerClient:
 
     def _call(self, requests: Sequence[Request]) -> Callable[[], tuple[list[torch.Tensor], list[int]]]:
         batch = self.batch_proto(requests)
-        future = self.stub.Correlations.future(batch, timeout=self.config.timeout)
+        call = [self.stub.Correlations.future(batch, timeout=self.config.timeout)]
+        decoded: list = []
 
         def result() -> tuple[list[torch.Tensor], list[int]]:
-            try:
-                reply = future.result()
-            except grpc.RpcError as e:
-                raise CommunicationError(f"the dealer at {self.config.dealer} failed: "
-                                         f"{e.code().name}: {e.details()}", peer="dealer") from e
-            if reply.error:
-                raise CommunicationError(f"the dealer refused: {reply.error}", peer="dealer")
-            tensors = [tensor_from_proto(t, self.config.max_message_bytes) for t in reply.tensors]
-            return tensors, list(reply.counts)
+            if not decoded:  # decode once, then drop the message (with its future)
+                decoded.append(self._decode(self._result(call.pop())))
+            return decoded[0]
         return result
+
+    def _result(self, future):
+        try:
+            reply = future.result()
+        except grpc.RpcError as e:
+            raise CommunicationError(f"the dealer at {self.config.dealer} failed: "
+                                     f"{e.code().name}: {e.details()}", peer="dealer") from e
+        if reply.error:
+            raise CommunicationError(f"the dealer refused: {reply.error}", peer="dealer")
+        return reply
+
+    def _decode(self, reply: pb.CorrelationReply) -> tuple[list[torch.Tensor], list[int]]:
+        """The reply's tensors (each copied once out of the message, which is then dropped)."""
+        tensors = [tensor_from_proto(t, self.config.max_message_bytes) for t in reply.tensors]
+        return tensors, list(reply.counts)
+
+    def prepare(self, requests: Sequence[Request]) -> Callable[[], ChunkPuller]:
+        """Offline phase: send a whole plan's batch to be prepared (comm/dealer_prefetch.py);
+        returns a function that waits for the dealer and returns the batch's ChunkPuller."""
+        future = self.stub.Prepare.future(self.batch_proto(requests), timeout=self.config.timeout)
+        start = requests[0].counter
+
+        def ready() -> ChunkPuller:
+            counts = list(self._result(future).chunks)
+            if sum(counts) != len(requests) or any(n == 0 for n in counts):
+                raise CommunicationError("the dealer's chunks do not match the batch", peer="dealer")
+            return ChunkPuller(counts, lambda chunk: self.pull(start, chunk, counts[chunk]))
+        return ready
+
+    def pull(self, start: int, chunk: int, n: int) -> Callable[[], list[list[torch.Tensor]]]:
+        """Pull chunk `chunk` (of `n` requests) of the batch prepared at counter `start`;
+        returns a function that waits for it and returns each request's corrections."""
+        session = self.config.session
+        msg = pb.PullRequest(session=session, start=start, chunk=chunk,
+                             mac=pull_mac(self._mac_key, session, start, chunk))
+        future = self.stub.Pull.future(msg, timeout=self.config.timeout)
+
+        def answers() -> list[list[torch.Tensor]]:
+            tensors, counts = self._decode(self._result(future))
+            if len(counts) != n or sum(counts) != len(tensors):
+                raise CommunicationError(f"the dealer's chunk {chunk} does not match the batch",
+                                         peer="dealer")
+            out, i = [], 0
+            for k in counts:
+                out.append(tensors[i:i + k])
+                i += k
+            return out
+        return answers
 
     def close(self) -> None:
         self.channel.close()

@@ -11,6 +11,9 @@ Here, per weight (and per layout: a Linear's W^T is its own entry):
 2. Each call: a ``weight_triple`` (A_k, C_k = op(A_k, B)) under its own counter, naming the
    mask counter; open only E_k = x_k - A_k;
    [op(x, W)] = [C_k] + op(E_k, [B]) + op([A_k], D) + op(E_k, D)  (public term on rank 0).
+   Since [B] + D = [W] up to a resharing (party i's share of D is w_i - b_i), each party
+   computes the same sum from its weight share instead: z_i = C_k,i + op(E_k, w_i) +
+   op(A_k,i, D) (one product fewer on rank 0, and B is dropped once D is opened).
 
 Security (the argument in full: provider/correlations.py, ``weight_triple``): D is a
 one-time pad of W opened once, each E_k a one-time pad of x_k with a fresh A_k, C_k's shares
@@ -18,8 +21,8 @@ fresh: the parties' view is uniform and independent of W and every x_k. A weight
 shares change (training, load_state_dict, an in-place update) gets a NEW mask before its
 next product: the cache keeps the share tensor it masked and that tensor's version counter
 (torch bumps it at every in-place change; every party runs the same program, so they decide
-alike), never opening W' - B with an old B. Memory: B and D per weight layout (two more
-copies of the weight's shares).
+alike), never opening W' - B with an old B. Memory: D per weight layout (one more copy of
+the weight's shares; B only until D is opened).
 
 Only under the additive protocol with 2+ parties and a provider (the dealer or TFP).
 """
@@ -41,7 +44,8 @@ class _Mask:
     source: torch.Tensor      # the owner's share tensor this mask was drawn for
     version: int              # and its version counter then (in-place changes bump it)
     counter: int              # the weight_mask request's counter: the weight's id
-    b: torch.Tensor           # this party's share of B
+    shape: tuple[int, ...]    # the weight layout's shape
+    b: torch.Tensor | None    # this party's share of B, until D is opened
     d: torch.Tensor | None    # W - B once opened
 
 
@@ -58,14 +62,14 @@ def _mask_for(owner, key: str, w: torch.Tensor) -> _Mask:
     m = cache.get(key)
     src = owner.share
     if (m is not None and m.source is src and m.version == src._version
-            and tuple(m.b.shape) == tuple(w.shape)):
+            and m.shape == tuple(w.shape)):
         return m
     provider = current().provider
     corr = provider.get("weight_mask", [tuple(w.shape)])
     # Rank 0 waits for the dealer's (empty) answer: the dealer answers a weight_triple only
     # for a mask it has answered, and separate requests may reach it in any order.
     corr.corrected()
-    m = _Mask(src, src._version, provider.counter - 1, corr[0], None)
+    m = _Mask(src, src._version, provider.counter - 1, tuple(w.shape), corr[0], None)
     cache[key] = m
     return m
 
@@ -82,10 +86,8 @@ def product(op: str, x: torch.Tensor, w: torch.Tensor, params: Sequence[int], ow
     a = triple[0]
     if m.d is None:
         e, m.d = open_many([x - a, w - m.b])
+        m.b = None  # from now on [W] stands for [B] + D (module docstring, step 2)
     else:
         (e,) = open_many([x - a])
     c = triple.corrected()[1]
-    z = c + fn(e, m.b, params) + fn(a, m.d, params)
-    if s.rank == 0:
-        z += fn(e, m.d, params)
-    return z
+    return c + fn(e, w, params) + fn(a, m.d, params)

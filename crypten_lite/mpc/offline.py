@@ -29,6 +29,7 @@ logged (INFO) with its kind, op and shapes.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 from typing import Iterator
 
 import torch
@@ -61,6 +62,7 @@ def prefetch(plan: list, wait: bool = True) -> None:
 
     Raises ProtocolError if the parties' plans or counters differ (one all-gather of a
     32-byte digest, offline)."""
+    _release_free_heap()
     s = current()
     if s.config.protocol == "rss":
         # No dealer: the parties make the plan's truncation pairs themselves, now.
@@ -78,3 +80,24 @@ def prefetch(plan: list, wait: bool = True) -> None:
                             "the same program and call prefetch with its plan at the same point")
     if wait:
         provider.wait_prefetched()
+
+
+# glibc mallopt parameter: allocations from this size up are mapped on their own and
+# unmapped when freed (setting it also stops glibc from raising it up to 32 MiB as mapped
+# blocks are freed, after which weight-sized temporaries would fragment the heap).
+_M_MMAP_THRESHOLD = -3
+_MMAP_THRESHOLD_BYTES = 1 << 20
+
+
+def _release_free_heap() -> None:
+    """Hand the heap pages malloc keeps after frees back to the OS, and map large blocks on
+    their own from now on (glibc's malloc_trim and mallopt; a no-op elsewhere). Loading a
+    model (conversion, sharing, the first masked products) and a run's weight-sized
+    temporaries otherwise leave hundreds of MB resident, on top of what the run needs."""
+    try:
+        libc = ctypes.CDLL(None)
+        mallopt, trim = libc.mallopt, libc.malloc_trim
+    except (OSError, AttributeError):
+        return
+    mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_BYTES)
+    trim(0)

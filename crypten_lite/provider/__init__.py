@@ -5,19 +5,24 @@ seeded derivation (`correlations.py`): a party derives its share from its seed w
 and only rank 0 receives a correcting share. With the dealer, that correction comes over gRPC
 and is requested as early as possible, so that it arrives while the parties are still
 exchanging the masked operands; with TFP, rank 0 computes it from seeds everybody can derive.
+An offline phase's corrections are prepared by the dealer and pulled in chunks while the run
+consumes them (comm/dealer_prefetch.py): rank 0 holds a few chunks, not the whole plan's.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import threading
+from collections import OrderedDict
 from typing import Callable
 
 import torch
 
+from ..comm.dealer_prefetch import ChunkPuller
 from ..comm.dealer_rpc import DealerClient, Request
 from ..config import Config
-from ..errors import UnsupportedError
+from ..errors import ProtocolError, UnsupportedError
 from ..random import canonical, subkey
 from . import correlations
 from .correlations import CORRECTING_RANK
@@ -93,12 +98,24 @@ class Provider:
         self._plan: list[tuple] = []
         self._plan_start = 0
         self._prefetched: dict[int, Callable[[], list[torch.Tensor]]] = {}
+        self._stream: _Prefetch | None = None  # rank 0, dealer: the prefetched batch's pulls
 
     def _corrections(self, request: Request) -> Callable[[], list[torch.Tensor]]:
         raise NotImplementedError
 
     def _batch_corrections(self, requests: list[Request]) -> list[Callable[[], list[torch.Tensor]]]:
         return [self._corrections(r) for r in requests]
+
+    def _prefetch_corrections(self, requests: list[Request]) -> list[Callable[[], list[torch.Tensor]]]:
+        """The corrections of an offline phase's batch (default: as one batch)."""
+        return self._batch_corrections(requests)
+
+    def _drop_prefetched(self) -> None:
+        """Forget the prefetched corrections not used (and stop pulling them)."""
+        self._prefetched = {}
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None
 
     def get(self, kind: str, shapes, op: str = "", params=()) -> Correlation:
         """This party's share of a fresh correlated value of `kind`."""
@@ -133,7 +150,8 @@ class Provider:
                      spec[1] or "-", list(spec[2]), planned[0], planned[1] or "-",
                      list(planned[2]), end)
             self.stats["diverged"] += 1
-            self._plan, self._prefetched = [], {}
+            self._plan = []
+            self._drop_prefetched()
             k = end
         self.counter = k + 1
         return k
@@ -157,12 +175,12 @@ class Provider:
         self.counter = start
         self._plan = [_absolute(_spec(*entry), start) for entry in plan]
         self._plan_start = start
-        self._prefetched = {}
+        self._drop_prefetched()
         if self.rank != CORRECTING_RANK or not plan:
             return
         requests = [Request(kind, start + i, op, shapes, params)
                     for i, (kind, op, shapes, params) in enumerate(self._plan)]
-        self._prefetched = dict(zip((r.counter for r in requests), self._batch_corrections(requests)))
+        self._prefetched = dict(zip((r.counter for r in requests), self._prefetch_corrections(requests)))
 
     def plan_digest(self) -> bytes:
         """SHA-256 of the prefetched range and its plan (parties compare it: see offline)."""
@@ -170,8 +188,11 @@ class Provider:
                                         [[k, o, list(sh), list(p)] for k, o, sh, p in self._plan])).digest()
 
     def wait_prefetched(self) -> None:
-        """Block until the prefetched corrections have arrived (end of the offline phase)."""
-        if self._prefetched:
+        """Block until the prefetched corrections are ready (end of the offline phase): with
+        the dealer, prepared by it and their first chunk received; else received."""
+        if self._stream is not None:
+            self._stream.puller()
+        elif self._prefetched:
             first = min(self._prefetched)
             self._prefetched[first]()
 
@@ -206,8 +227,52 @@ class DealerProvider(Provider):
             return fetch
         return [fetcher(i) for i in range(len(requests))]
 
+    def _prefetch_corrections(self, requests: list[Request]) -> list[Callable[[], list[torch.Tensor]]]:
+        """The dealer prepares the batch now (offline); each request's corrections are
+        pulled, a few chunks ahead, when the run needs them (comm/dealer_prefetch.py)."""
+        total = sum(correlations.check_request(r.kind, r.op, r.shapes, r.params, self.world_size,
+                                               self.client.config.max_message_bytes) for r in requests)
+        stream = self._stream = _Prefetch(self.client.prepare(requests), total, self.stats)
+
+        def fetcher(i: int) -> Callable[[], list[torch.Tensor]]:
+            return lambda: stream.puller().answer(i)
+        return [fetcher(i) for i in range(len(requests))]
+
     def close(self) -> None:
+        self._drop_prefetched()
         self.client.close()
+
+
+class _Prefetch:
+    """Rank 0's prefetched batch: prepared by the dealer (offline), then pulled in chunks.
+    Its bytes count as dealer bytes once the dealer has prepared it (the offline phase's)."""
+
+    def __init__(self, ready: Callable[[], ChunkPuller], nbytes: int, stats: dict):
+        self._ready = ready
+        self._nbytes = nbytes
+        self._stats = stats
+        self._puller: ChunkPuller | None = None
+        self._closed = False
+        self._lock = threading.Lock()
+
+    def puller(self) -> ChunkPuller:
+        """The batch's ChunkPuller (the first call waits for the dealer's Prepare)."""
+        with self._lock:
+            if self._closed:
+                raise ProtocolError("the prefetched corrections were dropped (the run left the "
+                                    "plan, or a new prefetch replaced it)")
+            if self._puller is None:
+                puller = self._ready()
+                puller.start()
+                self._puller = puller
+                self._stats["dealer_bytes"] += self._nbytes
+            return self._puller
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            if self._puller is not None:
+                self._puller.close()
 
 
 def tfp_seed(session: str, rank: int) -> bytes:
@@ -229,25 +294,58 @@ class TfpProvider(Provider):
                         "Use it only for tests and debugging; the default 'dealer' is secure.")
 
     def _corrections(self, request: Request) -> Callable[[], list[torch.Tensor]]:
-        fixes = dealer_handler(self._keys, request)
+        fixes = _tfp_handler(self._keys, request)
         return lambda: fixes
 
 
+# Bytes of weight masks B the dealer keeps (least recently used dropped first): every
+# weight_triple of a weight needs its B, which is as large as the weight.
+MASK_CACHE_BYTES = 2 << 30
+
+
 class DealerHandler:
-    """What the dealer service accepts and computes (plugged into DealerServer)."""
+    """What the dealer service accepts and computes (plugged into DealerServer). The weight
+    masks B are kept (up to `mask_cache_bytes`), not derived again for every call."""
+
+    def __init__(self, mask_cache_bytes: int = MASK_CACHE_BYTES):
+        self._mask_cache_bytes = mask_cache_bytes
+        self._masks: OrderedDict[tuple, torch.Tensor] = OrderedDict()
+        self._mask_bytes = 0
+        self._lock = threading.Lock()
 
     def check(self, request: Request, world_size: int, max_component_bytes: int) -> int:
         """Refuse a request no protocol makes (ProtocolError); else its answer's bytes."""
         return correlations.check_request(request.kind, request.op, request.shapes,
                                           request.params, world_size, max_component_bytes)
 
+    def weight_mask(self, keys: dict[int, bytes], counter: int, shape: tuple) -> torch.Tensor:
+        """B of the weight_mask request at `counter` (cached; never written by its users)."""
+        key = (tuple(sorted(keys.items())), counter, tuple(shape))
+        with self._lock:
+            b = self._masks.get(key)
+            if b is not None:
+                self._masks.move_to_end(key)
+                return b
+        b = correlations.weight_mask_of(keys, counter, shape)
+        nbytes = b.numel() * b.element_size()
+        if nbytes <= self._mask_cache_bytes:
+            with self._lock:
+                if key not in self._masks:
+                    self._masks[key] = b
+                    self._mask_bytes += nbytes
+                while self._mask_bytes > self._mask_cache_bytes:
+                    _, old = self._masks.popitem(last=False)
+                    self._mask_bytes -= old.numel() * old.element_size()
+        return b
+
     def __call__(self, keys: dict[int, bytes], request: Request) -> list[torch.Tensor]:
         """Rank 0's corrections for `request`, from every rank's correlation key."""
         return correlations.corrections(keys, request.counter, request.kind, request.op,
-                                        request.shapes, request.params)
+                                        request.shapes, request.params, self.weight_mask)
 
 
 dealer_handler = DealerHandler()
+_tfp_handler = DealerHandler(mask_cache_bytes=0)  # TFP: rank 0 keeps no masks beside its model
 
 
 class NoProvider(Provider):

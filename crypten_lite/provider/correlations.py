@@ -132,12 +132,14 @@ def component_shapes(kind: str, op: str, shapes, params) -> list[tuple[int, ...]
     raise UnsupportedError(f"unknown correlation kind {kind!r}")
 
 
-def derive(key: bytes, counter: int, kind: str, op: str, shapes, params) -> list[torch.Tensor]:
+def derive(key: bytes, counter: int, kind: str, op: str, shapes, params,
+           upto: int | None = None) -> list[torch.Tensor]:
     """Every seeded component of request `counter` for the holder of correlation key `key`
-    (`subkey(seed, "correlations")`); the streams are bound to the whole request."""
+    (`subkey(seed, "correlations")`); the streams are bound to the whole request. With
+    `upto`, only the first `upto` components (the dealer skips the ones it corrects)."""
     prg = PRG(correlation_key(key, counter, kind, op, shapes, params))
     out = [prg.draw(shape, counter=0, domain=j)
-           for j, shape in enumerate(component_shapes(kind, op, shapes, params))]
+           for j, shape in enumerate(component_shapes(kind, op, shapes, params)[:upto])]
     if kind == "bit":
         out[0] &= 1
     if kind in EXTRA_KINDS:
@@ -145,26 +147,26 @@ def derive(key: bytes, counter: int, kind: str, op: str, shapes, params) -> list
     return out
 
 
-def corrections(keys: dict[int, bytes], counter: int, kind: str, op: str, shapes, params) -> list[torch.Tensor]:
+def corrections(keys: dict[int, bytes], counter: int, kind: str, op: str, shapes, params,
+                weight_mask: Callable[[dict[int, bytes], int, tuple], torch.Tensor] | None = None,
+                ) -> list[torch.Tensor]:
     """The dealer's side: rank 0's correcting shares (rank 0's own seeded values replaced);
-    `keys` maps every rank to its correlation key."""
+    `keys` maps every rank to its correlation key. `weight_mask(keys, counter, shape)` gives
+    the B of a ``weight_triple`` (default: weight_mask_of; the dealer caches it)."""
     world = sorted(keys)
-    parts = {r: derive(keys[r], counter, kind, op, shapes, params) for r in world}
+    # Rank 0's last components are what the dealer replaces: never drawn here.
+    ncomp = len(component_shapes(kind, op, shapes, params))
+    upto = {r: ncomp - correction_count(kind, params) if r == CORRECTING_RANK else None for r in world}
+    parts = {r: derive(keys[r], counter, kind, op, shapes, params, upto[r]) for r in world}
     if kind in EXTRA_KINDS:
         return EXTRA_KINDS[kind].corrections(parts, world, params)
     others = [r for r in world if r != CORRECTING_RANK]
 
     def arith_sum(j: int, ranks) -> torch.Tensor:
-        out = torch.zeros_like(parts[world[0]][j])
-        for r in ranks:
-            out += parts[r][j]
-        return out
+        return _sum_of(parts, ranks, j)
 
     def xor_sum(j: int, ranks) -> torch.Tensor:
-        out = torch.zeros_like(parts[world[0]][j])
-        for r in ranks:
-            out ^= parts[r][j]
-        return out
+        return _xor_of(parts, ranks, j)
 
     if kind == "triple":
         c = TRIPLE_OPS[op](arith_sum(0, world), arith_sum(1, world), params)
@@ -172,7 +174,7 @@ def corrections(keys: dict[int, bytes], counter: int, kind: str, op: str, shapes
     if kind == "weight_mask":
         return []
     if kind == "weight_triple":
-        b = weight_mask_of(keys, params[0], shapes[1])
+        b = (weight_mask or weight_mask_of)(keys, params[0], tuple(shapes[1]))
         c = TRIPLE_OPS[op](arith_sum(0, world), b, params[1:])
         return [c - arith_sum(1, others)]
     if kind == "square":
@@ -237,16 +239,18 @@ class _Kind:
 
 
 def _xor_of(parts, ranks, j: int) -> torch.Tensor:
-    out = torch.zeros_like(parts[ranks[0]][j])
-    for r in ranks:
-        out ^= parts[r][j]
+    """XOR of component j over `ranks` (may be a party's own tensor: callers never write it)."""
+    out = parts[ranks[0]][j]
+    for r in ranks[1:]:
+        out = out ^ parts[r][j]
     return out
 
 
 def _sum_of(parts, ranks, j: int) -> torch.Tensor:
-    out = torch.zeros_like(parts[ranks[0]][j])
-    for r in ranks:
-        out += parts[r][j]
+    """Sum of component j over `ranks` (may be a party's own tensor: callers never write it)."""
+    out = parts[ranks[0]][j]
+    for r in ranks[1:]:
+        out = out + parts[r][j]
     return out
 
 
@@ -271,11 +275,13 @@ def _monomial_corrections(parts, world, params):
     masks = [parts[o][j] if o >= 0 else _xor_of(parts, world, j) for j, o in enumerate(owners)]
     fixes = []
     for i, subset in enumerate(subsets):
-        mono = torch.full_like(masks[0], -1)
-        for j in range(k):
-            if subset >> j & 1:
-                mono &= masks[j]
-        fixes.append(mono ^ _xor_of(parts, others, k + i))
+        chosen = [masks[j] for j in range(k) if subset >> j & 1]  # subset >= 1: never empty
+        mono = chosen[0] & chosen[1] if len(chosen) > 1 else chosen[0].clone()
+        for m in chosen[2:]:
+            mono &= m
+        for r in others:
+            mono ^= parts[r][k + i]
+        fixes.append(mono)
     return fixes
 
 

@@ -63,11 +63,14 @@ rank, provider = s.rank, s.provider
 out = {"refused": 0}
 honest = []  # every counter rank 0's provider asked the dealer for
 if rank == 0:
-    batch_corrections = provider._batch_corrections
-    def counting(requests):
-        honest.extend(r.counter for r in requests)
-        return batch_corrections(requests)
-    provider._batch_corrections = counting
+    def counting(ask):
+        def counted(requests):
+            honest.extend(r.counter for r in requests)
+            return ask(requests)
+        return counted
+    # on demand (batches) and offline (prepared, then pulled in chunks)
+    provider._batch_corrections = counting(provider._batch_corrections)
+    provider._prefetch_corrections = counting(provider._prefetch_corrections)
 
 
 def ask(*requests):

@@ -272,3 +272,55 @@ def test_rss_parties_with_different_plans_get_a_clear_error(pool3_rss):
     for error, still, left in pool3_rss.run(rss_mismatched_plans):
         assert "plan" in error and "differs" in error
         assert still <= 1e-3 and left == 0      # nothing was made for the refused plan
+
+
+# --- streamed prefetch (comm/dealer_prefetch.py): chunks pulled a bounded number ahead -----
+
+
+def streamed_run():
+    """A prefetched run whose corrections come in many small chunks, one pulled ahead."""
+    from crypten_lite.comm import dealer_prefetch
+    dealer_prefetch.PULL_AHEAD = 1
+    a, b = torch.linspace(-3, 3, 50), torch.linspace(1, 2, 50)
+    x, y = crypten_lite.cryptensor(a, src=0), crypten_lite.cryptensor(b, src=1)
+
+    def program():
+        z = x * y
+        for _ in range(3):
+            z = (z * y).relu()
+        return z.get_plain_text()
+    with offline.record() as plan:
+        first = program()
+    provider = current().provider
+    before = provider.stats["prefetched"]
+    offline.prefetch(plan)
+    chunks, most = 0, 0
+    if provider._stream is not None:
+        puller = provider._stream.puller()
+        chunks = puller.chunks
+        receive = puller._receive
+
+        def counting(chunk):
+            nonlocal most
+            receive(chunk)
+            most = max(most, len(puller._pending))
+        puller._receive = counting
+    second = program()
+    want = a * b
+    for _ in range(3):
+        want = (want * b).relu()
+    return {"plan": len(plan), "used": provider.stats["prefetched"] - before, "chunks": chunks,
+            "in_flight": most, "err": float((second - want).abs().max()),
+            "first_err": float((first - want).abs().max())}
+
+
+def test_streamed_prefetch_uses_every_correction_once_with_bounded_pulls():
+    from crypten_lite.mpc import PartyPool
+    # chunks of at most max_message_bytes: this plan's corrections come in dozens of chunks
+    with PartyPool(2, provider="dealer", timeout=600,
+                   env={"CRYPTEN_LITE_MAX_MESSAGE_BYTES": "1024"}) as pool:
+        rank0, rank1 = pool.run(streamed_run)
+    assert rank0["used"] == rank0["plan"] > 0 and rank1["used"] == 0
+    # pulled ahead: PULL_AHEAD (1), and a chunk whose requests the run takes out of order
+    assert rank0["chunks"] > 10 and rank0["in_flight"] <= 2
+    assert max(r[k] for r in (rank0, rank1) for k in ("err", "first_err")) <= 1e-2

@@ -1,0 +1,176 @@
+"""Streamed prefetch (comm/dealer_prefetch.py): chunking, single delivery, bounded pulls, and
+the same corrections as one unchunked answer; the dealer's shortcuts (rank 0's corrected
+components never drawn, weight masks cached) give the same corrections as the plain math."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from crypten_lite._proto import crypten_lite_pb2 as pb
+from crypten_lite.comm.dealer_prefetch import ChunkPuller, PreparedBatch, chunk_counts
+from crypten_lite.comm.dealer_rpc import Request, tensor_from_proto, tensor_to_proto
+from crypten_lite.errors import ProtocolError
+from crypten_lite.provider import DealerHandler, correlations
+
+
+def test_chunk_counts_cut_whole_requests_in_order():
+    assert chunk_counts([], 10) == []
+    assert chunk_counts([4, 4, 4, 4], 10) == [2, 2]
+    assert chunk_counts([4, 30, 4], 10) == [1, 1, 1]  # a large request alone
+    assert chunk_counts([0, 0, 10, 0], 10) == [4]
+    sizes = [3, 7, 1, 9, 2, 2, 2, 8, 5]
+    counts = chunk_counts(sizes, 10)
+    assert sum(counts) == len(sizes) and all(n > 0 for n in counts)
+    i = 0
+    for n in counts:
+        assert n == 1 or sum(sizes[i:i + n]) <= 10
+        i += n
+
+
+KEYS = {0: os.urandom(32), 1: os.urandom(32)}
+
+
+def _requests(start: int = 100) -> list[Request]:
+    specs = [("triple", "matmul", ((3, 4), (4, 5)), ()), ("square", "", ((7,),), ()),
+             ("trunc", "", ((6,),), (16,)), ("bit", "", ((5,),), ()),
+             ("weight_mask", "", ((4, 2),), ()), ("binary_triple", "", ((3,),), ()),
+             ("bit_mul", "", ((4, 1), (4, 3)), ()), ("trunc_exact", "", ((2,),), (12,)),
+             ("binary_monomials", "", ((3,),), correlations.monomial_params([-1, 0, 1], [3, 5, 7]))]
+    out = [Request(kind, start + i, op, shapes, params) for i, (kind, op, shapes, params) in enumerate(specs)]
+    mask = out[4].counter
+    out += [Request("weight_triple", start + len(out) + j, "matmul", ((2, 3, 4), (4, 2)), (mask,))
+            for j in range(3)]
+    return out
+
+
+def _reply(handler, requests) -> pb.CorrelationReply:
+    tensors, counts = [], []
+    for r in requests:
+        answer = handler(KEYS, r)
+        counts.append(len(answer))
+        tensors.extend(tensor_to_proto(t) for t in answer)
+    return pb.CorrelationReply(tensors=tensors, counts=counts)
+
+
+def _decode(reply) -> list[list[torch.Tensor]]:
+    tensors = [tensor_from_proto(t, 1 << 30) for t in reply.tensors]
+    out, i = [], 0
+    for n in reply.counts:
+        out.append(tensors[i:i + n])
+        i += n
+    return out
+
+
+def _sizes(requests) -> list[int]:
+    return [correlations.check_request(r.kind, r.op, r.shapes, r.params, 2, 1 << 30) for r in requests]
+
+
+def _streamed(requests, chunk_bytes: int, budget: int, ahead: int, order=None):
+    """Answers through PreparedBatch (the dealer) and ChunkPuller (rank 0); the pulls made."""
+    handler = DealerHandler()
+    sizes = _sizes(requests)
+    batch = PreparedBatch(requests[0].counter, requests, chunk_counts(sizes, chunk_bytes), sizes,
+                          lambda chunk: _reply(handler, chunk))
+    batch.compute_ahead(budget)
+    pulls: list[int] = []
+
+    def pull(chunk: int):
+        pulls.append(chunk)
+        reply = batch.take(chunk)
+        return lambda: _decode(reply)
+    puller = ChunkPuller(batch.counts, pull, ahead)
+    puller.start()
+    order = range(len(requests)) if order is None else order
+    return {i: puller.answer(i) for i in order}, pulls, batch, puller
+
+
+@pytest.mark.parametrize("chunk_bytes,budget,ahead", [(1 << 30, 1 << 30, 4), (64, 1 << 30, 1),
+                                                      (200, 300, 2), (1, 0, 3)])
+def test_streamed_answers_equal_the_unchunked_answer(chunk_bytes, budget, ahead):
+    requests = _requests()
+    whole = _decode(_reply(DealerHandler(), requests))
+    got, pulls, batch, _ = _streamed(requests, chunk_bytes, budget, ahead)
+    assert sorted(pulls) == list(range(len(batch.counts)))  # every chunk pulled exactly once
+    for i, answer in enumerate(whole):
+        assert len(got[i]) == len(answer) == correlations.correction_count(requests[i].kind, requests[i].params)
+        assert all(torch.equal(a, b) for a, b in zip(got[i], answer))
+
+
+def test_each_chunk_and_each_answer_is_delivered_once():
+    requests = _requests()
+    _, _, batch, puller = _streamed(requests, 64, 1 << 30, 2)
+    with pytest.raises(ProtocolError, match="already delivered"):
+        batch.take(0)
+    with pytest.raises(ProtocolError, match="does not exist"):
+        batch.take(len(batch.counts))
+    with pytest.raises(ProtocolError, match="already handed out"):
+        puller.answer(0)
+    assert batch.held == 0 and puller.held() == 0
+
+
+def test_pulls_stay_a_bounded_number_of_chunks_ahead():
+    requests = _requests()
+    handler = DealerHandler()
+    sizes = _sizes(requests)
+    counts = chunk_counts(sizes, 1)  # one request per chunk
+    batch = PreparedBatch(requests[0].counter, requests, counts, sizes, lambda c: _reply(handler, c))
+    pulls: list[int] = []
+
+    def pull(chunk):
+        pulls.append(chunk)
+        reply = batch.take(chunk)
+        return lambda: _decode(reply)
+    puller = ChunkPuller(counts, pull, ahead=2)
+    puller.start()
+    assert pulls == [0, 1]
+    for i in range(len(requests)):
+        puller.answer(i)
+        assert max(pulls) <= i + 2 and puller.held() <= 2
+    # answers taken out of order: still each once and all correct
+    requests2 = _requests(start=500)
+    order = list(reversed(range(len(requests2))))
+    got, pulls2, _, _ = _streamed(requests2, 1, 1 << 30, 2, order)
+    whole = _decode(_reply(DealerHandler(), requests2))
+    assert all(torch.equal(a, b) for i in order for a, b in zip(got[i], whole[i]))
+
+
+def test_a_closed_puller_refuses_clearly():
+    _, _, _, puller = _streamed(_requests(), 64, 1 << 30, 1, order=[0])
+    puller.close()
+    with pytest.raises(ProtocolError, match="dropped"):
+        puller.answer(1)
+
+
+def test_cached_weight_masks_and_skipped_components_give_the_plain_corrections():
+    """The dealer's shortcuts against the definition: rank 0's corrections make every
+    party's components (rank 0's corrected ones replaced) satisfy the correlation."""
+    requests = _requests()
+    handler = DealerHandler(mask_cache_bytes=1 << 20)
+    for r in requests:
+        fixes = handler(KEYS, r)
+        plain = correlations.corrections(KEYS, r.counter, r.kind, r.op, r.shapes, r.params)
+        assert all(torch.equal(a, b) for a, b in zip(fixes, plain)) and len(fixes) == len(plain)
+        if r.kind not in ("triple", "weight_triple", "square", "trunc", "bit", "binary_triple"):
+            continue
+        parts = [correlations.derive(KEYS[k], r.counter, r.kind, r.op, r.shapes, r.params) for k in (0, 1)]
+        parts[0][len(parts[0]) - len(fixes):] = fixes
+        total = [p0 + p1 for p0, p1 in zip(*parts)]
+        xor = [p0 ^ p1 for p0, p1 in zip(*parts)]
+        if r.kind == "triple":
+            assert torch.equal(total[2], total[0] @ total[1])
+        elif r.kind == "weight_triple":
+            b = correlations.weight_mask_of(KEYS, r.params[0], r.shapes[1])
+            assert torch.equal(total[1], total[0] @ b)
+        elif r.kind == "square":
+            assert torch.equal(total[1], total[0] * total[0])
+        elif r.kind == "trunc":
+            assert torch.equal(total[1], correlations.logical_shift(total[0], r.params[0]))
+            assert torch.equal(total[2], correlations.logical_shift(total[0], 63))
+        elif r.kind == "bit":
+            assert torch.equal(total[1], xor[0]) and bool(((xor[0] == 0) | (xor[0] == 1)).all())
+        else:
+            assert torch.equal(xor[2], xor[0] & xor[1])
+    assert len(handler._masks) == 1  # one weight: its B derived once
