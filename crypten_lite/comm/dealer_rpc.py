@@ -420,6 +420,15 @@ class DealerServer:
         self.server.stop(grace=1.0).wait(2.0)
 
 
+def _per_request(tensors: list, counts: Sequence[int]) -> list[list]:
+    """A reply's tensors cut into each request's corrections (`counts` tensors each)."""
+    out, i = [], 0
+    for n in counts:
+        out.append(tensors[i:i + n])
+        i += n
+    return out
+
+
 class DealerClient:
     """A party's connection to the dealer: seed agreement, and (rank 0) correction requests."""
 
@@ -448,11 +457,7 @@ class DealerClient:
             tensors, counts = reply()
             if sum(counts) != len(tensors) or len(counts) != len(requests):
                 raise CommunicationError("the dealer's answer does not match the batch", peer="dealer")
-            out, i = [], 0
-            for n in counts:
-                out.append(tensors[i:i + n])
-                i += n
-            return out
+            return _per_request(tensors, counts)
         return split
 
     def request(self, requests: Sequence[Request]) -> Callable[[], list[torch.Tensor]]:
@@ -518,11 +523,7 @@ class DealerClient:
             if len(counts) != n or sum(counts) != len(tensors):
                 raise CommunicationError(f"the dealer's chunk {chunk} does not match the batch",
                                          peer="dealer")
-            out, i = [], 0
-            for k in counts:
-                out.append(tensors[i:i + k])
-                i += k
-            return out
+            return _per_request(tensors, counts)
         return answers
 
     def close(self) -> None:

@@ -13,18 +13,22 @@ bit_mul); the selection is exact in the ring, so a polynomial evaluated outside 
 (even wrapped) cancels. Each segment has its own variable t in [-1, 1] (Chebyshev fit,
 monomials in t); the powers of every segment are computed together, squares (t^2, t^4, t^6)
 by square pairs (one opened value) in the same round as the other products.
-  gelu (erf and tanh forms): T = 4, one segment of degree 7 in y: |err| <= 2.8e-4 (fit).
+  gelu (erf and tanh forms): T = 4, one segment of degree 7 in y on [0, 16.6] (the narrow
+  tail comparisons may take x up to 1/16 past T for inside): |err| <= 4.0e-4 (fit).
   silu: T = 10, segments y in [0, 25) (degree 7) and [25, 100) (degree 5): |err| <= 5.5e-4.
-Rounds (2 parties): 1 (y) + 3 (powers) + 6 (MSB) + 1 (fold) = 11. Domain: |x| < 2^14 at 16
-fractional bits (y = x^2 must not wrap); the tails are exact relu beyond.
+Rounds (2 parties): 1 (y) + 3 (powers) + 3 (MSB) + 1 (fold) = 8. Domain: |x| < 2^14 at 16
+fractional bits (y = x^2 must not wrap), GELU between 2 parties |x| < 2^11 (narrow
+comparisons); the tails are exact relu beyond.
 
 Softmax's exp on z = x - max <= 0: y = z log2 e bucketed by FOUR thresholds at y = -4, -8,
 -12, -16 (one MSB circuit; below -16: 0, which also clips masked entries) and
 exp(z) = 2^(4k - 20) 2^f, f in [0, 4), 2^f by a degree-7 polynomial (relative error 1e-5):
-the same 11 rounds as the old 17-threshold exp with a quarter of its comparisons. The row max
-is an all-pairs maximum over groups of 8, then over the <= 16 group winners: 21 rounds for
-128 columns instead of 49 for the binary tree. One reciprocal per row; the final product
+8 rounds. The row max is an all-pairs maximum over groups of 8, then over the <= 16 group
+winners: 12 rounds for 128 columns. One reciprocal per row (_octave_inverse: the
+polynomial of every octave beside the comparison circuit, mpc.parallel); the final product
 broadcasts it (a mul triple of shapes (R, k) and (R, 1): only e and the R sums are opened).
+The attention path (softmax_last) compares narrowly (NARROW_BITS); a decode step's one query
+row per head takes exp_pairs (exp of every ordered pair beside the max's comparisons).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ torch.export mix three kinds of computation, handled here for crypten_lite.nn.fr
    (`share_tokens`), and the lookup is one secret product one_hot @ table.
 3. **Attention with masks**: `scaled_dot_product_attention` with a public boolean or
    additive mask, a causal flag, grouped heads. Masked scores get MASK_VALUE added: the
-   private softmax subtracts the row maximum and its exp is 0 below -11.8, so masked
+   private softmax subtracts the row maximum and its exp is 0 below -11.1, so masked
    positions get weight 0 as in torch (float masks filled with the float32 minimum, which no
    fixed-point encoding holds, are clamped to MASK_VALUE for the same reason).
 """
@@ -320,7 +320,7 @@ def _sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, e
         bias = (bias + m).clamp_min(MASK_VALUE)  # a causal AND a padding mask: still MASK_VALUE
     if is_causal or attn_mask is not None:
         scores = scores + bias
-    from ..functions.fast import softmax_last  # 2 parties: one 9-round reciprocal per row
+    from ..functions.fast import softmax_last  # 2 parties: one 4-round reciprocal per row
     return softmax_last(scores) @ v
 
 

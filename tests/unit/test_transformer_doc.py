@@ -19,9 +19,9 @@ def _split():
     return module
 
 
-def _block(text: str) -> str:
-    start = text.index("<!-- transformer-split -->\n") + len("<!-- transformer-split -->\n")
-    return text[start:text.index("\n<!-- /transformer-split -->")]
+def _block(text: str, marker: str = "transformer-split") -> str:
+    start = text.index(f"<!-- {marker} -->\n") + len(f"<!-- {marker} -->\n")
+    return text[start:text.index(f"\n<!-- /{marker} -->")]
 
 
 def test_table_matches_the_json():
@@ -29,6 +29,14 @@ def test_table_matches_the_json():
     doc = (ROOT / "docs" / "transformers.md").read_text()
     assert _block(doc) == _split().render(data), (
         "docs/transformers.md is stale: rerun python benchmarks/transformer_split.py and paste render()")
+    assert "gpt2_small_token" in data
+    assert _block(doc, "gpt2-token") == _split().render_gpt2(data), (
+        "docs/transformers.md's GPT-2 row is stale: rerun python benchmarks/transformer_split.py --gpt2 "
+        "and paste render_gpt2()")
+    assert {"additive", "rss"} <= set(data["three_parties"])
+    assert _block(doc, "three-parties") == _split().render_three(data), (
+        "docs/transformers.md's 3-party table is stale: rerun python benchmarks/transformer_split.py "
+        "--three and paste render_three()")
 
 
 def test_phases_add_up_and_a_changed_figure_is_caught():
