@@ -32,9 +32,9 @@ OWNER, DATA = 0, 1
 # online rounds of one private inference, 2 parties, batch 1 (deterministic; in
 # docs/private_models.md's torchvision table)
 ROUNDS: dict[str, int] = {
-    "resnet": 162, "resnext": 131, "wide_resnet": 131, "mobilenet_v2": 299, "mobilenet_v3": 377,
-    "efficientnet": 230, "efficientnet_v2": 118, "regnet": 798, "squeezenet": 286, "shufflenet_v2": 338,
-    "mnasnet": 299, "densenet": 202, "convnext": 155, "vit": 200, "swin": 377, "maxvit": 478,
+    "resnet": 122, "resnext": 99, "wide_resnet": 99, "mobilenet_v2": 229, "mobilenet_v3": 293,
+    "efficientnet": 183, "efficientnet_v2": 92, "regnet": 636, "squeezenet": 212, "shufflenet_v2": 258,
+    "mnasnet": 229, "densenet": 154, "convnext": 83, "vit": 125, "swin": 226, "maxvit": 322,
 }
 
 
