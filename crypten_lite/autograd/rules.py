@@ -389,6 +389,17 @@ def _layer_norm(g, x, weight, bias, out, x_hat, inv_std, normalized_shape, **s):
     return gx, gw, gb
 
 
+def _rms_norm(g, x, weight, out, x_hat, inv_std, normalized_shape, **s):
+    """x_hat = x inv_std (no centering): dx = (dxhat - x_hat mean(dxhat x_hat)) inv_std."""
+    dims = tuple(range(x.dim() - len(normalized_shape), x.dim()))
+    dxhat = g.mul(_const(weight)) if weight is not None else g
+    gx = None
+    if _is_private(x):
+        gx = dxhat.sub(x_hat.mul(dxhat.mul(x_hat).mean(dims, keepdim=True))).mul(inv_std)
+    gw = g.mul(x_hat) if _is_private(weight) else None
+    return gx, gw
+
+
 def _batch_norm(g, x, weight, bias, out, x_hat, inv_std, training, dims, **s):
     def channel(v):
         return v.reshape((1, -1) + (1,) * (x.dim() - 2))
@@ -568,6 +579,7 @@ RULES = {
     "polynomial_private": _polynomial_private,
     "pow": _pow,
     "layer_norm": _layer_norm,
+    "rms_norm": _rms_norm,
     "batch_norm": _batch_norm,
     "softmax": _softmax,
     "log_softmax": _log_softmax,

@@ -131,7 +131,9 @@ def rms_norm(x: CrypTensor, normalized_shape: Sequence[int] | int, weight=None,
     torch.nn.functional.rms_norm; eps None: float32's machine epsilon).
 
     One square per element and ONE inv_sqrt per row (mean(x^2) + eps must lie in inv_sqrt's
-    domain [6.1e-5, 4.2e6)). Built from recorded ops, so autograd follows them."""
+    domain [6.1e-5, 4.2e6); between 2 parties the 6-round fast path of layer_norm, [6.1e-5,
+    32768), with its own autograd rule). Otherwise built from recorded ops, so autograd
+    follows them."""
     if isinstance(normalized_shape, int):
         normalized_shape = (normalized_shape,)
     if tuple(x.shape[x.dim() - len(normalized_shape):]) != tuple(normalized_shape):
@@ -140,19 +142,31 @@ def rms_norm(x: CrypTensor, normalized_shape: Sequence[int] | int, weight=None,
     eps = torch.finfo(torch.float32).eps if eps is None else float(eps)
     dims = tuple(range(x.dim() - len(normalized_shape), x.dim()))
     xf = x if x.dtype.is_floating_point else x.float()
-    if fast.layer_norm_ok() and not _needs_grad(x, weight):
-        # 2 parties, inference: the 10-round path of layer_norm on the uncentered rows
+    if fast.layer_norm_ok():
+        # 2 parties: the 6-round path of layer_norm on the uncentered rows (x_hat and inv_std
+        # saved for the rms_norm rule when a gradient is needed)
         d = 1
         for k in dims:
             d *= x.shape[k]
         gamma, public = None, False
         if isinstance(weight, CrypTensor) and weight.precision == xf.precision:
-            gamma = weight.share.reshape(-1)
+            gamma = weight.detach().share.reshape(-1)
         elif weight is not None and not isinstance(weight, CrypTensor):
             gamma, public = encoding.encode(torch.as_tensor(weight, dtype=torch.float64).reshape(-1), xf.precision), True
         if weight is None or gamma is not None:
-            share = fast.layer_norm_share(xf.share.reshape(-1, d), xf.precision, eps, gamma, public_weight=public)
-            return CrypTensor(share.view(x.shape), xf.precision, xf.dtype, x._names)
+            grad = _needs_grad(x, weight)
+            with no_grad():
+                got = fast.layer_norm_share(xf.detach().share.reshape(-1, d), xf.precision, eps, gamma,
+                                            public_weight=public, saved=grad)
+            saved = {}
+            if grad:
+                got, x_hat, inv_std = got
+                keep = [1 if k in dims else x.shape[k] for k in range(x.dim())]
+                saved = {"x_hat": CrypTensor(x_hat.view(x.shape), xf.precision, xf.dtype, x._names),
+                         "inv_std": CrypTensor(inv_std.view(keep), xf.precision, xf.dtype)}
+            out = CrypTensor(got.view(x.shape), xf.precision, xf.dtype, x._names)
+            return _record(out, "rms_norm", (x, weight), normalized_shape=tuple(normalized_shape), eps=eps,
+                           **saved)
     inv_rms = inv_sqrt(xf.square().mean(dims, keepdim=True).add(eps))
     out = xf.mul(inv_rms)
     if weight is not None:

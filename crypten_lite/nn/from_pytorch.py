@@ -301,6 +301,8 @@ def _aten_table() -> dict[Any, Callable]:
         aten.adaptive_avg_pool2d.default: F.adaptive_avg_pool2d,
         aten.layer_norm.default: lambda x, shape, w=None, b=None, eps=1e-5, cudnn=False:
             F.layer_norm(x, shape, w, b, eps),
+        aten.rms_norm.default: lambda x, shape, w=None, eps=None:
+            torch.nn.functional.rms_norm(x, shape, w, eps),
         aten.select.int: lambda x, dim, index: x.select(dim, index),
         aten.slice.Tensor: lambda x, dim=0, start=None, end=None, step=1:
             x[(slice(None),) * (dim % x.dim()) + (slice(start, end, step),)],

@@ -495,7 +495,8 @@ def fold_public(graph: torch.fx.Graph, constants: dict[torch.fx.Node, torch.Tens
 def publicize(graph: torch.fx.Graph, signature, state: dict[str, torch.Tensor]) -> int:
     """Exported placeholders of public values (non-persistent buffers, tensor constants of the
     code) become `public_constant` nodes, then everything computed from public values only is
-    folded (`fold_public`), and written-out tanh GELUs become one GELU (`fuse_tanh_gelu`).
+    folded (`fold_public`), and written-out tanh GELUs become one GELU (`fuse_tanh_gelu`) and
+written-out RMSNorms one rms_norm (`fuse_rms_norm`).
     Returns the number of nodes folded."""
     public_paths = set(getattr(signature, "non_persistent_buffers", ()))
     lifted = dict(getattr(signature, "inputs_to_lifted_tensor_constants", {}))
@@ -516,6 +517,7 @@ def publicize(graph: torch.fx.Graph, signature, state: dict[str, torch.Tensor]) 
         constants[const] = value
     folded = fold_public(graph, constants)
     fuse_tanh_gelu(graph)
+    fuse_rms_norm(graph)
     return folded
 
 
@@ -571,6 +573,69 @@ def fuse_tanh_gelu(graph: torch.fx.Graph) -> int:
                 graph.erase_node(dead)
         fused += 1
     return fused
+
+
+def fuse_rms_norm(graph: torch.fx.Graph) -> int:
+    """RMSNorm written out in a model's code (HF's LlamaRMSNorm and its kin):
+    x * rsqrt(mean(x^2, -1, keepdim) + eps), and its product with a weight (through a dtype
+    cast), become one aten.rms_norm(x, [D], weight, eps): the private rms_norm (between 2
+    parties one 6-round pass per row, the weight in its first round) instead of a square, a
+    general inv_sqrt and two products. Returns the number fused."""
+    aten = torch.ops.aten
+    fused = 0
+    for rsqrt in list(graph.nodes):
+        if rsqrt.target is not aten.rsqrt.default or len(rsqrt.users) != 1:
+            continue
+        plus = rsqrt.args[0]
+        if getattr(plus, "target", None) is not aten.add.Tensor or len(plus.users) != 1:
+            continue
+        mean = next((a for a in plus.args if isinstance(a, torch.fx.Node)), None)
+        eps = next((a for a in plus.args if isinstance(a, float)), None)
+        if mean is None or eps is None or _const_arg(plus, eps) is not mean:
+            continue
+        if mean.target is not aten.mean.dim or len(mean.users) != 1 or tuple(mean.args[1]) != (-1,) \
+                or not (len(mean.args) > 2 and mean.args[2]):
+            continue
+        square = mean.args[0]
+        if getattr(square, "target", None) is not aten.pow.Tensor_Scalar or square.args[1] != 2 \
+                or len(square.users) != 1:
+            continue
+        x = square.args[0]
+        out = next(iter(rsqrt.users))
+        if out.target is not aten.mul.Tensor or set(out.args) != {x, rsqrt}:
+            continue
+        val = x.meta.get("val") if isinstance(x, torch.fx.Node) else None
+        if val is None or val.dim() < 1:
+            continue
+        dim = int(val.shape[-1])
+        dead, weight, last = [out, rsqrt, plus, mean, square], None, out
+        # a weight (D,) placeholder multiplying the result, possibly through a float cast
+        user = _only_user(out)
+        cast = None
+        if user is not None and user.target is aten.to.dtype and _only_user(user) is not None:
+            cast, user = user, _only_user(user)
+        if user is not None and user.target is aten.mul.Tensor and len(user.args) == 2:
+            w = user.args[0] if user.args[1] is (cast or out) else user.args[1]
+            wv = w.meta.get("val") if isinstance(w, torch.fx.Node) else None
+            if w.op == "placeholder" and wv is not None and tuple(wv.shape) == (dim,):
+                weight, last = w, user
+                dead = [user] + ([cast] if cast is not None else []) + dead
+        with graph.inserting_before(last):
+            norm = graph.call_function(aten.rms_norm.default, (x, [dim], weight, eps))
+        last.replace_all_uses_with(norm)
+        for node in dead:
+            for check in [u for u in node.users if u.target is aten._assert_tensor_metadata.default]:
+                graph.erase_node(check)
+            if not node.users:
+                graph.erase_node(node)
+        fused += 1
+    return fused
+
+
+def _only_user(node: torch.fx.Node) -> torch.fx.Node | None:
+    """The one node using `node` besides torch.export's metadata checks, or None."""
+    users = [u for u in node.users if u.target is not torch.ops.aten._assert_tensor_metadata.default]
+    return users[0] if len(users) == 1 else None
 
 
 def by_name(names: list[str], inputs: tuple, named: dict) -> tuple:

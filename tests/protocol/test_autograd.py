@@ -289,6 +289,7 @@ NONLINEAR_OPS = {
     "amax": lambda a: torch.amax(a, dim=(0, 2)),
     "clamp_min": lambda a: torch.clamp_min(a, 0.1),
     "layer_norm": lambda a, w, b: F.layer_norm(a, (4,), w, b),
+    "rms_norm": lambda a, w: F.rms_norm(a, (4,), w, 1e-6),
     "batch_norm_train": lambda a, w, b: F.batch_norm(a, None, None, w, b, training=True),
     "batch_norm_eval": lambda a, m, v, w, b: F.batch_norm(a, m, v, w, b, training=False),
 }
@@ -337,6 +338,7 @@ NONLINEAR_CASES = {
     "amax": ([randn(3, 4, 2)], None, ("amax",)),
     "clamp_min": ([randn(3, 4)], None, ("clamp_min",)),
     "layer_norm": ([randn(3, 4), positive(4), randn(4, seed=2)], None, ("layer_norm",)),
+    "rms_norm": ([randn(3, 4), positive(4)], None, ("rms_norm",)),
     "batch_norm_train": ([randn(6, 3, 2), positive(3), randn(3, seed=2)], None, ("batch_norm",)),
     "batch_norm_eval": ([randn(6, 3), randn(3, seed=1), positive(3, seed=2), positive(3, seed=3),
                          randn(3, seed=4)], (True, False, False, True, True), ("batch_norm",)),

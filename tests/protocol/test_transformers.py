@@ -253,6 +253,20 @@ def test_gpt2_written_out_gelu_fused():
     assert "aten.tanh.default" not in targets and "aten.pow.Tensor_Scalar" not in targets
 
 
+@needs_transformers
+def test_llama_written_out_rms_norm_fused():
+    """LLaMA's RMSNorm (x * rsqrt(mean(x^2) + eps) * weight, written in the model's code)
+    becomes one private rms_norm per norm, its weight included (no private rsqrt or square
+    left); the plaintext check still matches torch."""
+    model = importlib.import_module(HF).build("llama")
+    converted = crypten_lite.nn.from_pytorch(model, _inputs("llama"))
+    nodes = [n for n in converted.graph.nodes if n.op == "call_function"]
+    norms = [n for n in nodes if str(n.target) == "aten.rms_norm.default"]
+    assert len(norms) == 5 and all(n.args[2] is not None for n in norms)   # 2 layers x 2, final
+    targets = [str(n.target) for n in nodes]
+    assert "aten.rsqrt.default" not in targets and "aten.pow.Tensor_Scalar" not in targets
+
+
 def party_bad_tokens() -> str:
     """Ids outside the vocabulary: the owner's error, the others told at once (no wait)."""
     from crypten_lite.errors import CryptenLiteError
