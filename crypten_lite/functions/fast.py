@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from .. import encoding
-from ..mpc import beaver, circuits, protocol
+from ..mpc import circuits, protocol
 from ..mpc.convert import finish_gen
 from ..mpc.parallel import alongside, drive, opened_sums, split
 from ..mpc.binary import provider_get
@@ -215,18 +215,23 @@ def select_buckets(bits: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
 
 def select_buckets_gen(bits: torch.Tensor, values: torch.Tensor):
     """select_buckets as a protocol in rounds (mpc.parallel)."""
-    n = values.shape[0] - 1
-    if n == 0:
-        return values[0]
-    rows = bits.numel() // n
-    shape = (rows,) + (1,) * (values.dim() - 2)
-    muls = [(circuits.pack_bits(bits[j * rows:(j + 1) * rows]), shape, values[j + 1] - values[j])
-            for j in range(n)]
+    return (yield from bits_times_gen(bits, [values[j + 1] - values[j] for j in range(values.shape[0] - 1)],
+                                      values[0]))
+
+
+def bits_times_gen(bits: torch.Tensor, values: Sequence[torch.Tensor], base: torch.Tensor):
+    """A protocol in rounds (mpc.parallel): shares of base + sum_j bit_j * values[j] in ONE round
+    (bit times value), for bits (len(values) x R, row-major) and values (R, ...) each."""
+    if not values:
+        return base
+    rows = bits.numel() // len(values)
+    shape = (rows,) + (1,) * (values[0].dim() - 1)
+    muls = [(circuits.pack_bits(bits[j * rows:(j + 1) * rows]), shape, v) for j, v in enumerate(values)]
     if _additive():
         _, prods = yield from finish_gen((), muls)
     else:
         _, prods = protocol.finish((), muls)
-    out = values[0]
+    out = base
     for p_ in prods:
         out = out + p_
     return out
@@ -358,13 +363,8 @@ def half_plus_even(xs: torch.Tensor, prec: int, name: str) -> torch.Tensor:
     half = _half(xs)
     values = [polys[j] - polys[j - 1] for j in range(1, len(polys))]
     values += [half - polys[-1], -half - polys[-1]]
-    muls = [(circuits.pack_bits(bits[i * n:(i + 1) * n]), (n, 1), v.reshape(n, 1))
-            for i, v in enumerate(values)]
-    _, prods = protocol.finish((), muls)
-    out = half + polys[0]
-    for p in prods:
-        out = out + p.view(xs.shape)
-    return out
+    flat = drive(bits_times_gen(bits, [v.reshape(n) for v in values], (half + polys[0]).reshape(n)))
+    return flat.view(xs.shape)
 
 
 def _half(xs: torch.Tensor) -> torch.Tensor:
@@ -377,11 +377,16 @@ EXP_BUCKETS = (-16, -12, -8, -4)   # thresholds of y = z log2 e; below the first
 EXP_DEGREE = 7
 
 
+def _exp_threshold_items(z: torch.Tensor, prec: int) -> list[torch.Tensor]:
+    """z - tau for the thresholds tau = EXP_BUCKETS / log2 e (in increasing order)."""
+    return [z - public_share(encoding.encode(torch.tensor(float(t) / LOG2E), prec).expand_as(z))
+            for t in EXP_BUCKETS]
+
+
 def exp_nonpos(z: torch.Tensor, prec: int, narrow: bool = False) -> torch.Tensor:
     """Shares of exp(z) for z <= 0 (0 where z log2 e < -16), 8 rounds between 2 parties.
     narrow (2 parties, z > -NARROW_RANGE, z <= 1/8 allowed): narrow threshold comparisons."""
-    items = [(z - public_share(encoding.encode(torch.tensor(float(t) / LOG2E), prec).expand_as(z)))
-             for t in EXP_BUCKETS]
+    items = _exp_threshold_items(z, prec)
     flats = [v.reshape(-1) for v in items]
     n = z.numel()
     if narrow and _narrow_ok(prec):
@@ -591,11 +596,9 @@ def exp_pairs(flat: torch.Tensor, prec: int, narrow: bool = False) -> torch.Tens
     oi, oj = off.nonzero(as_tuple=True)                  # ordered pairs i != j, row-major
     npairs, nord = iu.numel(), oi.numel()
     z = (flat[:, oj] - flat[:, oi]).reshape(-1)          # x_j - x_i
-    n = z.numel()
     cmp = _pair_lt_items(flat, iu, ju, narrow)           # [x_i < x_j]: j beats i
     shift, bits_ = (NARROW_SHIFT, NARROW_BITS) if narrow else (2, SHORT_BITS)
-    thr = [truncate(z - public_share(encoding.encode(torch.tensor(float(t) / LOG2E), prec).expand_as(z)), shift)
-           for t in EXP_BUCKETS]                         # [z < tau]
+    thr = [truncate(v, shift) for v in _exp_threshold_items(z, prec)]   # [z < tau]
     half_y = truncate(z * int(round(LOG2E / 2 * (1 << prec))), prec)
     ts = torch.stack([half_y + _enc(9.0 - 2 * b, prec, z) for b in range(1, 5)])
     side = poly7_gen(ts, fit("exp2", 0.0, 4.0, EXP_DEGREE), prec)

@@ -49,16 +49,12 @@ def layer_norm(x: CrypTensor, normalized_shape: Sequence[int] | int, weight=None
 
 
 def _layer_norm_fast(x: CrypTensor, dims, weight, bias, eps: float) -> CrypTensor:
-    """Inference LayerNorm between 2 parties: functions.fast.layer_norm_share (10 rounds,
+    """LayerNorm between 2 parties: functions.fast.layer_norm_share (6 rounds,
     var + eps in [6.1e-5, 32768)); the weight multiplies in the variance's round."""
     grad = _needs_grad(x, weight, bias)
     with no_grad():
         xd = x.detach() if x.dtype.is_floating_point else x.detach().float()
         centered = xd.sub(xd.mean(dims, keepdim=True))
-        d = 1
-        for k in dims:
-            d *= x.shape[k]
-        rows = centered.share.reshape(-1, d)
         p = centered.precision
         gamma = None
         if isinstance(weight, CrypTensor):
@@ -68,20 +64,32 @@ def _layer_norm_fast(x: CrypTensor, dims, weight, bias, eps: float) -> CrypTenso
             gamma = gamma.share.reshape(-1)
         elif weight is not None:  # public: encoded, multiplied locally
             gamma = encoding.encode(torch.as_tensor(weight, dtype=torch.float64).reshape(-1), p)
-        share = fast.layer_norm_share(rows, p, eps, gamma, public_weight=weight is not None
-                                      and not isinstance(weight, CrypTensor), saved=grad)
-        saved = {}
-        if grad:
-            share, x_hat, inv_std = share
-            keep = [1 if k in dims else x.shape[k] for k in range(x.dim())]
-            saved = {"x_hat": CrypTensor(x_hat.view(x.shape), p, centered.dtype, x._names),
-                     "inv_std": CrypTensor(inv_std.view(keep), p, centered.dtype)}
-        out = CrypTensor(share.view(x.shape), p, centered.dtype, x._names)
+        out, saved = _normalized_rows(centered, x, dims, gamma, weight is not None
+                                      and not isinstance(weight, CrypTensor), eps, grad)
         if bias is not None:
             out = out.add(bias.detach() if isinstance(bias, CrypTensor) else bias)
     out = CrypTensor(out.share, out.precision, out.dtype, x._names)
     return _record(out, "layer_norm", (x, weight, bias), normalized_shape=tuple(x.shape[k] for k in dims),
                    eps=eps, **saved)
+
+
+def _normalized_rows(rows_of: CrypTensor, x: CrypTensor, dims, gamma, public: bool, eps: float,
+                     grad: bool) -> tuple[CrypTensor, dict]:
+    """fast.layer_norm_share over the `dims` rows of `rows_of` (x centered for layer_norm, x
+    itself for rms_norm): the output in x's shape and names, and the x_hat and inv_std the
+    autograd rule needs when `grad`."""
+    d = 1
+    for k in dims:
+        d *= x.shape[k]
+    p, dtype = rows_of.precision, rows_of.dtype
+    got = fast.layer_norm_share(rows_of.share.reshape(-1, d), p, eps, gamma, public_weight=public, saved=grad)
+    saved = {}
+    if grad:
+        got, x_hat, inv_std = got
+        keep = [1 if k in dims else x.shape[k] for k in range(x.dim())]
+        saved = {"x_hat": CrypTensor(x_hat.view(x.shape), p, dtype, x._names),
+                 "inv_std": CrypTensor(inv_std.view(keep), p, dtype)}
+    return CrypTensor(got.view(x.shape), p, dtype, x._names), saved
 
 
 def batch_norm(x: CrypTensor, running_mean=None, running_var=None, weight=None, bias=None,
@@ -145,9 +153,6 @@ def rms_norm(x: CrypTensor, normalized_shape: Sequence[int] | int, weight=None,
     if fast.layer_norm_ok():
         # 2 parties: the 6-round path of layer_norm on the uncentered rows (x_hat and inv_std
         # saved for the rms_norm rule when a gradient is needed)
-        d = 1
-        for k in dims:
-            d *= x.shape[k]
         gamma, public = None, False
         if isinstance(weight, CrypTensor) and weight.precision == xf.precision:
             gamma = weight.detach().share.reshape(-1)
@@ -156,15 +161,7 @@ def rms_norm(x: CrypTensor, normalized_shape: Sequence[int] | int, weight=None,
         if weight is None or gamma is not None:
             grad = _needs_grad(x, weight)
             with no_grad():
-                got = fast.layer_norm_share(xf.detach().share.reshape(-1, d), xf.precision, eps, gamma,
-                                            public_weight=public, saved=grad)
-            saved = {}
-            if grad:
-                got, x_hat, inv_std = got
-                keep = [1 if k in dims else x.shape[k] for k in range(x.dim())]
-                saved = {"x_hat": CrypTensor(x_hat.view(x.shape), xf.precision, xf.dtype, x._names),
-                         "inv_std": CrypTensor(inv_std.view(keep), xf.precision, xf.dtype)}
-            out = CrypTensor(got.view(x.shape), xf.precision, xf.dtype, x._names)
+                out, saved = _normalized_rows(xf.detach(), x, dims, gamma, public, eps, grad)
             return _record(out, "rms_norm", (x, weight), normalized_shape=tuple(normalized_shape), eps=eps,
                            **saved)
     inv_rms = inv_sqrt(xf.square().mean(dims, keepdim=True).add(eps))

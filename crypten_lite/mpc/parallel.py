@@ -65,13 +65,7 @@ def split(flat: torch.Tensor, like: Sequence[torch.Tensor]) -> list[torch.Tensor
 
 def drive(gen: SideProtocol) -> R:
     """Run a protocol in rounds on its own: one all_gather per message it yields."""
-    comm = current().comm
-    try:
-        message = next(gen)
-        while True:
-            message = gen.send(comm.all_gather(message))
-    except StopIteration as stop:
-        return stop.value
+    return _Rider(gen, None).finish()
 
 
 class _Rider:

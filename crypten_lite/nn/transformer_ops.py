@@ -293,7 +293,6 @@ def _shape_only(target) -> Callable:
 
 def _sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
     """softmax(q k^T * scale + mask) v; mask public (bool: True = attend, or additive)."""
-    from . import functional as F
     if not _private(q, k, v):
         return torch.nn.functional.scaled_dot_product_attention(
             q, k, v, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
