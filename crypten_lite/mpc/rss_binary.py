@@ -12,7 +12,9 @@ opening), [RW19]/[EGK+20] (random shared bits).
 **Roles.** A protocol on n elements runs on three chunks at once; chunk k gives party k+j
 role j (mod 3), so every party plays every role on a third of the elements and the bytes
 below (per element, per role) average out evenly. Component j of a chunk's role indexing
-is held by roles j and j-1.
+is held by roles j and j-1. A call on fewer than SPLIT_WORDS (256) words of 64 elements runs
+as one chunk, its rotation the number of words mod 3 (``_chunks``): fewer messages, the same
+rounds.
 
 **AND** (``and_many``, 1 round): party i computes t_i = x_i y_i ^ x_i y_{i+1} ^ x_{i+1} y_i
 ^ alpha_i, alpha_i = F(k_{i,i+1}) ^ F(k_{i-1,i}) (a fresh zero sharing), and sends t_i to
@@ -77,7 +79,7 @@ MSB (``msb_low``): carries of a + b on low bit lanes (and at the top) as above; 
 docstrings.
 
 Measured figures (3 parties over gRPC, tests/protocol/test_rss_binary.py; bytes sent per
-element per party, averaged over the roles, n a multiple of 192):
+element per party, averaged over the roles: n a multiple of 3 * 64 * SPLIT_WORDS):
 
 ================================  ======  ===========================================
 function                          rounds  bytes per element per party
@@ -208,9 +210,26 @@ class _Roles:
         return out
 
 
+# Calls on fewer words than this run as ONE chunk (see _chunks).
+SPLIT_WORDS = 256
+
+
 def _chunks(n: int) -> list[tuple[int, int, int]]:
-    """(rotation, start, stop) of the three chunks (word-aligned: multiples of 64)."""
+    """(rotation, start, stop) of the chunks of a call on n elements (word-aligned: multiples
+    of 64): three chunks, one per rotation of the roles, from SPLIT_WORDS words up; below,
+    one chunk, its rotation the call's number of words mod 3.
+
+    Three chunks balance the bytes and the work of a large call over the parties, but every
+    party then sends to both others in each round. A small call costs its messages more than
+    its words: as one chunk, only roles 0 and 2 talk after the first round (12 messages for
+    an MSB instead of 36: LeNet at batch 1 takes a third less CPU), and calls of different
+    sizes give role 1, which sends the most, to different parties. The rotation depends on
+    the call alone, not on what ran before it, so a call's bytes per party do not either."""
     words = -(-n // 64)
+    if not n:
+        return []
+    if words < SPLIT_WORDS:
+        return [(words % WORLD, 0, n)]
     per = -(-words // WORLD) * 64
     out = []
     for k in range(WORLD):

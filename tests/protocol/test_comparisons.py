@@ -342,14 +342,18 @@ def test_exact_counts_rss(pool3_rss):
     """The same comparisons under rss (rss_binary: MSB with the B2A folded in, 6 rounds)."""
     n = 1000
     got = pool3_rss.run(counts, n)
-    per_rank = {"lt": (21760, 23184, 23184), "eq": (35328, 38208, 38208),
-                "relu": (29760, 31184, 31184), "max": (2256, 3088, 2256)}
+    # 1000 values = 16 words < SPLIT_WORDS: one chunk, party 2 in role 1 (the most bytes)
+    per_rank = {"lt": (19536, 19536, 29056), "eq": (30816, 30816, 50112),
+                "relu": (27536, 27536, 37056), "max": (2256, 2256, 3088)}
     for name, sent in per_rank.items():
         rounds = 48 if name == "max" else 6   # max: 6 levels of 8 rounds (MSB, fold)
         assert [r[name] for r in got] == [(rounds, b) for b in sent], name
     for r in got:
         assert r["ltz"] == r["ge"] == r["lt"] and r["abs"] == r["relu"]
-        assert r["lt"][1] <= 24 * n and r["relu"][1] <= 32 * n   # issue 14's per-element bounds
+    # issue 14's per-element bounds (lt <= 24 B, ReLU <= 32 B per party), here averaged over
+    # the parties of this one-chunk call; from 3 * SPLIT_WORDS words on every party meets
+    # them (tests/protocol/test_rss_binary.py)
+    assert sum(r["lt"][1] for r in got) <= 3 * 24 * n and sum(r["relu"][1] for r in got) <= 3 * 32 * n
 
 
 def test_million_values_exact_2pc(pool2):

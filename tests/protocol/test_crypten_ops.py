@@ -317,15 +317,15 @@ COSTS = {
 }
 # Under rss (3 parties, no dealer) every truncation of a float product makes its truncation
 # pairs online when none were prefetched (crypten_lite.mpc.rss: 7 rounds with the fused
-# product); bytes sent differ by rank (party 1 sends more in the pairs' protocol), so the
-# figures are per party: {op: [(rounds, bytes) of party 0, 1, 2]}.
+# product); bytes sent differ by rank (the party in role 1 of the pairs' protocol sends
+# more), so the figures are per party: {op: [(rounds, bytes) of party 0, 1, 2]}.
 _RSS_BYTES = {
-    "conv_transpose1d_public_w": (1040, 1552, 1040), "dropout": (1536, 2264, 1536),
-    "dropout2d": (1536, 2264, 1536), "ger": (3472, 4792, 3472), "conv_transpose1d": (1200, 1984, 1200),
-    "prod": (1864, 2792, 1864), "var": (2512, 3640, 2512), "std": (7240, 10720, 7320),
-    "norm_1": (912, 1248, 912), "norm_2": (6520, 9600, 6600), "norm_inf": (2680, 4176, 3448),
-    "cosine_similarity": (14256, 19056, 15464), "polynomial_private": (8848, 11624, 9576),
-    "softplus": (69968, 82680, 72760)}
+    "conv_transpose1d_public_w": (1040, 1040, 1552), "dropout": (1536, 1536, 2264),
+    "dropout2d": (1536, 1536, 2264), "ger": (3472, 3472, 4792), "conv_transpose1d": (1200, 1472, 1712),
+    "prod": (1864, 1864, 2792), "var": (2512, 2512, 3640), "std": (7920, 7240, 10120),
+    "norm_1": (912, 912, 1248), "norm_2": (7200, 6520, 9000), "norm_inf": (3448, 2680, 4176),
+    "cosine_similarity": (16184, 15456, 17136), "polynomial_private": (10896, 8848, 10304),
+    "softplus": (68080, 74168, 83160)}
 _RSS_ROUNDS = {"conv_transpose1d_public_w": 7, "dropout": 7, "dropout2d": 7, "ger": 7,
                "conv_transpose1d": 7, "prod": 21, "var": 21, "std": 78, "norm_1": 6, "norm_2": 64,
                "norm_inf": 30, "cosine_similarity": 78, "polynomial_private": 21, "softplus": 105}

@@ -498,7 +498,7 @@ def test_private_model_3pc(pool3_any, case):
 # shared, the whole program, the output revealed), 3 parties: with the dealer, and under rss
 # (no dealer; the parties' bytes differ by the roles of the binary circuits)
 DIGITS_COSTS = {"additive": [(51, 860880), (51, 860976), (51, 860880)],
-                "rss": [(52, 786992), (52, 784944), (52, 776656)]}
+                "rss": [(52, 944160), (52, 701184), (52, 703248)]}
 
 
 def test_private_digits_costs_3pc(pool3_any):

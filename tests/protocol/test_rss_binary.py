@@ -2,9 +2,10 @@
 against plaintext torch, over gRPC between 3 real party processes, no dealer; exact rounds and
 bytes per party; privacy of what each party receives during the MSB.
 
-Byte counts: N = 192 elements = three word-aligned chunks of 64, so every party plays every
-role of the MSB / bit injection once and all parties send the same number of bytes. Per chunk
-of 64 elements (words of 8 bytes):
+Byte counts: N = 3 * 64 * SPLIT_WORDS elements = three word-aligned chunks of SPLIT_WORDS
+words (the smallest call that runs as three chunks), so every party plays every role of the
+MSB / bit injection once and all parties send the same number of bytes. Per word of 64
+elements of a chunk (words of 8 bytes):
   carry circuit (64-bit, MSB): role 1 sends 3*32 + 1 (h ^ rho, b_63) + 61 (triple corrections)
     = 158 words; roles 0 and 2 send 16*3 + 8*3 + 4*3 + 2*3 + 1*2 = 92 words of openings;
   to replicated (msb_words): roles 0 and 2 one word each;
@@ -23,7 +24,9 @@ from crypten_lite.mpc.launcher import PartyPool
 
 from _costs import cost  # tests/protocol/_costs.py
 
-N = 192
+from crypten_lite.mpc.rss_binary import SPLIT_WORDS
+
+N = 3 * 64 * SPLIT_WORDS
 WORD = 8
 EDGES = [0, -1, 1, (1 << 63) - 1, -(1 << 63), -2, 2, 1 << 62, -(1 << 62)]
 
@@ -215,8 +218,9 @@ def _refusals():
 
 # ------------------------------------------------------------------------- tests
 def _words_per_party(**roles) -> int:
-    """Bytes one party sends for N = 3 chunks: the sum over the three roles of words per chunk."""
-    return WORD * sum(roles.values())
+    """Bytes one party sends for N = 3 chunks: the sum over the three roles of the words sent
+    per word of 64 elements, times the chunk's SPLIT_WORDS words."""
+    return WORD * SPLIT_WORDS * sum(roles.values())
 
 
 def test_and_msb_lt_relu(rss_pool):
@@ -249,18 +253,19 @@ def test_b2a_bit_mul_a2b(rss_pool):
     b2a = dict(r0=64 + 2, r1=64, r2=64 + 2)
     mul = dict(r0=64 + 2 + 64, r1=64 + 64, r2=64 + 64 + 2)
     expected = {
-        "finish": (2, WORD * (sum(b2a.values()) + sum(mul.values()))),
-        "b2a": (2, WORD * sum(b2a.values())),
+        "finish": (2, WORD * SPLIT_WORDS * (sum(b2a.values()) + sum(mul.values()))),
+        "b2a": (2, WORD * SPLIT_WORDS * sum(b2a.values())),
         # [r] and [r v] of one random bit: the B2A's words plus [t v] and the product
-        "finish_same_words": (2, WORD * (sum(b2a.values()) + 64 + 64 + 3 * 64)),
+        "finish_same_words": (2, WORD * SPLIT_WORDS * (sum(b2a.values()) + 64 + 64 + 3 * 64)),
         "bit_mul_bcast": (0, 0),
         "and_reduce": (3, 3 * WORD),
         # both MSB carry circuits (2 * 90 + 2 * 168 words per chunk) + one bit injection
         "eq": (6, _words_per_party(r0=180 + 64 + 2, r1=336 + 64, r2=180 + 64 + 2)),
-        # m = 1, 2: one group-2 level (role 1: 3 + 1 words), conversion (roles 0, 2: 1 word);
+        # m = 1, 2: one group-2 level (role 1: 3 + 1 words; for m = 1 its three planes are of
+        # 2-bit lanes, 32 to a word: 1.5 words), conversion (roles 0, 2: 1 word);
         # m = 16: 15 bits in 16-bit lanes, levels 8 -> 4 -> 1 (role 1: 3*8 + 1 + 8 + 15,
         # roles 0/2: 12 + 6 + 1); m = 64: as msb_words
-        "msb_low1": (2, _words_per_party(r0=1, r1=4, r2=1)),
+        "msb_low1": (2, _words_per_party(r0=1, r1=2.5, r2=1)),
         "msb_low2": (2, _words_per_party(r0=1, r1=4, r2=1)),
         "msb_low16": (4, _words_per_party(r0=19, r1=48, r2=19)),
         "msb_low64": (6, _words_per_party(r0=91, r1=168, r2=91)),
@@ -292,7 +297,7 @@ def test_round_exact_and_truncation_pairs(rss_pool):
     # injected (role 0: [s] 128 words; roles 1 and 2: [s t] 128; roles 0 and 2: opening 2 words
     # to each other party), b >> 16 shared by role 1 (64 words)
     per_chunk = (24 + 1 + 23 + 128 + 64) + (18 + 128 + 4) + (18 + 128 + 4)
-    assert sent[0]["round16"] == WORD * per_chunk, sent[0]["round16"]
+    assert sent[0]["round16"] == WORD * SPLIT_WORDS * per_chunk, sent[0]["round16"]
 
 
 def test_msb_views_uniform_and_independent_of_input(rss_pool):
@@ -376,3 +381,40 @@ def test_finish_with_prefetched_random_bits_takes_one_round(rss_pool):
         assert (rounds, sent) == (1, WORD * (2 * (N // 64) + 2 * N)), (rank, rounds, sent)
         assert r["same_bits"] and r["binary"]
         assert abs(r["ones"] - 2048) < 6 * 32             # 4096 fair bits: sd 32
+
+
+# ------------------------------------------------- small calls: one chunk, rotating roles
+def _small_calls():
+    """msb_words on 1, 2 and 3 words of 64 elements (< SPLIT_WORDS): each call runs as ONE
+    chunk, its roles rotated by its number of words."""
+    from crypten_lite.mpc import circuits, rss
+    from crypten_lite.mpc import rss_binary as rb
+    from crypten_lite.session import current
+    out = []
+    for words in (1, 2, 3):
+        x = _values(30 + words, 64 * words)
+        xs = _arith_share(x)
+        w, rounds, sent = cost(lambda: rb.msb_words(xs))
+        messages = current().comm.get_communication_stats()["messages"]   # since cost's reset
+        ok = torch.equal(circuits.unpack_bits(rss.open_xor(w), 64 * words), (x < 0).long())
+        out.append((ok, rounds, sent, messages))
+    return out
+
+
+def test_small_calls_run_as_one_chunk_with_rotating_roles(rss_pool):
+    results = rss_pool.run(_small_calls)
+    for call, words in enumerate((1, 2, 3)):
+        for rank in range(3):
+            ok, rounds, _, _ = results[rank][call]
+            assert ok and rounds == 6, (rank, words, rounds)
+        # a call on w words: party (j + w) mod 3 plays role j; per word role 1 sends 168
+        # words, roles 0 and 2 91 (msb_words' per-role figures above)
+        sent = [results[rank][call][2] for rank in range(3)]
+        role1 = (1 + words) % 3
+        assert sent == [WORD * words * (168 if r == role1 else 91) for r in range(3)], (words, sent)
+        # role 1 sends in round 1 only (to both others); roles 0 and 2 one message each in
+        # rounds 2-6: 12 messages a call, where three chunks take 36
+        messages = [results[rank][call][3] for rank in range(3)]
+        assert messages[role1] == 2 and sorted(messages) == [2, 5, 5], (words, messages)
+    # over the three sizes every party played role 1 once
+    assert sorted((1 + words) % 3 for words in (1, 2, 3)) == [0, 1, 2]
