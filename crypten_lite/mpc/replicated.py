@@ -247,7 +247,36 @@ def _unflatten(items, spec):
     return tree_unflatten(items, spec)
 
 
+# Shape ops of one share with only non-tensor arguments: applied to both components with no
+# argument walk (they are most of what protocol code does to shares between rounds).
+_SHAPE_OPS = frozenset({
+    aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.permute.default,
+    aten.t.default, aten.expand.default, aten.slice.Tensor, aten.unsqueeze.default,
+    aten.alias.default, aten.clone.default, aten.transpose.int, aten.select.int,
+    aten.squeeze.dim, aten.narrow.default})
+_RESHAPE = frozenset({aten.view.default, aten._unsafe_view.default})
+
+
+def _shape_op(func, args: tuple, kwargs: dict):
+    """func on both components of args[0], or None where the fast form does not apply."""
+    x = args[0]
+    if type(x) is not Replicated or kwargs or any(isinstance(v, torch.Tensor) for v in args[1:]):
+        return None
+    if func in _RESHAPE:  # the components' strides may differ from the wrapper's
+        func = aten.reshape.default
+    rest = args[1:]
+    a, b = func(x.a, *rest), func(x.b, *rest)
+    out = torch.Tensor._make_wrapper_subclass(Replicated, a.shape, strides=a.stride(), dtype=torch.int64,
+                                              device=a.device, requires_grad=False)
+    out.a, out.b, out.rank = a, b, x.rank
+    return out
+
+
 def _dispatch(func, args: tuple, kwargs: dict):
+    if func in _SHAPE_OPS:
+        out = _shape_op(func, args, kwargs)
+        if out is not None:
+            return out
     packet = _BASE.get(func.overloadpacket, func.overloadpacket)
     flat, spec = _flatten(args, kwargs)
     reps = [x for x in flat if _is_rep(x)]
