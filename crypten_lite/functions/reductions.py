@@ -5,7 +5,8 @@ Two algorithms, both with torch's tie rule (the FIRST index of the extreme value
 * ``tree`` (default): pad the k candidates to a power of two with a sentinel, then
   log2(k) levels; a level compares neighbours (left, right) and keeps right only if it is
   strictly better, multiplying the choice bit into [right - left] and into both one-hot
-  blocks in the B2A round (kind bit_mul): 5 rounds per level between 2 parties.
+  blocks in the B2A round (kind bit_mul): 5 rounds per level between 2 parties, 6 at 3
+  (additive; rss folds the product into the MSB's last round: protocol.msb_finish).
 * ``pairwise``: every pair compared at once (k(k-1)/2 comparisons, one MSB circuit), the
   winner's one-hot is the AND of its k-1 wins (ceil(log4(k-1)) rounds), then one fold
   round: 4 + ceil(log4(k-1)) + 1 rounds, more bytes. Used by softmax for small k.
@@ -52,12 +53,14 @@ def argmax_tree(v: torch.Tensor, largest: bool = True, want_onehot: bool = True)
     while v.shape[1] > 1:
         left, right = v[:, 0::2], v[:, 1::2]
         h = left.shape[1]
-        words = protocol.msb_words(left - right if largest else right - left)  # right better
         parts = [(right - left).unsqueeze(-1)]
         if oh is not None:
             parts += [oh[:, 0::2], oh[:, 1::2]]
         value = torch.cat(parts, -1)
-        (prod,) = protocol.finish((), [(words, (rows, h, 1), value)])[1]
+        # [right better] times the level's values: the MSB and its bit * value product (under
+        # rss folded into the MSB's last round: 6 rounds a level, as the additive MSB + fold)
+        _, (prod,) = protocol.msb_finish(left - right if largest else right - left, False,
+                                         [((rows, h, 1), value)])
         v = left + prod[..., 0]
         if oh is not None:
             b = oh.shape[-1]

@@ -82,7 +82,7 @@ def test_grouped_matches_torch(pool_all):
 # (rounds, bytes sent by party 0) of argmax(one_hot=True) over 100 values, one row
 COSTS = {(2, "additive"): {"grouped": (14, 9488), "tree": (35, 10832)},
          (3, "additive"): {"grouped": (16, 31456), "tree": (42, 25744)},
-         (3, "rss"): {"grouped": (23, 9768), "tree": (56, 18360)}}
+         (3, "rss"): {"grouped": (23, 9768), "tree": (42, 11136)}}
 
 
 @pytest.mark.parametrize("parties,protocol", list(COSTS))

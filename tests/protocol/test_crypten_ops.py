@@ -325,12 +325,12 @@ _RSS_BYTES = {
     "conv_transpose1d_public_w": (1040, 1040, 1552), "dropout": (1536, 1536, 2264),
     "dropout2d": (1536, 1536, 2264), "ger": (3472, 3472, 4792), "conv_transpose1d": (1200, 1472, 1712),
     "prod": (1864, 1864, 2792), "var": (2512, 2512, 3640), "std": (7920, 7240, 10120),
-    "norm_1": (912, 912, 1248), "norm_2": (7200, 6520, 9000), "norm_inf": (3448, 2680, 4176),
+    "norm_1": (912, 912, 1248), "norm_2": (7200, 6520, 9000), "norm_inf": (2656, 2656, 3408),
     "cosine_similarity": (16184, 15456, 17136), "polynomial_private": (10896, 8848, 10304),
     "softplus": (68080, 74168, 83160)}
 _RSS_ROUNDS = {"conv_transpose1d_public_w": 7, "dropout": 7, "dropout2d": 7, "ger": 7,
                "conv_transpose1d": 7, "prod": 21, "var": 21, "std": 78, "norm_1": 6, "norm_2": 64,
-               "norm_inf": 30, "cosine_similarity": 78, "polynomial_private": 21, "softplus": 105}
+               "norm_inf": 24, "cosine_similarity": 78, "polynomial_private": 21, "softplus": 105}
 COSTS_RSS = {k: [(_RSS_ROUNDS[k], b) for b in _RSS_BYTES[k]] for k in _RSS_BYTES}
 
 
