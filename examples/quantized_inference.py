@@ -76,14 +76,18 @@ def load_data() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 def train(images: torch.Tensor, labels: torch.Tensor, epochs: int = 8) -> DigitsNet:
     """Party 0's plaintext training on its own data."""
     torch.manual_seed(0)  # reproducible demo training, not cryptographic
-    model = DigitsNet()
+    # In float64, then back to float32: float32 kernels round differently from one CPU model
+    # to the next (AVX2 / AVX-512, Intel / AMD), and over the epochs that gives other weights,
+    # hence other int8 scales and figures; float64's differences stay far below them.
+    model = DigitsNet().double()
+    images = images.double()
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
     for _ in range(epochs):
         for i in torch.randperm(len(images)).split(64):
             opt.zero_grad()
             F.cross_entropy(model(images[i]), labels[i]).backward()
             opt.step()
-    return model.eval()
+    return model.float().eval()
 
 
 def quantize(model: DigitsNet, calib: torch.Tensor, flow: str) -> nn.Module:

@@ -77,15 +77,17 @@ def digits_data():
     torch.manual_seed(0)
     perm = torch.randperm(len(x))
     train, test = perm[:-200], perm[-200:]
-    model = DigitsNet()
+    # trained in float64 (the same weights on every CPU model: examples/quantized_inference.train)
+    model = DigitsNet().double()
+    x64 = x.double()
     opt = torch.optim.Adam(model.parameters(), 1e-2)
     for _ in range(4):
         for i in range(0, len(train), 128):
             idx = train[i:i + 128]
             opt.zero_grad()
-            F.cross_entropy(model(x[idx]), y[idx]).backward()
+            F.cross_entropy(model(x64[idx]), y[idx]).backward()
             opt.step()
-    return model.eval(), x[train[:400]], x[test], y[test]
+    return model.float().eval(), x[train[:400]], x[test], y[test]
 
 
 def _eager_copy(model: DigitsNet) -> DigitsNet:
