@@ -356,7 +356,7 @@ def protocols_aby3(costs: dict, bench: dict, sources: dict) -> str:
         a = bench.get((workload, 3, False))
         return f"{a['seconds_median']:.3f} s" if a and key(workload, 3) in costs else "-"
 
-    def per_element(workload: str, name: str) -> str:
+    def per_element(workload: str) -> str:
         r = rss.get(workload)
         if r is None or "missing" in r:
             return "not measured"
@@ -371,7 +371,7 @@ def protocols_aby3(costs: dict, bench: dict, sources: dict) -> str:
         lines.append(f"| {w} | {theirs} | <= {f[w]['seconds'] / 2:g} s{more} | {mine(w, with_mb)} | {additive(w)} |")
     for name, w, bound in (("lt", "lt_1M", (7, 24)), ("relu", "relu_1M", (7, 32))):
         lines.append(f"| {name}, per element | {f[name]['rounds']} rounds, {f[name]['bytes_per_element']:g} B | "
-                     f"<= {bound[0]} rounds, <= {bound[1]} B | {per_element(w, name)} | - |")
+                     f"<= {bound[0]} rounds, <= {bound[1]} B | {per_element(w)} | - |")
     return "\n".join(lines) + "\n"
 
 

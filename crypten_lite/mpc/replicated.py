@@ -111,10 +111,7 @@ class Replicated(torch.Tensor):
                             f"{tuple(b.shape)}; both must have the same shape")
         if rank is not None and rank not in range(WORLD):
             raise TypeError(f"Replicated: rank {rank} is not 0, 1 or 2")
-        out = torch.Tensor._make_wrapper_subclass(cls, a.shape, strides=a.stride(), dtype=torch.int64,
-                                                  device=a.device, requires_grad=False)
-        out.a, out.b, out.rank = a, b, rank
-        return out
+        return _wrapped(a, b, rank)
 
     def __init__(self, a, b, rank=None):  # components set in __new__
         super().__init__()
@@ -173,6 +170,15 @@ class Replicated(torch.Tensor):
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         return _dispatch(func, args, kwargs or {})
+
+
+def _wrapped(a: torch.Tensor, b: torch.Tensor, rank: int | None) -> Replicated:
+    """The Replicated wrapper of two checked components (Replicated() checks them first; the
+    shape ops' fast path makes them from components that already passed)."""
+    out = torch.Tensor._make_wrapper_subclass(Replicated, a.shape, strides=a.stride(), dtype=torch.int64,
+                                              device=a.device, requires_grad=False)
+    out.a, out.b, out.rank = a, b, rank
+    return out
 
 
 def _refuse_product(op: str, other: Any) -> None:
@@ -265,11 +271,7 @@ def _shape_op(func, args: tuple, kwargs: dict):
     if func in _RESHAPE:  # the components' strides may differ from the wrapper's
         func = aten.reshape.default
     rest = args[1:]
-    a, b = func(x.a, *rest), func(x.b, *rest)
-    out = torch.Tensor._make_wrapper_subclass(Replicated, a.shape, strides=a.stride(), dtype=torch.int64,
-                                              device=a.device, requires_grad=False)
-    out.a, out.b, out.rank = a, b, x.rank
-    return out
+    return _wrapped(func(x.a, *rest), func(x.b, *rest), x.rank)
 
 
 def _dispatch(func, args: tuple, kwargs: dict):
