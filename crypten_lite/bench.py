@@ -349,8 +349,12 @@ def _hf_run(kind: str, seq: int = 0, vocab: int = 0, image: int = 0, last_only: 
         _LOADED[key] = (private, ref, torch_s)
     private, ref, torch_s = _LOADED[key]
 
+    def infer():  # inference: no autograd graph, as in _loaded_model_run
+        with crypten_lite.no_grad():
+            return _select(private(**private_inputs())["logits"], last_only)
+
     def run():
-        logits = _reveal_after(lambda: _select(private(**private_inputs())["logits"], last_only))
+        logits = _reveal_after(infer)
         want = ref if ref is None or not last_only else ref[:, -1:].argmax(-1).double()
         return logits, (want if want is not None else logits)
     result = _measure(run)

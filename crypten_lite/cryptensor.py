@@ -65,15 +65,24 @@ class no_grad:
 
 
 class enable_grad(no_grad):
-    """Context manager re-enabling autograd recording inside no_grad."""
+    """Context manager re-enabling autograd recording inside no_grad (crypten_lite's or
+    torch's)."""
 
     def __enter__(self):
         self._prev = _GradMode.enabled
         _GradMode.enabled = True
+        self._torch = torch.enable_grad()
+        self._torch.__enter__()
+
+    def __exit__(self, *exc):
+        self._torch.__exit__(*exc)
+        _GradMode.enabled = self._prev
 
 
 def is_grad_enabled() -> bool:
-    return _GradMode.enabled
+    """Whether operations record autograd nodes: off inside crypten_lite.no_grad() and, as
+    for torch tensors, inside torch.no_grad() / torch.inference_mode()."""
+    return _GradMode.enabled and torch.is_grad_enabled()
 
 
 class CrypTensor:
@@ -901,7 +910,7 @@ def _pair_names(a, b, rule, swap: bool = False):
 
 def _record(out: CrypTensor, op: str, inputs: tuple, **saved: Any) -> CrypTensor:
     """Attach an autograd node to `out` when grad mode is on and an input requires grad."""
-    if _GradMode.enabled and any(isinstance(i, CrypTensor) and i.requires_grad for i in inputs):
+    if is_grad_enabled() and any(isinstance(i, CrypTensor) and i.requires_grad for i in inputs):
         from .autograd import Node
         out.grad_fn = Node(op, inputs, saved, out)
         out.requires_grad = True

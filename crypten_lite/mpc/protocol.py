@@ -165,6 +165,18 @@ def truncate(x: torch.Tensor, bits: int) -> torch.Tensor:
     return truncation.truncate(x, bits)
 
 
+def truncate_exact(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """Shares of x / 2^bits (+-1 ulp) that never fail by a wrap, whatever the truncation
+    setting: between 2 additive parties the dealer-assisted round (mpc.truncation) even where
+    local truncation is configured. For products at a large scale, whose local truncation
+    would fail with probability |x| / 2^64 per element (fast.layer_norm_share)."""
+    if bits == 0:
+        return x
+    if is_rss():
+        return rss.truncate(x, bits)
+    return truncation.truncate_exact(x, bits)
+
+
 # ---------------------------------------------------------- binary and conversions
 def and_many(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> list[torch.Tensor]:
     """Binary shares of x & y for every pair, in one round."""

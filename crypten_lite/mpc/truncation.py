@@ -2,10 +2,13 @@
 
 local (2 parties, [MZ17] SecureML): party 0 computes x_0 >> bits, party 1 -((-x_1) >> bits).
    No communication. The result is off by at most 1 ulp, except that with probability
-   about |x| / 2^63 per element (x the untruncated value) the shares straddle the wrap and
-   the result is catastrophically wrong. Products of values below 2^k in magnitude at 16
-   fractional bits have |x| < 2^(k+32): e.g. 2^-21 for values below 2^10, 2^-31 for 1.
-   Use CRYPTEN_LITE_TRUNCATION=exact to rule this out at the price of one round.
+   |x| / 2^64 per element (x the untruncated value; x_1 is uniform, and the signed sum
+   x_0 + x_1 overflows) the shares straddle the wrap and the result is catastrophically
+   wrong. Products of values below 2^k in magnitude at 16 fractional bits have
+   |x| < 2^(k+32): e.g. 2^-22 for values below 2^10, 2^-32 for 1. Use
+   CRYPTEN_LITE_TRUNCATION=exact to rule this out at the price of one round; protocol.
+   truncate_exact does so for single products at a large scale (LayerNorm's last one).
+   benchmarks/truncation_audit.py measures a workload's expected failures per call site.
 
 exact (any number of parties, dealer-assisted, one round; a la [EGK+20] with a public wrap
    correction): requires |x| < 2^62.

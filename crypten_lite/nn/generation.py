@@ -48,6 +48,7 @@ from typing import Any
 import torch
 
 from ..cryptensor import CrypTensor
+from ..cryptensor import no_grad as _no_grad
 from ..errors import ProtocolError, UnsupportedError
 
 
@@ -219,8 +220,10 @@ class PrivateGenerator:
             return None
         return torch.cat([input_ids.long(), new.reshape(1, -1)], 1)
 
+    @_no_grad()
     def start(self, input_ids: torch.Tensor | None, max_new_tokens: int) -> "Decoding":
-        """Share the prompt, run the prefill and choose the first token (secret): a Decoding."""
+        """Share the prompt, run the prefill and choose the first token (secret): a Decoding.
+        Generation records no autograd graph (nothing of the backward is computed)."""
         from .transformer_ops import share_tokens
         from .. import comm
         if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
@@ -251,6 +254,7 @@ class PrivateGenerator:
             state.graph = self._graph("step", state.slots + 1, (len(state.past) // 2, b, h, state.slots, d))
         return state
 
+    @_no_grad()
     def step(self, state: "Decoding") -> CrypTensor:
         """One decode step: the last chosen token against the cache; the next token's secret one-hot."""
         if not state.steps_left:

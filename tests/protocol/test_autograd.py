@@ -382,6 +382,12 @@ def party_engine_semantics():
         z = x * 3.0
         with crypten_lite.enable_grad():
             w = x * 3.0
+    with torch.no_grad():                                     # torch's own switch, as for torch tensors
+        t = x * 3.0
+        with crypten_lite.enable_grad():
+            u = x * 3.0
+    with torch.inference_mode():
+        v = x * 3.0
     d = x.detach() * 3.0
     errors = []
     for bad in (lambda: (x * 2.0).backward(), lambda: d.sum().backward()):
@@ -391,6 +397,7 @@ def party_engine_semantics():
             errors.append(type(e).__name__)
     return dict(first=first, accumulated=accumulated, public_seed=public_seed, c_grad=c.grad,
                 no_grad=(z.requires_grad, z.grad_fn), enable_grad=w.requires_grad,
+                torch_no_grad=(t.requires_grad, t.grad_fn, u.requires_grad, v.requires_grad),
                 detach=d.requires_grad, errors=errors)
 
 
@@ -402,4 +409,5 @@ def test_engine_semantics(pool_all):
     torch.testing.assert_close(r["public_seed"], torch.tensor([2.0, -4.0, 12.0]), **LINEAR)
     assert r["c_grad"] is None
     assert r["no_grad"] == (False, None) and r["enable_grad"] and not r["detach"]
+    assert r["torch_no_grad"] == (False, None, True, False)
     assert r["errors"] == ["UnsupportedError", "ProtocolError"]
