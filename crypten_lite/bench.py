@@ -622,6 +622,7 @@ def run(names: list[str], parties: int, provider: str, repeat: int, tls_dir: str
     rows = []
     # A large workload's load and one inference take minutes on a small machine.
     timeout = 3600 if LARGE & set(names) else 300
+    from .mpc.launcher import inherited_settings
     with PartyPool(parties, provider=provider, timeout=timeout, env=env, protocol=protocol) as pool:
         for name in names:
             if name == "transport_16MB" and parties != 2:
@@ -650,6 +651,9 @@ def run(names: list[str], parties: int, provider: str, repeat: int, tls_dir: str
                    "peak_memory_mb_per_party": [round(r.get("peak_memory_bytes", 0) / 2**20, 1) for r in first],
                    # seconds depend on what else runs on the machine: record how busy it was
                    "load_average_1min": round(os.getloadavg()[0], 1), "cpus": os.cpu_count()}
+            settings = inherited_settings()   # e.g. CRYPTEN_LITE_TRUNCATION=exact, as the parties ran
+            if settings:
+                row["settings"] = settings
             if "torch_seconds" in first[0]:  # the plaintext forward, same run, same process
                 row["torch_seconds"] = statistics.median(max(r["torch_seconds"] for r in s) for s in samples)
                 row["ratio_to_torch"] = row["seconds_median"] / max(row["torch_seconds"], 1e-9)

@@ -32,7 +32,7 @@ PROTOCOL_CHOICES = ("additive", "rss")
 
 
 def _launch(args: argparse.Namespace) -> int:
-    from .mpc.launcher import PROTOCOL_ENV, local_env
+    from .mpc.launcher import PROTOCOL_ENV, inherited_settings, local_env
     from .session import REPORT_FILE_ENV
 
     if args.n < 2:
@@ -65,6 +65,10 @@ def _launch(args: argparse.Namespace) -> int:
         extra["CRYPTEN_LITE_TLS_DIR"] = os.path.abspath(args.tls_dir)
     party_envs, dealer_env = local_env(args.n, args.provider, timeout=args.timeout, extra=extra,
                                        protocol=protocol)
+    passed = {k: v for k, v in inherited_settings().items() if k not in extra}
+    if passed:
+        print("crypten-lite launch: every party gets from this environment: "
+              + ", ".join(f"{k}={v}" for k, v in sorted(passed.items())), file=sys.stderr)
     children: list[_Child] = []
     base = {k: v for k, v in os.environ.items() if not k.startswith("CRYPTEN_LITE_")}
     base["PYTHONUNBUFFERED"] = "1"
@@ -393,7 +397,13 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("launch", help="run a script as N local parties (plus the dealer under "
-                                      "the additive protocol)")
+                                      "the additive protocol)",
+                       epilog="Session-wide settings set in this environment reach every party and "
+                              "the dealer: CRYPTEN_LITE_TRUNCATION (local or exact), "
+                              "CRYPTEN_LITE_PRECISION, CRYPTEN_LITE_MAX_MESSAGE_BYTES, "
+                              "CRYPTEN_LITE_CONFIG, CRYPTEN_LITE_TLS_DIR (--tls-dir wins); launch "
+                              "names them on stderr. Addresses, ranks and the session id are "
+                              "launch's own.")
     p.add_argument("-n", type=int, default=2, help="number of parties (default 2)")
     p.add_argument("--protocol", choices=PROTOCOL_CHOICES, default=None,
                    help="sharing scheme: additive (N >= 2 parties, correlated randomness from "

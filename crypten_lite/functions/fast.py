@@ -104,8 +104,11 @@ def _products(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], prec: int) -> 
 
 
 def _short_ok() -> bool:
-    """Short comparisons (and free local truncation) apply: 2 parties, additive sharing."""
-    return _additive() and current().world_size == 2
+    """Short comparisons and free local truncation apply: 2 parties, additive sharing, local
+    truncation (CRYPTEN_LITE_TRUNCATION=exact takes the general paths, which pay a round per
+    truncation where these paths truncate inside their rounds for free)."""
+    s = current()
+    return _additive() and s.world_size == 2 and s.config.truncation == "local"
 
 
 def _msb_low(v: torch.Tensor, m: int) -> torch.Tensor:

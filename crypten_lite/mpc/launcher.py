@@ -62,6 +62,18 @@ def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
     return ports
 
 
+# Session-wide settings a user may give in this process's environment: every launched party
+# (and the dealer) gets them, unless `extra` says otherwise. The rest of the CRYPTEN_LITE_*
+# variables (rank, addresses, provider, session, timeout, protocol) are the launcher's.
+INHERITED = ("CRYPTEN_LITE_PRECISION", "CRYPTEN_LITE_TRUNCATION", "CRYPTEN_LITE_MAX_MESSAGE_BYTES",
+             "CRYPTEN_LITE_CONFIG", "CRYPTEN_LITE_TLS_DIR")
+
+
+def inherited_settings() -> dict[str, str]:
+    """The INHERITED settings set (non-empty) in this process's environment."""
+    return {k: os.environ[k] for k in INHERITED if os.environ.get(k)}
+
+
 def local_env(world_size: int, provider: str = "dealer", session: str | None = None,
               timeout: float = 60.0, extra: dict[str, str] | None = None,
               protocol: str | None = None) -> tuple[list[dict[str, str]], dict[str, str] | None]:
@@ -69,7 +81,9 @@ def local_env(world_size: int, provider: str = "dealer", session: str | None = N
 
     The protocol comes from :func:`resolve_protocol` (`protocol`, else CRYPTEN_LITE_PROTOCOL
     in `extra` or in this process's environment); under "rss" there is no dealer: the parties
-    get no dealer address and the dealer environment is None."""
+    get no dealer address and the dealer environment is None. The session-wide settings of
+    this process's environment (INHERITED: precision, truncation, ...) pass to every process;
+    `extra` overrides them."""
     protocol = resolve_protocol(world_size, protocol, extra)
     ports = free_ports(world_size + 1)
     parties = ",".join(f"127.0.0.1:{p}" for p in ports[:world_size])
@@ -81,6 +95,7 @@ def local_env(world_size: int, provider: str = "dealer", session: str | None = N
         "CRYPTEN_LITE_SESSION": session or f"local-{os.getpid()}-{ports[0]}",
         "CRYPTEN_LITE_TIMEOUT": str(timeout),
     }
+    common.update(inherited_settings())
     common.update(extra or {})
     common[PROTOCOL_ENV] = protocol
     if protocol == "rss":

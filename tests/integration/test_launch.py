@@ -44,6 +44,38 @@ def test_launch_runs_script_on_all_parties(n, provider):
         assert "insecure" in r.stderr.lower()
 
 
+def test_launch_passes_session_settings_from_the_environment():
+    """CRYPTEN_LITE_TRUNCATION / _PRECISION set where `launch` runs reach every party (they
+    used to be dropped silently): the product then costs its exact truncation's round."""
+    base = [sys.executable, "-m", "crypten_lite.cli", "launch", "-n", "2", str(SCRIPTS / "settings.py")]
+    plain = subprocess.run(base, capture_output=True, text=True, timeout=250, env=_env({}))
+    assert plain.returncode == 0, plain.stderr
+    assert plain.stdout.count("truncation local precision 16 product rounds 1 result [3.0, -8.0]") == 2
+    assert "gets from this environment" not in plain.stderr
+    r = subprocess.run(base, capture_output=True, text=True, timeout=250, env=_env(
+        {"CRYPTEN_LITE_TRUNCATION": "exact", "CRYPTEN_LITE_PRECISION": "20"}))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("truncation exact precision 20 product rounds 2 result [3.0, -8.0]") == 2, r.stdout
+    assert ("every party gets from this environment: CRYPTEN_LITE_PRECISION=20, "
+            "CRYPTEN_LITE_TRUNCATION=exact") in r.stderr
+
+
+def test_party_pool_passes_session_settings(monkeypatch):
+    from crypten_lite.mpc import PartyPool
+    monkeypatch.setenv("CRYPTEN_LITE_TRUNCATION", "exact")
+    with PartyPool(2, timeout=60) as pool:
+        got = pool.run(_truncation_setting)
+    assert got == ["exact", "exact"]
+    # an explicit env= still wins over this process's environment
+    with PartyPool(2, timeout=60, env={"CRYPTEN_LITE_TRUNCATION": "local"}) as pool:
+        assert pool.run(_truncation_setting) == ["local", "local"]
+
+
+def _truncation_setting() -> str:
+    from crypten_lite.session import current
+    return current().config.truncation
+
+
 def test_launch_stops_everything_and_fails_when_a_party_dies():
     import uuid
     marker = f"marker-{uuid.uuid4().hex}"  # identifies this run's processes only

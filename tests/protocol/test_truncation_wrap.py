@@ -71,3 +71,18 @@ def test_audit_of_a_transformer_layer():
     total = sum(v["expected_failures"] for v in data["local"].values())
     assert 0 < total < 1e-4
     assert "expected wrap failures per inference" in audit.report(data, 5)
+
+
+# CRYPTEN_LITE_TRUNCATION=exact between 2 parties: every truncation is the dealer-assisted
+# round, and the transformer fast paths (which truncate inside their rounds for free) give way
+# to the general ones. One bert_layer_tiny inference: (rounds, bytes sent by each party).
+EXACT_BERT_TINY_COST = (123, [226216, 226216])   # local truncation: (49, [120368, 120368])
+
+
+def test_exact_truncation_runs_a_transformer_layer():
+    from crypten_lite.mpc import PartyPool
+    from tests.protocol.test_transformer_blocks import party_bert_layer_tiny
+    with PartyPool(2, timeout=600, env={"CRYPTEN_LITE_TRUNCATION": "exact"}) as pool:
+        r = pool.run(party_bert_layer_tiny)
+    assert r[0]["max_error"] <= 1e-2
+    assert (r[0]["rounds"], [p["bytes_sent"] for p in r]) == EXACT_BERT_TINY_COST
