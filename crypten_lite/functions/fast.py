@@ -46,6 +46,7 @@ from ..mpc.convert import finish_gen
 from ..mpc.parallel import alongside, drive, opened_sums, split
 from ..mpc.binary import provider_get
 from ..mpc.primitives import open_many
+from ..provider.correlations import logical_shift
 from ..session import current
 from ._common import all_pairs_winners, mul_shares, mul_trunc, public_share, truncate
 
@@ -103,12 +104,33 @@ def _products(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], prec: int) -> 
     return out
 
 
-def _short_ok() -> bool:
-    """Short comparisons and free local truncation apply: 2 parties, additive sharing, local
-    truncation (CRYPTEN_LITE_TRUNCATION=exact takes the general paths, which pay a round per
-    truncation where these paths truncate inside their rounds for free)."""
+def _fast_ok() -> bool:
+    """The fast paths apply: additive sharing, any number of parties. Between 2 parties with
+    local truncation a truncation is free; otherwise it is the dealer-assisted round
+    (protocol.truncate_many / truncate_many_gen: the truncations of one step share it, and
+    inside a protocol in rounds it rides in another protocol's round)."""
+    return _additive()
+
+
+def _shifted(v: torch.Tensor, shift: int) -> torch.Tensor:
+    """Shares that sum to v / 2^shift within (-(N - 1), 1] units, but only modulo
+    2^(64 - shift): for a short MSB circuit on the low bits (a comparison), never as a value.
+    Every party shifts its own share, the last one rounding up (between 2 parties: the local
+    truncation, whose wrap only moves the bits above 2^(64 - shift)); no communication."""
     s = current()
-    return _additive() and s.world_size == 2 and s.config.truncation == "local"
+    if s.rank == s.world_size - 1 and s.world_size > 1:
+        return -logical_shift(-v, shift)
+    return logical_shift(v, shift)
+
+
+def _narrow() -> tuple[int, int]:
+    """(shift, bits) of the narrow comparisons: NARROW_SHIFT and NARROW_BITS between 2
+    parties; with N > 2 (_shifted off by up to N - 1 units) ceil(log2(N - 1)) bits more and a
+    shift that much smaller, so that the error stays below 2^(NARROW_SHIFT - 16) = 1/16 and
+    the range at NARROW_RANGE."""
+    n = current().world_size
+    extra = max(0, math.ceil(math.log2(n - 1))) if n > 2 else 0
+    return NARROW_SHIFT - extra, NARROW_BITS + extra
 
 
 def _msb_low(v: torch.Tensor, m: int) -> torch.Tensor:
@@ -123,9 +145,9 @@ def neg_words(v: torch.Tensor, shift: int = 0, bits: int = 0) -> torch.Tensor:
     mod 2^bits (default SHORT_BITS: 3 rounds instead of 4, half the bytes; NARROW_BITS: a
     quarter), exact for |v| < 2^(bits - 1 + shift) units (the local truncation by `shift`
     bits moves v by at most one unit of 2^shift); otherwise the full 64-bit MSB."""
-    if not _short_ok():
+    if not _fast_ok():
         return protocol.msb_words(v)
-    return _msb_low(truncate(v, shift) if shift else v, bits or SHORT_BITS)
+    return _msb_low(_shifted(v, shift) if shift else v, bits or SHORT_BITS)
 
 
 SHORT_BITS = 32
@@ -137,7 +159,7 @@ NARROW_RANGE = 2.0 ** (NARROW_BITS - 1 + NARROW_SHIFT - 16)
 
 
 def _narrow_ok(prec: int) -> bool:
-    return _short_ok() and prec == 16
+    return _fast_ok() and prec == 16
 
 
 def products_round(jobs: Sequence[tuple]) -> list[torch.Tensor]:
@@ -184,7 +206,12 @@ def products_gen(jobs: Sequence[tuple]):
 
 def _scaled(v: torch.Tensor, e: int) -> torch.Tensor:
     """Shares of v 2^e (a local truncation for e < 0)."""
-    return v * (1 << e) if e >= 0 else truncate(v, -e)
+    return _scaled_many(v, [e])[0]
+
+
+def _scaled_many(v: torch.Tensor, es: Sequence[int]) -> list[torch.Tensor]:
+    """_scaled for several exponents, the truncations together."""
+    return protocol.truncate_many([(v * (1 << e), 0) if e >= 0 else (v, -e) for e in es])
 
 
 def bucket_polys_gen(ts: torch.Tensor, coeffs: Sequence[Sequence[float]], prec: int, scale: int):
@@ -196,15 +223,17 @@ def bucket_polys_gen(ts: torch.Tensor, coeffs: Sequence[Sequence[float]], prec: 
     if any(len(c) != 5 for c in coeffs):
         raise ValueError("bucket_polys_gen: degree 4 polynomials only")
     (t2,) = yield from products_gen([("square", ts)])
-    t2 = truncate(t2, prec)
+    (t2,) = yield from protocol.truncate_many_gen([(t2, prec)])
     t3, t4 = yield from products_gen([("mul", t2, ts), ("square", t2)])
-    pw = [None, ts, t2, truncate(t3, prec), truncate(t4, prec)]
+    t3, t4 = yield from protocol.truncate_many_gen([(t3, prec), (t4, prec)])
+    pw = [None, ts, t2, t3, t4]
     view = (ts.shape[0],) + (1,) * (ts.dim() - 1)
     acc = torch.zeros_like(ts)
     for k in range(1, 5):
         acc = acc + pw[k] * torch.tensor([int(round(c[k] * (1 << scale))) for c in coeffs]).view(view)
     const = torch.tensor([int(round(c[0] * (1 << scale))) for c in coeffs]).view(view)
-    return truncate(acc, prec) + public_share(const.expand_as(ts).contiguous())
+    (acc,) = yield from protocol.truncate_many_gen([(acc, prec)])
+    return acc + public_share(const.expand_as(ts).contiguous())
 
 
 def select_buckets(bits: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
@@ -246,18 +275,18 @@ def polys_many(ts: Sequence[torch.Tensor], coeffs: Sequence[Sequence[float]], pr
     p = a(t) + t^4 b(t) with a, b of degree <= 3: t^2 | t^3, t^4 | t^4 b(t), 3 rounds and
     48 bytes per element at degree 7 (instead of 72 for t^5, t^6, t^7). Else all powers."""
     degs = [len(c) - 1 for c in coeffs]
-    if not (_short_ok() and all(5 <= d <= 7 for d in degs)):  # b(t)'s truncation: local at 2
+    if not (_fast_ok() and all(5 <= d <= 7 for d in degs)):
         pws = powers_many(ts, degs, prec)
-        return [_poly_from_powers(pw, c, prec, t) for pw, c, t in zip(pws, coeffs, ts)]
+        return _polys_from_powers(list(zip(pws, coeffs, ts)), prec)
     t2s = _products([(t, t) for t in ts], prec)
     rest = _products([p for t, t2 in zip(ts, t2s) for p in ((t2, t), (t2, t2))], prec)
-    lows, highs = [], []
+    jobs = []
     for i, (t, c) in enumerate(zip(ts, coeffs)):
         pw = {1: t, 2: t2s[i], 3: rest[2 * i]}
-        lows.append(_poly_from_powers(pw, c[:4], prec, t))
-        highs.append(_poly_from_powers(pw, c[4:], prec, t))
-    tops = _products([(rest[2 * i + 1], highs[i]) for i in range(len(ts))], prec)
-    return [lo + hi for lo, hi in zip(lows, tops)]
+        jobs += [(pw, c[:4], t), (pw, c[4:], t)]
+    polys = _polys_from_powers(jobs, prec)
+    tops = _products([(rest[2 * i + 1], polys[2 * i + 1]) for i in range(len(ts))], prec)
+    return [polys[2 * i] + top for i, top in enumerate(tops)]
 
 
 def powers_many(ts: Sequence[torch.Tensor], degree: Sequence[int], prec: int) -> list[dict[int, torch.Tensor]]:
@@ -281,21 +310,41 @@ def powers_many(ts: Sequence[torch.Tensor], degree: Sequence[int], prec: int) ->
     return pws
 
 
-def _poly_from_powers(pw: dict[int, torch.Tensor], coeffs: Sequence[float], prec: int, like) -> torch.Tensor:
+def _poly_terms(pw: dict[int, torch.Tensor], coeffs: Sequence[float], prec: int, like):
+    """(sum_k>=1 c_k t^k at 2^(2 prec), untruncated; the constant's shares at 2^prec)."""
     acc = torch.zeros_like(like)
     for k in range(1, len(coeffs)):
         acc = acc + pw[k] * int(round(coeffs[k] * (1 << prec)))
-    return truncate(acc, prec) + public_share(torch.full_like(like, int(round(coeffs[0] * (1 << prec)))))
+    return acc, public_share(torch.full_like(like, int(round(coeffs[0] * (1 << prec)))))
+
+
+def _polys_from_powers(jobs: Sequence[tuple], prec: int) -> list[torch.Tensor]:
+    """sum_k c_k t^k for each (powers, coeffs, like), the truncations together (one round
+    where truncation takes one)."""
+    terms = [_poly_terms(pw, c, prec, like) for pw, c, like in jobs]
+    accs = protocol.truncate_many([(acc, prec) for acc, _ in terms])
+    return [acc + const for acc, (_, const) in zip(accs, terms)]
+
+
+def _poly_from_powers(pw: dict[int, torch.Tensor], coeffs: Sequence[float], prec: int, like) -> torch.Tensor:
+    return _polys_from_powers([(pw, coeffs, like)], prec)[0]
 
 
 def _to_unit(y: torch.Tensor, prec: int, lo: float, hi: float) -> torch.Tensor:
     """Shares of t = (2y - lo - hi) / (hi - lo) (in [-1, 1] for y in [lo, hi])."""
-    scale = 2.0 / (hi - lo)
-    if scale == int(scale):
-        t = y * int(scale)
-    else:
-        t = truncate(y * int(round(scale * (1 << prec))), prec)
-    return t - public_share(torch.full_like(y, int(round((lo + hi) / (hi - lo) * (1 << prec)))))
+    return _to_units(y, prec, [(lo, hi)])[0]
+
+
+def _to_units(y: torch.Tensor, prec: int, ranges: Sequence[tuple[float, float]]) -> list[torch.Tensor]:
+    """_to_unit for several ranges, the truncations together."""
+    scaled = []
+    for lo, hi in ranges:
+        scale = 2.0 / (hi - lo)
+        scaled.append((y * int(scale), 0) if scale == int(scale)
+                      else (y * int(round(scale * (1 << prec))), prec))
+    ts = protocol.truncate_many(scaled)
+    return [t - public_share(torch.full_like(y, int(round((lo + hi) / (hi - lo) * (1 << prec)))))
+            for t, (lo, hi) in zip(ts, ranges)]
 
 
 # ------------------------------------------------------------------------- fits
@@ -350,7 +399,7 @@ def half_plus_even(xs: torch.Tensor, prec: int, name: str) -> torch.Tensor:
     """Shares of x/2 + E(x) for EVEN_SPECS[name] (gelu, gelu_tanh, silu)."""
     tail, segs = EVEN_SPECS[name]
     (y,) = _products([(xs, xs)], prec)
-    ts = [_to_unit(y, prec, lo, hi) for lo, hi, _ in segs]
+    ts = _to_units(y, prec, [(lo, hi) for lo, hi, _ in segs])
     polys = polys_many(ts, [fit(name, lo, hi, d) for lo, hi, d in segs], prec)
     # Bits: [y >= s_j] for the inner breakpoints, [x >= T], [x <= -T]; one MSB circuit.
     items = [y - _enc(lo, prec, xs) for lo, _, _ in segs[1:]]
@@ -358,7 +407,7 @@ def half_plus_even(xs: torch.Tensor, prec: int, name: str) -> torch.Tensor:
     flats = [v.reshape(-1) for v in items]
     n = xs.numel()
     if len(segs) == 1 and _narrow_ok(prec):              # only x against +-T: narrow
-        words = neg_words(torch.cat(flats), NARROW_SHIFT, NARROW_BITS)
+        words = neg_words(torch.cat(flats), *_narrow())
     else:
         words = neg_words(torch.cat(flats))              # [v < 0]: the complement of each bit
     bits = circuits.unpack_bits(words, n * len(items))
@@ -393,7 +442,7 @@ def exp_nonpos(z: torch.Tensor, prec: int, narrow: bool = False) -> torch.Tensor
     flats = [v.reshape(-1) for v in items]
     n = z.numel()
     if narrow and _narrow_ok(prec):
-        words = neg_words(torch.cat(flats), NARROW_SHIFT, NARROW_BITS)
+        words = neg_words(torch.cat(flats), *_narrow())
     else:
         words = neg_words(torch.cat(flats), 2)           # [z < tau]; |z| < 2^17
     bits = circuits.unpack_bits(words, n * len(items))
@@ -460,7 +509,7 @@ def _pair_lt_items(v: torch.Tensor, i: torch.Tensor, j: torch.Tensor, narrow: bo
     """The values whose sign is [v_i < v_j] for the pairs (i, j) of each row (flat), for a
     circuit of NARROW_BITS (narrow, 2 parties: the entries' top bits) or SHORT_BITS."""
     if narrow:
-        top = truncate(v, NARROW_SHIFT)
+        top = _shifted(v, _narrow()[0])
         return (top[:, i] - top[:, j]).reshape(-1)
     return (v[:, i] - v[:, j]).reshape(-1)
 
@@ -468,7 +517,7 @@ def _pair_lt_items(v: torch.Tensor, i: torch.Tensor, j: torch.Tensor, narrow: bo
 def _pair_lt_words(v: torch.Tensor, i: torch.Tensor, j: torch.Tensor, narrow: bool) -> torch.Tensor:
     items = _pair_lt_items(v, i, j, narrow)
     if narrow:
-        return _msb_low(items, NARROW_BITS)
+        return _msb_low(items, _narrow()[1])
     return neg_words(items)
 
 
@@ -489,7 +538,7 @@ _Q2 = 24                      # scale of 1/sqrt(v) (up to 2^7) before the final 
 
 def layer_norm_ok() -> bool:
     """The fast LayerNorm applies (2 additive parties: short comparisons, local truncation)."""
-    return _short_ok()
+    return _fast_ok()
 
 
 @functools.lru_cache(maxsize=None)
@@ -514,7 +563,7 @@ def _octave_inverse(v: torch.Tensor, lo: int, js: Sequence[int], fn_name: str, p
     mpc.parallel) run together; one bit-times-value round selects the row's bucket."""
     rows = v.shape[0]
     ls = [lo + n for n in range(len(js) + 1)]
-    ts = torch.stack([_scaled(v, 1 - L) for L in ls]) - _enc(3.0, prec, v)
+    ts = torch.stack(_scaled_many(v, [1 - L for L in ls])) - _enc(3.0, prec, v)
     base = _cheb_monomials(fn_name, ISQRT_DEGREE)
     power = 0.5 if fn_name == "isqrt" else 1.0
     coeffs = [[c * 2.0 ** (-power * L) for c in base] for L in ls]
@@ -545,13 +594,10 @@ def layer_norm_share(c: torch.Tensor, prec: int, eps: float, gamma: torch.Tensor
     jobs = [("square", c)] + ([("mul", c, gamma.reshape(1, d))] if secret else [])
     outs = products_round(jobs)
     sq = outs[0]
-    if secret:
-        cg = truncate(outs[1], prec)
-    elif gamma is not None:
-        cg = truncate(c * gamma.reshape(1, d), prec)
-    else:
-        cg = c
-    total = truncate(sq.sum(1, keepdim=True), prec)
+    cg_raw = outs[1] if secret else (c * gamma.reshape(1, d) if gamma is not None else None)
+    items = [(sq.sum(1, keepdim=True), prec)] + ([(cg_raw, prec)] if cg_raw is not None else [])
+    got = protocol.truncate_many(items)
+    total, cg = got[0], (got[1] if cg_raw is not None else c)
     var = truncate(total * int(round((1 << (prec + 8)) / d)), prec + 8)
     v = var + _enc(eps, prec, var)
     js = list(ISQRT_J)
@@ -574,13 +620,16 @@ def poly7_gen(ts: torch.Tensor, coeffs: Sequence[float], prec: int):
     """A protocol in rounds (mpc.parallel): shares of p(t) (degree 7, Paterson-Stockmeyer
     p = a(t) + t^4 b(t)) for every entry of ts, in 3 rounds (t^2 | t^3, t^4 | t^4 b(t))."""
     (t2,) = yield from products_gen([("square", ts)])
-    t2 = truncate(t2, prec)
+    (t2,) = yield from protocol.truncate_many_gen([(t2, prec)])
     t3, t4 = yield from products_gen([("mul", t2, ts), ("square", t2)])
-    pw = {1: ts, 2: t2, 3: truncate(t3, prec)}
-    low = _poly_from_powers(pw, coeffs[:4], prec, ts)
-    high = _poly_from_powers(pw, coeffs[4:], prec, ts)
-    (top,) = yield from products_gen([("mul", truncate(t4, prec), high)])
-    return low + truncate(top, prec)
+    t3, t4 = yield from protocol.truncate_many_gen([(t3, prec), (t4, prec)])
+    pw = {1: ts, 2: t2, 3: t3}
+    (low_acc, low_c), (high_acc, high_c) = (_poly_terms(pw, coeffs[:4], prec, ts),
+                                            _poly_terms(pw, coeffs[4:], prec, ts))
+    low, high = yield from protocol.truncate_many_gen([(low_acc, prec), (high_acc, prec)])
+    (top,) = yield from products_gen([("mul", t4, high + high_c)])
+    (top,) = yield from protocol.truncate_many_gen([(top, prec)])
+    return low + low_c + top
 
 
 EXP_PAIRS_MAX = 1 << 14  # exp_pairs: at most this many ordered pairs (about 270 bytes each)
@@ -607,8 +656,8 @@ def exp_pairs(flat: torch.Tensor, prec: int, narrow: bool = False) -> torch.Tens
     npairs, nord = iu.numel(), oi.numel()
     z = (flat[:, oj] - flat[:, oi]).reshape(-1)          # x_j - x_i
     cmp = _pair_lt_items(flat, iu, ju, narrow)           # [x_i < x_j]: j beats i
-    shift, bits_ = (NARROW_SHIFT, NARROW_BITS) if narrow else (2, SHORT_BITS)
-    thr = [truncate(v, shift) for v in _exp_threshold_items(z, prec)]   # [z < tau]
+    shift, bits_ = _narrow() if narrow else (2, SHORT_BITS)
+    thr = [_shifted(v, shift) for v in _exp_threshold_items(z, prec)]   # [z < tau]
     half_y = truncate(z * int(round(LOG2E / 2 * (1 << prec))), prec)
     ts = torch.stack([half_y + _enc(9.0 - 2 * b, prec, z) for b in range(1, 5)])
     side = poly7_gen(ts, fit("exp2", 0.0, 4.0, EXP_DEGREE), prec)
@@ -618,7 +667,8 @@ def exp_pairs(flat: torch.Tensor, prec: int, narrow: bool = False) -> torch.Tens
     beats = bits[:cmp.numel()].view(rows, npairs)
     above = protocol.xor_public(bits[cmp.numel():], 1)   # [z >= tau], threshold-major
     # bucket b >= 1: exp = 2^(4b - 20) 2^f; below the first threshold: 0
-    values = torch.stack([torch.zeros_like(z)] + [truncate(polys[b - 1], 20 - 4 * b) for b in range(1, 5)])
+    values = torch.stack([torch.zeros_like(z)] + protocol.truncate_many(
+        [(polys[b - 1], 20 - 4 * b) for b in range(1, 5)]))
     # w (the AND of each candidate's wins), the pairs' buckets selected in its first round
     onehot, pair_exp = alongside(lambda: all_pairs_winners(beats, k), select_buckets_gen(above, values))
     grid = public_share(torch.full((rows, k, k), 1 << prec, dtype=torch.int64))
@@ -655,7 +705,7 @@ def softmax_last(x):
     from ..cryptensor import _record
     from .nonlinear import softmax
     from ._common import float_view, new_like
-    if not _short_ok() or x.dim() == 0 or x.shape[-1] < 1:
+    if not _fast_ok() or x.dim() == 0 or x.shape[-1] < 1:
         return softmax(x, -1)
     x_f = float_view(x)
     flat = x_f.share.reshape(-1, x_f.shape[-1])

@@ -165,6 +165,21 @@ def truncate(x: torch.Tensor, bits: int) -> torch.Tensor:
     return truncation.truncate(x, bits)
 
 
+def truncate_many(items: Sequence[tuple[torch.Tensor, int]]) -> list[torch.Tensor]:
+    """truncate for several (x, bits) at once: where truncation takes a round, ONE round."""
+    if is_rss():
+        return [rss.truncate(x, b) for x, b in items]
+    return truncation.truncate_many(items)
+
+
+def truncate_many_gen(items: Sequence[tuple[torch.Tensor, int]]):
+    """truncate_many as a protocol in rounds (mpc.parallel; additive sharing): yields nothing
+    where truncation is local, else its one opening."""
+    if is_rss():
+        raise UnsupportedError("truncate_many_gen: protocols in rounds are additive-only")
+    return (yield from truncation.truncate_many_gen(items))
+
+
 def truncate_exact(x: torch.Tensor, bits: int) -> torch.Tensor:
     """Shares of x / 2^bits (+-1 ulp) that never fail by a wrap, whatever the truncation
     setting: between 2 additive parties the dealer-assisted round (mpc.truncation) even where

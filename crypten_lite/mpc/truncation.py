@@ -21,6 +21,8 @@ exact (any number of parties, dealer-assisted, one round; a la [EGK+20] with a p
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 
 from ..provider.correlations import logical_shift
@@ -34,23 +36,87 @@ def truncate(x: torch.Tensor, bits: int) -> torch.Tensor:
     """Shares of x / 2^bits (rounded down, +-1 ulp)."""
     if bits == 0:
         return x
-    s = current()
-    if s.world_size == 2 and s.config.truncation == "local":
-        return x >> bits if s.rank == 0 else -((-x) >> bits)
+    if is_local():
+        return _local(x, bits)
     return truncate_exact(x, bits)
+
+
+def is_local() -> bool:
+    """Whether truncation is local here (2 parties, truncation=local): free, no round."""
+    s = current()
+    return s.world_size == 2 and s.config.truncation == "local"
+
+
+def _local(x: torch.Tensor, bits: int) -> torch.Tensor:
+    return x >> bits if current().rank == 0 else -((-x) >> bits)
 
 
 def truncate_exact(x: torch.Tensor, bits: int) -> torch.Tensor:
     """Dealer-assisted truncation (one round), exact up to 1 ulp for |x| < 2^62."""
+    return truncate_exact_many([(x, bits)])[0]
+
+
+def truncate_many(items: Sequence[tuple[torch.Tensor, int]]) -> list[torch.Tensor]:
+    """truncate for several (x, bits): the exact ones' openings in ONE round."""
+    if is_local():
+        return [_local(x, b) if b else x for x, b in items]
+    return truncate_exact_many(items)
+
+
+def truncate_exact_many(items: Sequence[tuple[torch.Tensor, int]]) -> list[torch.Tensor]:
+    """truncate_exact for several (x, bits), their openings in one round."""
+    pairs, masked = _mask(items)
+    if masked is None:
+        return [x for x, _ in items]
+    return _finish(items, pairs, open_(masked))
+
+
+def truncate_many_gen(items: Sequence[tuple[torch.Tensor, int]]):
+    """truncate_many as a protocol in rounds (mpc.parallel): the local truncation yields
+    nothing, the exact one its one opening (so that it can ride in another protocol's round)."""
+    if is_local():
+        return [_local(x, b) if b else x for x, b in items]
+    pairs, masked = _mask(items)
+    if masked is None:
+        return [x for x, _ in items]
+    parts = yield masked
+    c = parts[0].clone()
+    for p in parts[1:]:
+        c += p
+    return _finish(items, pairs, c)
+
+
+def _mask(items):
+    """The dealer pairs of the items that truncate, and x + 2^62 + r of all of them (flat)."""
     s = current()
-    pair = s.provider.get("trunc", [x.shape], params=[bits])
-    r = pair[0]
-    biased = x + (1 << BIAS_BITS) if s.rank == 0 else x
-    c = open_(biased + r)
-    _, rt, m = pair.corrected()
-    c_msb = logical_shift(c, 63)
-    wrap = (1 - c_msb) * m
-    out = -rt + (wrap << (64 - bits))
-    if s.rank == 0:
-        out += logical_shift(c, bits) - (1 << (BIAS_BITS - bits))
+    pairs, masked = [], []
+    for x, bits in items:
+        if bits == 0:
+            pairs.append(None)
+            continue
+        pair = s.provider.get("trunc", [x.shape], params=[bits])
+        biased = x + (1 << BIAS_BITS) if s.rank == 0 else x
+        pairs.append(pair)
+        masked.append((biased + pair[0]).reshape(-1))
+    if not masked:
+        return pairs, None
+    return pairs, (torch.cat(masked) if len(masked) > 1 else masked[0])
+
+
+def _finish(items, pairs, c_flat: torch.Tensor) -> list[torch.Tensor]:
+    s = current()
+    out, off = [], 0
+    for (x, bits), pair in zip(items, pairs):
+        if pair is None:
+            out.append(x)
+            continue
+        c = c_flat[off:off + x.numel()].view(x.shape)
+        off += x.numel()
+        _, rt, m = pair.corrected()
+        c_msb = logical_shift(c, 63)
+        wrap = (1 - c_msb) * m
+        y = -rt + (wrap << (64 - bits))
+        if s.rank == 0:
+            y += logical_shift(c, bits) - (1 << (BIAS_BITS - bits))
+        out.append(y)
     return out
