@@ -125,12 +125,18 @@ def _shifted(v: torch.Tensor, shift: int) -> torch.Tensor:
 
 def _narrow() -> tuple[int, int]:
     """(shift, bits) of the narrow comparisons: NARROW_SHIFT and NARROW_BITS between 2
-    parties; with N > 2 (_shifted off by up to N - 1 units) ceil(log2(N - 1)) bits more and a
-    shift that much smaller, so that the error stays below 2^(NARROW_SHIFT - 16) = 1/16 and
-    the range at NARROW_RANGE."""
+    parties. With N > 2 parties _shifted is off by up to N units (not 2), so the shift is
+    ceil(log2(N - 1)) bits smaller: the error stays below 2^(NARROW_SHIFT - 16) = 1/16 and
+    the circuit at NARROW_BITS, and the range (narrow_range) is that much smaller."""
     n = current().world_size
-    extra = max(0, math.ceil(math.log2(n - 1))) if n > 2 else 0
-    return NARROW_SHIFT - extra, NARROW_BITS + extra
+    extra = math.ceil(math.log2(n - 1)) if n > 2 else 0
+    return NARROW_SHIFT - extra, NARROW_BITS
+
+
+def narrow_range() -> float:
+    """The narrow comparisons' range at 16 fractional bits: |x| < 2^11 between 2 parties
+    (NARROW_RANGE), 2^10 between 3 (values compared, or a row's entries' differences)."""
+    return 2.0 ** (NARROW_BITS - 1 + _narrow()[0] - 16)
 
 
 def _msb_low(v: torch.Tensor, m: int) -> torch.Tensor:

@@ -42,6 +42,18 @@ from ..errors import UnsupportedError
 # within 2^11 of each other, functions.fast.NARROW_RANGE) while the real scores of the row are
 # within 2^10 of each other.
 MASK_VALUE = -(2.0 ** 10)
+
+
+def mask_value() -> float:
+    """MASK_VALUE between 2 parties; half the narrow range with more (-2^9 between 3, whose
+    narrow comparisons reach 2^10: the real scores of a row within 2^9 of each other)."""
+    from ..functions.fast import narrow_range
+    from ..session import current
+    try:
+        n = current().world_size
+    except Exception:       # outside a session (a model being described): the 2-party value
+        return MASK_VALUE
+    return MASK_VALUE if n <= 2 else -narrow_range() / 2
 # A public float below this is a "minus infinity" mask entry (HF fills masks with finfo.min).
 _MASK_BELOW = -1e30
 
@@ -159,7 +171,7 @@ def public_constant(value: torch.Tensor) -> torch.Tensor:
 def _clamp_mask(t):
     """A public float operand with 'minus infinity' mask entries: those set to MASK_VALUE."""
     if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel() and bool((t < _MASK_BELOW).any()):
-        return t.clamp_min(MASK_VALUE)
+        return t.clamp_min(mask_value())
     return t
 
 
@@ -237,7 +249,7 @@ def _masked_fill(x, mask, value):
     if not isinstance(x, CrypTensor):
         return torch.masked_fill(x, mask, value)
     value = float(value)
-    return _where(mask, torch.tensor(MASK_VALUE if value < _MASK_BELOW else value), x)
+    return _where(mask, torch.tensor(mask_value() if value < _MASK_BELOW else value), x)
 
 
 def _to_op(target) -> Callable:
@@ -312,11 +324,11 @@ def _sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, e
     scores = (q @ k.transpose(-2, -1)) * scale
     bias = torch.zeros(L, S)
     if is_causal:
-        bias = bias.masked_fill(~torch.ones(L, S, dtype=torch.bool).tril(), MASK_VALUE)
+        bias = bias.masked_fill(~torch.ones(L, S, dtype=torch.bool).tril(), mask_value())
     if attn_mask is not None:
         m = torch.as_tensor(attn_mask)
-        m = torch.zeros(m.shape).masked_fill(~m, MASK_VALUE) if m.dtype == torch.bool else _clamp_mask(m.float())
-        bias = (bias + m).clamp_min(MASK_VALUE)  # a causal AND a padding mask: still MASK_VALUE
+        m = torch.zeros(m.shape).masked_fill(~m, mask_value()) if m.dtype == torch.bool else _clamp_mask(m.float())
+        bias = (bias + m).clamp_min(mask_value())  # a causal AND a padding mask: still MASK_VALUE
     if is_causal or attn_mask is not None:
         scores = scores + bias
     from ..functions.fast import softmax_last  # 2 parties: one 4-round reciprocal per row
