@@ -76,7 +76,7 @@ def test_audit_of_a_transformer_layer():
 # CRYPTEN_LITE_TRUNCATION=exact between 2 parties: every truncation is the dealer-assisted
 # round, and the transformer fast paths (which truncate inside their rounds for free) give way
 # to the general ones. One bert_layer_tiny inference: (rounds, bytes sent by each party).
-EXACT_BERT_TINY_COST = (123, [226216, 226216])   # local truncation: (49, [120368, 120368])
+EXACT_BERT_TINY_COST = (87, [208816, 208816])   # local truncation: (49, [120368, 120368])
 
 
 def test_exact_truncation_runs_a_transformer_layer():
