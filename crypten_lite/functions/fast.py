@@ -29,6 +29,16 @@ polynomial of every octave beside the comparison circuit, mpc.parallel); the fin
 broadcasts it (a mul triple of shapes (R, k) and (R, 1): only e and the R sums are opened).
 The attention path (softmax_last) compares narrowly (NARROW_BITS); a decode step's one query
 row per head takes exp_pairs (exp of every ordered pair beside the max's comparisons).
+
+Any number of additive parties (_fast_ok): between 2 parties with local truncation every
+truncation above is free; otherwise (3 or more parties, or CRYPTEN_LITE_TRUNCATION=exact) it
+is the dealer-assisted round, and the truncations of one step share one round
+(protocol.truncate_many; inside a protocol in rounds protocol.truncate_many_gen, whose
+opening rides in the other protocol's round). A comparison on a value's top bits needs no
+truncation at all: every party shifts its own share (_shifted), which is exact modulo the
+circuit's width up to N units; with N > 2 the narrow comparisons shift one bit less per
+doubling of N - 1 (narrow_range: 2^10 between 3 parties instead of 2^11), so that their
+error stays below 1/16. Under rss the general paths run.
 """
 
 from __future__ import annotations
