@@ -553,7 +553,7 @@ _Q2 = 24                      # scale of 1/sqrt(v) (up to 2^7) before the final 
 
 
 def layer_norm_ok() -> bool:
-    """The fast LayerNorm applies (2 additive parties: short comparisons, local truncation)."""
+    """The fast LayerNorm applies (additive protocol, any number of parties)."""
     return _fast_ok()
 
 
@@ -695,7 +695,7 @@ def exp_pairs(flat: torch.Tensor, prec: int, narrow: bool = False) -> torch.Tens
 
 
 def softmax_rows_share(flat: torch.Tensor, prec: int, all_pairs: bool = False) -> torch.Tensor:
-    """Shares of softmax over each row of `flat` (R, k), between 2 additive parties: the row
+    """Shares of softmax over each row of `flat` (R, k), additive protocol: the row
     max and exp(x - max) as in nonlinear.softmax, then ONE reciprocal per row
     (_octave_inverse: [sum >= 2^j] for 2^j <= k beside the degree-4 polynomial of every
     octave, 4 rounds) and the final product (a broadcasting triple: only e and the R
@@ -715,9 +715,10 @@ def softmax_rows_share(flat: torch.Tensor, prec: int, all_pairs: bool = False) -
 
 
 def softmax_last(x):
-    """softmax over the last dim of a float CrypTensor: softmax_rows_share between 2 additive
-    parties (attention: a row's entries within NARROW_RANGE = 2^11 of each other at 16
-    fractional bits, 2^15 at other precisions), nonlinear.softmax otherwise."""
+    """softmax over the last dim of a float CrypTensor: softmax_rows_share under the additive
+    protocol (attention: a row's entries within narrow_range() of each other at 16 fractional
+    bits, 2^11 between 2 parties and 2^10 between 3; 2^15 at other precisions),
+    nonlinear.softmax otherwise."""
     from ..cryptensor import _record
     from .nonlinear import softmax
     from ._common import float_view, new_like
