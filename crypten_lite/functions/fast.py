@@ -17,7 +17,7 @@ by square pairs (one opened value) in the same round as the other products.
   tail comparisons may take x up to 1/16 past T for inside): |err| <= 4.0e-4 (fit).
   silu: T = 10, segments y in [0, 25) (degree 7) and [25, 100) (degree 5): |err| <= 5.5e-4.
 Rounds (2 parties): 1 (y) + 3 (powers) + 3 (MSB) + 1 (fold) = 8. Domain: |x| < 2^14 at 16
-fractional bits (y = x^2 must not wrap), GELU between 2 parties |x| < 2^11 (narrow
+fractional bits (y = x^2 must not wrap), GELU under the additive protocol |x| < narrow_range() (narrow
 comparisons); the tails are exact relu beyond.
 
 Softmax's exp on z = x - max <= 0: y = z log2 e bucketed by FOUR thresholds at y = -4, -8,
@@ -157,10 +157,10 @@ def _msb_low(v: torch.Tensor, m: int) -> torch.Tensor:
 
 
 def neg_words(v: torch.Tensor, shift: int = 0, bits: int = 0) -> torch.Tensor:
-    """Packed XOR shares of [v < 0]. Between 2 additive parties: the MSB of (v >> shift)
+    """Packed XOR shares of [v < 0]. Additive protocol: the MSB of (v >> shift)
     mod 2^bits (default SHORT_BITS: 3 rounds instead of 4, half the bytes; NARROW_BITS: a
-    quarter), exact for |v| < 2^(bits - 1 + shift) units (the local truncation by `shift`
-    bits moves v by at most one unit of 2^shift); otherwise the full 64-bit MSB."""
+    quarter), exact for |v| < 2^(bits - 1 + shift) units (each party shifts its own share,
+    _shifted: v moves by less than N units of 2^shift); otherwise the full 64-bit MSB."""
     if not _fast_ok():
         return protocol.msb_words(v)
     return _msb_low(_shifted(v, shift) if shift else v, bits or SHORT_BITS)
