@@ -180,3 +180,29 @@ RMS_NORM_COST = (7, 5768)        # [3, 16]: the 7-round path of layer_norm, per 
 # per inference, rounds and bytes sent by each party; dealer bytes (online + offline).
 BERT_TINY_COST = (49, [120368, 120368])
 BERT_TINY_DEALER = 144640
+
+
+# The same functions and layer between 3 parties (additive, dealer): the fast paths with every
+# truncation a dealer-assisted round shared by its step, the narrow comparisons one bit
+# shorter in shift (functions/fast.py, "Any number of additive parties").
+GELU_COST_3 = (16, 82048)       # 256 elements: 320.5 bytes each
+SOFTMAX_COST_3 = (47, 140368)    # [6, 40]
+RMS_NORM_COST_3 = (12, 20240)    # [3, 16]
+BERT_TINY_COST_3 = (90, [441696, 441696, 441696])
+
+
+def test_fast_functions_three_parties(pool3):
+    r = pool3.run(party_fast_functions)
+    first = r[0]
+    assert first["gelu_err"] <= 1e-3 and first["gelu_tanh_err"] <= 1e-3, first
+    assert first["silu_err"] <= 2e-3, first
+    assert first["softmax_err"] <= 1e-3 and first["masked_weight"] == 0.0, first
+    assert first["rms_norm_err"] <= 5e-3, first
+    assert (first["gelu_cost"], first["softmax_cost"], first["rms_norm_cost"]) == (
+        GELU_COST_3, SOFTMAX_COST_3, RMS_NORM_COST_3)
+
+
+def test_bert_layer_tiny_three_parties(pool3):
+    r = pool3.run(party_bert_layer_tiny)
+    assert r[0]["max_error"] <= 1e-2
+    assert (r[0]["rounds"], [p["bytes_sent"] for p in r]) == BERT_TINY_COST_3
