@@ -550,6 +550,8 @@ def mul_rows(e: torch.Tensor, inv: torch.Tensor) -> torch.Tensor:
 ISQRT_J = range(-13, 16)      # thresholds 2^j on v = var + eps: v in [2^-14, 2^15)
 ISQRT_DEGREE = 4              # 1/sqrt(m) on m in [1, 2): relative error 8.4e-5 (fit)
 _Q2 = 24                      # scale of 1/sqrt(v) (up to 2^7) before the final product
+VAR_EXTRA = 8                 # the variance's fractional bits beyond the precision's
+VAR_DIV_BITS = 22             # 1/d at 2^22: relative error at most d 2^-23 (1e-4 at d = 768)
 
 
 def layer_norm_ok() -> bool:
@@ -569,25 +571,30 @@ def _cheb_monomials(fn_name: str, degree: int) -> tuple[float, ...]:
 
 
 def _octave_inverse(v: torch.Tensor, lo: int, js: Sequence[int], fn_name: str, prec: int,
-                    scale: int) -> torch.Tensor:
+                    scale: int, v_prec: int | None = None) -> torch.Tensor:
     """Shares of 1/sqrt(v) ("isqrt") or 1/v ("recip") per row of v (R, 1) at 2^scale, for v
     in [2^lo, 2^(js[-1] + 1)), thresholds 2^j (j in js, increasing, js[0] = lo + 1) between
     2 additive parties, in 4 rounds. Bucket n (n thresholds met): v in [2^L, 2^(L+1)),
     L = lo + n, v = 2^L m with m in [1, 2), and 1/sqrt(v) = 2^(-L/2) p((2m - 3)) with p of
     degree 4 (1/v = 2^-L p). The comparisons [v >= 2^j] (one short MSB circuit, 3 rounds)
     and the polynomials of EVERY bucket (2 rounds, their openings riding in the circuit's:
-    mpc.parallel) run together; one bit-times-value round selects the row's bucket."""
+    mpc.parallel) run together; one bit-times-value round selects the row's bucket.
+    v_prec: v's scale (default prec) when v carries more fractional bits than the
+    polynomials (LayerNorm's variance: small variances keep their relative precision); the
+    comparisons then drop the extra bits (a 32-bit circuit on v >> (2 + v_prec - prec))."""
+    v_prec = prec if v_prec is None else v_prec
+    extra = v_prec - prec
     rows = v.shape[0]
     ls = [lo + n for n in range(len(js) + 1)]
-    ts = torch.stack(_scaled_many(v, [1 - L for L in ls])) - _enc(3.0, prec, v)
+    ts = torch.stack(_scaled_many(v, [1 - L - extra for L in ls])) - _enc(3.0, prec, v)
     base = _cheb_monomials(fn_name, ISQRT_DEGREE)
     power = 0.5 if fn_name == "isqrt" else 1.0
     coeffs = [[c * 2.0 ** (-power * L) for c in base] for L in ls]
     side = bucket_polys_gen(ts, coeffs, prec, scale)
     if not js:
         return drive(side)[0]
-    items = torch.cat([(v - _enc(2.0 ** j, prec, v)).reshape(-1) for j in js])
-    words, values = alongside(lambda: neg_words(items, 2), side)
+    items = torch.cat([(v - _enc(2.0 ** j, v_prec, v)).reshape(-1) for j in js])
+    words, values = alongside(lambda: neg_words(items, 2 + extra), side)
     bits = protocol.xor_public(circuits.unpack_bits(words, rows * len(js)), 1)   # [v >= 2^j]
     return select_buckets(bits, values)
 
@@ -611,13 +618,19 @@ def layer_norm_share(c: torch.Tensor, prec: int, eps: float, gamma: torch.Tensor
     outs = products_round(jobs)
     sq = outs[0]
     cg_raw = outs[1] if secret else (c * gamma.reshape(1, d) if gamma is not None else None)
-    items = [(sq.sum(1, keepdim=True), prec)] + ([(cg_raw, prec)] if cg_raw is not None else [])
+    # the variance at 2^VAR_PREC (24 bits): a row of variance 6e-5 (MaxViT's LayerNorms) has
+    # 4 units of 2^-16, whose rounding moved 1/sqrt by up to 12%; 2^-24 keeps 0.002%
+    vp = prec + VAR_EXTRA
+    items = [(sq.sum(1, keepdim=True), 2 * prec - vp)] + ([(cg_raw, prec)] if cg_raw is not None else [])
     got = protocol.truncate_many(items)
     total, cg = got[0], (got[1] if cg_raw is not None else c)
-    var = truncate(total * int(round((1 << (prec + 8)) / d)), prec + 8)
-    v = var + _enc(eps, prec, var)
+    # total / d at 2^vp: total (< d 2^15 at 2^vp) times 2^22 / d stays below 2^62; the product's
+    # scale (2^(vp + 22)) makes a local truncation fail with probability var 2^-18 per row,
+    # so this one is exact (R values, one round between 2 parties)
+    var = protocol.truncate_exact(total * int(round((1 << VAR_DIV_BITS) / d)), VAR_DIV_BITS)
+    v = var + _enc(eps, vp, var)
     js = list(ISQRT_J)
-    inv = _octave_inverse(v, js[0] - 1, js, "isqrt", prec, _Q2)
+    inv = _octave_inverse(v, js[0] - 1, js, "isqrt", prec, _Q2, v_prec=vp)
     # The final products sit at scale 2^(prec + _Q2) = 2^40: a local truncation would fail
     # by a wrap with probability |y| 2^-24 per element (y the output), about 0.1 per
     # BERT-base inference (25 LayerNorms of 128 x 768); the exact one costs a 7th round.
