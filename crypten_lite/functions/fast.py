@@ -602,16 +602,17 @@ def _octave_inverse(v: torch.Tensor, lo: int, js: Sequence[int], fn_name: str, p
 def layer_norm_share(c: torch.Tensor, prec: int, eps: float, gamma: torch.Tensor | None,
                      public_weight: bool = False, saved: bool = False):
     """Shares of c / sqrt(mean(c^2) + eps) * gamma per row of the centered rows c (R, D), at
-    `prec`; gamma: shares (D,), the encoded public weight (public_weight) or None. 7 rounds
+    `prec`; gamma: shares (D,), the encoded public weight (public_weight) or None. 8 rounds
     between 2 parties:
       1      c^2 (squares) and c * gamma (a broadcasting triple: D values of gamma opened)
-      2-5    1/sqrt(v) per row, v = var + eps (_octave_inverse: [v >= 2^j] for every j in
+      2      var = sum(c^2) / d at 2^(prec + 8), its truncation exact (R values)
+      3-6    1/sqrt(v) per row, v = var + eps (_octave_inverse: [v >= 2^j] for every j in
              ISQRT_J by one short MSB circuit, beside the degree-4 polynomial of every
-             octave; the bucket's value selected in round 5)
-      6      (c gamma) * 1/sqrt(v) (a broadcasting triple: R values)
-      7      its exact truncation (protocol.truncate_exact; a dealer pair per element)
+             octave; the bucket's value selected in round 6)
+      7      (c gamma) * 1/sqrt(v) (a broadcasting triple: R values)
+      8      its exact truncation (protocol.truncate_exact; a dealer pair per element)
     Domain: var + eps in [2^-14, 2^15) (6.1e-5 to 32768). saved=True (autograd): returns
-    (out, x_hat, inv_std) too, x_hat from one more product in round 6."""
+    (out, x_hat, inv_std) too, x_hat from one more product in round 7."""
     rows, d = c.shape
     secret = gamma is not None and not public_weight
     jobs = [("square", c)] + ([("mul", c, gamma.reshape(1, d))] if secret else [])
@@ -633,7 +634,7 @@ def layer_norm_share(c: torch.Tensor, prec: int, eps: float, gamma: torch.Tensor
     inv = _octave_inverse(v, js[0] - 1, js, "isqrt", prec, _Q2, v_prec=vp)
     # The final products sit at scale 2^(prec + _Q2) = 2^40: a local truncation would fail
     # by a wrap with probability |y| 2^-24 per element (y the output), about 0.1 per
-    # BERT-base inference (25 LayerNorms of 128 x 768); the exact one costs a 7th round.
+    # BERT-base inference (25 LayerNorms of 128 x 768); the exact one costs a round.
     if not saved:
         (out,) = products_round([("mul", cg, inv)])
         return protocol.truncate_exact(out, _Q2)

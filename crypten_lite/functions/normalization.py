@@ -49,7 +49,7 @@ def layer_norm(x: CrypTensor, normalized_shape: Sequence[int] | int, weight=None
 
 
 def _layer_norm_fast(x: CrypTensor, dims, weight, bias, eps: float) -> CrypTensor:
-    """LayerNorm between 2 parties: functions.fast.layer_norm_share (7 rounds,
+    """LayerNorm between 2 parties: functions.fast.layer_norm_share (8 rounds,
     var + eps in [6.1e-5, 32768)); the weight multiplies in the variance's round."""
     grad = _needs_grad(x, weight, bias)
     with no_grad():
