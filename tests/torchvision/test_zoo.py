@@ -34,7 +34,7 @@ OWNER, DATA = 0, 1
 ROUNDS: dict[str, int] = {
     "resnet": 122, "resnext": 99, "wide_resnet": 99, "mobilenet_v2": 229, "mobilenet_v3": 293,
     "efficientnet": 183, "efficientnet_v2": 92, "regnet": 636, "squeezenet": 212, "shufflenet_v2": 258,
-    "mnasnet": 229, "densenet": 154, "convnext": 83, "vit": 125, "swin": 226, "maxvit": 322,
+    "mnasnet": 229, "densenet": 154, "convnext": 97, "vit": 135, "swin": 248, "maxvit": 340,
 }
 
 
