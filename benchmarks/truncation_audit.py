@@ -6,8 +6,8 @@ probability |x| / 2^64, x the untruncated value. This script runs one inference 
 workload between 2 real parties and the dealer, records every local truncation's shares
 (the script's own temporary files, deleted afterwards), adds them up in this process and
 reports, per call site, the elements truncated and the expected number of wrap failures
-sum |x| / 2^64. Exact truncations (protocol.truncate_exact, CRYPTEN_LITE_TRUNCATION=exact)
-cannot fail; they are counted apart. Where the polynomial of every bucket is evaluated and
+sum |x| / 2^64. Exact truncations (protocol.truncate_exact, CRYPTEN_LITE_TRUNCATION=exact, 3
+parties) cannot fail; they are counted apart. Where the polynomial of every bucket is evaluated and
 one selected (fast.bucket_polys_gen: LayerNorm's 1/sqrt, the softmax's 1/sum), the values
 outside their bucket are garbage that the selection cancels exactly, whatever their
 truncation did: such a site counts, per position, the bucket with the smallest value, which
@@ -54,20 +54,21 @@ def party(name: str, folder: str) -> dict:
     rank = current().rank
     state = {"on": False, "i": 0, "exact": collections.Counter()}
     sites: list[str] = []
-    local, exact = truncation.truncate, truncation.truncate_exact
+    local, mask = truncation._local, truncation._mask
 
-    def recording_local(x, bits):
-        s = current()
-        if state["on"] and bits and s.world_size == 2 and s.config.truncation == "local":
+    def recording_local(x, bits):            # every local truncation goes through _local
+        if state["on"]:
             np.save(f"{folder}/{rank}_{state['i']}.npy", x.numpy())
             sites.append(_site())
             state["i"] += 1
-        return local(x, bits)                     # exact ones are counted by recording_exact
+        return local(x, bits)
 
-    def recording_exact(x, bits):
+    def recording_mask(items):               # every exact one masks its input in _mask
         if state["on"]:
-            state["exact"][_site()] += x.numel()
-        return exact(x, bits)
+            n = sum(x.numel() for x, bits in items if bits)
+            if n:
+                state["exact"][_site()] += n
+        return mask(items)
 
     measure = bench._measure
 
@@ -80,11 +81,11 @@ def party(name: str, folder: str) -> dict:
             state["on"] = False
         return {"max_error": float((out.double() - ref.double()).abs().max())}
 
-    truncation.truncate, truncation.truncate_exact, bench._measure = recording_local, recording_exact, once
+    truncation._local, truncation._mask, bench._measure = recording_local, recording_mask, once
     try:
         row = bench.WORKLOADS[name]()
     finally:
-        truncation.truncate, truncation.truncate_exact, bench._measure = local, exact, measure
+        truncation._local, truncation._mask, bench._measure = local, mask, measure
     return {"sites": sites, "exact": dict(state["exact"]), "max_error": row["max_error"]}
 
 

@@ -67,6 +67,8 @@ def test_audit_of_a_transformer_layer():
     assert data["max_error"] <= 1e-2
     layer_norm = sum(n for site, n in data["exact"].items() if "layer_norm_share" in site)
     assert layer_norm == 2 * (8 * 32 + 8), data["exact"]
+    # every local truncation is seen, the batched ones too (a step's truncations together)
+    assert any("_polys_from_powers" in site for site in data["local"]), sorted(data["local"])
     worst = max(v["max_failure_probability"] for v in data["local"].values())
     assert worst < 2.0 ** -20, sorted(data["local"].items(), key=lambda kv: -kv[1]["max_failure_probability"])[:3]
     total = sum(v["expected_failures"] for v in data["local"].values())
