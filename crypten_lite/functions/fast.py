@@ -220,13 +220,8 @@ def products_gen(jobs: Sequence[tuple]):
     return out
 
 
-def _scaled(v: torch.Tensor, e: int) -> torch.Tensor:
-    """Shares of v 2^e (a local truncation for e < 0)."""
-    return _scaled_many(v, [e])[0]
-
-
 def _scaled_many(v: torch.Tensor, es: Sequence[int]) -> list[torch.Tensor]:
-    """_scaled for several exponents, the truncations together."""
+    """Shares of v 2^e for each e (a truncation for e < 0), the truncations together."""
     return protocol.truncate_many([(v * (1 << e), 0) if e >= 0 else (v, -e) for e in es])
 
 
@@ -342,17 +337,9 @@ def _polys_from_powers(jobs: Sequence[tuple], prec: int) -> list[torch.Tensor]:
     return [acc + const for acc, (_, const) in zip(accs, terms)]
 
 
-def _poly_from_powers(pw: dict[int, torch.Tensor], coeffs: Sequence[float], prec: int, like) -> torch.Tensor:
-    return _polys_from_powers([(pw, coeffs, like)], prec)[0]
-
-
-def _to_unit(y: torch.Tensor, prec: int, lo: float, hi: float) -> torch.Tensor:
-    """Shares of t = (2y - lo - hi) / (hi - lo) (in [-1, 1] for y in [lo, hi])."""
-    return _to_units(y, prec, [(lo, hi)])[0]
-
-
 def _to_units(y: torch.Tensor, prec: int, ranges: Sequence[tuple[float, float]]) -> list[torch.Tensor]:
-    """_to_unit for several ranges, the truncations together."""
+    """Shares of t = (2y - lo - hi) / (hi - lo) (in [-1, 1] for y in [lo, hi]) for each
+    range, the truncations together."""
     scaled = []
     for lo, hi in ranges:
         scale = 2.0 / (hi - lo)
@@ -619,7 +606,7 @@ def layer_norm_share(c: torch.Tensor, prec: int, eps: float, gamma: torch.Tensor
     outs = products_round(jobs)
     sq = outs[0]
     cg_raw = outs[1] if secret else (c * gamma.reshape(1, d) if gamma is not None else None)
-    # the variance at 2^VAR_PREC (24 bits): a row of variance 6e-5 (MaxViT's LayerNorms) has
+    # the variance at 2^(prec + VAR_EXTRA) (24 bits): a row of variance 6e-5 (MaxViT's LayerNorms) has
     # 4 units of 2^-16, whose rounding moved 1/sqrt by up to 12%; 2^-24 keeps 0.002%
     vp = prec + VAR_EXTRA
     items = [(sq.sum(1, keepdim=True), 2 * prec - vp)] + ([(cg_raw, prec)] if cg_raw is not None else [])

@@ -27,6 +27,7 @@ import torch
 
 from ..provider.correlations import logical_shift
 from ..session import current
+from .parallel import opened_sums
 from .primitives import open_
 
 BIAS_BITS = 62
@@ -51,6 +52,10 @@ def _local(x: torch.Tensor, bits: int) -> torch.Tensor:
     return x >> bits if current().rank == 0 else -((-x) >> bits)
 
 
+def _local_many(items):
+    return [_local(x, b) if b else x for x, b in items]
+
+
 def truncate_exact(x: torch.Tensor, bits: int) -> torch.Tensor:
     """Dealer-assisted truncation (one round), exact up to 1 ulp for |x| < 2^62."""
     return truncate_exact_many([(x, bits)])[0]
@@ -59,7 +64,7 @@ def truncate_exact(x: torch.Tensor, bits: int) -> torch.Tensor:
 def truncate_many(items: Sequence[tuple[torch.Tensor, int]]) -> list[torch.Tensor]:
     """truncate for several (x, bits): the exact ones' openings in ONE round."""
     if is_local():
-        return [_local(x, b) if b else x for x, b in items]
+        return _local_many(items)
     return truncate_exact_many(items)
 
 
@@ -75,15 +80,11 @@ def truncate_many_gen(items: Sequence[tuple[torch.Tensor, int]]):
     """truncate_many as a protocol in rounds (mpc.parallel): the local truncation yields
     nothing, the exact one its one opening (so that it can ride in another protocol's round)."""
     if is_local():
-        return [_local(x, b) if b else x for x, b in items]
+        return _local_many(items)
     pairs, masked = _mask(items)
     if masked is None:
         return [x for x, _ in items]
-    parts = yield masked
-    c = parts[0].clone()
-    for p in parts[1:]:
-        c += p
-    return _finish(items, pairs, c)
+    return _finish(items, pairs, opened_sums((yield masked)))
 
 
 def _mask(items):

@@ -47,11 +47,12 @@ MASK_VALUE = -(2.0 ** 10)
 def mask_value() -> float:
     """MASK_VALUE between 2 parties; half the narrow range with more (-2^9 between 3, whose
     narrow comparisons reach 2^10: the real scores of a row within 2^9 of each other)."""
+    from ..errors import NotInitializedError
     from ..functions.fast import narrow_range
     from ..session import current
     try:
         n = current().world_size
-    except Exception:       # outside a session (a model being described): the 2-party value
+    except NotInitializedError:  # outside a session (a model being described): the 2-party value
         return MASK_VALUE
     return MASK_VALUE if n <= 2 else -narrow_range() / 2
 # A public float below this is a "minus infinity" mask entry (HF fills masks with finfo.min).
