@@ -173,6 +173,28 @@ def matmul_1024():
     return _measure(lambda: (_reveal_after(lambda: x @ y), a @ b))
 
 
+def _ints(seed: int, *shape) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)  # insecure-ok: benchmark inputs, not shares
+    return torch.randint(-(1 << 20), 1 << 20, shape, generator=g)  # insecure-ok: benchmark inputs
+
+
+@workload("mul_int_1M")
+def mul_int_1m():
+    """The protocol's product alone: integer tensors (scale 1), so no truncation follows it
+    (mul_1M is the fixed-point product: the same product with its truncation fused in)."""
+    a, b = _ints(11, 1_000_000), _ints(12, 1_000_000)
+    x, y = crypten_lite.cryptensor(a, src=0), crypten_lite.cryptensor(b, src=1)
+    return _measure(lambda: (_reveal_after(lambda: x * y), a * b))
+
+
+@workload("matmul_int_256")
+def matmul_int_256():
+    """[256, 256] @ [256, 256] on integer tensors: the protocol's matmul without a truncation."""
+    a, b = _ints(13, 256, 256) >> 8, _ints(14, 256, 256) >> 8
+    x, y = crypten_lite.cryptensor(a, src=0), crypten_lite.cryptensor(b, src=1)
+    return _measure(lambda: (_reveal_after(lambda: x @ y), a @ b))
+
+
 @workload("relu_1M")
 def relu_1m():
     a = _data(7, 1_000_000, scale=10)

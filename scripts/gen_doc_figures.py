@@ -67,9 +67,11 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 BLOCK = re.compile(r"(<!-- figures:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /figures -->)", re.S)
 
 # Bench workloads in costs.json: (workload, parties). The README table lists these rows.
-BENCH_KEYS = [(w, 2) for w in ("mul_1M", "matmul_256", "matmul_1024", "relu_1M", "lt_1M", "softmax_1000x10",
-                               "lenet_b1", "lenet_b64", "resnet18_b1", "logreg_sgd_step", "transport_16MB")] + \
-             [(w, 3) for w in ("mul_1M", "relu_1M", "lt_1M", "softmax_1000x10", "lenet_b1", "logreg_sgd_step")]
+BENCH_KEYS = [(w, 2) for w in ("mul_1M", "mul_int_1M", "matmul_256", "matmul_int_256", "matmul_1024", "relu_1M",
+                               "lt_1M", "softmax_1000x10", "lenet_b1", "lenet_b64", "resnet18_b1", "logreg_sgd_step",
+                               "transport_16MB")] + \
+             [(w, 3) for w in ("mul_1M", "mul_int_1M", "matmul_256", "matmul_int_256", "matmul_1024", "relu_1M",
+                               "lt_1M", "softmax_1000x10", "lenet_b1", "lenet_b64", "resnet18_b1", "logreg_sgd_step")]
 # Workloads of this script (not in `crypten-lite bench`):
 # comparisons on 100,000 elements; one SGD step of the digits MLP (examples/train_mlp.py's
 # model and batch); the bench's logistic-regression step with its loss value revealed.
@@ -304,8 +306,8 @@ def load_bench_rss() -> dict[str, dict]:
 
 
 # Workloads of docs/protocols.md's side-by-side table (3 parties).
-PROTOCOL_WORKLOADS = ("mul_1M", "matmul_256", "matmul_1024", "relu_1M", "lt_1M", "softmax_1000x10",
-                      "lenet_b1", "lenet_b64", "resnet18_b1", "logreg_sgd_step")
+PROTOCOL_WORKLOADS = ("mul_1M", "mul_int_1M", "matmul_256", "matmul_int_256", "matmul_1024", "relu_1M", "lt_1M",
+                      "softmax_1000x10", "lenet_b1", "lenet_b64", "resnet18_b1", "logreg_sgd_step")
 
 
 def protocols_bench(costs: dict, bench: dict, sources: dict) -> str:

@@ -38,7 +38,12 @@ opening rides in the other protocol's round). A comparison on a value's top bits
 truncation at all: every party shifts its own share (_shifted), which is exact modulo the
 circuit's width up to N units; with N > 2 the narrow comparisons shift one bit less per
 doubling of N - 1 (narrow_range: 2^10 between 3 parties instead of 2^11), so that their
-error stays below 1/16. Under rss the general paths run.
+error stays below 1/16. Under rss (3 parties, replicated shares) GELU, SiLU and the row max
+take these paths too: _shifted shifts each of the three components (as 3 additive parties
+would), truncate_many opens every truncation of a step in one round, and a protocol in rounds
+runs its truncations at once (rss openings do not ride: parallel.alongside). Softmax and
+LayerNorm keep rss's own forms there (nonlinear._softmax_rows_rss, normalization's general
+path), which take fewer rounds than these without the riding.
 """
 
 from __future__ import annotations
@@ -56,6 +61,7 @@ from ..mpc.convert import finish_gen
 from ..mpc.parallel import alongside, drive, opened_sums, split
 from ..mpc.binary import provider_get
 from ..mpc.primitives import open_many
+from ..mpc.replicated import Replicated
 from ..provider.correlations import logical_shift
 from ..session import current
 from ._common import all_pairs_winners, mul_shares, mul_trunc, public_share, truncate
@@ -115,19 +121,28 @@ def _products(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], prec: int) -> 
 
 
 def _fast_ok() -> bool:
-    """The fast paths apply: additive sharing, any number of parties. Between 2 parties with
-    local truncation a truncation is free; otherwise it is the dealer-assisted round
-    (protocol.truncate_many / truncate_many_gen: the truncations of one step share it, and
-    inside a protocol in rounds it rides in another protocol's round)."""
-    return _additive()
+    """The fast paths apply: under both sharing schemes, any number of parties. Between 2
+    additive parties with local truncation a truncation is free; otherwise it is a round with
+    a truncation pair (the dealer's, or under rss one the parties made offline):
+    protocol.truncate_many / truncate_many_gen, the truncations of one step share it, and
+    (additive) inside a protocol in rounds it rides in another protocol's round."""
+    return True
 
 
 def _shifted(v: torch.Tensor, shift: int) -> torch.Tensor:
     """Shares that sum to v / 2^shift within (-(N - 1), 1] units, but only modulo
     2^(64 - shift): for a short MSB circuit on the low bits (a comparison), never as a value.
     Every party shifts its own share, the last one rounding up (between 2 parties: the local
-    truncation, whose wrap only moves the bits above 2^(64 - shift)); no communication."""
+    truncation, whose wrap only moves the bits above 2^(64 - shift)); no communication.
+    Under rss every component (x_0, x_1, x_2) is shifted by both its holders alike, x_2
+    rounding up: 3 terms, as between 3 additive parties."""
     s = current()
+    if isinstance(v, Replicated):
+        rank = v.share_rank()
+        comps = []
+        for j, t in ((rank, v.a), ((rank + 1) % 3, v.b)):
+            comps.append(-logical_shift(-t, shift) if j == 2 else logical_shift(t, shift))
+        return Replicated(comps[0], comps[1], rank)
     if s.rank == s.world_size - 1 and s.world_size > 1:
         return -logical_shift(-v, shift)
     return logical_shift(v, shift)
@@ -542,8 +557,10 @@ VAR_DIV_BITS = 22             # 1/d at 2^22: relative error at most d 2^-23 (1e-
 
 
 def layer_norm_ok() -> bool:
-    """The fast LayerNorm applies (additive protocol, any number of parties)."""
-    return _fast_ok()
+    """The fast LayerNorm applies (additive protocol, any number of parties). Not under rss:
+    its octave polynomials ride in the comparison circuit's rounds (parallel.alongside),
+    which rss openings do not, and rss's general path is then fewer rounds."""
+    return _additive()
 
 
 @functools.lru_cache(maxsize=None)
@@ -717,13 +734,14 @@ def softmax_rows_share(flat: torch.Tensor, prec: int, all_pairs: bool = False) -
 
 def softmax_last(x):
     """softmax over the last dim of a float CrypTensor: softmax_rows_share under the additive
-    protocol (attention: a row's entries within narrow_range() of each other at 16 fractional
+    protocol (under rss nonlinear.softmax, whose rss form takes fewer rounds there: the
+    reciprocal's polynomials cannot ride in its comparisons' rounds; attention: a row's entries within narrow_range() of each other at 16 fractional
     bits, 2^11 between 2 parties and 2^10 between 3; 2^15 at other precisions),
     nonlinear.softmax otherwise."""
     from ..cryptensor import _record
     from .nonlinear import softmax
     from ._common import float_view, new_like
-    if not _fast_ok() or x.dim() == 0 or x.shape[-1] < 1:
+    if not _additive() or x.dim() == 0 or x.shape[-1] < 1:
         return softmax(x, -1)
     x_f = float_view(x)
     flat = x_f.share.reshape(-1, x_f.shape[-1])

@@ -168,15 +168,16 @@ def truncate(x: torch.Tensor, bits: int) -> torch.Tensor:
 def truncate_many(items: Sequence[tuple[torch.Tensor, int]]) -> list[torch.Tensor]:
     """truncate for several (x, bits) at once: where truncation takes a round, ONE round."""
     if is_rss():
-        return [rss.truncate(x, b) for x, b in items]
+        return rss.truncate_many(items)
     return truncation.truncate_many(items)
 
 
 def truncate_many_gen(items: Sequence[tuple[torch.Tensor, int]]):
-    """truncate_many as a protocol in rounds (mpc.parallel; additive sharing): yields nothing
-    where truncation is local, else its one opening."""
+    """truncate_many as a protocol in rounds (mpc.parallel): yields nothing where truncation
+    is local, else its one opening. Under rss (whose openings do not ride: parallel.alongside)
+    it truncates at once, in its own round, and yields nothing."""
     if is_rss():
-        raise UnsupportedError("truncate_many_gen: protocols in rounds are additive-only")
+        return rss.truncate_many(items)
     return (yield from truncation.truncate_many_gen(items))
 
 

@@ -395,6 +395,20 @@ def truncate(x: Replicated, bits: int) -> Replicated:
     return _finish_trunc(c, pair, bits).view(shape)
 
 
+def truncate_many(items: Sequence[tuple[Replicated, int]]) -> list[Replicated]:
+    """truncate for several (x, bits) in ONE round: one opening of every x + 2^62 + r (8 B
+    per truncated element per party); items with bits 0 come back as they are."""
+    todo = [(i, _as_rep(x), b) for i, (x, b) in enumerate(items) if b]
+    out = [x for x, _ in items]
+    if not todo:
+        return out
+    pairs = [_trunc_pairs(x.numel(), b) for _, x, b in todo]
+    opened = open_many([x.reshape(-1) + pair[0] + (1 << BIAS_BITS) for (_, x, _), pair in zip(todo, pairs)])
+    for (i, x, b), pair, c in zip(todo, pairs, opened):
+        out[i] = _finish_trunc(c, pair, b).view(x.shape)
+    return out
+
+
 def open_additive(u: torch.Tensor) -> torch.Tensor:
     """Sum of a 3-of-3 additive sharing, revealed to every party (each sends u_i to both
     others: one round, 16 B per element per party)."""

@@ -206,3 +206,45 @@ def test_bert_layer_tiny_three_parties(pool3):
     r = pool3.run(party_bert_layer_tiny)
     assert r[0]["max_error"] <= 1e-2
     assert (r[0]["rounds"], [p["bytes_sent"] for p in r]) == BERT_TINY_COST_3
+
+
+# The same under rss (3 parties, no dealer), online after the offline phase (the truncation
+# pairs and random bits made ahead, as the bench does): GELU and SiLU take the fast
+# piecewise polynomials (short and narrow comparisons, the truncations of a step in one
+# round); softmax and LayerNorm keep rss's own forms (fewer rounds there: their fast forms
+# let polynomials ride in a comparison's rounds, which rss openings do not).
+GELU_COST_RSS = (12, 35904)      # 256 elements (general path before: 14 rounds, 49,728 B)
+SOFTMAX_COST_RSS = (38, 66920)   # [6, 40]
+RMS_NORM_COST_RSS = (18, 3064)   # [3, 16]
+BERT_TINY_COST_RSS = (89, [174416, 172288, 176256])  # general path before: 92 rounds
+
+
+def party_fast_functions_prefetched():
+    from crypten_lite.mpc import offline
+    with offline.record() as plan:
+        party_fast_functions()
+    offline.prefetch(plan)
+    return party_fast_functions()
+
+
+def party_bert_layer_tiny_twice():
+    party_bert_layer_tiny()          # records the plan
+    return party_bert_layer_tiny()   # offline: the plan's pairs; then online
+
+
+def test_fast_functions_rss(pool3_rss):
+    r = pool3_rss.run(party_fast_functions_prefetched)
+    first = r[0]
+    assert first["gelu_err"] <= 1e-3 and first["gelu_tanh_err"] <= 1e-3, first
+    assert first["silu_err"] <= 2e-3, first
+    assert first["softmax_err"] <= 1e-3 and first["masked_weight"] == 0.0, first
+    assert first["rms_norm_err"] <= 5e-3, first
+    assert (first["gelu_cost"], first["softmax_cost"], first["rms_norm_cost"]) == (
+        GELU_COST_RSS, SOFTMAX_COST_RSS, RMS_NORM_COST_RSS)
+
+
+def test_bert_layer_tiny_rss(pool3_rss):
+    r = pool3_rss.run(party_bert_layer_tiny_twice)
+    assert r[0]["max_error"] <= 1e-2
+    assert all(p["dealer_bytes"] == 0 for p in r)
+    assert (r[0]["rounds"], [p["bytes_sent"] for p in r]) == BERT_TINY_COST_RSS
