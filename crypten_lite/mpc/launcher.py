@@ -207,6 +207,10 @@ class PartyFailure(CryptenLiteError):
     """A party raised while running a function; carries every failing rank's traceback."""
 
 
+POLL_S = 1.0    # PartyPool: how often a wait for answers checks that every party process lives
+DRAIN_S = 5.0   # and, once one died, how long it waits for the others' answers (their errors)
+
+
 class PartyPool:
     """`world_size` party processes (plus a dealer under the additive protocol with the dealer
     provider) that stay up between calls.
@@ -243,20 +247,63 @@ class PartyPool:
         self._collect("start")
 
     def _collect(self, what: str) -> list[Any]:
+        """Every party's answer; a party process that dies without answering (a crash, the
+        kernel's out-of-memory killer) is a PartyFailure naming it within POLL_S seconds, not
+        a wait for the whole deadline."""
         values: dict[int, Any] = {}
         failures: dict[int, str] = {}
         deadline_each = self.timeout + 60
+        waited = 0.0
         while len(values) + len(failures) < self.world_size:
             try:
-                rank, ok, value = self._results.get(timeout=deadline_each)
+                rank, ok, value = self._results.get(timeout=POLL_S)
             except queue.Empty:
-                self.close()
-                raise PartyFailure(f"parties did not finish {what} within {deadline_each:g} s") from None
+                waited += POLL_S
+                dead = self._dead_parties(set(values) | set(failures))
+                if dead:
+                    self._drain(values, failures)
+                    for rank, desc in dead.items():
+                        if rank not in values and rank not in failures:
+                            failures[rank] = (f"party {rank}'s process exited ({desc}) while running "
+                                              f"{what}, without an answer\n", (rank, f"its process {desc}"))
+                    break
+                if waited >= deadline_each:
+                    self.close()
+                    raise PartyFailure(f"parties did not finish {what} within {deadline_each:g} s") from None
+                continue
+            waited = 0.0
             (values if ok else failures)[rank] = value
         if failures:
             self.close()
             raise PartyFailure(_failure_report(what, failures))
         return [values[r] for r in range(self.world_size)]
+
+    def _dead_parties(self, answered: set[int]) -> dict[int, str]:
+        """{rank: how its process ended} for the party processes that exited unasked."""
+        dead = {}
+        for rank, p in enumerate(self._procs[-self.world_size:] if self._procs else []):
+            if rank in answered or p.exitcode is None:
+                continue
+            code = p.exitcode
+            if code < 0:
+                try:
+                    name = signal.Signals(-code).name
+                except ValueError:
+                    name = f"signal {-code}"
+                hint = " (the kernel's out-of-memory killer sends it)" if -code == signal.SIGKILL else ""
+                dead[rank] = f"was killed by {name}{hint}"
+            else:
+                dead[rank] = f"exited with status {code}"
+        return dead
+
+    def _drain(self, values: dict, failures: dict) -> None:
+        """Answers still in the queue (the live parties' errors about the dead one)."""
+        while len(values) + len(failures) < self.world_size:
+            try:
+                rank, ok, value = self._results.get(timeout=DRAIN_S)
+            except queue.Empty:
+                return
+            (values if ok else failures)[rank] = value
 
     def run(self, fn: Callable, *args, **kwargs) -> list[Any]:
         """Run fn(*args, **kwargs) on every party; the list of each rank's return value."""

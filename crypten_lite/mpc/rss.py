@@ -231,6 +231,10 @@ class _PairStock:
 
 # Stock key of the random bits (rss_binary.dabits), beside the truncation pairs' bit counts.
 DABITS = 0
+# Offline batches: at most this many pairs (or random bits) per call of the generating
+# circuits, so that their temporaries stay bounded (a whole model's plan at once once took a
+# party past 8 GB); each batch is its own 7 (2) offline rounds.
+PREFETCH_BATCH = 1 << 20
 
 
 def _stock(bits: int) -> _PairStock:
@@ -248,8 +252,10 @@ def prefetch_dabits(n: int) -> None:
         return
     from . import rss_binary
     stock = _stock(DABITS)
-    stock.parts.append(tuple(rss_binary.dabits(n)))
-    stock.available += n
+    for lo in range(0, n, PREFETCH_BATCH):
+        k = min(PREFETCH_BATCH, n - lo)
+        stock.parts.append(tuple(rss_binary.dabits(k)))
+        stock.available += k
 
 
 def take_dabits(n: int):
@@ -272,8 +278,10 @@ def prefetch_trunc(n: int, bits: int) -> None:
     if n <= 0:
         return
     stock = _stock(bits)
-    stock.parts.append(_prepare(*_generate_pairs(n, bits), bits))
-    stock.available += n
+    for lo in range(0, n, PREFETCH_BATCH):   # bounded temporaries: a batch at a time
+        k = min(PREFETCH_BATCH, n - lo)
+        stock.parts.append(_prepare(*_generate_pairs(k, bits), bits))
+        stock.available += k
 
 
 def stocked(bits: int) -> int:

@@ -76,6 +76,31 @@ def _truncation_setting() -> str:
     return current().config.truncation
 
 
+def _rank_1_dies() -> str:
+    import os
+    import signal
+    from crypten_lite.session import current
+    if current().rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)  # as the kernel's out-of-memory killer does
+    return "answered"
+
+
+@pytest.mark.parametrize("protocol", ["additive", "rss"])
+def test_party_pool_names_a_party_process_that_dies(protocol):
+    """A party process killed while the others have answered (the bench's large workloads
+    once met the out-of-memory killer): the pool names it and its signal at once instead of
+    waiting for its deadline (an hour here, as for the bench's large workloads), and stops
+    every process it started."""
+    from crypten_lite.mpc import PartyPool
+    from crypten_lite.mpc.launcher import PartyFailure
+    pool = PartyPool(3, timeout=3600, protocol=protocol)
+    procs = list(pool._procs)
+    with pytest.raises(PartyFailure, match=r"failed on party 1 \(its process was killed by SIGKILL") as e:
+        pool.run(_rank_1_dies)
+    assert "out-of-memory" in str(e.value)
+    assert not any(p.is_alive() for p in procs)
+
+
 def test_launch_stops_everything_and_fails_when_a_party_dies():
     import uuid
     marker = f"marker-{uuid.uuid4().hex}"  # identifies this run's processes only
