@@ -457,7 +457,10 @@ def _softmax_parts(x: CrypTensor, dim):
     moved = x_f.share.movedim(d, -1)
     k = moved.shape[-1]
     flat = moved.reshape(-1, k)
-    mx = fast.row_max(flat)                           # all-pairs over groups of <= 16
+    # all-pairs over groups of <= 16; under rss every pair at once when they are few (a
+    # decode step's one query row per head against its cache: one level instead of two,
+    # since rss's comparison levels cost more rounds than the bytes saved)
+    mx = fast.row_max(flat, all_pairs=protocol.is_rss())
     z = flat - mx.unsqueeze(-1)                       # <= 0
     return x_f, d, moved.shape, k, z
 

@@ -158,7 +158,8 @@ def open_xor(x: Replicated) -> torch.Tensor:
 
 # ------------------------------------------------------------------------- products
 def _cross(op: str, x: Replicated, y: Replicated, params: Sequence[int]) -> torch.Tensor:
-    """z_i = f(x_i, y_i + y_{i+1}) + f(x_{i+1}, y_i): this party's 3-of-3 share of f(x, y)."""
+    """z_i = f(x_i, y_i + y_{i+1}) + f(x_{i+1}, y_i) = f(x_i + x_{i+1}, y_i) + f(x_i, y_{i+1}): this
+    party's 3-of-3 share of f(x, y)."""
     if op not in TRIPLE_OPS:
         raise UnsupportedError(f"no replicated product for op {op!r}; supported: {sorted(TRIPLE_OPS)}")
     fn = TRIPLE_OPS[op]
@@ -167,7 +168,15 @@ def _cross(op: str, x: Replicated, y: Replicated, params: Sequence[int]) -> torc
         z = y.a + y.b
         z *= x.a
         return z.addcmul_(x.b, y.a)
-    return fn(x.a, y.a + y.b, params) + fn(x.b, y.a, params)
+    # The same three terms either way; sum the components of the SMALLER operand (a decode
+    # step's one token against a weight: no weight-sized temporary per call).
+    if x.a.numel() < y.a.numel():
+        z = fn(x.a + x.b, y.a, params)
+        z += fn(x.a, y.b, params)
+        return z
+    z = fn(x.a, y.a + y.b, params)
+    z += fn(x.b, y.a, params)
+    return z
 
 
 def reshare(z: torch.Tensor) -> Replicated:
