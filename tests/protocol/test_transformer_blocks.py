@@ -191,15 +191,18 @@ RMS_NORM_COST_3 = (12, 20624)    # [3, 16]
 BERT_TINY_COST_3 = (90, [443744, 443744, 443744])
 
 
-def test_fast_functions_three_parties(pool3):
-    r = pool3.run(party_fast_functions)
-    first = r[0]
+def _check_fast_functions(first: dict, costs: tuple) -> None:
+    """The accuracy bounds of party_fast_functions' results and their exact costs."""
     assert first["gelu_err"] <= 1e-3 and first["gelu_tanh_err"] <= 1e-3, first
     assert first["silu_err"] <= 2e-3, first
     assert first["softmax_err"] <= 1e-3 and first["masked_weight"] == 0.0, first
     assert first["rms_norm_err"] <= 5e-3, first
-    assert (first["gelu_cost"], first["softmax_cost"], first["rms_norm_cost"]) == (
-        GELU_COST_3, SOFTMAX_COST_3, RMS_NORM_COST_3)
+    assert (first["gelu_cost"], first["softmax_cost"], first["rms_norm_cost"]) == costs
+
+
+def test_fast_functions_three_parties(pool3):
+    r = pool3.run(party_fast_functions)
+    _check_fast_functions(r[0], (GELU_COST_3, SOFTMAX_COST_3, RMS_NORM_COST_3))
 
 
 def test_bert_layer_tiny_three_parties(pool3):
@@ -234,13 +237,7 @@ def party_bert_layer_tiny_twice():
 
 def test_fast_functions_rss(pool3_rss):
     r = pool3_rss.run(party_fast_functions_prefetched)
-    first = r[0]
-    assert first["gelu_err"] <= 1e-3 and first["gelu_tanh_err"] <= 1e-3, first
-    assert first["silu_err"] <= 2e-3, first
-    assert first["softmax_err"] <= 1e-3 and first["masked_weight"] == 0.0, first
-    assert first["rms_norm_err"] <= 5e-3, first
-    assert (first["gelu_cost"], first["softmax_cost"], first["rms_norm_cost"]) == (
-        GELU_COST_RSS, SOFTMAX_COST_RSS, RMS_NORM_COST_RSS)
+    _check_fast_functions(r[0], (GELU_COST_RSS, SOFTMAX_COST_RSS, RMS_NORM_COST_RSS))
 
 
 def test_bert_layer_tiny_rss(pool3_rss):
