@@ -358,11 +358,13 @@ def protocols_aby3(costs: dict, bench: dict, sources: dict) -> str:
         a = bench.get((workload, 3, False))
         return f"{a['seconds_median']:.3f} s" if a and key(workload, 3) in costs else "-"
 
-    def per_element(workload: str) -> str:
+
+    def per_output(workload: str, n: int = 10**6) -> str:
+        """Rounds and bytes per output element (largest party) of an rss bench line."""
         r = rss.get(workload)
         if r is None or "missing" in r:
             return "not measured"
-        return f"{r['rounds']} rounds, {max(r['bytes_sent_per_party']) / 1e6:.2f} B"
+        return f"{r['rounds']} round{'s' if r['rounds'] != 1 else ''}, {max(r['bytes_sent_per_party']) / n:.2f} B"
 
     lines = [f"| workload | {ext['system']} {ext['version']} ABY3 | target | crypten_lite rss | "
              "crypten_lite additive, 3 parties + dealer |", "|---|---|---|---|---|"]
@@ -371,19 +373,13 @@ def protocols_aby3(costs: dict, bench: dict, sources: dict) -> str:
         theirs = f"{f[w]['seconds']:g} s" + (f", {f[w]['mb_sent_per_party']:g} MB" if with_mb else "")
         more = {"lenet_b1": ", <= 40 rounds, <= 0.4 MB", "lenet_b64": ", <= 25 MB"}.get(w, "")
         lines.append(f"| {w} | {theirs} | <= {f[w]['seconds'] / 2:g} s{more} | {mine(w, with_mb)} | {additive(w)} |")
-    def per_output(workload: str, n: int) -> str:
-        r = rss.get(workload)
-        if r is None or "missing" in r:
-            return "not measured"
-        return f"{r['rounds']} round{'s' if r['rounds'] != 1 else ''}, {max(r['bytes_sent_per_party']) / n:.2f} B"
-
     lines.append("| mul / matmul, per output element | | 1 round, 8 B | protocol product (integer tensors): "
                  f"{per_output('mul_int_1M', 10**6)} (`mul_int_1M`), {per_output('matmul_int_256', 256 * 256)} "
                  f"(`matmul_int_256`); fixed point, exact truncation fused: {per_output('mul_1M', 10**6)} "
                  f"(`mul_1M`), {per_output('matmul_256', 256 * 256)} (`matmul_256`) | - |")
     for name, w, bound in (("lt", "lt_1M", (7, 24)), ("relu", "relu_1M", (7, 32))):
         lines.append(f"| {name}, per element | {f[name]['rounds']} rounds, {f[name]['bytes_per_element']:g} B | "
-                     f"<= {bound[0]} rounds, <= {bound[1]} B | {per_element(w)} | - |")
+                     f"<= {bound[0]} rounds, <= {bound[1]} B | {per_output(w)} | - |")
     return "\n".join(lines) + "\n"
 
 

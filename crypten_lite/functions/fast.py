@@ -30,7 +30,7 @@ broadcasts it (a mul triple of shapes (R, k) and (R, 1): only e and the R sums a
 The attention path (softmax_last) compares narrowly (NARROW_BITS); a decode step's one query
 row per head takes exp_pairs (exp of every ordered pair beside the max's comparisons).
 
-Any number of additive parties (_fast_ok): between 2 parties with local truncation every
+Any number of additive parties: between 2 parties with local truncation every
 truncation above is free; otherwise (3 or more parties, or CRYPTEN_LITE_TRUNCATION=exact) it
 is the dealer-assisted round, and the truncations of one step share one round
 (protocol.truncate_many; inside a protocol in rounds protocol.truncate_many_gen, whose
@@ -121,15 +121,6 @@ def _products(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], prec: int) -> 
     return out
 
 
-def _fast_ok() -> bool:
-    """The fast paths apply: under both sharing schemes, any number of parties. Between 2
-    additive parties with local truncation a truncation is free; otherwise it is a round with
-    a truncation pair (the dealer's, or under rss one the parties made offline):
-    protocol.truncate_many / truncate_many_gen, the truncations of one step share it, and
-    (additive) inside a protocol in rounds it rides in another protocol's round."""
-    return True
-
-
 def _shifted(v: torch.Tensor, shift: int) -> torch.Tensor:
     """Shares that sum to v / 2^shift within (-(N - 1), 1] units, but only modulo
     2^(64 - shift): for a short MSB circuit on the low bits (a comparison), never as a value.
@@ -173,12 +164,10 @@ def _msb_low(v: torch.Tensor, m: int) -> torch.Tensor:
 
 
 def neg_words(v: torch.Tensor, shift: int = 0, bits: int = 0) -> torch.Tensor:
-    """Packed XOR shares of [v < 0]. Additive protocol: the MSB of (v >> shift)
-    mod 2^bits (default SHORT_BITS: 3 rounds instead of 4, half the bytes; NARROW_BITS: a
-    quarter), exact for |v| < 2^(bits - 1 + shift) units (each party shifts its own share,
-    _shifted: v moves by less than N units of 2^shift); otherwise the full 64-bit MSB."""
-    if not _fast_ok():
-        return protocol.msb_words(v)
+    """Packed XOR shares of [v < 0]: the MSB of (v >> shift) mod 2^bits (default SHORT_BITS:
+    3 rounds instead of 4 between 2 parties, half the bytes; NARROW_BITS: a quarter), exact
+    for |v| < 2^(bits - 1 + shift) units (each party shifts its own share, _shifted: v moves
+    by less than N units of 2^shift)."""
     return _msb_low(_shifted(v, shift) if shift else v, bits or SHORT_BITS)
 
 
@@ -191,7 +180,7 @@ NARROW_RANGE = 2.0 ** (NARROW_BITS - 1 + NARROW_SHIFT - 16)
 
 
 def _narrow_ok(prec: int) -> bool:
-    return _fast_ok() and prec == 16
+    return prec == 16
 
 
 def products_round(jobs: Sequence[tuple]) -> list[torch.Tensor]:
@@ -302,7 +291,7 @@ def polys_many(ts: Sequence[torch.Tensor], coeffs: Sequence[Sequence[float]], pr
     p = a(t) + t^4 b(t) with a, b of degree <= 3: t^2 | t^3, t^4 | t^4 b(t), 3 rounds and
     48 bytes per element at degree 7 (instead of 72 for t^5, t^6, t^7). Else all powers."""
     degs = [len(c) - 1 for c in coeffs]
-    if not (_fast_ok() and all(5 <= d <= 7 for d in degs)):
+    if not all(5 <= d <= 7 for d in degs):
         pws = powers_many(ts, degs, prec)
         return _polys_from_powers(list(zip(pws, coeffs, ts)), prec)
     t2s = _products([(t, t) for t in ts], prec)
@@ -555,15 +544,6 @@ ISQRT_DEGREE = 4              # 1/sqrt(m) on m in [1, 2): relative error 8.4e-5 
 _Q2 = 24                      # scale of 1/sqrt(v) (up to 2^7) before the final product
 VAR_EXTRA = 8                 # the variance's fractional bits beyond the precision's
 VAR_DIV_BITS = 22             # 1/d at 2^22: relative error at most d 2^-23 (1e-4 at d = 768)
-
-
-def layer_norm_ok() -> bool:
-    """The fast LayerNorm applies: both protocols, any number of parties. Under rss its
-    octave polynomials run after the comparison circuit instead of riding in its rounds
-    (parallel.alongside), one round more than the general path (inv_sqrt), but its 1/sqrt is
-    100x more accurate: RMSNorm of rows of std 0.05 (a LLaMA's hidden states) was off by 1e-2
-    on the general path, 6e-4 here."""
-    return True
 
 
 @functools.lru_cache(maxsize=None)

@@ -28,7 +28,7 @@ def layer_norm(x: CrypTensor, normalized_shape: Sequence[int] | int, weight=None
     if isinstance(normalized_shape, int):
         normalized_shape = (normalized_shape,)
     dims = tuple(range(x.dim() - len(normalized_shape), x.dim()))
-    if fast.layer_norm_ok() and dims:
+    if dims:  # functions/fast.py: variance at 2^-24, octave polynomials for 1/sqrt
         return _layer_norm_fast(x, dims, weight, bias, eps)
     with no_grad():
         xd = x.detach() if x.dtype.is_floating_point else x.detach().float()
@@ -150,20 +150,20 @@ def rms_norm(x: CrypTensor, normalized_shape: Sequence[int] | int, weight=None,
     eps = torch.finfo(torch.float32).eps if eps is None else float(eps)
     dims = tuple(range(x.dim() - len(normalized_shape), x.dim()))
     xf = x if x.dtype.is_floating_point else x.float()
-    if fast.layer_norm_ok():
-        # 2 parties: the 6-round path of layer_norm on the uncentered rows (x_hat and inv_std
-        # saved for the rms_norm rule when a gradient is needed)
-        gamma, public = None, False
-        if isinstance(weight, CrypTensor) and weight.precision == xf.precision:
-            gamma = weight.detach().share.reshape(-1)
-        elif weight is not None and not isinstance(weight, CrypTensor):
-            gamma, public = encoding.encode(torch.as_tensor(weight, dtype=torch.float64).reshape(-1), xf.precision), True
-        if weight is None or gamma is not None:
-            grad = _needs_grad(x, weight)
-            with no_grad():
-                out, saved = _normalized_rows(xf.detach(), x, dims, gamma, public, eps, grad)
-            return _record(out, "rms_norm", (x, weight), normalized_shape=tuple(normalized_shape), eps=eps,
-                           **saved)
+    # the fast path of layer_norm on the uncentered rows (x_hat and inv_std saved for the
+    # rms_norm rule when a gradient is needed); a secret weight at another precision takes
+    # the recorded ops below
+    gamma, public = None, False
+    if isinstance(weight, CrypTensor) and weight.precision == xf.precision:
+        gamma = weight.detach().share.reshape(-1)
+    elif weight is not None and not isinstance(weight, CrypTensor):
+        gamma, public = encoding.encode(torch.as_tensor(weight, dtype=torch.float64).reshape(-1), xf.precision), True
+    if weight is None or gamma is not None:
+        grad = _needs_grad(x, weight)
+        with no_grad():
+            out, saved = _normalized_rows(xf.detach(), x, dims, gamma, public, eps, grad)
+        return _record(out, "rms_norm", (x, weight), normalized_shape=tuple(normalized_shape), eps=eps,
+                       **saved)
     inv_rms = inv_sqrt(xf.square().mean(dims, keepdim=True).add(eps))
     out = xf.mul(inv_rms)
     if weight is not None:

@@ -246,6 +246,12 @@ DABITS = 0
 PREFETCH_BATCH = 1 << 20
 
 
+def _batches(n: int) -> Iterator[int]:
+    """The sizes of n items made PREFETCH_BATCH at a time."""
+    for lo in range(0, n, PREFETCH_BATCH):
+        yield min(PREFETCH_BATCH, n - lo)
+
+
 def _stock(bits: int) -> _PairStock:
     stocks = current().rss_stock
     if bits not in stocks:
@@ -261,8 +267,7 @@ def prefetch_dabits(n: int) -> None:
         return
     from . import rss_binary
     stock = _stock(DABITS)
-    for lo in range(0, n, PREFETCH_BATCH):
-        k = min(PREFETCH_BATCH, n - lo)
+    for k in _batches(n):
         stock.parts.append(tuple(rss_binary.dabits(k)))
         stock.available += k
 
@@ -287,8 +292,7 @@ def prefetch_trunc(n: int, bits: int) -> None:
     if n <= 0:
         return
     stock = _stock(bits)
-    for lo in range(0, n, PREFETCH_BATCH):   # bounded temporaries: a batch at a time
-        k = min(PREFETCH_BATCH, n - lo)
+    for k in _batches(n):
         stock.parts.append(_prepare(*_generate_pairs(k, bits), bits))
         stock.available += k
 
