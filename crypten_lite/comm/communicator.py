@@ -38,6 +38,7 @@ class Communicator(abc.ABC):
     world_size: int
     # A side protocol whose int64 openings ride in all_gather's messages (mpc.parallel).
     rider = None
+    rss_rider = None  # mpc.rss_binary's side protocol riding in its rounds (alongside)
 
     def __init__(self, rank: int, world_size: int):
         self.rank = rank

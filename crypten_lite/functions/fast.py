@@ -38,13 +38,13 @@ opening rides in the other protocol's round). A comparison on a value's top bits
 truncation at all: every party shifts its own share (_shifted), which is exact modulo the
 circuit's width up to N units; with N > 2 the narrow comparisons shift one bit less per
 doubling of N - 1 (narrow_range: 2^10 between 3 parties instead of 2^11), so that their
-error stays below 1/16. Under rss (3 parties, replicated shares) GELU, SiLU, the row max,
-LayerNorm and RMSNorm take these paths too: _shifted shifts each of the three components (as 3
-additive parties would), truncate_many opens every truncation of a step in one round, and a
-protocol in rounds runs its truncations at once (rss openings do not ride: parallel.alongside,
-so LayerNorm's octave polynomials follow the comparison circuit: one round more than rss's
-general path, for a 1/sqrt 100x more accurate). Softmax keeps rss's own form there
-(nonlinear._softmax_rows_rss), fewer rounds than this one without the riding.
+error stays below 1/16. Under rss (3 parties, replicated shares) the same paths run:
+_shifted shifts each of the three components (as 3 additive parties would), truncate_many
+opens every truncation of a step in one round, and the protocols in rounds yield rss
+requests that ride in the rounds of rss's comparison circuits (mpc.parallel); a product and
+its truncation there are ONE round (products_trunc_gen: the truncation fused into the
+reshare). LayerNorm and RMSNorm: 10 rounds under rss. Softmax under rss takes this form for
+rows of RSS_FAST_SOFTMAX_MIN entries or more (softmax_last), rss's own form below.
 """
 
 from __future__ import annotations
@@ -57,8 +57,7 @@ import numpy as np
 import torch
 
 from .. import encoding
-from ..mpc import circuits, protocol
-from ..mpc.convert import finish_gen
+from ..mpc import circuits, protocol, rss
 from ..mpc.parallel import alongside, drive, opened_sums, split
 from ..mpc.binary import provider_get
 from ..mpc.primitives import open_many
@@ -191,9 +190,10 @@ def products_round(jobs: Sequence[tuple]) -> list[torch.Tensor]:
 
 
 def products_gen(jobs: Sequence[tuple]):
-    """products_round as a protocol in rounds (mpc.parallel): yields its one opening."""
+    """products_round as a protocol in rounds (mpc.parallel): yields its one opening (under
+    rss its one reshare, rss.products_gen)."""
     if not _additive():
-        return [mul_shares([(j[1], j[1] if j[0] == "square" else j[2])])[0] for j in jobs]
+        return (yield from rss.products_gen(jobs))
     s = current()
     corrs, opened = [], []
     for job in jobs:
@@ -225,6 +225,27 @@ def products_gen(jobs: Sequence[tuple]):
     return out
 
 
+def products_trunc_gen(jobs: Sequence[tuple], bits):
+    """A protocol in rounds: the values of several jobs, job j divided by 2^bits[j] (or all
+    by 2^bits). Jobs: those of products_gen, ("square_sum", x) (the sum of x^2 over the last
+    dim, kept) and ("share", x) (x itself, only truncated). Additive: the products' opening,
+    then truncate_many_gen's (none where truncation is local); rss: ONE round, the
+    truncations fused into the products (rss.products_trunc_gen)."""
+    if not _additive():
+        return (yield from rss.products_trunc_gen(jobs, bits))
+    bits = [bits] * len(jobs) if isinstance(bits, int) else list(bits)
+    prod_jobs = [("square", j[1]) if j[0] == "square_sum" else j for j in jobs if j[0] != "share"]
+    prods = iter((yield from products_gen(prod_jobs)) if prod_jobs else [])
+    vals = [j[1] if j[0] == "share" else next(prods).sum(-1, keepdim=True) if j[0] == "square_sum"
+            else next(prods) for j in jobs]
+    return (yield from protocol.truncate_many_gen(list(zip(vals, bits))))
+
+
+def products_trunc(jobs: Sequence[tuple], bits) -> list[torch.Tensor]:
+    """products_trunc_gen on its own."""
+    return drive(products_trunc_gen(jobs, bits))
+
+
 def _scaled_many(v: torch.Tensor, es: Sequence[int]) -> list[torch.Tensor]:
     """Shares of v 2^e for each e (a truncation for e < 0), the truncations together."""
     return protocol.truncate_many([(v * (1 << e), 0) if e >= 0 else (v, -e) for e in es])
@@ -238,10 +259,8 @@ def bucket_polys_gen(ts: torch.Tensor, coeffs: Sequence[Sequence[float]], prec: 
     (select_buckets) cancels exactly."""
     if any(len(c) != 5 for c in coeffs):
         raise ValueError("bucket_polys_gen: degree 4 polynomials only")
-    (t2,) = yield from products_gen([("square", ts)])
-    (t2,) = yield from protocol.truncate_many_gen([(t2, prec)])
-    t3, t4 = yield from products_gen([("mul", t2, ts), ("square", t2)])
-    t3, t4 = yield from protocol.truncate_many_gen([(t3, prec), (t4, prec)])
+    (t2,) = yield from products_trunc_gen([("square", ts)], prec)
+    t3, t4 = yield from products_trunc_gen([("mul", t2, ts), ("square", t2)], prec)
     pw = [None, ts, t2, t3, t4]
     view = (ts.shape[0],) + (1,) * (ts.dim() - 1)
     acc = torch.zeros_like(ts)
@@ -275,10 +294,7 @@ def bits_times_gen(bits: torch.Tensor, values: Sequence[torch.Tensor], base: tor
     rows = bits.numel() // len(values)
     shape = (rows,) + (1,) * (values[0].dim() - 1)
     muls = [(circuits.pack_bits(bits[j * rows:(j + 1) * rows]), shape, v) for j, v in enumerate(values)]
-    if _additive():
-        _, prods = yield from finish_gen((), muls)
-    else:
-        _, prods = protocol.finish((), muls)
+    _, prods = yield from protocol.finish_gen((), muls)
     out = base
     for p_ in prods:
         out = out + p_
@@ -561,7 +577,7 @@ def _octave_inverse(v: torch.Tensor, lo: int, js: Sequence[int], fn_name: str, p
                     scale: int, v_prec: int | None = None) -> torch.Tensor:
     """Shares of 1/sqrt(v) ("isqrt") or 1/v ("recip") per row of v (R, 1) at 2^scale, for v
     in [2^lo, 2^(js[-1] + 1)), thresholds 2^j (j in js, increasing, js[0] = lo + 1) between
-    2 additive parties, in 4 rounds. Bucket n (n thresholds met): v in [2^L, 2^(L+1)),
+    2 additive parties, in 4 rounds (under rss the same riding, in rss's circuit's rounds). Bucket n (n thresholds met): v in [2^L, 2^(L+1)),
     L = lo + n, v = 2^L m with m in [1, 2), and 1/sqrt(v) = 2^(-L/2) p((2m - 3)) with p of
     degree 4 (1/v = 2^-L p). The comparisons [v >= 2^j] (one short MSB circuit, 3 rounds)
     and the polynomials of EVERY bucket (2 rounds, their openings riding in the circuit's:
@@ -598,20 +614,25 @@ def layer_norm_share(c: torch.Tensor, prec: int, eps: float, gamma: torch.Tensor
              octave; the bucket's value selected in round 6)
       7      (c gamma) * 1/sqrt(v) (a broadcasting triple: R values)
       8      its exact truncation (protocol.truncate_exact; a dealer pair per element)
+    Between 3 additive parties round 1's truncations take a round more. Under rss 10 rounds:
+    round 1 is one fused product-and-truncation round (the row sums of the squares' cross
+    terms, R values, and c * gamma), then the variance's truncation, the octave polynomials
+    (3 rounds) riding in the 32-bit comparison circuit's 6, the selection (1 round with
+    random bits made offline, else 2), and round 7 with 8 (rss truncation is exact).
     Domain: var + eps in [2^-14, 2^15) (6.1e-5 to 32768). saved=True (autograd): returns
     (out, x_hat, inv_std) too, x_hat from one more product in round 7."""
     rows, d = c.shape
     secret = gamma is not None and not public_weight
-    jobs = [("square", c)] + ([("mul", c, gamma.reshape(1, d))] if secret else [])
-    outs = products_round(jobs)
-    sq = outs[0]
-    cg_raw = outs[1] if secret else (c * gamma.reshape(1, d) if gamma is not None else None)
+    vp = prec + VAR_EXTRA
     # the variance at 2^(prec + VAR_EXTRA) (24 bits): a row of variance 6e-5 (MaxViT's LayerNorms) has
     # 4 units of 2^-16, whose rounding moved 1/sqrt by up to 12%; 2^-24 keeps 0.002%
-    vp = prec + VAR_EXTRA
-    items = [(sq.sum(1, keepdim=True), 2 * prec - vp)] + ([(cg_raw, prec)] if cg_raw is not None else [])
-    got = protocol.truncate_many(items)
-    total, cg = got[0], (got[1] if cg_raw is not None else c)
+    jobs = [("square_sum", c)]
+    if secret:
+        jobs.append(("mul", c, gamma.reshape(1, d)))
+    elif gamma is not None:
+        jobs.append(("share", c * gamma.reshape(1, d)))
+    got = products_trunc(jobs, [2 * prec - vp, prec])
+    total, cg = got[0], (got[1] if gamma is not None else c)
     # total / d at 2^vp: total (< d 2^15 at 2^vp) times 2^22 / d stays below 2^62; the product's
     # scale (2^(vp + 22)) makes a local truncation fail with probability var 2^-18 per row,
     # so this one is exact (R values, one round between 2 parties)
@@ -621,31 +642,32 @@ def layer_norm_share(c: torch.Tensor, prec: int, eps: float, gamma: torch.Tensor
     inv = _octave_inverse(v, js[0] - 1, js, "isqrt", prec, _Q2, v_prec=vp)
     # The final products sit at scale 2^(prec + _Q2) = 2^40: a local truncation would fail
     # by a wrap with probability |y| 2^-24 per element (y the output), about 0.1 per
-    # BERT-base inference (25 LayerNorms of 128 x 768); the exact one costs a round.
+    # BERT-base inference (25 LayerNorms of 128 x 768); the exact one costs a round (under
+    # rss none: its truncation is exact and fused into the product's round).
+    jobs = [("mul", cg, inv)] + ([("mul", c, inv)] if saved else [])
+    if _additive():
+        outs = products_round(jobs)
+        both = protocol.truncate_exact(torch.cat([o.reshape(-1) for o in outs]), _Q2)
+        outs = [both[:outs[0].numel()].view(outs[0].shape)] + (
+            [both[outs[0].numel():].view(outs[1].shape)] if saved else [])
+    else:
+        outs = products_trunc(jobs, _Q2)
     if not saved:
-        (out,) = products_round([("mul", cg, inv)])
-        return protocol.truncate_exact(out, _Q2)
-    out, x_hat = products_round([("mul", cg, inv), ("mul", c, inv)])
-    both = protocol.truncate_exact(torch.cat([out.reshape(-1), x_hat.reshape(-1)]), _Q2)
-    n = out.numel()
-    return (both[:n].reshape(out.shape), both[n:].reshape(x_hat.shape),
-            truncate(inv, _Q2 - prec))
+        return outs[0]
+    return outs[0], outs[1], truncate(inv, _Q2 - prec)
 
 
 # ------------------------------------------------------------- attention softmax
 def poly7_gen(ts: torch.Tensor, coeffs: Sequence[float], prec: int):
     """A protocol in rounds (mpc.parallel): shares of p(t) (degree 7, Paterson-Stockmeyer
     p = a(t) + t^4 b(t)) for every entry of ts, in 3 rounds (t^2 | t^3, t^4 | t^4 b(t))."""
-    (t2,) = yield from products_gen([("square", ts)])
-    (t2,) = yield from protocol.truncate_many_gen([(t2, prec)])
-    t3, t4 = yield from products_gen([("mul", t2, ts), ("square", t2)])
-    t3, t4 = yield from protocol.truncate_many_gen([(t3, prec), (t4, prec)])
+    (t2,) = yield from products_trunc_gen([("square", ts)], prec)
+    t3, t4 = yield from products_trunc_gen([("mul", t2, ts), ("square", t2)], prec)
     pw = {1: ts, 2: t2, 3: t3}
     (low_acc, low_c), (high_acc, high_c) = (_poly_terms(pw, coeffs[:4], prec, ts),
                                             _poly_terms(pw, coeffs[4:], prec, ts))
     low, high = yield from protocol.truncate_many_gen([(low_acc, prec), (high_acc, prec)])
-    (top,) = yield from products_gen([("mul", t4, high + high_c)])
-    (top,) = yield from protocol.truncate_many_gen([(top, prec)])
+    (top,) = yield from products_trunc_gen([("mul", t4, high + high_c)], prec)
     return low + low_c + top
 
 
@@ -715,16 +737,22 @@ def softmax_rows_share(flat: torch.Tensor, prec: int, all_pairs: bool = False) -
     return truncate(out, prec)
 
 
+RSS_FAST_SOFTMAX_MIN = 64   # under rss, rows at least this long take softmax_rows_share
+
+
 def softmax_last(x):
-    """softmax over the last dim of a float CrypTensor: softmax_rows_share under the additive
-    protocol (under rss nonlinear.softmax, whose rss form takes fewer rounds there: the
-    reciprocal's polynomials cannot ride in its comparisons' rounds; attention: a row's entries within narrow_range() of each other at 16 fractional
-    bits, 2^11 between 2 parties and 2^10 between 3; 2^15 at other precisions),
-    nonlinear.softmax otherwise."""
+    """softmax over the last dim of a float CrypTensor: softmax_rows_share (attention: a
+    row's entries within narrow_range() of each other at 16 fractional bits, 2^11 between 2
+    parties and 2^10 between 3; 2^15 at other precisions), nonlinear.softmax otherwise.
+    Under rss softmax_rows_share only for rows of RSS_FAST_SOFTMAX_MIN entries or more (an
+    encoder's attention over its sequence: 12 heads of [128, 128] in 38 rounds, 32.5 MB and
+    0.8 s instead of 40, 54.9 MB, 1.0 s); shorter rows (a decode step's one query against
+    its cache, a classifier's [1000, 10]) take rss's own form, whose fewer bytes and less
+    work beat the fast form's fewer rounds there (12 heads of [1, 33]: 0.19 s against 0.24)."""
     from ..cryptensor import _record
     from .nonlinear import softmax
     from ._common import float_view, new_like
-    if not _additive() or x.dim() == 0 or x.shape[-1] < 1:
+    if x.dim() == 0 or x.shape[-1] < 1 or (not _additive() and x.shape[-1] < RSS_FAST_SOFTMAX_MIN):
         return softmax(x, -1)
     x_f = float_view(x)
     flat = x_f.share.reshape(-1, x_f.shape[-1])

@@ -18,8 +18,11 @@ runs ``main`` (ordinary direct-style protocol code, e.g. a comparison circuit) a
 of main's all_gather rounds, appends the side protocol's pending message to the same
 message; the rounds main does not have for it, the side protocol pays after main returns.
 Every party runs the same program, so the messages line up (a round whose sizes differ
-between parties raises ProtocolError). Only the additive scheme rides; under rss the two run
-one after the other. The side protocol's correlations are requested when it is advanced,
+between parties raises ProtocolError). Under rss a protocol in rounds yields requests
+({dst: words}, {src: numel}) instead (rss_binary's form: a round there is messages to some
+peers, not an all_gather), and rides in the rounds of the binary protocols that
+rss_binary._run drives (the comparison circuits); the same functions (fast.products_gen,
+protocol.truncate_many_gen, protocol.finish_gen) yield the form of the session's protocol. The side protocol's correlations are requested when it is advanced,
 inside main's rounds: the order is the same on every party, so a prefetched plan records it
 like any other.
 """
@@ -64,7 +67,11 @@ def split(flat: torch.Tensor, like: Sequence[torch.Tensor]) -> list[torch.Tensor
 
 
 def drive(gen: SideProtocol) -> R:
-    """Run a protocol in rounds on its own: one all_gather per message it yields."""
+    """Run a protocol in rounds on its own: one all_gather per message it yields (under rss:
+    one exchange per request, rss_binary._run)."""
+    if current().config.protocol == "rss":
+        from . import rss_binary
+        return rss_binary._run(gen)
     return _Rider(gen, None).finish()
 
 
@@ -127,10 +134,12 @@ class _Rider:
 
 def alongside(main: Callable[[], T], side: SideProtocol) -> tuple[T, R]:
     """(main(), the side protocol's result), the side protocol's openings riding in main's
-    rounds (additive scheme; under rss, one after the other)."""
+    rounds (under rss: its requests riding in the rounds of the protocols main drives
+    through rss_binary._run, rss_binary.alongside)."""
     s = current()
-    if s.config.protocol != "additive":
-        return main(), drive(side)
+    if s.config.protocol == "rss":
+        from . import rss_binary
+        return rss_binary.alongside(main, side)
     comm = s.comm
     rider = _Rider(side, getattr(comm, "rider", None))
     comm.rider = rider

@@ -174,10 +174,9 @@ def truncate_many(items: Sequence[tuple[torch.Tensor, int]]) -> list[torch.Tenso
 
 def truncate_many_gen(items: Sequence[tuple[torch.Tensor, int]]):
     """truncate_many as a protocol in rounds (mpc.parallel): yields nothing where truncation
-    is local, else its one opening. Under rss (whose openings do not ride: parallel.alongside)
-    it truncates at once, in its own round, and yields nothing."""
+    is local, else its one opening (under rss its one request, rss.truncate_many_gen)."""
     if is_rss():
-        return rss.truncate_many(items)
+        return (yield from rss.truncate_many_gen(items))
     return (yield from truncation.truncate_many_gen(items))
 
 
@@ -248,6 +247,14 @@ def finish(b2as=(), muls=()):
     if is_rss():
         return _rss_binary("finish")(b2as, muls)
     return convert.finish(b2as, muls)
+
+
+def finish_gen(b2as=(), muls=()):
+    """finish as a protocol in rounds (mpc.parallel): one message (under rss one request,
+    or two rounds where no random bits were prefetched)."""
+    if is_rss():
+        return (yield from _rss_binary("finish_gen")(b2as, muls))
+    return (yield from convert.finish_gen(b2as, muls))
 
 
 def b2a(words: torch.Tensor, n: int) -> torch.Tensor:

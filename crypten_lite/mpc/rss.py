@@ -31,6 +31,8 @@ checks that the values a party receives for the same product twice are fresh and
 
 from __future__ import annotations
 
+import math
+
 import contextlib
 import hashlib
 from typing import Iterator, Sequence
@@ -426,6 +428,100 @@ def truncate_many(items: Sequence[tuple[Replicated, int]]) -> list[Replicated]:
     pairs = [_trunc_pairs(x.numel(), b) for _, x, b in todo]
     opened = open_many([x.reshape(-1) + pair[0] + (1 << BIAS_BITS) for (_, x, _), pair in zip(todo, pairs)])
     for (i, x, b), pair, c in zip(todo, pairs, opened):
+        out[i] = _finish_trunc(c, pair, b).view(x.shape)
+    return out
+
+
+# ------------------------------------------------------- protocols in rounds (generators)
+# The same steps as rss_binary's protocol generators: each yields its one request
+# ({dst: words}, {src: numel}) and gets the words received, so that it can ride in another
+# protocol's rounds (rss_binary.alongside, mpc.parallel) or run alone (rss_binary._run).
+def _additive_terms(job: tuple) -> torch.Tensor:
+    """This party's 3-of-3 additive share of a job's value: ("square", x), ("mul", x, y)
+    (broadcasting shapes), ("square_sum", x) (sum of x^2 over the last dim, kept), or
+    ("share", x) (x itself: its component x_i)."""
+    kind, x = job[0], _as_rep(job[1])
+    if kind == "square":
+        return x.a * (x.a + 2 * x.b)
+    if kind == "square_sum":
+        return (x.a * (x.a + 2 * x.b)).sum(-1, keepdim=True)
+    if kind == "share":
+        return x.a.clone()
+    if kind == "mul":
+        return _cross("mul", x, job[2], ())
+    raise ProtocolError(f"no replicated product job {kind!r}")
+
+
+def _unflatten(flat: Replicated, shapes) -> list[Replicated]:
+    out, off = [], 0
+    for shape in shapes:
+        n = math.prod(shape)
+        out.append(flat[off:off + n].view(shape))
+        off += n
+    return out
+
+
+def products_gen(jobs: Sequence[tuple]):
+    """Untruncated products of several jobs (_additive_terms) in one round (a reshare: 8 B
+    per element)."""
+    s = current()
+    nxt, prev = _peers(s.rank)
+    zs = [_additive_terms(job) for job in jobs]
+    z = torch.cat([t.reshape(-1) for t in zs]) if len(zs) > 1 else zs[0].reshape(-1)
+    z = z + zero_share(z.shape)
+    got = (yield ({prev: z}, {nxt: z.numel()}))[nxt]
+    return _unflatten(Replicated(z, got, s.rank), [t.shape for t in zs])
+
+
+def products_trunc_gen(jobs: Sequence[tuple], bits):
+    """The values of several jobs (_additive_terms), job j divided by 2^bits[j] (or all by
+    2^bits), in ONE round (mul_trunc's fused truncation: 16 B per element; a job with bits 0
+    is reshared in the same message, 8 B)."""
+    bits = [bits] * len(jobs) if isinstance(bits, int) else list(bits)
+    if not any(bits):
+        return (yield from products_gen(jobs))
+    s = current()
+    nxt, prev = _peers(s.rank)
+    zs = [_additive_terms(job) for job in jobs]
+    pairs = [_trunc_pairs(z.numel(), b) if b else None for z, b in zip(zs, bits)]
+    # r_i + alpha_i (+ 2^62) for a truncated job (_prepare), a fresh zero sharing for the rest
+    us = [z.reshape(-1) + pair[1] if pair is not None else z.reshape(-1) + zero_share((z.numel(),))
+          for z, pair in zip(zs, pairs)]
+    both = torch.cat([u for u, pair in zip(us, pairs) if pair is not None])
+    plain = [u for u, pair in zip(us, pairs) if pair is None]
+    to_prev = torch.cat([both] + plain) if plain else both
+    got = yield ({nxt: both, prev: to_prev}, {nxt: to_prev.numel(), prev: both.numel()})
+    out, off_b, off_p = [], 0, both.numel()
+    for z, u, pair, b in zip(zs, us, pairs, bits):
+        n = u.numel()
+        if pair is None:
+            out.append(Replicated(u, got[nxt][off_p:off_p + n], s.rank).view(z.shape))
+            off_p += n
+            continue
+        c = u + got[nxt][off_b:off_b + n]
+        c += got[prev][off_b:off_b + n]
+        off_b += n
+        out.append(_finish_trunc(c, pair, b).view(z.shape))
+    return out
+
+
+def truncate_many_gen(items: Sequence[tuple[Replicated, int]]):
+    """truncate_many in one request (items with bits 0 come back as they are)."""
+    s = current()
+    nxt, prev = _peers(s.rank)
+    todo = [(i, _as_rep(x), b) for i, (x, b) in enumerate(items) if b]
+    out = [x for x, _ in items]
+    if not todo:
+        return out
+    pairs = [_trunc_pairs(x.numel(), b) for _, x, b in todo]
+    masked = [_as_rep(x.reshape(-1) + pair[0] + (1 << BIAS_BITS)) for (_, x, _), pair in zip(todo, pairs)]
+    flat_b = torch.cat([m.b for m in masked])
+    got = (yield ({prev: flat_b}, {nxt: flat_b.numel()}))[nxt]
+    off = 0
+    for (i, x, b), pair, m in zip(todo, pairs, masked):
+        n = m.numel()
+        c = m.a + m.b + got[off:off + n]
+        off += n
         out[i] = _finish_trunc(c, pair, b).view(x.shape)
     return out
 

@@ -126,12 +126,16 @@ _EMPTY = torch.zeros(0, dtype=torch.int64)
 
 # ------------------------------------------------------------------ rounds and streams
 def _run(gen: Gen):
-    """Drive a protocol generator: one exchange (one round) per request it yields."""
+    """Drive a protocol generator: one exchange (one round) per request it yields. While a
+    side protocol rides (``alongside``), its pending request travels in the same messages."""
     comm = current().comm
     try:
         request = next(gen)
         while True:
             send, recv = request
+            rider = getattr(comm, "rss_rider", None)
+            if rider is not None:
+                send, recv, take = rider.merge(send, recv)
             # A message exists iff it has words (both ends decide from public sizes).
             send = {d: t for d, t in send.items() if t.numel()}
             recv = {src: n for src, n in recv.items() if n}
@@ -143,9 +147,105 @@ def _run(gen: Gen):
                         f"protocol round, got shape {tuple(got[src].shape)} ({got[src].dtype}); "
                         "the parties' programs diverged (check shapes and inputs)")
             got = {src: got.get(src, _EMPTY) for src in range(WORLD)}
+            if rider is not None:
+                got = take(got)
             request = gen.send(got)
     except StopIteration as stop:
         return stop.value
+
+
+class _Rider:
+    """A side protocol (a Gen) whose messages travel in the rounds of the protocols that
+    ``_run`` drives while it rides: each round's messages to a peer are the main protocol's
+    words, then the side's (both ends know both sizes: same program)."""
+
+    def __init__(self, gen: Gen, prev: "_Rider | None"):
+        self.gen, self.prev = gen, prev
+        self.request: Request | None = None
+        self.got: dict[int, torch.Tensor] | None = None
+        self.started = self.done = False
+        self.value = None
+
+    def _advance(self) -> None:
+        # the side's own code runs with this rider off: a collective it calls directly (a
+        # stock refill) is its own round, the same on every party
+        comm = current().comm
+        comm.rss_rider, saved = self.prev, comm.rss_rider
+        try:
+            if not self.started:
+                self.started = True
+                self.request = next(self.gen)
+            else:
+                got, self.got = self.got, None
+                self.request = self.gen.send(got)
+        except StopIteration as stop:
+            self.done, self.value, self.request = True, stop.value, None
+        finally:
+            comm.rss_rider = saved
+
+    def merge(self, send: dict, recv: dict):
+        """(send, recv) with the side's pending request appended, and the function that
+        splits the received words back (the main protocol's part returned)."""
+        if self.request is None and not self.done:
+            self._advance()
+        if self.done:
+            return send, recv, lambda got: got
+        s_send, s_recv = self.request
+        send = dict(send)
+        for dst, t in s_send.items():
+            if t.numel():
+                send[dst] = torch.cat([send[dst].reshape(-1), t.reshape(-1)]) if dst in send else t.reshape(-1)
+        main_n = {src: n for src, n in recv.items() if n}
+        side_n = {src: n for src, n in s_recv.items() if n}
+        merged = {src: main_n.get(src, 0) + side_n.get(src, 0) for src in set(main_n) | set(side_n)}
+
+        def take(got: dict) -> dict:
+            self.got = {src: got[src][main_n.get(src, 0):] if src in side_n else _EMPTY
+                        for src in range(WORLD)}
+            self.request = None
+            return {src: got[src][:main_n[src]] if src in main_n else _EMPTY for src in range(WORLD)}
+        return send, merged, take
+
+    def finish(self):
+        """Run what is left of the side protocol in rounds of its own; its result."""
+        if self.request is None and not self.done:
+            self._advance()
+        if self.done:
+            return self.value
+        request, self.request = self.request, None
+
+        def rest():
+            got = yield request
+            return (yield from _resume(self.gen, got))
+        return _run(rest())
+
+
+def _resume(gen: Gen, got):
+    """The rest of a started generator, from sending it `got`."""
+    try:
+        request = gen.send(got)
+    except StopIteration as stop:
+        return stop.value
+    while True:
+        got = yield request
+        try:
+            request = gen.send(got)
+        except StopIteration as stop:
+            return stop.value
+
+
+def alongside(main: Callable[[], object], side: Gen):
+    """(main(), the side protocol's result): the side's messages ride in the rounds of the
+    protocols main drives through ``_run`` (a comparison circuit's); the rounds main does not
+    have for it, the side pays after main returns."""
+    comm = current().comm
+    rider = _Rider(side, getattr(comm, "rss_rider", None))
+    comm.rss_rider = rider
+    try:
+        out = main()
+    finally:
+        comm.rss_rider = rider.prev
+    return out, rider.finish()
 
 
 def _par(gens: Sequence[Gen]) -> Gen:
@@ -932,11 +1032,17 @@ def _finish_jobs(jobs, first_of=None):
         return _g_inject_open(ro, None, n, values, job["want_bit"], first_of(ro, job, lo, hi))
 
     gens, keys = _jobs_gens(jobs, make)
-    results = _run(_par(gens))
+    results = yield from _par(gens)
     return _collect(jobs, keys, results)
 
 
 def finish(b2as: Sequence[tuple[Replicated, int]] = (),
+           muls: Sequence[tuple[Replicated, Sequence[int], Replicated]] = ()):
+    """B2A of packed bit words, and bit * value products (finish_gen, driven on its own)."""
+    return _run(finish_gen(b2as, muls))
+
+
+def finish_gen(b2as: Sequence[tuple[Replicated, int]] = (),
            muls: Sequence[tuple[Replicated, Sequence[int], Replicated]] = ()):
     """B2A of packed bit words, and bit * value products (2 rounds; convert.finish's API).
 
@@ -974,7 +1080,10 @@ def finish(b2as: Sequence[tuple[Replicated, int]] = (),
                          "want_bit": False, "va": va, "vb": vb})
     from . import rss
     stocked = rss.take_dabits(sum(job["n"] for job in jobs))
-    bits, prods = _finish_jobs(jobs) if stocked is None else _finish_stocked(jobs, *stocked)
+    if stocked is None:
+        bits, prods = yield from _finish_jobs(jobs)
+    else:
+        bits, prods = yield from _finish_stocked(jobs, *stocked)
     out_b = [_cat_rep(bits[j], (n,)) for j, (_, n) in enumerate(b2as)]
     out_m = [_cat_rep(prods[j], targets[i]) for i, j in enumerate(mul_jobs)]
     return out_b, out_m
@@ -1036,13 +1145,9 @@ def _finish_stocked(jobs, rb: Replicated, ra: Replicated):
             z = z + rss.zero_share(z.shape)
         masked.append((wa, wb))
         zs.append(z)
-    parts = [wb for _, wb in masked] + [z.reshape(-1) for z in zs if z is not None]
+    parts = [wb.reshape(-1) for _, wb in masked] + [z.reshape(-1) for z in zs if z is not None]
     msg = torch.cat(parts) if parts else _EMPTY
-    got = s.comm.exchange({prev: msg}, [nxt])[nxt]
-    if got.dtype != torch.int64 or got.dim() != 1 or got.numel() != msg.numel():
-        raise ProtocolError(f"party {rank}: expected {msg.numel()} words from party {nxt} in a B2A "
-                            f"round, got shape {tuple(got.shape)} ({got.dtype}); the parties' "
-                            "programs diverged (check shapes and inputs)")
+    got = (yield ({prev: msg}, {nxt: msg.numel()}))[nxt]
     bits: list[list] = [[] for _ in jobs]
     prods: list[list] = [[] for _ in jobs]
     pos, off = 0, 0
@@ -1105,7 +1210,7 @@ def msb_finish(x: Replicated, want_bit: bool = True,
     def first(ro, job, lo, hi):
         return _g_msb2(ro, xa[lo:hi], xb[lo:hi])
 
-    bits, prods = _finish_jobs(jobs, first)
+    bits, prods = _run(_finish_jobs(jobs, first))
     bit = _cat_rep(bits[0], tuple(x.shape)) if want_bit else None
     return bit, [_cat_rep(prods[0], targets[0])] if muls else []
 
@@ -1344,7 +1449,7 @@ def eqz_finish(z: Replicated) -> Replicated:
             return ~w if ro.role == 0 else w
         return both()
 
-    bits, _ = _finish_jobs([{"n": n, "want_bit": True}], first)
+    bits, _ = _run(_finish_jobs([{"n": n, "want_bit": True}], first))
     return _cat_rep(bits[0], tuple(z.shape))
 
 

@@ -87,5 +87,5 @@ def msb_low_mul(pairs, m: int) -> list[Replicated]:
     def first(ro, job, lo, hi):
         return rss_binary._g_msb_low(ro, job["xa"][lo:hi], job["xb"][lo:hi], m)
 
-    _, prods = rss_binary._finish_jobs(jobs, first)
+    _, prods = rss_binary._run(rss_binary._finish_jobs(jobs, first))
     return [rss_binary._cat_rep(p, t) for p, t in zip(prods, targets)]

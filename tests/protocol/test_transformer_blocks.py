@@ -218,8 +218,8 @@ def test_bert_layer_tiny_three_parties(pool3):
 # circuit: rss openings do not ride in its rounds); softmax keeps rss's own form (fewer rounds).
 GELU_COST_RSS = (12, 35904)      # 256 elements (general path before: 14 rounds, 49,728 B)
 SOFTMAX_COST_RSS = (33, 109520)  # [6, 40]: all 780 pairs of a row in one comparison level
-RMS_NORM_COST_RSS = (18, 9136)   # [3, 16]: the fast path (octave polynomials), as additive
-BERT_TINY_COST_RSS = (91, [201056, 196192, 205552])  # general paths before: 92 rounds
+RMS_NORM_COST_RSS = (10, 9160)   # [3, 16]: octave polynomials riding in the comparisons (18 rounds before)
+BERT_TINY_COST_RSS = (73, [197088, 192224, 201584])  # 91 before LayerNorm's polynomials rode in its comparisons
 
 
 def party_fast_functions_prefetched():
