@@ -483,8 +483,8 @@ def exp_nonpos(z: torch.Tensor, prec: int, narrow: bool = False) -> torch.Tensor
     for b, w in zip(arith, weights):
         a = a + b * w
     (p,) = polys_many([t], [fit("exp2", 0.0, 4.0, EXP_DEGREE)], prec)
-    (prod,) = mul_shares([(a, p)])
-    return truncate(prod, q)
+    (out,) = mul_trunc([(a, p)], q)   # one round under rss (the truncation fused)
+    return out
 
 
 ALL_PAIRS_MAX = 1 << 16  # row_max(all_pairs=True): at most this many comparisons at once
@@ -666,6 +666,13 @@ def poly7_gen(ts: torch.Tensor, coeffs: Sequence[float], prec: int):
     pw = {1: ts, 2: t2, 3: t3}
     (low_acc, low_c), (high_acc, high_c) = (_poly_terms(pw, coeffs[:4], prec, ts),
                                             _poly_terms(pw, coeffs[4:], prec, ts))
+    if not _additive():
+        # rss: truncation is exact and fused into the product, so t^4 multiplies b(t) at
+        # 2^(2 prec) untruncated (the product at 2^(3 prec), |t| <= 1 in the row's bucket)
+        # and a(t)'s truncation shares that round: 3 rounds, 2 truncations per entry
+        wide = high_acc + public_share(torch.full_like(ts, int(round(coeffs[4] * (1 << (2 * prec))))))
+        low, top = yield from products_trunc_gen([("share", low_acc), ("mul", t4, wide)], [prec, 2 * prec])
+        return low + low_c + top
     low, high = yield from protocol.truncate_many_gen([(low_acc, prec), (high_acc, prec)])
     (top,) = yield from products_trunc_gen([("mul", t4, high + high_c)], prec)
     return low + low_c + top
@@ -733,8 +740,8 @@ def softmax_rows_share(flat: torch.Tensor, prec: int, all_pairs: bool = False) -
     total = e.sum(-1, keepdim=True)                       # in [1, k]: the max's own term is 1
     js = list(range(1, max(1, math.ceil(math.log2(k))) + 1)) if k > 1 else []
     inv = _octave_inverse(total, 0, js, "recip", prec, prec)
-    (out,) = products_round([("mul", e, inv)])
-    return truncate(out, prec)
+    (out,) = products_trunc([("mul", e, inv)], prec)
+    return out
 
 
 RSS_FAST_SOFTMAX_MIN = 64   # under rss, rows at least this long take softmax_rows_share

@@ -49,6 +49,14 @@ def party_fast_functions():
     y, out["rms_norm_cost"] = cost_pair(lambda: F.rms_norm(xh, (16,), w, 1e-6))
     out["rms_norm_err"] = (y.get_plain_text().double()
                            - F.rms_norm(_q(h), (16,), w.double(), 1e-6)).abs().max().item()
+    # attention scores over a sequence (rows of 64: softmax_rows_share under every protocol)
+    from crypten_lite.functions.fast import softmax_last
+    sc = torch.randn(2, 3, 64, generator=g) * 3
+    sc[1, 2, 7] = -500.0                              # a masked score: weight 0
+    xa = crypten_lite.cryptensor(sc, src=1)
+    y, out["attention_softmax_cost"] = cost_pair(lambda: softmax_last(xa))
+    out["attention_softmax_err"] = (y.get_plain_text().double() - _q(sc).softmax(-1)).abs().max().item()
+    out["attention_masked_weight"] = y.get_plain_text()[1, 2, 7].item()
     return out
 
 
@@ -127,15 +135,10 @@ def party_bert_layer_tiny():
 # ---------------------------------------------------------------------------- tests
 def test_fast_functions_accuracy_and_costs(pool2):
     r = pool2.run(party_fast_functions)[0]
-    assert r["gelu_err"] <= 1e-3 and r["gelu_tanh_err"] <= 1e-3, r
-    assert r["silu_err"] <= 2e-3, r
-    assert r["softmax_err"] <= 1e-3 and r["masked_weight"] == 0.0, r
-    assert r["rms_norm_err"] <= 5e-3, r
     # 256 elements: 1 + 3 + 3 (32-bit MSB) + 1 rounds; softmax [6, 40]: 40 -> 5 (groups of 8) -> 1
-    assert r["gelu_cost"] == GELU_COST and r["gelu_tanh_cost"] == GELU_COST
+    _check_fast_functions(r, (GELU_COST, SOFTMAX_COST, RMS_NORM_COST, ATTENTION_SOFTMAX_COST))
+    assert r["gelu_tanh_cost"] == GELU_COST
     assert r["silu_cost"] == SILU_COST
-    assert r["softmax_cost"] == SOFTMAX_COST
-    assert r["rms_norm_cost"] == RMS_NORM_COST
 
 
 def test_fixed_weights_open_w_minus_b_once(pool2):
@@ -176,6 +179,7 @@ GELU_COST = (8, 20544)           # 256 elements: 80.25 bytes each (narrow tail c
 SILU_COST = (8, 39200)           # two segments: 153.1 bytes each
 SOFTMAX_COST = (30, 36968)       # [6, 40]: 11 (max) + 8 (exp) + 10 (1/sum per row) + 1
 RMS_NORM_COST = (8, 5792)        # [3, 16]: the 8-round path of layer_norm, per row
+ATTENTION_SOFTMAX_COST = (25, 46184)  # [2, 3, 64]: softmax_last (row max, exp, 1/sum, product)
 # One encoder layer (hidden 32, 2 heads, FFN 64, seq 8), weights masked at load time:
 # per inference, rounds and bytes sent by each party; dealer bytes (online + offline).
 BERT_TINY_COST = (51, [120496, 120496])
@@ -188,6 +192,7 @@ BERT_TINY_DEALER = 144896
 GELU_COST_3 = (16, 82048)       # 256 elements: 320.5 bytes each
 SOFTMAX_COST_3 = (47, 140368)    # [6, 40]
 RMS_NORM_COST_3 = (12, 20624)    # [3, 16]
+ATTENTION_SOFTMAX_COST_3 = (38, 175792)  # [2, 3, 64]
 BERT_TINY_COST_3 = (90, [443744, 443744, 443744])
 
 
@@ -197,12 +202,14 @@ def _check_fast_functions(first: dict, costs: tuple) -> None:
     assert first["silu_err"] <= 2e-3, first
     assert first["softmax_err"] <= 1e-3 and first["masked_weight"] == 0.0, first
     assert first["rms_norm_err"] <= 5e-3, first
-    assert (first["gelu_cost"], first["softmax_cost"], first["rms_norm_cost"]) == costs
+    assert first["attention_softmax_err"] <= 1e-3 and first["attention_masked_weight"] == 0.0, first
+    assert (first["gelu_cost"], first["softmax_cost"], first["rms_norm_cost"],
+            first["attention_softmax_cost"]) == costs
 
 
 def test_fast_functions_three_parties(pool3):
     r = pool3.run(party_fast_functions)
-    _check_fast_functions(r[0], (GELU_COST_3, SOFTMAX_COST_3, RMS_NORM_COST_3))
+    _check_fast_functions(r[0], (GELU_COST_3, SOFTMAX_COST_3, RMS_NORM_COST_3, ATTENTION_SOFTMAX_COST_3))
 
 
 def test_bert_layer_tiny_three_parties(pool3):
@@ -214,11 +221,13 @@ def test_bert_layer_tiny_three_parties(pool3):
 # The same under rss (3 parties, no dealer), online after the offline phase (the truncation
 # pairs and random bits made ahead, as the bench does): GELU and SiLU take the fast
 # piecewise polynomials (short and narrow comparisons, the truncations of a step in one
-# round) and so do LayerNorm and RMSNorm (their octave polynomials after the comparison
-# circuit: rss openings do not ride in its rounds); softmax keeps rss's own form (fewer rounds).
+# round) and so do LayerNorm and RMSNorm (their octave polynomials riding in the comparison
+# circuit's rounds, a product and its truncation one round); softmax keeps rss's own form for
+# rows shorter than 64 (fewer bytes and less work) and takes the fast form for longer ones.
 GELU_COST_RSS = (12, 35904)      # 256 elements (general path before: 14 rounds, 49,728 B)
 SOFTMAX_COST_RSS = (33, 109520)  # [6, 40]: all 780 pairs of a row in one comparison level
 RMS_NORM_COST_RSS = (10, 9160)   # [3, 16]: octave polynomials riding in the comparisons (18 rounds before)
+ATTENTION_SOFTMAX_COST_RSS = (35, 60568)  # [2, 3, 64]: the fast form, its polynomials riding
 BERT_TINY_COST_RSS = (73, [197088, 192224, 201584])  # 91 before LayerNorm's polynomials rode in its comparisons
 
 
@@ -237,7 +246,7 @@ def party_bert_layer_tiny_twice():
 
 def test_fast_functions_rss(pool3_rss):
     r = pool3_rss.run(party_fast_functions_prefetched)
-    _check_fast_functions(r[0], (GELU_COST_RSS, SOFTMAX_COST_RSS, RMS_NORM_COST_RSS))
+    _check_fast_functions(r[0], (GELU_COST_RSS, SOFTMAX_COST_RSS, RMS_NORM_COST_RSS, ATTENTION_SOFTMAX_COST_RSS))
 
 
 def test_bert_layer_tiny_rss(pool3_rss):
