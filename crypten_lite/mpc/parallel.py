@@ -135,16 +135,18 @@ class _Rider:
 def alongside(main: Callable[[], T], side: SideProtocol) -> tuple[T, R]:
     """(main(), the side protocol's result), the side protocol's openings riding in main's
     rounds (under rss: its requests riding in the rounds of the protocols main drives
-    through rss_binary._run, rss_binary.alongside)."""
+    through rss_binary._run, rss_binary._Rider)."""
     s = current()
-    if s.config.protocol == "rss":
-        from . import rss_binary
-        return rss_binary.alongside(main, side)
+    if s.config.protocol == "rss":   # its rider rides in rss_binary._run's exchanges
+        from .rss_binary import _Rider as rider_class
+        attr = "rss_rider"
+    else:
+        rider_class, attr = _Rider, "rider"
     comm = s.comm
-    rider = _Rider(side, getattr(comm, "rider", None))
-    comm.rider = rider
+    rider = rider_class(side, getattr(comm, attr, None))
+    setattr(comm, attr, rider)
     try:
         out = main()
     finally:
-        comm.rider = rider.prev
+        setattr(comm, attr, rider.prev)
     return out, rider.finish()

@@ -435,7 +435,7 @@ def truncate_many(items: Sequence[tuple[Replicated, int]]) -> list[Replicated]:
 # ------------------------------------------------------- protocols in rounds (generators)
 # The same steps as rss_binary's protocol generators: each yields its one request
 # ({dst: words}, {src: numel}) and gets the words received, so that it can ride in another
-# protocol's rounds (rss_binary.alongside, mpc.parallel) or run alone (rss_binary._run).
+# protocol's rounds (mpc.parallel.alongside) or run alone (rss_binary._run).
 def _additive_terms(job: tuple) -> torch.Tensor:
     """This party's 3-of-3 additive share of a job's value: ("square", x), ("mul", x, y)
     (broadcasting shapes), ("square_sum", x) (sum of x^2 over the last dim, kept), or

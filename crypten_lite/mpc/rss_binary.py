@@ -110,6 +110,7 @@ from ..errors import ProtocolError
 from ..provider.correlations import logical_shift
 from ..session import current
 from . import circuits
+from .parallel import _Rider as _BaseRider
 from .replicated import Replicated
 
 WORLD = 3
@@ -154,17 +155,11 @@ def _run(gen: Gen):
         return stop.value
 
 
-class _Rider:
+class _Rider(_BaseRider):
     """A side protocol (a Gen) whose messages travel in the rounds of the protocols that
     ``_run`` drives while it rides: each round's messages to a peer are the main protocol's
-    words, then the side's (both ends know both sizes: same program)."""
-
-    def __init__(self, gen: Gen, prev: "_Rider | None"):
-        self.gen, self.prev = gen, prev
-        self.request: Request | None = None
-        self.got: dict[int, torch.Tensor] | None = None
-        self.started = self.done = False
-        self.value = None
+    words, then the side's (both ends know both sizes: same program). ``message`` is its
+    pending request, ``parts`` the words it received (parallel._Rider's fields)."""
 
     def _advance(self) -> None:
         # the side's own code runs with this rider off: a collective it calls directly (a
@@ -172,25 +167,18 @@ class _Rider:
         comm = current().comm
         comm.rss_rider, saved = self.prev, comm.rss_rider
         try:
-            if not self.started:
-                self.started = True
-                self.request = next(self.gen)
-            else:
-                got, self.got = self.got, None
-                self.request = self.gen.send(got)
-        except StopIteration as stop:
-            self.done, self.value, self.request = True, stop.value, None
+            super()._advance()
         finally:
             comm.rss_rider = saved
 
     def merge(self, send: dict, recv: dict):
         """(send, recv) with the side's pending request appended, and the function that
         splits the received words back (the main protocol's part returned)."""
-        if self.request is None and not self.done:
+        if self.message is None and not self.done:
             self._advance()
         if self.done:
             return send, recv, lambda got: got
-        s_send, s_recv = self.request
+        s_send, s_recv = self.message
         send = dict(send)
         for dst, t in s_send.items():
             if t.numel():
@@ -200,19 +188,19 @@ class _Rider:
         merged = {src: main_n.get(src, 0) + side_n.get(src, 0) for src in set(main_n) | set(side_n)}
 
         def take(got: dict) -> dict:
-            self.got = {src: got[src][main_n.get(src, 0):] if src in side_n else _EMPTY
-                        for src in range(WORLD)}
-            self.request = None
+            self.parts = {src: got[src][main_n.get(src, 0):] if src in side_n else _EMPTY
+                          for src in range(WORLD)}
+            self.message = None
             return {src: got[src][:main_n[src]] if src in main_n else _EMPTY for src in range(WORLD)}
         return send, merged, take
 
     def finish(self):
         """Run what is left of the side protocol in rounds of its own; its result."""
-        if self.request is None and not self.done:
+        if self.message is None and not self.done:
             self._advance()
         if self.done:
             return self.value
-        request, self.request = self.request, None
+        request, self.message = self.message, None
 
         def rest():
             got = yield request
@@ -232,20 +220,6 @@ def _resume(gen: Gen, got):
             request = gen.send(got)
         except StopIteration as stop:
             return stop.value
-
-
-def alongside(main: Callable[[], object], side: Gen):
-    """(main(), the side protocol's result): the side's messages ride in the rounds of the
-    protocols main drives through ``_run`` (a comparison circuit's); the rounds main does not
-    have for it, the side pays after main returns."""
-    comm = current().comm
-    rider = _Rider(side, getattr(comm, "rss_rider", None))
-    comm.rss_rider = rider
-    try:
-        out = main()
-    finally:
-        comm.rss_rider = rider.prev
-    return out, rider.finish()
 
 
 def _par(gens: Sequence[Gen]) -> Gen:
