@@ -37,6 +37,9 @@ def workload(name: str):
 
 
 _PLANS: dict[str, list] = {}
+# Set in the party processes by `bench --no-offline`: every run goes without an offline phase
+# (no plan kept: the dealer answers online; under rss truncations run the helper protocol).
+NO_OFFLINE_ENV = "CRYPTEN_LITE_BENCH_NO_OFFLINE"
 # Workloads that take minutes: run only when named (--only) or with --large.
 LARGE = {"bert_base_layer_seq128", "bert_base_seq128", "gpt2_small_token", "vit_tiny", "llama_tiny"}
 
@@ -63,7 +66,8 @@ def _measure(run: Callable[[], tuple[torch.Tensor, torch.Tensor]], plan_name: st
     name = plan_name or name
     c = comm.get()
     provider = current().provider
-    plan = _PLANS.get(name)
+    no_offline = os.environ.get(NO_OFFLINE_ENV) == "1"
+    plan = None if no_offline else _PLANS.get(name)
     offline_seconds, offline_dealer, offline_sent = 0.0, 0, 0
     _reset_peak_memory()
     if plan is not None:
@@ -88,7 +92,8 @@ def _measure(run: Callable[[], tuple[torch.Tensor, torch.Tensor]], plan_name: st
         seconds = _OP_SECONDS[0]
     if recording is not None:
         recording.__exit__(None, None, None)
-        _PLANS[name] = new_plan
+        if not no_offline:
+            _PLANS[name] = new_plan
     stats = c.get_communication_stats()
     err = float((got.double() - ref.double()).abs().max()) if ref is not None else 0.0
     return {"seconds": seconds, "rounds": stats["rounds"], "bytes_sent": stats["bytes_sent"],
@@ -639,8 +644,10 @@ def _failure_row(name: str, parties: int, protocol: str, error: Exception) -> di
 
 
 def run(names: list[str], parties: int, provider: str, repeat: int, tls_dir: str = "",
-        protocol: str = "additive") -> list[dict]:
+        protocol: str = "additive", offline: bool = True) -> list[dict]:
     env = {"CRYPTEN_LITE_TLS_DIR": tls_dir} if tls_dir else {}
+    if not offline:
+        env[NO_OFFLINE_ENV] = "1"
     rows = []
     # A large workload's load and one inference take minutes on a small machine.
     timeout = 3600 if LARGE & set(names) else 300
@@ -661,6 +668,7 @@ def run(names: list[str], parties: int, provider: str, repeat: int, tls_dir: str
             first = samples[-1]
             row = {"workload": name, "parties": parties, "protocol": protocol,
                    "provider": provider if protocol == "additive" else None, "tls": bool(tls_dir),
+                   "offline_phase": offline,
                    "seconds_median": statistics.median(seconds), "seconds_min": min(seconds),
                    "seconds_max": max(seconds), "rounds": first[0]["rounds"],
                    "bytes_sent_per_party": [r["bytes_sent"] for r in first],
@@ -713,6 +721,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="also run the large workloads (minutes each): " + ", ".join(sorted(LARGE)))
     parser.add_argument("--repeat", type=int, default=3,
                         help="timed repetitions after one warm-up; seconds are their median (default %(default)s)")
+    parser.add_argument("--no-offline", dest="offline", action="store_false",
+                        help="run every repetition without an offline phase: the dealer's corrections "
+                             "are fetched online, and under rss each truncation runs the helper "
+                             "protocol (two rounds, no pair made); seconds are then end to end")
     parser.add_argument("--out", default="-", help="append the JSON lines to this file (default stdout)")
     return parser
 
@@ -733,7 +745,7 @@ def main(argv: list[str] | None = None) -> int:
         tls_dir = tempfile.mkdtemp(prefix="crypten-lite-bench-certs-")
         certs.generate(tls_dir, parties=args.parties)
     names = args.only or default_workloads(args.large)
-    rows = run(names, args.parties, args.provider, args.repeat, tls_dir, protocol)
+    rows = run(names, args.parties, args.provider, args.repeat, tls_dir, protocol, args.offline)
     out = sys.stdout if args.out == "-" else open(args.out, "a")
     for row in rows:
         out.write(json.dumps(row) + "\n")

@@ -174,7 +174,7 @@ def derive_key(secret: bytes, info: str) -> bytes:
 PURPOSES = frozenset({"przs", "stream-token", "correlations", "dealer-request-mac",
                       # replicated sharing (3 parties): zero-sharings of reshares, input
                       # sharing, and the randomness of dealer-free correlated values
-                      "rss-zero", "rss-share", "rss-rand"})
+                      "rss-zero", "rss-share", "rss-rand", "rss-trunc"})
 
 
 def subkey(seed: bytes, purpose: str) -> bytes:

@@ -99,7 +99,8 @@ def load_bench() -> dict[tuple[str, int, bool], dict]:
     for line in BENCH.read_text().splitlines():
         if line.strip():
             row = json.loads(line)
-            if "error" not in row and "tls" in row and row.get("protocol", "additive") == "additive":
+            if ("error" not in row and "tls" in row and row.get("protocol", "additive") == "additive"
+                    and row.get("offline_phase", True)):
                 rows[(row["workload"], row["parties"], row["tls"])] = row
     return rows
 
@@ -290,6 +291,7 @@ def load_sources() -> dict:
     health = re.search(r"x-healthcheck:.*?\n\s+timeout: (\d+)s", (ROOT / "docker-compose.yml").read_text(), re.S)
     out["compose_health_timeout_s"] = int(health[1]) if health else None
     out["rss_bench"] = load_bench_rss()
+    out["no_offline_bench"] = load_bench_no_offline()
     return out
 
 
@@ -300,8 +302,22 @@ def load_bench_rss() -> dict[str, dict]:
     for line in BENCH.read_text().splitlines():
         if line.strip():
             row = json.loads(line)
-            if row.get("protocol") == "rss" and not row.get("tls") and ("error" not in row or "missing" in row):
+            if (row.get("protocol") == "rss" and not row.get("tls") and row.get("offline_phase", True)
+                    and ("error" not in row or "missing" in row)):
                 rows[row["workload"]] = row
+    return rows
+
+
+def load_bench_no_offline() -> dict[tuple[str, str], dict]:
+    """The last 3-party `crypten-lite bench --no-offline` line of each (workload, protocol)
+    (without TLS): every run without an offline phase, seconds end to end."""
+    rows = {}
+    for line in BENCH.read_text().splitlines():
+        if line.strip():
+            row = json.loads(line)
+            if row.get("offline_phase") is False and row.get("parties") == 3 and not row.get("tls") \
+                    and "error" not in row:
+                rows[(row["workload"], row["protocol"])] = row
     return rows
 
 
@@ -339,6 +355,28 @@ def protocols_bench(costs: dict, bench: dict, sources: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def protocols_end_to_end(costs: dict, bench: dict, sources: dict) -> str:
+    """docs/protocols.md: seconds end to end at 3 parties: each protocol's offline phase plus
+    its online run (the bench lines above), and runs without an offline phase (`bench
+    --no-offline`: the dealer answers online; rss truncates by the helper protocol)."""
+    rss, none = sources["rss_bench"], sources["no_offline_bench"]
+    lines = ["| workload | additive: offline + online s | additive, no offline phase: rounds, s | "
+             "rss: offline + online s | rss, no offline phase: rounds, MB sent / party, s |",
+             "|---|---|---|---|---|"]
+    for workload in PROTOCOL_WORKLOADS:
+        a, r = bench.get((workload, 3, False)), rss.get(workload)
+        na, nr = none.get((workload, "additive")), none.get((workload, "rss"))
+        both = (lambda row: f"{row['offline_seconds']:.3f} + {row['seconds_median']:.3f} = "
+                f"{row['offline_seconds'] + row['seconds_median']:.3f}")
+        cells = [both(a) if a else "not measured",
+                 f"{na['rounds']}, {na['seconds_median']:.3f}" if na else "not measured",
+                 both(r) if r and "missing" not in r else "not measured",
+                 (f"{nr['rounds']}, {mb(max(nr['bytes_sent_per_party']))}, {nr['seconds_median']:.3f}"
+                  if nr else "not measured")]
+        lines.append(f"| {workload} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def protocols_aby3(costs: dict, bench: dict, sources: dict) -> str:
     """docs/protocols.md: issue 14's SPU ABY3 figures (docs/external_figures.json, "aby3")
     beside the rss bench lines and the 3-party additive ones, with the issue's targets (at
@@ -366,20 +404,26 @@ def protocols_aby3(costs: dict, bench: dict, sources: dict) -> str:
             return "not measured"
         return f"{r['rounds']} round{'s' if r['rounds'] != 1 else ''}, {max(r['bytes_sent_per_party']) / n:.2f} B"
 
+    def end_to_end(workload: str) -> str:
+        r = sources["no_offline_bench"].get((workload, "rss"))
+        return f"{r['seconds_median']:.3f} s" if r else "not measured"
+
     lines = [f"| workload | {ext['system']} {ext['version']} ABY3 | target | crypten_lite rss | "
-             "crypten_lite additive, 3 parties + dealer |", "|---|---|---|---|---|"]
+             "crypten_lite rss, no offline phase | crypten_lite additive, 3 parties + dealer |",
+             "|---|---|---|---|---|---|"]
     for w in ("mul_1M", "relu_1M", "lenet_b1", "lenet_b64"):
         with_mb = "mb_sent_per_party" in f[w]
         theirs = f"{f[w]['seconds']:g} s" + (f", {f[w]['mb_sent_per_party']:g} MB" if with_mb else "")
         more = {"lenet_b1": ", <= 40 rounds, <= 0.4 MB", "lenet_b64": ", <= 25 MB"}.get(w, "")
-        lines.append(f"| {w} | {theirs} | <= {f[w]['seconds'] / 2:g} s{more} | {mine(w, with_mb)} | {additive(w)} |")
+        lines.append(f"| {w} | {theirs} | <= {f[w]['seconds'] / 2:g} s{more} | {mine(w, with_mb)} | "
+                     f"{end_to_end(w)} | {additive(w)} |")
     lines.append("| mul / matmul, per output element | | 1 round, 8 B | protocol product (integer tensors): "
                  f"{per_output('mul_int_1M', 10**6)} (`mul_int_1M`), {per_output('matmul_int_256', 256 * 256)} "
                  f"(`matmul_int_256`); fixed point, exact truncation fused: {per_output('mul_1M', 10**6)} "
-                 f"(`mul_1M`), {per_output('matmul_256', 256 * 256)} (`matmul_256`) | - |")
+                 f"(`mul_1M`), {per_output('matmul_256', 256 * 256)} (`matmul_256`) | | - |")
     for name, w, bound in (("lt", "lt_1M", (7, 24)), ("relu", "relu_1M", (7, 32))):
         lines.append(f"| {name}, per element | {f[name]['rounds']} rounds, {f[name]['bytes_per_element']:g} B | "
-                     f"<= {bound[0]} rounds, <= {bound[1]} B | {per_output(w)} | - |")
+                     f"<= {bound[0]} rounds, <= {bound[1]} B | {per_output(w)} | | - |")
     return "\n".join(lines) + "\n"
 
 
@@ -863,6 +907,7 @@ def migration_acceptance(costs: dict, bench: dict, sources: dict) -> str:
 RENDERERS: dict[str, Callable[[dict, dict, dict], str]] = {
     "protocols-bench": protocols_bench,
     "protocols-aby3": protocols_aby3,
+    "protocols-end-to-end": protocols_end_to_end,
     "training-steps": training_steps,
     "training-examples": training_examples,
     "readme-bench": readme_bench,

@@ -24,6 +24,10 @@ drawn by both i and j at the same point of the program. A la [AFL+16] / [MR18] (
    r_i, unknown to next, hides it; the two received values are jointly uniform because
    r_{i-1} is unknown to i).
 5. truncate(x, bits) of a replicated x: open c = x + 2^62 + r like 2. (1 round, 8 B/element).
+6. Without a stocked pair (no offline phase), 4. and 5. run the helper truncation
+   (_helper_trunc_gen): party 2 knows r and deals the two values that make c exact as 2-of-2
+   shares to parties 0 and 1, who open c between themselves and turn their 2-of-2 result into
+   replicated shares in a second round: 2 rounds, nothing made beforehand.
 
 The re-randomization in 3. is what CrypTen's RSS once missed (its issue #518): the test suite
 checks that the values a party receives for the same product twice are fresh and uniform.
@@ -40,7 +44,7 @@ from typing import Iterator, Sequence
 import torch
 
 from ..errors import ProtocolError, UnsupportedError
-from ..provider.correlations import TRIPLE_OPS
+from ..provider.correlations import TRIPLE_OPS, logical_shift
 from ..random import canonical
 from ..session import current
 from .replicated import Replicated
@@ -340,16 +344,30 @@ def prefetch(plan: Sequence[tuple[int, int]]) -> None:
             prefetch_trunc(totals[bits], bits)
 
 
-def _trunc_pairs(n: int, bits: int):
-    """A prepared pair (_prepare) of n elements: from the prefetched stock when it holds
-    enough, else made now (rss_binary.trunc_pairs: no dealer)."""
+def _note(n: int, bits: int) -> None:
+    """Record that a truncation by `bits` of n elements ran (the plan offline.record makes)."""
     s = current()
     if s.rss_recording is not None:
         s.rss_recording.append((bits, n))
-    stock = _stock(bits)
-    if stock.available >= n:
-        return stock.take(n)
-    return _prepare(*_generate_pairs(n, bits), bits)
+
+
+def _trunc_pairs(n: int, bits: int):
+    """A prepared pair (_prepare) of n elements from the prefetched stock (the caller checked
+    _stocked first)."""
+    _note(n, bits)
+    return _stock(bits).take(n)
+
+
+def _stocked(needs: Sequence[tuple[int, int]]) -> bool:
+    """Whether the stock holds pairs for every (n, bits) of a call (bits 0: none needed). A
+    call with its pairs stocked opens c = x + r to everyone in one round; any other call runs
+    the helper truncation (_helper_trunc_gen: two rounds, no pair). Every party's stock is the
+    same (the same plan, prefetched at the same point), so every party takes the same path."""
+    totals: dict[int, int] = {}
+    for n, bits in needs:
+        if bits:
+            totals[bits] = totals.get(bits, 0) + int(n)
+    return all(_stock(bits).available >= n for bits, n in totals.items())
 
 
 def _wrap64(v: int) -> int:
@@ -413,6 +431,8 @@ def truncate(x: Replicated, bits: int) -> Replicated:
         return x
     x = _as_rep(x)
     shape = x.shape
+    if not _stocked([(x.numel(), bits)]):
+        return _run_gen(truncate_many_gen([(x, bits)]))[0]
     pair = _trunc_pairs(x.numel(), bits)
     c = open_(x.reshape(-1) + pair[0] + (1 << BIAS_BITS))
     return _finish_trunc(c, pair, bits).view(shape)
@@ -425,6 +445,8 @@ def truncate_many(items: Sequence[tuple[Replicated, int]]) -> list[Replicated]:
     out = [x for x, _ in items]
     if not todo:
         return out
+    if not _stocked([(x.numel(), b) for _, x, b in todo]):
+        return _run_gen(truncate_many_gen(items))
     pairs = [_trunc_pairs(x.numel(), b) for _, x, b in todo]
     opened = open_many([x.reshape(-1) + pair[0] + (1 << BIAS_BITS) for (_, x, _), pair in zip(todo, pairs)])
     for (i, x, b), pair, c in zip(todo, pairs, opened):
@@ -438,8 +460,10 @@ def truncate_many(items: Sequence[tuple[Replicated, int]]) -> list[Replicated]:
 # protocol's rounds (mpc.parallel.alongside) or run alone (rss_binary._run).
 def _additive_terms(job: tuple) -> torch.Tensor:
     """This party's 3-of-3 additive share of a job's value: ("square", x), ("mul", x, y)
-    (broadcasting shapes), ("square_sum", x) (sum of x^2 over the last dim, kept), or
-    ("share", x) (x itself: its component x_i)."""
+    (broadcasting shapes), ("square_sum", x) (sum of x^2 over the last dim, kept),
+    ("share", x) (x itself: its component x_i), or ("terms", z) (z, this party's term)."""
+    if job[0] == "terms":
+        return job[1]
     kind, x = job[0], _as_rep(job[1])
     if kind == "square":
         return x.a * (x.a + 2 * x.b)
@@ -464,25 +488,21 @@ def _unflatten(flat: Replicated, shapes) -> list[Replicated]:
 def products_gen(jobs: Sequence[tuple]):
     """Untruncated products of several jobs (_additive_terms) in one round (a reshare: 8 B
     per element)."""
-    s = current()
-    nxt, prev = _peers(s.rank)
-    zs = [_additive_terms(job) for job in jobs]
-    z = torch.cat([t.reshape(-1) for t in zs]) if len(zs) > 1 else zs[0].reshape(-1)
-    z = z + zero_share(z.shape)
-    got = (yield ({prev: z}, {nxt: z.numel()}))[nxt]
-    return _unflatten(Replicated(z, got, s.rank), [t.shape for t in zs])
+    return (yield from _reshare_terms_gen([_additive_terms(job) for job in jobs]))
 
 
 def products_trunc_gen(jobs: Sequence[tuple], bits):
     """The values of several jobs (_additive_terms), job j divided by 2^bits[j] (or all by
     2^bits), in ONE round (mul_trunc's fused truncation: 16 B per element; a job with bits 0
     is reshared in the same message, 8 B)."""
-    bits = [bits] * len(jobs) if isinstance(bits, int) else list(bits)
+    bits = [bits] * len(jobs) if isinstance(bits, int) else list(bits)[:len(jobs)]
     if not any(bits):
         return (yield from products_gen(jobs))
     s = current()
     nxt, prev = _peers(s.rank)
     zs = [_additive_terms(job) for job in jobs]
+    if not _stocked([(z.numel(), b) for z, b in zip(zs, bits)]):
+        return (yield from _helper_products_gen(zs, bits))
     pairs = [_trunc_pairs(z.numel(), b) if b else None for z, b in zip(zs, bits)]
     # r_i + alpha_i (+ 2^62) for a truncated job (_prepare), a fresh zero sharing for the rest
     us = [z.reshape(-1) + pair[1] if pair is not None else z.reshape(-1) + zero_share((z.numel(),))
@@ -513,6 +533,17 @@ def truncate_many_gen(items: Sequence[tuple[Replicated, int]]):
     out = [x for x, _ in items]
     if not todo:
         return out
+    if not _stocked([(x.numel(), b) for _, x, b in todo]):
+        # the helper's two rounds: A's x_A plus B's x_B + x_H is x, so the helper adds no term
+        flat = [x.reshape(-1) for _, x, _ in todo]
+        for x, (_, _, b) in zip(flat, todo):
+            _note(x.numel(), b)
+        h = helper_of(sum(x.numel() for x in flat))
+        terms = [None if s.rank == h else x.a if s.rank == (h + 1) % WORLD else x.a + x.b for x in flat]
+        got = yield from _helper_trunc_gen(terms, [x.numel() for x in flat], [b for _, _, b in todo], False)
+        for (i, x, _), y in zip(todo, got):
+            out[i] = y.view(x.shape)
+        return out
     pairs = [_trunc_pairs(x.numel(), b) for _, x, b in todo]
     masked = [_as_rep(x.reshape(-1) + pair[0] + (1 << BIAS_BITS)) for (_, x, _), pair in zip(todo, pairs)]
     flat_b = torch.cat([m.b for m in masked])
@@ -523,6 +554,153 @@ def truncate_many_gen(items: Sequence[tuple[Replicated, int]]):
         c = m.a + m.b + got[off:off + n]
         off += n
         out[i] = _finish_trunc(c, pair, b).view(x.shape)
+    return out
+
+
+# ------------------------------------------------ truncation without a pair (a helper deals)
+def helper_of(n: int) -> int:
+    """The party that deals a helper truncation of n elements in all (n mod 3, as
+    rss_binary rotates its roles by a call's size): the helper sends the most (its term and
+    the dealt values), so the load moves between the parties from one size to the next. A
+    function of the call alone, the same on every party whatever ran before."""
+    return n % WORLD
+
+
+def _run_gen(gen):
+    """Run a protocol generator alone (rss_binary._run: one exchange per request)."""
+    from .rss_binary import _run
+    return _run(gen)
+
+
+def _helper_trunc_gen(terms, sizes: Sequence[int], bits: Sequence[int], helper_terms: bool):
+    """Replicated shares of (sum_i z_i) / 2^bits for each job, from a 3-of-3 additive sharing
+    z (this party's flat term per job in `terms`; the helper's are None when it has none,
+    `helper_terms` False), without a truncation pair: TWO rounds, nothing made beforehand.
+    H = helper_of(n) (n: the call's elements in all), A = H + 1 and B = H + 2 (mod 3): A holds
+    (y_{A}, y_{B}) of a result y, B (y_{B}, y_{H}), H (y_{H}, y_{A}); F_AH, F_BH the streams A
+    and H, B and H share (purpose "rss-trunc", fresh draws every call).
+
+    r = r_A + r_B (r_A = F_AH, r_B = F_BH): H knows r, A and B one half each.
+    Round 1: A sends B e_A = z_A + 2^62 + r_A + t_A, B sends A e_B = z_B + r_B + t_B; H sends
+      A f_A = z_H - t_B and d_A = -(r >> bits) - p_B, and B f_B = z_H - t_A and
+      k_B = 2^(64-bits) msb(r) - k_A (t_A, k_A = F_AH; t_B, p_B = F_BH; no t nor f when H
+      has no term). A and B each sum c = z + 2^62 + r (c is never sent to H).
+    Then x' >> bits = (c >> bits) - (r >> bits) + 2^(64-bits) msb(r) (1 - msb c) (+-1 ulp,
+      |x| < 2^62; logical shifts): A holds s_A = (c >> bits) - 2^(62-bits) + d_A + k_A (1 - msb c),
+      B holds s_B = p_B + k_B (1 - msb c), s_A + s_B = x / 2^bits.
+    Round 2: the result's components y_A = F_AH and y_H = F_BH are drawn; A sends B
+      s_A - y_A, B sends A s_B - y_H, and both sum y_B. H sends nothing.
+    Bytes per element: A and B 16 (8 per round), H 16 (32 when it has terms: f and d to A,
+    f and k to B). What a party receives is uniform and independent of x: to A, e_B is masked
+    by r_B, f_A by t_B, d_A by p_B and B's round-2 word by y_H (all from F_BH, which A lacks);
+    to B likewise with F_AH; H receives nothing. Secure against one semi-honest party, as the
+    rest of this module: H with A (or B) would learn x."""
+    s = current()
+    rank = s.rank
+    n = int(sum(sizes))
+    h_ = helper_of(n)
+    a_, b_ = (h_ + 1) % WORLD, (h_ + 2) % WORLD
+    offsets = [0]
+    for k in sizes:
+        offsets.append(offsets[-1] + int(k))
+
+    def per_job(fn, t: torch.Tensor) -> torch.Tensor:
+        return torch.cat([fn(t[lo:hi], b) for lo, hi, b in zip(offsets, offsets[1:], bits)]) if n else t
+
+    def stream(peer: int, count: int) -> list[torch.Tensor]:
+        g = s.pair_prg("rss-trunc", peer)
+        return [g.draw((n,)) for _ in range(count)]
+
+    def flat_terms() -> torch.Tensor:
+        return torch.cat([t.reshape(-1) for t in terms]) if len(terms) > 1 else terms[0].reshape(-1)
+
+    k = 4 if helper_terms else 3
+    if rank in (a_, h_):
+        r_a, *rest = stream(h_ if rank == a_ else a_, k)
+        t_a = rest.pop(0) if helper_terms else None
+        y_ah, k_a = rest
+    if rank in (b_, h_):
+        r_b, *rest = stream(h_ if rank == b_ else b_, k)
+        t_b = rest.pop(0) if helper_terms else None
+        y_bh, p_b = rest
+    from_h = 2 * n if helper_terms else n
+
+    if rank == h_:
+        r = r_a + r_b
+        d_a = per_job(lambda t, b: -logical_shift(t, b), r) - p_b
+        k_b = per_job(lambda t, b: logical_shift(t, 63) << (64 - b), r) - k_a
+        if helper_terms:
+            z = flat_terms()
+            to_a, to_b = torch.cat([z - t_b, d_a]), torch.cat([z - t_a, k_b])
+        else:
+            to_a, to_b = d_a, k_b
+        yield ({a_: to_a, b_: to_b}, {})
+        yield ({}, {})
+        return _unflatten(Replicated(y_bh, y_ah, rank), [(k,) for k in sizes])
+
+    other = b_ if rank == a_ else a_
+    z = flat_terms()
+    if rank == a_:
+        e = z + r_a
+        e += 1 << BIAS_BITS
+        if helper_terms:
+            e += t_a
+    else:
+        e = z + r_b
+        if helper_terms:
+            e += t_b
+    got = yield ({other: e}, {other: n, h_: from_h})
+    word = got[h_][n:] if helper_terms else got[h_]          # d_A on A, k_B on B
+    c = e + got[other]
+    if helper_terms:
+        c += got[h_][:n]                                        # f cancels the sender's t
+        c -= t_a if rank == a_ else t_b
+    keep = c >> 63
+    keep.bitwise_not_()                                         # all ones where msb(c) = 0
+    if rank == a_:
+        share = per_job(lambda t, b: logical_shift(t, b) - (1 << (BIAS_BITS - b)), c)
+        share += word
+        share += k_a & keep
+        mine = share - y_ah
+    else:
+        share = p_b + (word & keep)
+        mine = share - y_bh
+    got = yield ({other: mine}, {other: n})
+    y_ab = mine + got[other]
+    comps = Replicated(y_ah, y_ab, rank) if rank == a_ else Replicated(y_ab, y_bh, rank)
+    return _unflatten(comps, [(k,) for k in sizes])
+
+
+def _reshare_terms_gen(zs: Sequence[torch.Tensor]):
+    """Untruncated values of 3-of-3 additive terms zs, in one round (a reshare: 8 B per
+    element)."""
+    s = current()
+    nxt, prev = _peers(s.rank)
+    z = torch.cat([t.reshape(-1) for t in zs]) if len(zs) > 1 else zs[0].reshape(-1)
+    z = z + zero_share(z.shape)
+    got = (yield ({prev: z}, {nxt: z.numel()}))[nxt]
+    return _unflatten(Replicated(z, got, s.rank), [t.shape for t in zs])
+
+
+def _helper_products_gen(zs: Sequence[torch.Tensor], bits: Sequence[int]):
+    """products_trunc_gen without stocked pairs: the truncated jobs by the helper truncation
+    (two rounds), the jobs with bits 0 reshared in its first round."""
+    from .rss_binary import _par
+    for z, b in zip(zs, bits):
+        if b:
+            _note(z.numel(), b)
+    cut = [i for i, b in enumerate(bits) if b]
+    plain = [i for i, b in enumerate(bits) if not b]
+    gens = [_helper_trunc_gen([zs[i] for i in cut], [zs[i].numel() for i in cut], [bits[i] for i in cut], True)]
+    if plain:
+        gens.append(_reshare_terms_gen([zs[i] for i in plain]))
+    got = yield from _par(gens)
+    out: list = [None] * len(zs)
+    for i, y in zip(cut, got[0]):
+        out[i] = y.view(zs[i].shape)
+    if plain:
+        for i, y in zip(plain, got[1]):
+            out[i] = y
     return out
 
 
@@ -559,6 +737,8 @@ def square_trunc(x: Replicated, bits: int) -> Replicated:
 def _trunc_additive(z: torch.Tensor, bits: int) -> Replicated:
     """Replicated shares of (sum_i z_i) / 2^bits from a 3-of-3 additive sharing z (one round)."""
     shape = z.shape
+    if not _stocked([(z.numel(), bits)]):
+        return _run_gen(products_trunc_gen([("terms", z)], bits))[0]
     pair = _trunc_pairs(z.numel(), bits)
     u = z.reshape(-1) + pair[1]                     # r_i + alpha_i (+ 2^62): see _prepare
     c = open_additive(u)

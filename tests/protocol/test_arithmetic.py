@@ -185,10 +185,10 @@ def test_exact_communication_counts_rss(pool3_rss):
     n, m, k, p = 1000, 8, 16, 4
     got = [{key: (v["rounds"], v["bytes_sent"]) for key, v in r.items()}
            for r in pool3_rss.run(counts, n, m, k, p)]
-    # product + truncation with its pairs made online: 7 rounds (the pairs of 1000 values
-    # are one chunk of 16 words: party 2 plays role 1 and sends more)
-    assert [r["mul"] for r in got] == [(7, 54312), (7, 54312), (7, 74984)]
-    assert [r["matmul"] for r in got] == [(7, 1792), (7, 1792), (7, 2520)]
+    # product + truncation without a pair: the helper truncation, 2 rounds; 16 B per output
+    # element, 32 B on the helper (the call's size mod 3: 1000 -> party 1, 8 * 4 -> party 2)
+    assert [r["mul"] for r in got] == [(2, 16 * n), (2, 32 * n), (2, 16 * n)]
+    assert [r["matmul"] for r in got] == [(2, 16 * m * p), (2, 16 * m * p), (2, 32 * m * p)]
     # reveal: each party sends one component (8 B per element) to one peer
     assert all(r["reveal"] == (1, 8 * n) for r in got)
     # sharing by party 0: its shape to both peers (3 words each), one component to party 1

@@ -317,20 +317,19 @@ COSTS = {
         "cosine_similarity": (24, 17840), "polynomial_private": (6, 6192),
         "softplus": (42, 143440)},
 }
-# Under rss (3 parties, no dealer) every truncation of a float product makes its truncation
-# pairs online when none were prefetched (crypten_lite.mpc.rss: 7 rounds with the fused
-# product); bytes sent differ by rank (the party in role 1 of the pairs' protocol sends
-# more), so the figures are per party: {op: [(rounds, bytes) of party 0, 1, 2]}.
+# Under rss (3 parties, no dealer) a truncation with no pair prefetched runs the helper
+# truncation (crypten_lite.mpc.rss: 2 rounds with the fused product); bytes sent differ by
+# rank (the helper, the call's size mod 3, sends more; so does the party in role 1 of the
+# comparison circuits), so the figures are per party: {op: [(rounds, bytes) of party 0, 1, 2]}.
 _RSS_BYTES = {
-    "conv_transpose1d_public_w": (1040, 1040, 1552), "dropout": (1536, 1536, 2264),
-    "dropout2d": (1536, 1536, 2264), "ger": (3472, 3472, 4792), "conv_transpose1d": (1200, 1472, 1712),
-    "prod": (1864, 1864, 2792), "var": (2512, 2512, 3640), "std": (7920, 7240, 10120),
-    "norm_1": (912, 912, 1248), "norm_2": (7200, 6520, 9000), "norm_inf": (2656, 2656, 3408),
-    "cosine_similarity": (16184, 15456, 17136), "polynomial_private": (10896, 8848, 10304),
-    "softplus": (68080, 74168, 83160)}
-_RSS_ROUNDS = {"conv_transpose1d_public_w": 7, "dropout": 7, "dropout2d": 7, "ger": 7,
-               "conv_transpose1d": 7, "prod": 21, "var": 21, "std": 78, "norm_1": 6, "norm_2": 64,
-               "norm_inf": 24, "cosine_similarity": 78, "polynomial_private": 21, "softplus": 105}
+    "conv_transpose1d_public_w": (320, 320, 320), "dropout": (512, 512, 512), "dropout2d": (512, 512, 512),
+    "ger": (1024, 2048, 1024), "conv_transpose1d": (320, 592, 640), "prod": (448, 768, 576),
+    "var": (640, 640, 1152), "std": (3456, 3224, 3416), "norm_1": (912, 912, 1248),
+    "norm_2": (3328, 3096, 3288), "norm_inf": (2656, 2656, 3408), "cosine_similarity": (7352, 7520, 6712),
+    "polynomial_private": (4096, 2560, 3584), "softplus": (45168, 56968, 57352)}
+_RSS_ROUNDS = {"conv_transpose1d_public_w": 2, "dropout": 2, "dropout2d": 2, "ger": 2,
+               "conv_transpose1d": 2, "prod": 6, "var": 6, "std": 28, "norm_1": 6, "norm_2": 24,
+               "norm_inf": 24, "cosine_similarity": 28, "polynomial_private": 6, "softplus": 50}
 COSTS_RSS = {k: [(_RSS_ROUNDS[k], b) for b in _RSS_BYTES[k]] for k in _RSS_BYTES}
 
 

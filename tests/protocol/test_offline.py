@@ -164,8 +164,8 @@ def test_parties_with_different_plans_get_a_clear_error(pool2):
 # There the plan lists truncation pairs and random bits ([(bits, n)], bits 0: random bits),
 # which prefetch makes now between the parties themselves (crypten_lite.mpc.rss). Pairs are
 # not bound to one request counter: any later truncation by the same bit count takes them
-# from the stock, in order, each once; a truncation the stock cannot cover makes its own
-# online. Every party function below ends with an empty stock (the pool's session is shared
+# from the stock, in order, each once; a truncation the stock cannot cover runs the helper
+# truncation (two rounds, no pair). Every party function below ends with an empty stock (the pool's session is shared
 # by the other rss tests, whose exact costs assume none was prefetched).
 
 
@@ -204,15 +204,17 @@ def test_rss_prefetched_plan_is_used_and_correct(pool3_rss):
         # the reveal need no pair
         assert r["plan"] == [(16, 50)] and r["stocked"] == {16: 50} and r["left"] == {16: 0}
         assert r["err"] <= 1e-3
-    # rounds: product 7 -> 1 (the pairs' 6 rounds went offline), ReLU 6, reveal 1; bytes
-    # sent per party (50 pairs are one chunk of one word: party 2 plays role 1 and sends more)
-    assert [r["online"] for r in results] == [(14, 4656), (14, 4656), (14, 6176)]
+    # rounds: product 2 (no pair stocked: the helper truncation) -> 1 (the pair made
+    # offline), ReLU 6, reveal 1; bytes sent per party (the helper, party 50 mod 3 = 2, sends 16 B more
+    # per product element without pairs; the ReLU's 50 elements are one chunk of one word:
+    # party 2 plays role 1 and sends more)
+    assert [r["online"] for r in results] == [(9, 2640), (9, 2640), (9, 3912)]
     assert [r["prefetched"] for r in results] == [(8, 2640), (8, 2640), (8, 3112)]
 
 
 def rss_runs_that_differ_from_the_plan():
     """Plan recorded on x.square() (12 elements); then x * y (12: takes the pairs), x * y
-    again (stock empty: made online), a plan of 12 run on 5 then on 7 elements."""
+    again (stock empty: the helper truncation), a plan of 12 run on 5 then on 7 elements."""
     from crypten_lite.mpc import rss
     a, b = torch.linspace(-3, 3, 12), torch.linspace(1, 2, 12)
     x, y = crypten_lite.cryptensor(a, src=0), crypten_lite.cryptensor(b, src=1)
@@ -228,7 +230,7 @@ def rss_runs_that_differ_from_the_plan():
 
     offline.prefetch(plan)
     product(12)                       # another op of the same size: the stocked pairs
-    product(12)                       # nothing stocked: pairs made online
+    product(12)                       # nothing stocked: the helper truncation
     offline.prefetch(plan)
     offline.prefetch(plan)            # two prefetches: 24 pairs, used in order, each once
     out["twice"] = rss.stocked(16)
@@ -243,11 +245,12 @@ def test_rss_runs_that_differ_from_the_plan_are_correct(pool3_rss):
         assert r["plan"] == [(16, 12)] and r["twice"] == 24
         assert max(r["errs"]) <= 1e-3, r["errs"]
         assert r["stock"] == [0, 0, 19, 12, 0]
-        # stocked pairs: one round, 16 B per product; made online: 7 rounds
+        # stocked pairs: one round, 16 B per product; none stocked: the helper truncation,
+        # two rounds, 16 B per product (32 B on the helper)
         for i, n in ((0, 12), (2, 5), (3, 7), (4, 12)):
             assert r["costs"][i] == (1, 16 * n), (i, r["costs"][i])
-        assert r["costs"][1][0] == 7
-    assert [r["costs"][1][1] for r in results] == [760, 760, 1128]   # one word: party 2 in role 1
+    # 12 elements: the helper is party 12 mod 3 = 0
+    assert [r["costs"][1] for r in results] == [(2, 32 * 12), (2, 16 * 12), (2, 16 * 12)]
 
 
 def rss_mismatched_plans():

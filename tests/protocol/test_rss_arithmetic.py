@@ -125,15 +125,19 @@ def rerandomization():
     x = crypten_lite.cryptensor(torch.arange(64) - 10, src=0)   # integers: the product's
     y = crypten_lite.cryptensor(torch.arange(64) * 3, src=1)    # message is the reshare alone
     xf, yf = crypten_lite.cryptensor(torch.ones(64), src=0), crypten_lite.cryptensor(torch.ones(64), src=1)
-    rss.prefetch_trunc(128, PREC)
     got = {}
     for name, fn in (("int", lambda: protocol.mul("mul", x.share, y.share)),
-                     ("fixed", lambda: (xf * yf).share)):
+                     ("fixed", lambda: (xf * yf).share), ("fixed_helper", lambda: (xf * yf).share)):
         runs = []
         for _ in range(2):
+            if name == "fixed":
+                rss.prefetch_trunc(64, PREC)
+            else:
+                assert rss.stocked(PREC) == 0
             with _Capture(c) as cap:
                 z = fn()
-            runs.append((torch.cat([t.reshape(-1) for t in cap.got]), z.a.clone(), z.b.clone()))
+            got_words = torch.cat([t.reshape(-1) for t in cap.got]) if cap.got else torch.zeros(0, dtype=torch.int64)
+            runs.append((got_words, z.a.clone(), z.b.clone()))
         (m1, a1, b1), (m2, a2, b2) = runs
         got[name] = {"messages_equal": int((m1 == m2).sum()), "a_equal": int((a1 == a2).sum()),
                      "b_equal": int((b1 == b2).sum()), "numel": m1.numel()}
@@ -141,7 +145,9 @@ def rerandomization():
 
 
 def received_words(kind: str, big: bool, n: int = 4096):
-    """Every word this party receives during one product of two very different inputs."""
+    """Every word this party receives during one product of two very different inputs (kind
+    "int": the ring product; "fixed": with its truncation, pairs prefetched; "fixed_helper"
+    and "truncate_helper": no pairs, the helper truncation of a product or of a shared value)."""
     from crypten_lite.mpc import protocol, rss
     c = comm.get()
     if kind == "int":
@@ -150,13 +156,62 @@ def received_words(kind: str, big: bool, n: int = 4096):
     else:
         v = torch.full((n,), 1000.5) if big else torch.zeros(n)
         x, y = crypten_lite.cryptensor(v, src=0), crypten_lite.cryptensor(v, src=1)
-        rss.prefetch_trunc(n, PREC)
+        if kind == "fixed":
+            rss.prefetch_trunc(n, PREC)
+        else:
+            assert rss.stocked(PREC) == 0
     with _Capture(c) as cap:
         if kind == "int":
             protocol.mul("mul", x.share, y.share)
+        elif kind == "truncate_helper":
+            rss.truncate(x.share, PREC)
         else:
             x * y
-    return torch.cat([t.reshape(-1) for t in cap.got])
+    return torch.cat([t.reshape(-1) for t in cap.got]) if cap.got else torch.zeros(0, dtype=torch.int64)
+
+
+def helper_costs():
+    """Without stocked pairs a truncation runs the helper protocol: exact rounds and bytes of
+    a fixed-point product, a square, a matmul and a truncation of a shared value, and their
+    values against torch."""
+    from crypten_lite.mpc import rss
+    c = comm.get()
+    x0, y0 = _inputs(5, (N,), (N,))
+    a0, b0 = _inputs(6, (M, K), (K, P))
+    x, y = crypten_lite.cryptensor(x0 * 40, src=0), crypten_lite.cryptensor(y0 * 40, src=1)
+    a, b = crypten_lite.cryptensor(a0, src=0), crypten_lite.cryptensor(b0, src=2)
+    assert rss.stocked(PREC) == 0
+    out, err = {}, {}
+    for name, fn, ref in (("mul", lambda: x * y, x0 * y0 * 1600), ("square", lambda: x.square(), x0 * x0 * 1600),
+                          ("matmul", lambda: a @ b, a0 @ b0),
+                          ("truncate", lambda: rss.truncate(x.share, 1), x0 * 20)):   # x / 2
+        c.reset_communication_stats()
+        z = fn()
+        out[name] = _stats(c)
+        got = z.get_plain_text() if name != "truncate" else rss.open_(z).double() / 2 ** PREC
+        err[name] = (got.double() - ref.double()).abs().max().item()
+    with rss.record() as plan:
+        x * y
+    out["plan"] = [list(p) for p in plan]
+    return out, err
+
+
+def helper_exact_ints():
+    """The helper truncation of integers across the whole supported range (|x| < 2^62) by
+    1, 16, 40 and 61 bits: floor(x / 2^bits) or one more, never anything else."""
+    from crypten_lite.mpc import rss
+    g = torch.Generator().manual_seed(9)  # test data only, never shares
+    lim = (1 << 62) - 1
+    v = torch.randint(-lim, lim, (4000,), generator=g, dtype=torch.int64)
+    v = torch.cat([v, torch.tensor([lim, -lim, 0, 1, -1, 1 << 61, -(1 << 61)])])
+    v = torch.cat([v, v >> 40])                               # small values too
+    x = crypten_lite.cryptensor(v, src=0)
+    out = {}
+    for bits in (1, 16, 40, 61):
+        got = rss.open_(rss.truncate(x.share, bits))
+        d = got - (v >> bits)                                 # >> on int64: floor division
+        out[bits] = sorted(set(d.tolist()))
+    return out
 
 
 def offline_plan():
@@ -260,25 +315,54 @@ def test_rss_exact_rounds_and_bytes(pool3_rss):
 def test_rss_every_reshare_is_fresh(pool3_rss):
     """CrypTen issue #518: a reshare without a fresh zero sharing leaked. Multiplying the same
     secrets twice must give a party independent received values and shares."""
-    for r in pool3_rss.run(rerandomization):
-        for kind in ("int", "fixed"):
+    for rank, r in enumerate(pool3_rss.run(rerandomization)):
+        for kind in ("int", "fixed", "fixed_helper"):
             got = r[kind]
-            assert got["numel"] >= 64
+            # the helper (64 elements: party 64 mod 3) receives nothing; its shares are fresh
+            assert got["numel"] == 0 if (kind, rank) == ("fixed_helper", 64 % 3) else got["numel"] >= 64
             # independent uniform words coincide with probability 2^-64 per position
             assert got["messages_equal"] == 0 and got["a_equal"] == 0 and got["b_equal"] == 0, (kind, got)
 
 
-@pytest.mark.parametrize("kind", ["int", "fixed"])
+@pytest.mark.parametrize("kind", ["int", "fixed", "fixed_helper", "truncate_helper"])
 def test_rss_received_values_are_uniform_and_input_independent(pool3_rss, kind):
     small = pool3_rss.run(received_words, kind, False)
     big = pool3_rss.run(received_words, kind, True)
     for rank in range(3):
+        if kind.endswith("_helper") and rank == 4096 % 3:
+            # the helper deals the truncation's values and receives nothing at all
+            assert small[rank].numel() == 0 and big[rank].numel() == 0
+            continue
         h_small, h_big = _byte_hist(small[rank]), _byte_hist(big[rank])
         assert _chi2_uniform(h_small) < CHI2_MAX, (rank, kind)
         assert _chi2_uniform(h_big) < CHI2_MAX, (rank, kind)
         assert _chi2_two_sample(h_small, h_big) < CHI2_MAX, (rank, kind)
         for words in (small[rank], big[rank]):
             assert (_bit_freqs(words) - 0.5).abs().max() < BIT_DEV_MAX, (rank, kind)
+
+
+def test_rss_helper_truncation_exact_costs(pool3_rss):
+    """No pairs stocked: a fixed-point product is two rounds; two parties send 16 B per
+    element (8 per round), the helper (the call's size mod 3) 32 B (its own term and one dealt
+    value to each) and receives nothing; a truncation of a shared value sends 16 B per element
+    on every party. The plan still records the pairs a prefetch would make."""
+    results = pool3_rss.run(helper_costs)
+    for rank, (out, err) in enumerate(results):
+        assert all(e <= 2e-3 for e in err.values()), (rank, err)
+        for name, n in (("mul", N), ("square", N), ("matmul", M * P), ("truncate", N)):
+            helper = n % 3                      # rss.helper_of: the call's size mod 3
+            sent = 32 * n if rank == helper and name != "truncate" else 16 * n
+            received = 0 if rank == helper else (32 * n if name != "truncate" else 24 * n)
+            messages = {0: 2, 1: 2, 2: 2}[rank]
+            assert out[name] == {"rounds": 2, "bytes_sent": sent, "bytes_received": received,
+                                 "messages": messages}, (rank, name, out[name])
+        assert out["plan"] == [[PREC, N]]
+
+
+def test_rss_helper_truncation_is_exact_over_the_whole_range(pool3_rss):
+    for out in pool3_rss.run(helper_exact_ints):
+        for bits, diffs in out.items():
+            assert set(diffs) <= {0, 1}, (bits, diffs)
 
 
 def test_rss_offline_plan_moves_pair_generation_out_of_the_online_phase(pool3_rss):
