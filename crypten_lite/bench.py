@@ -680,7 +680,8 @@ def run(names: list[str], parties: int, provider: str, repeat: int, tls_dir: str
                    # each party's peak resident memory over the offline phase and the run
                    "peak_memory_mb_per_party": [round(r.get("peak_memory_bytes", 0) / 2**20, 1) for r in first],
                    # seconds depend on what else runs on the machine: record how busy it was
-                   "load_average_1min": round(os.getloadavg()[0], 1), "cpus": os.cpu_count()}
+                   "load_average_1min": round(os.getloadavg()[0], 1), "cpus": os.cpu_count(),
+                   "cpu_model": cpu_model()}
             settings = inherited_settings()   # e.g. CRYPTEN_LITE_TRUNCATION=exact, as the parties ran
             if settings:
                 row["settings"] = settings
@@ -694,6 +695,21 @@ def run(names: list[str], parties: int, provider: str, repeat: int, tls_dir: str
                 row["fraction_of_bare"] = row["mb_per_s"] / row["bare_grpc_mb_per_s"]
             rows.append(row)
     return rows
+
+
+def cpu_model() -> str:
+    """This machine's CPU as /proc/cpuinfo names it, and whether it has AVX-512 (int64
+    matmuls and convolutions, which the products of both protocols run locally, are several
+    times slower without it): seconds compare only between lines of the same CPU."""
+    try:
+        info = open("/proc/cpuinfo").read()
+    except OSError:
+        return "unknown"
+    name = re.search(r"^model name\s*:\s*(.+)$", info, re.M)
+    flags = re.search(r"^flags\s*:\s*(.+)$", info, re.M)
+    avx512 = bool(flags and "avx512f" in flags.group(1).split())
+    return f"{name.group(1).strip() if name else 'unknown'}, {os.cpu_count()} cpus, " \
+           f"{'AVX-512' if avx512 else 'no AVX-512'}"
 
 
 def default_workloads(large: bool = False) -> list[str]:

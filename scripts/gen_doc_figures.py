@@ -23,6 +23,9 @@ Sources (all in docs/):
   ``--measure-examples``; the error table's rows (``"workload": "accuracy"``) of
   ``benchmarks/accuracy_table.py --json``. Lines of ``crypten-lite bench --protocol rss``
   (``"protocol": "rss"``) feed only docs/protocols.md's table, never the additive figures.
+* ``end_to_end.jsonl``: four ``crypten-lite bench --parties 3`` runs of one session (additive
+  and rss, each with and without ``--no-offline``), for docs/protocols.md's end-to-end table
+  only; each line names the CPU that measured it (``cpu_model``).
 * the figures of other producers, each file or group with its provenance (command, commit,
   date, machine, and whether its script wrote it or it was transcribed once from the docs):
   ``netns_bench.jsonl`` (``benchmarks/netns_bench.py --json``: the network tables of
@@ -291,7 +294,7 @@ def load_sources() -> dict:
     health = re.search(r"x-healthcheck:.*?\n\s+timeout: (\d+)s", (ROOT / "docker-compose.yml").read_text(), re.S)
     out["compose_health_timeout_s"] = int(health[1]) if health else None
     out["rss_bench"] = load_bench_rss()
-    out["no_offline_bench"] = load_bench_no_offline()
+    out["end_to_end"] = load_end_to_end()
     return out
 
 
@@ -308,16 +311,22 @@ def load_bench_rss() -> dict[str, dict]:
     return rows
 
 
-def load_bench_no_offline() -> dict[tuple[str, str], dict]:
-    """The last 3-party `crypten-lite bench --no-offline` line of each (workload, protocol)
-    (without TLS): every run without an offline phase, seconds end to end."""
+# docs/protocols.md's end-to-end table: four `crypten-lite bench --parties 3` runs of one
+# session on one machine (additive and rss, each with its offline phase and with
+# --no-offline), kept apart from benchmarks.jsonl because their seconds compare only with each
+# other (the machine that measured them is named in each line's cpu_model).
+END_TO_END = ROOT / "docs" / "end_to_end.jsonl"
+
+
+def load_end_to_end() -> dict[tuple[str, str, bool], dict]:
+    """The last line of each (workload, protocol, offline phase) in docs/end_to_end.jsonl."""
     rows = {}
-    for line in BENCH.read_text().splitlines():
-        if line.strip():
-            row = json.loads(line)
-            if row.get("offline_phase") is False and row.get("parties") == 3 and not row.get("tls") \
-                    and "error" not in row:
-                rows[(row["workload"], row["protocol"])] = row
+    if END_TO_END.exists():
+        for line in END_TO_END.read_text().splitlines():
+            if line.strip():
+                row = json.loads(line)
+                if "error" not in row and row.get("parties") == 3 and not row.get("tls"):
+                    rows[(row["workload"], row["protocol"], row.get("offline_phase", True))] = row
     return rows
 
 
@@ -356,24 +365,36 @@ def protocols_bench(costs: dict, bench: dict, sources: dict) -> str:
 
 
 def protocols_end_to_end(costs: dict, bench: dict, sources: dict) -> str:
-    """docs/protocols.md: seconds end to end at 3 parties: each protocol's offline phase plus
-    its online run (the bench lines above), and runs without an offline phase (`bench
-    --no-offline`: the dealer answers online; rss truncates by the helper protocol)."""
-    rss, none = sources["rss_bench"], sources["no_offline_bench"]
+    """docs/protocols.md: seconds end to end at 3 parties (docs/end_to_end.jsonl): each
+    protocol's offline phase plus its online run, and runs without an offline phase (`bench
+    --no-offline`: the dealer answers online; rss truncates by the helper truncation)."""
+    e2e = sources["end_to_end"]
     lines = ["| workload | additive: offline + online s | additive, no offline phase: rounds, s | "
              "rss: offline + online s | rss, no offline phase: rounds, MB sent / party, s |",
              "|---|---|---|---|---|"]
-    for workload in PROTOCOL_WORKLOADS:
-        a, r = bench.get((workload, 3, False)), rss.get(workload)
-        na, nr = none.get((workload, "additive")), none.get((workload, "rss"))
+    machines, fastest, compared = set(), [], 0
+    for workload in PROTOCOL_WORKLOADS + ("bert_layer_tiny",):
+        a, na = e2e.get((workload, "additive", True)), e2e.get((workload, "additive", False))
+        r, nr = e2e.get((workload, "rss", True)), e2e.get((workload, "rss", False))
+        if not any((a, na, r, nr)):
+            continue
+        machines |= {row.get("cpu_model", "unknown") for row in (a, na, r, nr) if row}
         both = (lambda row: f"{row['offline_seconds']:.3f} + {row['seconds_median']:.3f} = "
-                f"{row['offline_seconds'] + row['seconds_median']:.3f}")
-        cells = [both(a) if a else "not measured",
-                 f"{na['rounds']}, {na['seconds_median']:.3f}" if na else "not measured",
-                 both(r) if r and "missing" not in r else "not measured",
+                f"{row['offline_seconds'] + row['seconds_median']:.3f}" if row else "not measured")
+        cells = [both(a), f"{na['rounds']}, {na['seconds_median']:.3f}" if na else "not measured", both(r),
                  (f"{nr['rounds']}, {mb(max(nr['bytes_sent_per_party']))}, {nr['seconds_median']:.3f}"
                   if nr else "not measured")]
         lines.append(f"| {workload} | " + " | ".join(cells) + " |")
+        if all((a, na, r, nr)):
+            compared += 1
+            totals = [a["offline_seconds"] + a["seconds_median"], na["seconds_median"],
+                      r["offline_seconds"] + r["seconds_median"]]
+            if nr["seconds_median"] < min(totals):
+                fastest.append(workload)
+    lines += ["", f"rss without an offline phase is the fastest of the four end to end on {len(fastest)} of the "
+              f"{compared} workloads measured all four ways"
+              + (f" (not on: {', '.join(w for w in PROTOCOL_WORKLOADS + ('bert_layer_tiny',) if w not in fastest and any(e2e.get((w, p, o)) for p in ('additive', 'rss') for o in (True, False)))})"
+                 if len(fastest) < compared else "") + ". Measured on: " + "; ".join(sorted(machines)) + "."]
     return "\n".join(lines) + "\n"
 
 
@@ -404,26 +425,20 @@ def protocols_aby3(costs: dict, bench: dict, sources: dict) -> str:
             return "not measured"
         return f"{r['rounds']} round{'s' if r['rounds'] != 1 else ''}, {max(r['bytes_sent_per_party']) / n:.2f} B"
 
-    def end_to_end(workload: str) -> str:
-        r = sources["no_offline_bench"].get((workload, "rss"))
-        return f"{r['seconds_median']:.3f} s" if r else "not measured"
-
     lines = [f"| workload | {ext['system']} {ext['version']} ABY3 | target | crypten_lite rss | "
-             "crypten_lite rss, no offline phase | crypten_lite additive, 3 parties + dealer |",
-             "|---|---|---|---|---|---|"]
+             "crypten_lite additive, 3 parties + dealer |", "|---|---|---|---|---|"]
     for w in ("mul_1M", "relu_1M", "lenet_b1", "lenet_b64"):
         with_mb = "mb_sent_per_party" in f[w]
         theirs = f"{f[w]['seconds']:g} s" + (f", {f[w]['mb_sent_per_party']:g} MB" if with_mb else "")
         more = {"lenet_b1": ", <= 40 rounds, <= 0.4 MB", "lenet_b64": ", <= 25 MB"}.get(w, "")
-        lines.append(f"| {w} | {theirs} | <= {f[w]['seconds'] / 2:g} s{more} | {mine(w, with_mb)} | "
-                     f"{end_to_end(w)} | {additive(w)} |")
+        lines.append(f"| {w} | {theirs} | <= {f[w]['seconds'] / 2:g} s{more} | {mine(w, with_mb)} | {additive(w)} |")
     lines.append("| mul / matmul, per output element | | 1 round, 8 B | protocol product (integer tensors): "
                  f"{per_output('mul_int_1M', 10**6)} (`mul_int_1M`), {per_output('matmul_int_256', 256 * 256)} "
                  f"(`matmul_int_256`); fixed point, exact truncation fused: {per_output('mul_1M', 10**6)} "
-                 f"(`mul_1M`), {per_output('matmul_256', 256 * 256)} (`matmul_256`) | | - |")
+                 f"(`mul_1M`), {per_output('matmul_256', 256 * 256)} (`matmul_256`) | - |")
     for name, w, bound in (("lt", "lt_1M", (7, 24)), ("relu", "relu_1M", (7, 32))):
         lines.append(f"| {name}, per element | {f[name]['rounds']} rounds, {f[name]['bytes_per_element']:g} B | "
-                     f"<= {bound[0]} rounds, <= {bound[1]} B | {per_output(w)} | | - |")
+                     f"<= {bound[0]} rounds, <= {bound[1]} B | {per_output(w)} | - |")
     return "\n".join(lines) + "\n"
 
 

@@ -217,6 +217,24 @@ def _build(case: str):
 
 
 _BUILT: dict[str, tuple] = {}
+# torch's own second answer where its kernels disagree with each other: a quantized average
+# pooling of a channels-last tensor (what a quantized conv returns) runs a vectorized kernel
+# that, on a CPU without AVX-512, rounds some ties the other way than the same pooling of the
+# same values laid out contiguously (8.6% of eager/avgpool_exclude_pad's outputs here)
+_TORCH_NCHW: dict[str, torch.Tensor] = {}
+
+
+def _pooling_contiguous(qmodel: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """qmodel(x) with every average pooling fed a contiguous (NCHW) input."""
+    pools = [m for m in qmodel.modules() if isinstance(m, (nn.AvgPool2d, nn.AdaptiveAvgPool2d))]
+    hooks = [m.register_forward_pre_hook(lambda _m, args: tuple(a.contiguous() for a in args))
+             for m in pools]
+    try:
+        with torch.no_grad():
+            return qmodel(x)
+    finally:
+        for h in hooks:
+            h.remove()
 
 
 def built(case: str):
@@ -226,6 +244,7 @@ def built(case: str):
             ref = qmodel(x)
         plain = run(program, x, PlainBackend())
         _BUILT[case] = (program, x, ref, plain)
+        _TORCH_NCHW[case] = _pooling_contiguous(qmodel, x)
     return _BUILT[case]
 
 
@@ -467,6 +486,9 @@ def _check_case(pool, case: str):
     ours, rounds, nbytes = results(pool)[case]
     info = program.output_info
     vs_torch = diff_values("output", info, ours, ref)
+    if info.kind == "quant" and vs_torch.agree < 0.99:
+        # where torch's pooling kernels disagree with each other, agreeing with one of them
+        vs_torch = max(vs_torch, diff_values("output", info, ours, _TORCH_NCHW[case]), key=lambda d: d.agree)
     vs_plain = (ours - plain).abs()
     assert vs_plain.max() <= 1 and (vs_plain == 0).double().mean() >= 0.99, f"{case}: MPC vs plaintext program"
     if info.kind == "quant":
