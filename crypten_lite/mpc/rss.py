@@ -25,8 +25,8 @@ drawn by both i and j at the same point of the program. A la [AFL+16] / [MR18] (
    r_{i-1} is unknown to i).
 5. truncate(x, bits) of a replicated x: open c = x + 2^62 + r like 2. (1 round, 8 B/element).
 6. Without a stocked pair (no offline phase), 4. and 5. run the helper truncation
-   (_helper_trunc_gen): party 2 knows r and deals the two values that make c exact as 2-of-2
-   shares to parties 0 and 1, who open c between themselves and turn their 2-of-2 result into
+   (_helper_trunc_gen): a helper (party n mod 3) knows r and deals the two values that make c
+   exact as 2-of-2 shares to the other two, who open c between themselves and turn their result into
    replicated shares in a second round: 2 rounds, nothing made beforehand.
 
 The re-randomization in 3. is what CrypTen's RSS once missed (its issue #518): the test suite

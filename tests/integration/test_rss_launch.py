@@ -337,3 +337,18 @@ def test_bench_rss_rows_carry_the_protocol_and_name_a_missing_operation(monkeypa
     # (4 int64 tensors of 512 KiB), and well below the machine's memory
     peaks = matmul["peak_memory_mb_per_party"]
     assert len(peaks) == 3 and all(2.0 <= p < 4096 for p in peaks), peaks
+
+
+def test_bench_no_offline_times_the_helper_truncation_end_to_end():
+    """`crypten-lite bench --no-offline`: every repetition runs without an offline phase, so
+    under rss a fixed-point matmul truncates by the helper truncation (2 rounds; the helper,
+    party 256 * 256 mod 3 = 1, sends 32 B per output element, the others 16 B), and the line
+    says so and names the machine that measured it."""
+    from crypten_lite import bench
+    assert bench.build_parser().parse_args(["--no-offline"]).offline is False
+    (row,) = bench.run(["matmul_256"], 3, "dealer", 1, protocol="rss", offline=False)
+    n = 256 * 256
+    assert row["offline_phase"] is False and row["offline_seconds"] == 0.0
+    assert row["offline_bytes_sent_per_party"] == [0, 0, 0]
+    assert row["rounds"] == 2 and row["bytes_sent_per_party"] == [16 * n, 32 * n, 16 * n], row
+    assert row["max_error"] < 1e-2 and row["cpu_model"]
