@@ -648,7 +648,7 @@ def run(names: list[str], parties: int, provider: str, repeat: int, tls_dir: str
     env = {"CRYPTEN_LITE_TLS_DIR": tls_dir} if tls_dir else {}
     if not offline:
         env[NO_OFFLINE_ENV] = "1"
-    rows = []
+    rows, machine = [], cpu_model()
     # A large workload's load and one inference take minutes on a small machine.
     timeout = 3600 if LARGE & set(names) else 300
     from .mpc.launcher import inherited_settings
@@ -681,7 +681,7 @@ def run(names: list[str], parties: int, provider: str, repeat: int, tls_dir: str
                    "peak_memory_mb_per_party": [round(r.get("peak_memory_bytes", 0) / 2**20, 1) for r in first],
                    # seconds depend on what else runs on the machine: record how busy it was
                    "load_average_1min": round(os.getloadavg()[0], 1), "cpus": os.cpu_count(),
-                   "cpu_model": cpu_model()}
+                   "cpu_model": machine}
             settings = inherited_settings()   # e.g. CRYPTEN_LITE_TRUNCATION=exact, as the parties ran
             if settings:
                 row["settings"] = settings

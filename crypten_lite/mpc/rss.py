@@ -536,8 +536,6 @@ def truncate_many_gen(items: Sequence[tuple[Replicated, int]]):
     if not _stocked([(x.numel(), b) for _, x, b in todo]):
         # the helper's two rounds: A's x_A plus B's x_B + x_H is x, so the helper adds no term
         flat = [x.reshape(-1) for _, x, _ in todo]
-        for x, (_, _, b) in zip(flat, todo):
-            _note(x.numel(), b)
         h = helper_of(sum(x.numel() for x in flat))
         terms = [None if s.rank == h else x.a if s.rank == (h + 1) % WORLD else x.a + x.b for x in flat]
         got = yield from _helper_trunc_gen(terms, [x.numel() for x in flat], [b for _, _, b in todo], False)
@@ -597,6 +595,8 @@ def _helper_trunc_gen(terms, sizes: Sequence[int], bits: Sequence[int], helper_t
     rest of this module: H with A (or B) would learn x."""
     s = current()
     rank = s.rank
+    for size, b in zip(sizes, bits):
+        _note(size, b)                  # the pairs a prefetch of this run's plan would make
     n = int(sum(sizes))
     h_ = helper_of(n)
     a_, b_ = (h_ + 1) % WORLD, (h_ + 2) % WORLD
@@ -686,9 +686,6 @@ def _helper_products_gen(zs: Sequence[torch.Tensor], bits: Sequence[int]):
     """products_trunc_gen without stocked pairs: the truncated jobs by the helper truncation
     (two rounds), the jobs with bits 0 reshared in its first round."""
     from .rss_binary import _par
-    for z, b in zip(zs, bits):
-        if b:
-            _note(z.numel(), b)
     cut = [i for i, b in enumerate(bits) if b]
     plain = [i for i, b in enumerate(bits) if not b]
     gens = [_helper_trunc_gen([zs[i] for i in cut], [zs[i].numel() for i in cut], [bits[i] for i in cut], True)]
