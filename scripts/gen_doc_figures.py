@@ -95,6 +95,40 @@ def load_costs() -> dict[str, dict]:
     return json.loads(COSTS.read_text())["costs"]
 
 
+# The figures of a model that torch quantizes on the spot depend on the CPU: torch's float32
+# calibration lands scales a float32 ulp apart (other AVX widths sum in another order), which
+# changes requantization multipliers and so the integer program, and torch's own int8 kernels
+# round a few values differently. Such figures are kept per CPU class (`cpu_class`): the main
+# entries for the class named in the file's "cpu", others under "by_cpu".
+CPU_DEPENDENT_PREFIX = "digits_cnn/int8-"
+
+
+def cpu_class() -> str:
+    """torch's CPU kernel class on this machine: AVX512, AVX2, ... (what its vectorized and
+    quantized kernels dispatch on)."""
+    import torch
+    return torch.backends.cpu.get_cpu_capability()
+
+
+def cost_entry(k: str, cpu: str | None = None) -> dict | None:
+    """costs.json's entry for ``k`` on this CPU class (None: a CPU-dependent figure never
+    measured on this class of CPU)."""
+    data = json.loads(COSTS.read_text())
+    cpu = cpu or cpu_class()
+    if not k.startswith(CPU_DEPENDENT_PREFIX) or cpu == data["cpu"]:
+        return data["costs"][k]
+    return data.get("by_cpu", {}).get(cpu, {}).get(k)
+
+
+def agreement_figures(cpu: str | None = None) -> dict | None:
+    """quantized_agreement.json's flows for this CPU class (None: never measured on it)."""
+    data = json.loads((ROOT / "docs" / "quantized_agreement.json").read_text())
+    cpu = cpu or cpu_class()
+    if cpu == data["cpu"]:
+        return data["flows"]
+    return data.get("by_cpu", {}).get(cpu, {}).get("flows")
+
+
 def load_bench() -> dict[tuple[str, int, bool], dict]:
     """The last measured line of each (workload, parties, tls) in benchmarks.jsonl, additive
     protocol (lines without a protocol field are additive; rss lines are not mixed in)."""
@@ -772,6 +806,55 @@ def quantized_agreement(costs: dict, bench: dict, sources: dict) -> str:
         f"within {sci(fixed)} (a few units of `2**-20`, torch's float32 rounding) of torch.")
 
 
+def quantized_cpu(costs: dict, bench: dict, sources: dict) -> str:
+    """quantized.md: the figures of the other CPU classes (agreement and digits costs)."""
+    agreement = sources["quantized_agreement"]
+    by_cost = json.loads(COSTS.read_text()).get("by_cpu", {})
+    out = [para(
+        "**Other CPUs.** torch's float32 calibration and its int8 kernels are not the same on every CPU, "
+        "so these figures are kept per class of CPU (torch's kernel class, "
+        "`torch.backends.cpu.get_cpu_capability()`; the tests compare with the figures of the class they run on). "
+        f"The tables above are from {agreement['cpu']}.")]
+    for cpu in sorted(set(agreement.get("by_cpu", {})) | set(by_cost)):
+        parts = []
+        entry = agreement.get("by_cpu", {}).get(cpu)
+        if entry:
+            flows = entry["flows"]
+            for flow, f in flows.items():
+                main = agreement["flows"][flow]
+                widest = f["multipliers"][0]["widest_truncation_bits"]
+                parts.append(f"{FLOW_NAMES[flow]} {pct(f['int8_identical'])} of int8 values identical on its worst layer "
+                             f"({pct(main['int8_identical'])} above), widest truncation {widest} bits "
+                             f"({main['multipliers'][0]['widest_truncation_bits']} above)")
+        privately = []
+        for k, c in by_cost.get(cpu, {}).items():
+            if costs.get(k) and (c["rounds"], c["bytes_sent"]) != (costs[k]["rounds"], costs[k]["bytes_sent"]):
+                mode, parties = k.split("/")[1], k.split("/")[2]
+                privately.append(f"{mode} at {parties[:-1]} parties {c['rounds']} rounds and "
+                                 f"{max(c['bytes_sent']) / 1e6:.2f} MB per party ({costs[k]['rounds']} and "
+                                 f"{max(costs[k]['bytes_sent']) / 1e6:.2f} MB in the table below)")
+        same = sorted(k.split("/")[1] for k, c in by_cost.get(cpu, {}).items()
+                      if costs.get(k) and (c["rounds"], c["bytes_sent"]) == (costs[k]["rounds"], costs[k]["bytes_sent"]))
+        where = entry["provenance"].get("cpu_model") if entry else None
+        text = f"On {cpu}" + (f" (measured on {where})" if where else "") + ": " + "; ".join(parts) + "."
+        if privately:
+            text += " Privately: " + "; ".join(privately) + "; " + \
+                ("the other int8 modes cost the same as below." if same else "") 
+        out.append(para(text))
+    out.append(para(
+        "Both differences are torch's. Its float32 calibration sums in another order with other vector widths, so "
+        "some scales land a float32 ulp apart, which changes requantization multipliers and with them the integer "
+        "program; and its int8 kernels round a few values differently (a requantization near a tie in a conv; "
+        "average pooling, whose channels-last kernel rounds ties unlike its contiguous one without AVX-512: "
+        "`compare_layers` and `output_agreement` score a program against the better of torch's two answers). "
+        "On CPUs without AVX-512 VNNI torch's x86 int8 kernels also add pairs of uint8 x int8 products in int16 "
+        "with saturation: where activations reach the ends of the uint8 range (inputs far outside the "
+        "calibration range), torch's own output is not the exact integer result, and crypten_lite's, which is "
+        "exact, differs from it there. torch's x86 qconfig reduces the activation range to 7 bits to keep "
+        "calibrated inputs clear of it."))
+    return "\n".join(out)
+
+
 def quantized_multipliers(costs: dict, bench: dict, sources: dict) -> str:
     flows = sources["quantized_agreement"]["flows"]
     lines = ["| `multiplier_bits`, `max_bits` | " + " | ".join(FLOW_NAMES[f] for f in flows) + " | widest truncation |",
@@ -945,6 +1028,7 @@ RENDERERS: dict[str, Callable[[dict, dict, dict], str]] = {
     "private-models-sizes": private_models_sizes,
     "quantized-agreement": quantized_agreement,
     "quantized-multipliers": quantized_multipliers,
+    "quantized-cpu": quantized_cpu,
     "quantized-steps": quantized_steps,
     "quantized-probabilistic": quantized_probabilistic,
     "quantized-bytes": quantized_bytes,
@@ -1259,8 +1343,14 @@ def measure_examples() -> None:
 
 def write_costs(data: dict) -> None:
     """costs.json with one line per entry (readable diffs)."""
-    entries = ",\n".join(f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in data["costs"].items())
-    COSTS.write_text('{\n "about": ' + json.dumps(data["about"]) + ',\n "costs": {\n' + entries + "\n }\n}\n")
+    def block(costs: dict, indent: str) -> str:
+        return ",\n".join(f"{indent}{json.dumps(k)}: {json.dumps(v)}" for k, v in costs.items())
+
+    by_cpu = ",\n".join(f"  {json.dumps(cpu)}: {{\n{block(entries, '   ')}\n  }}"
+                         for cpu, entries in data.get("by_cpu", {}).items())
+    COSTS.write_text('{\n "about": ' + json.dumps(data["about"]) + ',\n "cpu": ' + json.dumps(data["cpu"])
+                     + ',\n "costs": {\n' + block(data["costs"], "  ") + "\n },\n \"by_cpu\": {\n"
+                     + by_cpu + "\n }\n}\n")
 
 
 def all_cost_keys() -> list[str]:
@@ -1290,8 +1380,12 @@ def main(argv: list[str] | None = None) -> int:
                                 text=True).stdout.strip() or "unknown"
         path = ROOT / "docs" / "quantized_agreement.json"
         data = json.loads(path.read_text())
-        data["flows"] = measure_quantized()
-        data["provenance"].update(commit=commit, date=__import__("time").strftime("%Y-%m-%d"), measured="by this script")
+        cpu = cpu_class()
+        target = data if cpu == data["cpu"] else data.setdefault("by_cpu", {}).setdefault(cpu, {"provenance": {}})
+        target["flows"] = measure_quantized()
+        target["provenance"].update(commit=commit, date=__import__("time").strftime("%Y-%m-%d"),
+                                    measured="by this script", command="python scripts/gen_doc_figures.py --measure-quantized",
+                                    cpu_model=__import__("crypten_lite.bench", fromlist=["cpu_model"]).cpu_model())
         path.write_text(json.dumps(data, indent=1) + "\n")
     if args.measure_descriptions:
         path = ROOT / "docs" / "model_descriptions.json"
@@ -1303,9 +1397,16 @@ def main(argv: list[str] | None = None) -> int:
         unknown = sorted(set(keys) - set(all_cost_keys()))
         if unknown:
             parser.error(f"unknown cost keys {unknown}; known: {all_cost_keys()}")
-        data = json.loads(COSTS.read_text()) if COSTS.exists() else {"costs": {}}
-        data["costs"].update(measure(keys))
+        data = json.loads(COSTS.read_text())
+        cpu = cpu_class()
+        for k, entry in measure(keys).items():
+            if k.startswith(CPU_DEPENDENT_PREFIX) and cpu != data["cpu"]:
+                data.setdefault("by_cpu", {}).setdefault(cpu, {})[k] = entry
+            else:
+                data["costs"][k] = entry
         data["costs"] = {k: data["costs"][k] for k in all_cost_keys() if k in data["costs"]}
+        for cpu, entries in data.get("by_cpu", {}).items():
+            data["by_cpu"][cpu] = {k: entries[k] for k in all_cost_keys() if k in entries}
         write_costs(data)
     if args.check:
         problems = stale_blocks() + bench_disagreements() + netns_disagreements() + quoted_disagreements()

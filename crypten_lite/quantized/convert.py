@@ -61,23 +61,59 @@ def trace(model: nn.Module) -> fx.GraphModule:
         ) from e
 
 
+def _contiguous(args: tuple) -> tuple:
+    return tuple(a.contiguous() if isinstance(a, torch.Tensor) else a for a in args)
+
+
 class _Recorder(fx.Interpreter):
-    def __init__(self, gm: fx.GraphModule):
+    def __init__(self, gm: fx.GraphModule, contiguous_pooling: bool = False):
         super().__init__(gm)
         self.samples: dict[fx.Node, Any] = {}
+        self.contiguous_pooling = contiguous_pooling
+        self.pooled = False  # whether an average pooling ran on a non-contiguous input
 
     def run_node(self, n: fx.Node) -> Any:
         out = super().run_node(n)
         self.samples[n] = out
         return out
 
+    def _pool_args(self, name: str, args: tuple) -> tuple:
+        if "avg_pool" not in name.lower() and "avgpool" not in name.lower():
+            return args
+        if any(isinstance(a, torch.Tensor) and not a.is_contiguous() for a in args):
+            self.pooled = True
+            if self.contiguous_pooling:
+                return _contiguous(args)
+        return args
 
-def record(gm: fx.GraphModule, x: torch.Tensor) -> dict[fx.Node, Any]:
-    """Run the graph on ``x`` and keep every node's output."""
-    rec = _Recorder(gm)
+    def call_module(self, target, args, kwargs):
+        return super().call_module(target, self._pool_args(type(self.fetch_attr(target)).__name__, args), kwargs)
+
+    def call_function(self, target, args, kwargs):
+        return super().call_function(target, self._pool_args(target_name(target), args), kwargs)
+
+
+def record(gm: fx.GraphModule, x: torch.Tensor, contiguous_pooling: bool = False) -> dict[fx.Node, Any]:
+    """Run the graph on ``x`` and keep every node's output.
+
+    ``contiguous_pooling``: feed every average pooling a contiguous (NCHW) input. torch's
+    quantized average pooling rounds ties differently by memory layout on some CPUs (its
+    channels-last kernel without AVX-512), so a pooling fed by a quantized conv (channels-last)
+    has two torch answers; :func:`torch_answers` gives both.
+    """
+    rec = _Recorder(gm, contiguous_pooling)
     with torch.no_grad():
         rec.run(x)
     return rec.samples
+
+
+def torch_answers(gm: fx.GraphModule, x: torch.Tensor) -> list[dict[fx.Node, Any]]:
+    """Every node's output as torch computes it, once as the model runs and, where an average
+    pooling ran on a non-contiguous input, once more with the pooling fed a contiguous one."""
+    rec = _Recorder(gm)
+    with torch.no_grad():
+        rec.run(x)
+    return [rec.samples] + ([record(gm, x, contiguous_pooling=True)] if rec.pooled else [])
 
 
 def from_quantized(

@@ -277,17 +277,29 @@ def compare_layers(program: QuantizedProgram, model: torch.nn.Module, x: torch.T
 
     One row per torch graph value that the program holds (quantize outputs, dequantized
     values, float values kept in fixed point); see :class:`LayerDiff`.
+
+    Where torch itself has two answers (its quantized average pooling rounds ties differently
+    for channels-last and contiguous inputs on CPUs without AVX-512), the rows come from the
+    torch run that agrees better with the program (worst int8 layer, then the mean).
     """
     # convert pulls in torch.ao.quantization, which running a program does not need
-    from crypten_lite.quantized.convert import record, trace
+    from crypten_lite.quantized.convert import torch_answers, trace
 
     gm = trace(model)
-    samples = record(gm, x)
     _, values = run(program, x, PlainBackend(), debug=True)
-    rows = []
-    for node in gm.graph.nodes:
-        if node.op == "placeholder" or node.name not in program.sources:
-            continue
-        name, info = program.sources[node.name]
-        rows.append(diff_values(node.name, info, values[name], samples[node]))
-    return rows
+    best: list[LayerDiff] | None = None
+    for samples in torch_answers(gm, x):
+        rows = []
+        for node in gm.graph.nodes:
+            if node.op == "placeholder" or node.name not in program.sources:
+                continue
+            name, info = program.sources[node.name]
+            rows.append(diff_values(node.name, info, values[name], samples[node]))
+        if best is None or _agreement_key(rows) > _agreement_key(best):
+            best = rows
+    return best
+
+
+def _agreement_key(rows: list[LayerDiff]) -> tuple[float, float]:
+    agree = [r.agree for r in rows] or [1.0]
+    return min(agree), sum(agree) / len(agree)

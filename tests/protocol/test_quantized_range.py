@@ -172,6 +172,23 @@ def test_fixed_point_overflow_is_refused_on_every_party(pool_q):
         assert after == [2.5]
 
 
+def _one_large_weight_per_channel(layer: nn.Module, generator: torch.Generator) -> None:
+    """Weights whose int8 values are one +-127 per output channel and others in {-1, 0, 1}.
+
+    torch's x86 int8 kernels on CPUs without AVX-512 VNNI add pairs of uint8 x int8 products
+    in int16 with saturation (vpmaddubsw): once activations reach the ends of the uint8 range,
+    as inputs far outside the calibration range do, torch's result is not the exact integer
+    one (the program's). With these weights a pair is at most 255 * 128 < 2**15, so torch is
+    exact on every CPU.
+    """
+    with torch.no_grad():
+        w = layer.weight.view(layer.weight.shape[0], -1)
+        w.copy_(0.002 * torch.randn(w.shape, generator=generator))
+        big = torch.randint(0, w.shape[1], (w.shape[0],), generator=generator)
+        sign = torch.randint(0, 2, (w.shape[0],), generator=generator) * 2 - 1
+        w[torch.arange(w.shape[0]), big] = sign.to(w.dtype)
+
+
 def test_int8_program_bounds_hold_for_inputs_of_any_magnitude():
     """An int8 input is clamped to [qmin, qmax] by its owner (as torch does), so the static
     bounds of every later activation hold however large the float input is: PlainBackend
@@ -179,15 +196,25 @@ def test_int8_program_bounds_hold_for_inputs_of_any_magnitude():
     from crypten_lite.quantized.executor import decode_output, run
     from crypten_lite.quantized.testing import quantize_fx
 
+    def make():
+        return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+                             nn.Linear(8 * 4 * 4, 10)).eval()
+
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
-                          nn.Linear(8 * 4 * 4, 10)).eval()
     calib = torch.randn(32, 3, 8, 8)
-    qmodel = quantize_fx(model, calib)
-    program = from_quantized(qmodel, calib[:2])
-    g = torch.Generator().manual_seed(3)
-    for scale in (1.0, 1e3, 1e6):
-        x = torch.randn(4, 3, 8, 8, generator=g) * scale
-        backend = PlainBackend(check_bits=True)
-        y = decode_output(program.output_info, backend.reveal(run(program, x, backend)))
-        assert torch.equal(y, qmodel(x)), scale
+    random_weights = make()
+    exact_on_every_cpu = make()
+    g = torch.Generator().manual_seed(5)
+    _one_large_weight_per_channel(exact_on_every_cpu[0], g)
+    _one_large_weight_per_channel(exact_on_every_cpu[4], g)
+    for model in (random_weights, exact_on_every_cpu):
+        qmodel = quantize_fx(model, calib)
+        program = from_quantized(qmodel, calib[:2])
+        g = torch.Generator().manual_seed(3)
+        for scale in (1.0, 1e3, 1e6):
+            x = torch.randn(4, 3, 8, 8, generator=g) * scale
+            backend = PlainBackend(check_bits=True)  # raises if a value leaves its static bounds
+            y = decode_output(program.output_info, backend.reveal(run(program, x, backend)))
+            if model is exact_on_every_cpu or scale == 1.0:  # torch's kernels saturate on some CPUs
+                assert torch.equal(y, qmodel(x)), scale
+            assert not torch.equal(y, torch.zeros_like(y))  # the clamped inputs still reach the output
