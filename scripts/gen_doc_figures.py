@@ -844,14 +844,14 @@ def quantized_cpu(costs: dict, bench: dict, sources: dict) -> str:
     out.append(para(
         "Both differences are torch's. Its float32 calibration sums in another order with other vector widths, so "
         "some scales land a float32 ulp apart, which changes requantization multipliers and with them the integer "
-        "program; and its int8 kernels round a few values differently (a requantization near a tie in a conv; "
-        "average pooling, whose channels-last kernel rounds ties unlike its contiguous one without AVX-512: "
-        "`compare_layers` and `output_agreement` score a program against the better of torch's two answers). "
-        "On CPUs without AVX-512 VNNI torch's x86 int8 kernels also add pairs of uint8 x int8 products in int16 "
-        "with saturation: where activations reach the ends of the uint8 range (inputs far outside the "
-        "calibration range), torch's own output is not the exact integer result, and crypten_lite's, which is "
-        "exact, differs from it there. torch's x86 qconfig reduces the activation range to 7 bits to keep "
-        "calibrated inputs clear of it."))
+        "program. And its int8 kernels compute a few values differently. On CPUs without AVX-512 VNNI, torch's x86 "
+        "int8 convs and linears add pairs of uint8 x int8 products in int16 with saturation: where large activations "
+        "meet large weights, torch's output is not the exact integer result, and crypten_lite's, which is exact, "
+        "differs from it there (the digits CNN's second conv on AVX2 above; inputs far outside the calibration "
+        "range, which reach the ends of the uint8 range). The 7-bit activation range of torch's x86 qconfig keeps "
+        "most calibrated values clear of it. Its quantized average pooling rounds ties differently for "
+        "channels-last and contiguous inputs without AVX-512: `compare_layers` and `output_agreement` score a "
+        "program against the better of torch's two answers."))
     return "\n".join(out)
 
 
