@@ -25,6 +25,7 @@ import torch
 import crypten_lite
 from crypten_lite import comm
 from crypten_lite.mpc import PartyPool
+from crypten_lite.provider.correlations import ring_gemm_choice
 
 WORKLOADS: dict[str, Callable] = {}
 
@@ -101,7 +102,7 @@ def _measure(run: Callable[[], tuple[torch.Tensor, torch.Tensor]], plan_name: st
             "comm_seconds": stats["seconds"], "dealer_bytes": _dealer_bytes(provider) - dealer_before,
             "offline_seconds": offline_seconds, "offline_dealer_bytes": offline_dealer,
             "offline_bytes_sent": offline_sent, "max_error": err,
-            "peak_memory_bytes": _peak_memory_bytes()}
+            "peak_memory_bytes": _peak_memory_bytes(), "ring_gemm": ring_gemm_choice()}
 
 
 def _reset_peak_memory() -> None:
@@ -681,7 +682,9 @@ def run(names: list[str], parties: int, provider: str, repeat: int, tls_dir: str
                    "peak_memory_mb_per_party": [round(r.get("peak_memory_bytes", 0) / 2**20, 1) for r in first],
                    # seconds depend on what else runs on the machine: record how busy it was
                    "load_average_1min": round(os.getloadavg()[0], 1), "cpus": os.cpu_count(),
-                   "cpu_model": machine}
+                   "cpu_model": machine,
+                   # how this party ran its large ring products: torch's int64 ops or float64 limbs
+                   "ring_gemm": first[0].get("ring_gemm")}
             settings = inherited_settings()   # e.g. CRYPTEN_LITE_TRUNCATION=exact, as the parties ran
             if settings:
                 row["settings"] = settings

@@ -26,6 +26,8 @@ Sources (all in docs/):
 * ``end_to_end.jsonl``: four ``crypten-lite bench --parties 3`` runs of one session (additive
   and rss, each with and without ``--no-offline``), for docs/protocols.md's end-to-end table
   only; each line names the CPU that measured it (``cpu_model``).
+* ``ring_gemm.jsonl``: ``benchmarks/limb_matmul.py --json`` lines (torch's int64 ring
+  products against float64 limbs, per shape and CPU) for docs/ARCHITECTURE.md's table.
 * the figures of other producers, each file or group with its provenance (command, commit,
   date, machine, and whether its script wrote it or it was transcribed once from the docs):
   ``netns_bench.jsonl`` (``benchmarks/netns_bench.py --json``: the network tables of
@@ -329,6 +331,8 @@ def load_sources() -> dict:
     out["compose_health_timeout_s"] = int(health[1]) if health else None
     out["rss_bench"] = load_bench_rss()
     out["end_to_end"] = load_end_to_end()
+    out["ring_gemm"] = [json.loads(line) for line in RING_GEMM.read_text().splitlines() if line.strip()] \
+        if RING_GEMM.exists() else []
     return out
 
 
@@ -350,6 +354,34 @@ def load_bench_rss() -> dict[str, dict]:
 # --no-offline), kept apart from benchmarks.jsonl because their seconds compare only with each
 # other (the machine that measured them is named in each line's cpu_model).
 END_TO_END = ROOT / "docs" / "end_to_end.jsonl"
+RING_GEMM = ROOT / "docs" / "ring_gemm.jsonl"
+
+
+def architecture_ring_gemm(costs: dict, bench: dict, sources: dict) -> str:
+    """docs/ARCHITECTURE.md: torch's int64 ring products against float64 limbs, per CPU
+    (docs/ring_gemm.jsonl, written by benchmarks/limb_matmul.py --json; the last line of each
+    shape on each CPU)."""
+    last: dict[tuple[str, str], dict] = {}
+    for row in sources["ring_gemm"]:
+        last[(row["cpu_model"], row["shape"])] = row
+    machines = list(dict.fromkeys(cpu for cpu, _ in last))
+    lines = ["| product | " + " | ".join(f"{cpu}: int64 / limbs" for cpu in machines) + " |",
+             "| --- |" + " --- |" * len(machines)]
+    for shape in dict.fromkeys(s for _, s in last):
+        cells = []
+        for cpu in machines:
+            r = last.get((cpu, shape))
+            cells.append("" if r is None else f"{r['int64_seconds']:.3f} s / {r['limbs_seconds']:.3f} s "
+                         f"({r['int64_seconds'] / r['limbs_seconds']:.1f}x{', equal' if r['equal'] else ', DIFFERENT'})")
+        lines.append(f"| {shape} | " + " | ".join(cells) + " |")
+    notes = []
+    for cpu in machines:
+        rows = [r for (c, _), r in last.items() if c == cpu]
+        notes.append(f"{cpu}: torch kernels {rows[0]['torch_kernels']}, {rows[0]['threads']} threads, "
+                     f"auto picks {rows[0]['auto']} (commit {rows[0]['commit']}, {rows[0]['date']}, "
+                     f"load average {max(r['load_average_1min'] for r in rows)})")
+    return "\n".join(lines) + "\n\n" + para(
+        "(Medians of 3, `python benchmarks/limb_matmul.py --json docs/ring_gemm.jsonl`; " + "; ".join(notes) + ".)")
 
 
 def load_end_to_end() -> dict[tuple[str, str, bool], dict]:
@@ -1006,6 +1038,7 @@ RENDERERS: dict[str, Callable[[dict, dict, dict], str]] = {
     "protocols-bench": protocols_bench,
     "protocols-aby3": protocols_aby3,
     "protocols-end-to-end": protocols_end_to_end,
+    "architecture-ring-gemm": architecture_ring_gemm,
     "training-steps": training_steps,
     "training-examples": training_examples,
     "readme-bench": readme_bench,

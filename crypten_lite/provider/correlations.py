@@ -86,13 +86,139 @@ def _matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.matmul(a, b)
 
 
+# --- ring products by float64 BLAS on 16-bit limbs ------------------------------------------
+# torch has no BLAS for int64: its int64 matmul and conv are a generic kernel whose speed
+# depends on the CPU by two orders of magnitude (fast with AVX-512, 25x-180x slower on a
+# 2-core AVX2 EPYC). A bilinear op is linear in each operand, so with a = sum_i a_i 2^(16 i)
+# and b = sum_j b_j 2^(16 j) (16-bit limbs, 0..65535), op(a, b) mod 2^64 is
+# sum_{i+j<4} op(a_i, b_j) 2^(16 (i+j)): ten float64 ops (BLAS) on limbs. Each output of the
+# four sums op(a_0, b_s) + ... + op(a_s, b_0) adds at most 4 K products below 2^32 (K: the
+# terms one output sums), exact in float64 while 4 K 2^32 <= 2^53, so K <= 2^19; every
+# partial sum is an integer below 2^53, so any summation order (BLAS blocking, FMA) is exact.
+LIMB_BITS = 16
+LIMB_MAX_TERMS = 1 << 19
+# Below this many multiply-adds torch's int64 op is as fast as splitting into limbs.
+LIMB_MIN_WORK = 1 << 22
+RING_GEMM_MODES = ("auto", "int64", "limbs")
+# auto's probe: large enough that torch's int64 kernel runs out of cache as real products do
+# (at [64, 256] @ [256, 128] the two are even on a CPU where the limbs win 20x at BERT's shapes)
+PROBE_SHAPES = ((128, 256), (256, 256))
+_ring_gemm_choice: dict[str, bool] = {}
+
+
+def _limbs(t: torch.Tensor) -> list[torch.Tensor]:
+    mask = (1 << LIMB_BITS) - 1
+    return [((t >> (LIMB_BITS * i)) & mask).to(torch.float64) for i in range(64 // LIMB_BITS)]
+
+
+def ring_by_limbs(fn: Callable, a: torch.Tensor, b: torch.Tensor, params: Sequence[int]) -> torch.Tensor:
+    """``fn(a, b, params)`` mod 2^64 for int64 ``a``, ``b``, by float64 ``fn`` on 16-bit limbs
+    (exact while one output sums at most LIMB_MAX_TERMS products; the caller checks)."""
+    al, bl = _limbs(a), _limbs(b)
+    out = None
+    for s in range(len(al)):
+        acc = fn(al[0], bl[s], params)
+        for i in range(1, s + 1):
+            acc += fn(al[i], bl[s - i], params)
+        term = acc.to(torch.int64)
+        if s:
+            term *= 1 << (LIMB_BITS * s)  # int64 products wrap mod 2^64, as the ring needs
+        out = term if out is None else out.add_(term)
+        del acc, term
+    return out
+
+
+def _terms_per_output(op: str, a: torch.Tensor, b: torch.Tensor, params: Sequence[int]) -> int:
+    """How many products one output element of op(a, b) sums (an upper bound)."""
+    if op == "matmul":
+        return a.shape[-1]
+    if op in ("conv1d", "conv2d"):
+        return b.shape[1] * math.prod(b.shape[2:])
+    if op == "conv_transpose2d":
+        return (a.shape[1] // params[8]) * math.prod(b.shape[2:])
+    return 1
+
+
+def _limbs_faster() -> bool:
+    """Whether float64 BLAS on limbs beats torch's int64 matmul on this machine: measured
+    once per process on PROBE_SHAPES, best of two after a warm-up, limbs taken when at least
+    1.5x faster (the two give identical results; only speed differs)."""
+    import time
+
+    if "auto" not in _ring_gemm_choice:
+        g = torch.Generator().manual_seed(0)  # probe operands, not shares
+        a = torch.randint(-2**63, 2**63 - 1, PROBE_SHAPES[0], dtype=torch.int64, generator=g)
+        b = torch.randint(-2**63, 2**63 - 1, PROBE_SHAPES[1], dtype=torch.int64, generator=g)
+        times = {}
+        for name, run in (("int64", lambda: torch.matmul(a, b)),
+                          ("limbs", lambda: ring_by_limbs(_float_matmul, a, b, ()))):
+            run()  # warm up
+            best = float("inf")
+            for _ in range(2):
+                start = time.perf_counter()
+                run()
+                best = min(best, time.perf_counter() - start)
+            times[name] = best
+        _ring_gemm_choice["auto"] = times["limbs"] * 1.5 < times["int64"]
+    return _ring_gemm_choice["auto"]
+
+
+def ring_gemm_mode() -> str:
+    """CRYPTEN_LITE_RING_GEMM: ``auto`` (default: limbs where they are faster on this CPU),
+    ``int64`` (torch's int64 ops always) or ``limbs`` (float64 limbs for every large product)."""
+    import os
+
+    mode = os.environ.get("CRYPTEN_LITE_RING_GEMM", "auto")
+    if mode not in RING_GEMM_MODES:
+        raise ValueError(f"CRYPTEN_LITE_RING_GEMM={mode!r}: expected one of {', '.join(RING_GEMM_MODES)}")
+    return mode
+
+
+def ring_gemm_choice() -> str:
+    """How this process runs large ring products: "int64" or "limbs" (auto resolved)."""
+    mode = ring_gemm_mode()
+    return mode if mode != "auto" else ("limbs" if _limbs_faster() else "int64")
+
+
+def _ring_op(op: str, int64_fn: Callable, float_fn: Callable) -> Callable:
+    """The ring op ``op``: torch's int64 op, or float64 limbs for large products of plain CPU
+    int64 tensors where those are faster (identical results either way)."""
+    def run(a: torch.Tensor, b: torch.Tensor, p: Sequence[int]) -> torch.Tensor:
+        if (type(a) is torch.Tensor and type(b) is torch.Tensor and a.dtype == torch.int64
+                and b.dtype == torch.int64 and a.device.type == "cpu" and b.device.type == "cpu"
+                and a.dim() >= 1 and b.dim() >= 1):
+            mode = ring_gemm_mode()
+            if (mode != "int64" and _terms_per_output(op, a, b, p) <= LIMB_MAX_TERMS
+                    and _work(op, a, b, p) >= LIMB_MIN_WORK and (mode == "limbs" or _limbs_faster())):
+                return ring_by_limbs(float_fn, a, b, p)
+        return int64_fn(a, b, p)
+    return run
+
+
+def _work(op: str, a: torch.Tensor, b: torch.Tensor, p: Sequence[int]) -> int:
+    """Multiply-adds of op(a, b) (0 where the int64 op should run anyway: unknown shapes, and
+    a few rows against a matrix, which torch.mv serves without copying the matrix into limbs)."""
+    if op == "conv_transpose2d":
+        return a.numel() * b.shape[1] * math.prod(b.shape[2:])
+    shape = _fast_shape(op, tuple(a.shape), tuple(b.shape), tuple(p))
+    if shape is None or (op == "matmul" and shape[-2] <= MV_ROWS):
+        return 0
+    return math.prod(shape) * _terms_per_output(op, a, b, p)
+
+
+def _float_matmul(a: torch.Tensor, b: torch.Tensor, p: Sequence[int]) -> torch.Tensor:
+    return torch.matmul(a, b)
+
+
 # The bilinear operations a Beaver triple can serve; params are integers only.
 TRIPLE_OPS: dict[str, Callable[[torch.Tensor, torch.Tensor, Sequence[int]], torch.Tensor]] = {
     "mul": lambda a, b, p: a * b,
-    "matmul": lambda a, b, p: _matmul(a, b),
-    "conv1d": lambda a, b, p: F.conv1d(a, b, **_conv_params(p, 1)),
-    "conv2d": lambda a, b, p: F.conv2d(a, b, **_conv_params(p, 2)),
-    "conv_transpose2d": _conv_transpose2d,
+    "matmul": _ring_op("matmul", lambda a, b, p: _matmul(a, b), _float_matmul),
+    "conv1d": _ring_op("conv1d", lambda a, b, p: F.conv1d(a, b, **_conv_params(p, 1)),
+                       lambda a, b, p: F.conv1d(a, b, **_conv_params(p, 1))),
+    "conv2d": _ring_op("conv2d", lambda a, b, p: F.conv2d(a, b, **_conv_params(p, 2)),
+                       lambda a, b, p: F.conv2d(a, b, **_conv_params(p, 2))),
+    "conv_transpose2d": _ring_op("conv_transpose2d", _conv_transpose2d, _conv_transpose2d),
 }
 
 # Number of seeded components per kind (domain 0..n-1) and of corrections sent to rank 0.
