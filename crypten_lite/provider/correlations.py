@@ -97,8 +97,11 @@ def _matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 # partial sum is an integer below 2^53, so any summation order (BLAS blocking, FMA) is exact.
 LIMB_BITS = 16
 LIMB_MAX_TERMS = 1 << 19
-# Below this many multiply-adds torch's int64 op is as fast as splitting into limbs.
+# Below this many multiply-adds, or this many terms per output (LeNet's 5x5 convolution of one
+# channel: 25), torch's int64 op is as fast as splitting into limbs, whose cost is ten passes
+# over the operands and outputs besides the products.
 LIMB_MIN_WORK = 1 << 22
+LIMB_MIN_TERMS = 64
 RING_GEMM_MODES = ("auto", "int64", "limbs")
 # auto's probe: large enough that torch's int64 kernel runs out of cache as real products do
 # (at [64, 256] @ [256, 128] the two are even on a CPU where the limbs win 20x at BERT's shapes)
@@ -188,7 +191,7 @@ def _ring_op(op: str, int64_fn: Callable, float_fn: Callable) -> Callable:
                 and b.dtype == torch.int64 and a.device.type == "cpu" and b.device.type == "cpu"
                 and a.dim() >= 1 and b.dim() >= 1):
             mode = ring_gemm_mode()
-            if (mode != "int64" and _terms_per_output(op, a, b, p) <= LIMB_MAX_TERMS
+            if (mode != "int64" and LIMB_MIN_TERMS <= _terms_per_output(op, a, b, p) <= LIMB_MAX_TERMS
                     and _work(op, a, b, p) >= LIMB_MIN_WORK and (mode == "limbs" or _limbs_faster())):
                 return ring_by_limbs(float_fn, a, b, p)
         return int64_fn(a, b, p)

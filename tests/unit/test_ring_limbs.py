@@ -49,6 +49,7 @@ def test_limbs_equal_the_int64_op(case, monkeypatch):
     want = _int64(op, a, b, p, monkeypatch)
     monkeypatch.setenv("CRYPTEN_LITE_RING_GEMM", "limbs")
     monkeypatch.setattr(corr, "LIMB_MIN_WORK", 0)  # small cases too
+    monkeypatch.setattr(corr, "LIMB_MIN_TERMS", 1)
     spy = []
     monkeypatch.setattr(corr, "ring_by_limbs", lambda *args: spy.append(1) or ring_by_limbs(*args))
     got = TRIPLE_OPS[op](a, b, p)
@@ -77,6 +78,8 @@ def test_longer_reductions_and_small_products_keep_the_int64_op(monkeypatch):
     monkeypatch.setattr(corr, "ring_by_limbs", lambda *args: spy.append(1) or ring_by_limbs(*args))
     a, b = ring(8, 16), ring(16, 8)
     assert torch.equal(TRIPLE_OPS["matmul"](a, b, ()), a @ b) and not spy  # too small to pay
+    x, kernel = ring(64, 1, 28, 28), ring(6, 1, 5, 5)  # LeNet's first conv: 25 terms per output
+    assert torch.equal(TRIPLE_OPS["conv2d"](x, kernel, (1, 1, 0, 0, 1, 1, 1)), F.conv2d(x, kernel)) and not spy
     rows, w = ring(2, 4096), ring(8192, 4096)
     assert torch.equal(TRIPLE_OPS["matmul"](rows, w.t(), ()), torch.matmul(rows, w.t())) and not spy  # torch.mv
     x, kernel = ring(1, LIMB_MAX_TERMS // 4 + 1, 2, 2), ring(2, LIMB_MAX_TERMS // 4 + 1, 2, 2)
