@@ -71,6 +71,28 @@ def test_party_pool_passes_session_settings(monkeypatch):
         assert pool.run(_truncation_setting) == ["local", "local"]
 
 
+@pytest.mark.parametrize("mode", ["int64", "limbs"])
+def test_party_pool_passes_the_ring_gemm_choice(monkeypatch, mode):
+    """CRYPTEN_LITE_RING_GEMM reaches every party (and the products agree either way: the
+    parties' matmul of shared values is revealed equal to torch's)."""
+    from crypten_lite.mpc import PartyPool
+    monkeypatch.setenv("CRYPTEN_LITE_RING_GEMM", mode)
+    with PartyPool(2, timeout=60) as pool:
+        got = pool.run(_ring_gemm_product)
+    assert [choice for choice, _ in got] == [mode, mode]
+    assert all(ok for _, ok in got)
+
+
+def _ring_gemm_product() -> tuple[str, bool]:
+    import torch
+    import crypten_lite
+    from crypten_lite.provider.correlations import ring_gemm_choice
+    g = torch.Generator().manual_seed(0)  # test data, not shares
+    a, b = torch.randn(128, 256, generator=g), torch.randn(256, 256, generator=g)
+    got = (crypten_lite.cryptensor(a, src=0) @ crypten_lite.cryptensor(b, src=1)).get_plain_text()
+    return ring_gemm_choice(), bool((got - a @ b).abs().max() < 1e-2)
+
+
 def _truncation_setting() -> str:
     from crypten_lite.session import current
     return current().config.truncation

@@ -351,4 +351,4 @@ def test_bench_no_offline_times_the_helper_truncation_end_to_end():
     assert row["offline_phase"] is False and row["offline_seconds"] == 0.0
     assert row["offline_bytes_sent_per_party"] == [0, 0, 0]
     assert row["rounds"] == 2 and row["bytes_sent_per_party"] == [16 * n, 32 * n, 16 * n], row
-    assert row["max_error"] < 1e-2 and row["cpu_model"]
+    assert row["max_error"] < 1e-2 and row["cpu_model"] and row["ring_gemm"] in ("int64", "limbs")
