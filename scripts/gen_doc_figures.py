@@ -438,13 +438,16 @@ def protocols_end_to_end(costs: dict, bench: dict, sources: dict) -> str:
     lines = ["| workload | additive: offline + online s | additive, no offline phase: rounds, s | "
              "rss: offline + online s | rss, no offline phase: rounds, MB sent / party, s |",
              "|---|---|---|---|---|"]
-    machines, slower, compared = set(), [], 0
+    machines, slower, compared, ring = set(), [], 0, {}
     for workload in PROTOCOL_WORKLOADS + ("bert_layer_tiny",):
         a, na = e2e.get((workload, "additive", True)), e2e.get((workload, "additive", False))
         r, nr = e2e.get((workload, "rss", True)), e2e.get((workload, "rss", False))
         if not any((a, na, r, nr)):
             continue
         machines |= {row.get("cpu_model", "unknown") for row in (a, na, r, nr) if row}
+        for row in (a, na, r, nr):
+            if row:
+                ring.setdefault(row.get("ring_gemm") or "int64 (before the limbs)", []).append(row)
         both = (lambda row: f"{row['offline_seconds']:.3f} + {row['seconds_median']:.3f} = "
                 f"{row['offline_seconds'] + row['seconds_median']:.3f}" if row else "not measured")
         cells = [both(a), f"{na['rounds']}, {na['seconds_median']:.3f}" if na else "not measured", both(r),
@@ -460,7 +463,10 @@ def protocols_end_to_end(costs: dict, bench: dict, sources: dict) -> str:
     lines += ["", f"rss without an offline phase is the fastest of the four end to end on "
               f"{compared - len(slower)} of the {compared} workloads measured all four ways"
               + (f" (not on: {', '.join(slower)})" if slower else "")
-              + ". Measured on: " + "; ".join(sorted(machines)) + "."]
+              + ". Measured on: " + "; ".join(sorted(machines)) + ". Large ring products ran as "
+              + "; ".join(f"{how} in {len(rows)} of the {sum(map(len, ring.values()))} runs"
+                          for how, rows in sorted(ring.items(), key=lambda kv: -len(kv[1])))
+              + " (docs/ARCHITECTURE.md, \"Ring products\")."]
     return "\n".join(lines) + "\n"
 
 
