@@ -150,9 +150,11 @@ def _limbs_faster() -> bool:
     import time
 
     if "auto" not in _ring_gemm_choice:
-        g = torch.Generator().manual_seed(0)  # probe operands, not shares
-        a = torch.randint(-2**63, 2**63 - 1, PROBE_SHAPES[0], dtype=torch.int64, generator=g)
-        b = torch.randint(-2**63, 2**63 - 1, PROBE_SHAPES[1], dtype=torch.int64, generator=g)
+        # full-range probe operands without any randomness: consecutive integers times an odd
+        # 64-bit constant (wrapping), which spreads them over the whole ring
+        spread = 0x9E3779B97F4A7C15 - (1 << 64)
+        a = (torch.arange(math.prod(PROBE_SHAPES[0]), dtype=torch.int64) * spread).view(PROBE_SHAPES[0])
+        b = (torch.arange(math.prod(PROBE_SHAPES[1]), dtype=torch.int64) * spread + 1).view(PROBE_SHAPES[1])
         runs = {"int64": lambda: torch.matmul(a, b), "limbs": lambda: ring_by_limbs(_float_matmul, a, b, ())}
         times = dict.fromkeys(runs, float("inf"))
         for run in runs.values():
