@@ -187,9 +187,12 @@ def ring_gemm_choice() -> str:
     return mode if mode != "auto" else ("limbs" if _limbs_faster() else "int64")
 
 
-def _ring_op(op: str, int64_fn: Callable, float_fn: Callable) -> Callable:
-    """The ring op ``op``: torch's int64 op, or float64 limbs for large products of plain CPU
-    int64 tensors where those are faster (identical results either way)."""
+def _ring_op(op: str, int64_fn: Callable, float_fn: Callable | None = None) -> Callable:
+    """The ring op ``op``: torch's int64 op, or float64 limbs (``float_fn``, default the same
+    function) for large products of plain CPU int64 tensors where those are faster (identical
+    results either way)."""
+    float_fn = float_fn or int64_fn
+
     def run(a: torch.Tensor, b: torch.Tensor, p: Sequence[int]) -> torch.Tensor:
         if (type(a) is torch.Tensor and type(b) is torch.Tensor and a.dtype == torch.int64
                 and b.dtype == torch.int64 and a.device.type == "cpu" and b.device.type == "cpu"
@@ -221,11 +224,9 @@ def _float_matmul(a: torch.Tensor, b: torch.Tensor, p: Sequence[int]) -> torch.T
 TRIPLE_OPS: dict[str, Callable[[torch.Tensor, torch.Tensor, Sequence[int]], torch.Tensor]] = {
     "mul": lambda a, b, p: a * b,
     "matmul": _ring_op("matmul", lambda a, b, p: _matmul(a, b), _float_matmul),
-    "conv1d": _ring_op("conv1d", lambda a, b, p: F.conv1d(a, b, **_conv_params(p, 1)),
-                       lambda a, b, p: F.conv1d(a, b, **_conv_params(p, 1))),
-    "conv2d": _ring_op("conv2d", lambda a, b, p: F.conv2d(a, b, **_conv_params(p, 2)),
-                       lambda a, b, p: F.conv2d(a, b, **_conv_params(p, 2))),
-    "conv_transpose2d": _ring_op("conv_transpose2d", _conv_transpose2d, _conv_transpose2d),
+    "conv1d": _ring_op("conv1d", lambda a, b, p: F.conv1d(a, b, **_conv_params(p, 1))),
+    "conv2d": _ring_op("conv2d", lambda a, b, p: F.conv2d(a, b, **_conv_params(p, 2))),
+    "conv_transpose2d": _ring_op("conv_transpose2d", _conv_transpose2d),
 }
 
 # Number of seeded components per kind (domain 0..n-1) and of corrections sent to rank 0.

@@ -101,18 +101,20 @@ def record(gm: fx.GraphModule, x: torch.Tensor, contiguous_pooling: bool = False
     channels-last kernel without AVX-512), so a pooling fed by a quantized conv (channels-last)
     has two torch answers; :func:`torch_answers` gives both.
     """
+    return _recorded(gm, x, contiguous_pooling).samples
+
+
+def _recorded(gm: fx.GraphModule, x: torch.Tensor, contiguous_pooling: bool = False) -> _Recorder:
     rec = _Recorder(gm, contiguous_pooling)
     with torch.no_grad():
         rec.run(x)
-    return rec.samples
+    return rec
 
 
 def torch_answers(gm: fx.GraphModule, x: torch.Tensor) -> list[dict[fx.Node, Any]]:
     """Every node's output as torch computes it, once as the model runs and, where an average
     pooling ran on a non-contiguous input, once more with the pooling fed a contiguous one."""
-    rec = _Recorder(gm)
-    with torch.no_grad():
-        rec.run(x)
+    rec = _recorded(gm, x)
     return [rec.samples] + ([record(gm, x, contiguous_pooling=True)] if rec.pooled else [])
 
 

@@ -8,7 +8,6 @@ images; run with ``-s`` to see the agreement figures (they are quoted in docs/qu
 from __future__ import annotations
 
 import importlib.util
-import json
 import pathlib
 import warnings
 
@@ -26,6 +25,15 @@ from crypten_lite.quantized.backend import PlainBackend
 from crypten_lite.quantized.testing import output_agreement, quantize_eager, quantize_fx, quantize_pt2e
 
 # PT2E needs torchao (the "quantization" extra)
+def _generator():
+    path = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "gen_doc_figures.py"
+    spec = importlib.util.spec_from_file_location("gen_doc_figures", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+GEN = _generator()  # docs/quantized_agreement.json's figures for this CPU class
 requires_torchao = pytest.mark.skipif(importlib.util.find_spec("torchao") is None, reason="torchao not installed")
 
 pytestmark = pytest.mark.filterwarnings(
@@ -159,9 +167,8 @@ def _assert_doc_figures(flow, qmodel, x, y):
     """docs/quantized.md's tables come from docs/quantized_agreement.json: the seeded run
     gives exactly its figures (if the code changed them on purpose:
     python scripts/gen_doc_figures.py --measure-quantized, then python scripts/gen_doc_figures.py)."""
-    data = json.loads((pathlib.Path(__file__).resolve().parents[2] / "docs" / "quantized_agreement.json").read_text())
-    cpu = torch.backends.cpu.get_cpu_capability()
-    flows = data["flows"] if cpu == data["cpu"] else data.get("by_cpu", {}).get(cpu, {}).get("flows")
+    cpu = GEN.cpu_class()
+    flows = GEN.agreement_figures(cpu)
     if flows is None:  # torch's calibration and int8 kernels differ by CPU class: no figures for this one
         warnings.warn(f"docs/quantized_agreement.json has no figures for this CPU class ({cpu}); to add them: "
                       "python scripts/gen_doc_figures.py --measure-quantized")
