@@ -7,6 +7,9 @@ pool alone. A test of ops that exist under both protocols takes `pool_all`."""
 
 from __future__ import annotations
 
+import os
+import pathlib
+
 import pytest
 from hypothesis import settings
 
@@ -63,3 +66,92 @@ def pytest_sessionfinish(session, exitstatus):
     for p in _POOLS.values():
         p.close()
     _POOLS.clear()
+
+
+# -- tests that change the machine: opt-in -----------------------------------------------------
+# A test that installs system packages or starts system services (the Docker test: Debian's
+# docker.io, docker-compose, containerd, runc, iptables and debootstrap, a root dockerd and a few
+# GB of images; a browser test: Debian's chromium) carries the marker
+#     @pytest.mark.system_tests("installs Debian's chromium with apt-get")   (or as pytestmark)
+# and runs only with CRYPTEN_LITE_SYSTEM_TESTS=1 (.ci/run sets it); otherwise it is skipped with
+# a reason that names the variable and what the test would install. CRYPTEN_LITE_SKIP_DOCKER=1
+# (the old opt-out) still switches the Docker test off.
+SYSTEM_TESTS_ENV = "CRYPTEN_LITE_SYSTEM_TESTS"
+
+
+def system_tests_enabled() -> bool:
+    """True where the user opted in to tests that install system packages."""
+    return os.environ.get(SYSTEM_TESTS_ENV) == "1"
+
+
+# -- a run that explains itself ----------------------------------------------------------------
+# Tests run phase by phase (unit, protocol, integration, container: the system tests last),
+# and a line names each phase, with its count, when it starts. `announce` (a fixture) prints a
+# line to the terminal at once, whatever pytest captures: call it before any step that takes
+# minutes (installing the Docker engine, building the image).
+PHASES = ("unit", "protocol", "integration", "torchvision", "container")
+
+
+def _phase(item: pytest.Item) -> str:
+    if item.get_closest_marker("system_tests") is not None:
+        return "container"
+    parts = pathlib.Path(str(item.fspath)).parts
+    if "tests" in parts and parts.index("tests") + 1 < len(parts) - 1:
+        name = parts[parts.index("tests") + 1]
+        if name in PHASES:
+            return name
+    return "other"
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "system_tests(what): installs system packages or starts "
+                            f"system services; runs only with {SYSTEM_TESTS_ENV}=1 (what: what it "
+                            "would install, for the skip reason)")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        marker = item.get_closest_marker("system_tests")
+        if marker is not None and not system_tests_enabled():
+            what = marker.args[0] if marker.args else "installs system packages"
+            item.add_marker(pytest.mark.skip(
+                reason=f"a system test: it {what}; set {SYSTEM_TESTS_ENV}=1 to run it"))
+    order = {name: i for i, name in enumerate(PHASES)}
+    items.sort(key=lambda item: order.get(_phase(item), len(PHASES)))  # stable: files keep order
+    counts: dict[str, int] = {}
+    for item in items:
+        counts[_phase(item)] = counts.get(_phase(item), 0) + 1
+    config._crypten_lite_phases = counts  # noqa: SLF001 (read by pytest_runtest_logstart)
+
+
+def _say(config, text: str) -> None:
+    """Print a line on the terminal now, past pytest's output capture."""
+    tr = config.pluginmanager.get_plugin("terminalreporter")
+    capman = config.pluginmanager.get_plugin("capturemanager")
+    if tr is None or capman is None:
+        print(text, flush=True)
+        return
+    with capman.global_and_fixture_disabled():
+        if getattr(tr._tw, "width_of_current_line", 0):  # noqa: SLF001 (after a row of dots)
+            tr.write("\n")
+        tr.write_line(text)
+        tr.flush()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    config = item.config
+    phase = _phase(item)
+    if getattr(config, "_crypten_lite_phase", None) == phase:
+        return
+    config._crypten_lite_phase = phase  # noqa: SLF001
+    counts = getattr(config, "_crypten_lite_phases", {})
+    if counts and config.getoption("verbose") >= -1:
+        where = "system tests" if phase == "container" else f"tests/{phase}"
+        _say(config, f"== phase {phase} ({where}): {counts.get(phase, 0)} tests ==")
+
+
+@pytest.fixture(scope="session")
+def announce(request):
+    """``announce(text)`` prints a line to the terminal now (not captured)."""
+    return lambda text: _say(request.config, text)

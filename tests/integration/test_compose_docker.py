@@ -21,8 +21,11 @@
    same image, not rebuilt, under its own project name: every service exits 0, party0's
    predictions equal plaintext torch's on all three parties, then `down --volumes`.
 
-Where the engine cannot run this FAILS with the reason. On machines that cannot run Docker
-(no root, no apt), set CRYPTEN_LITE_SKIP_DOCKER=1 to skip it explicitly. Other variables:
+This test changes the machine (system packages, a root dockerd, a few GB in Docker's data folder
+and in /var/tmp/crypten-lite-docker), so it runs only with CRYPTEN_LITE_SYSTEM_TESTS=1 (.ci/run sets
+it; tests/conftest.py's `system_tests` marker); otherwise it is skipped, saying so.
+CRYPTEN_LITE_SKIP_DOCKER=1 still switches it off. Where it is on and the engine cannot run, it
+FAILS with the reason. Other variables:
 CRYPTEN_LITE_DOCKER_BASE (a base image to use instead of building one, e.g. python:3.11-slim
 where a registry is reachable), CRYPTEN_LITE_COMPOSE ("docker compose" or "docker-compose";
 default: v2 when the docker CLI has it, else v1).
@@ -47,7 +50,9 @@ import pytest
 
 import compose_env
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600), pytest.mark.system_tests(
+    "apt-installs docker.io, docker-compose, containerd, runc, iptables and debootstrap, starts a "
+    "root dockerd and keeps about 3 GB of images")]
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 COMPOSE_FILE = REPO / "docker-compose.yml"
@@ -94,11 +99,14 @@ def documented_command() -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def engine() -> Iterator[None]:
+def engine(announce) -> Iterator[None]:
     """A Docker engine that answers (started here if needed, and then stopped at the end)."""
+    announce("container test: making a Docker engine answer (scripts/docker_engine.sh: installs "
+             "Debian's docker.io & co. with apt-get where missing, starts dockerd; minutes the "
+             "first time)")
     proc = _run(["bash", str(REPO / "scripts" / "docker_engine.sh")], timeout=1500, check=False)
     if proc.returncode != 0:
-        pytest.fail("no Docker engine (set CRYPTEN_LITE_SKIP_DOCKER=1 on machines that cannot "
+        pytest.fail("no Docker engine (unset CRYPTEN_LITE_SYSTEM_TESTS on machines that cannot "
                     f"run one):\n{proc.stdout[-4000:]}")
     words = proc.stdout.split()
     started = int(words[-1]) if words[-2:-1] == ["started"] else None
@@ -150,14 +158,18 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
 
 
 @pytest.fixture(scope="module")
-def image(engine: None) -> dict[str, float | int]:
+def image(engine: None, announce) -> dict[str, float | int]:
     """Build IMAGE from the Dockerfile; returns its size in bytes."""
     base = os.environ.get("CRYPTEN_LITE_DOCKER_BASE", "")
     if not base:
+        announce(f"container test: the base image {BASE_IMAGE} (scripts/docker_base_image.sh: "
+                 "debootstrap of Debian 12: minutes the first time, then kept in the engine)")
         base = _run(["bash", str(REPO / "scripts" / "docker_base_image.sh"), BASE_IMAGE],
                     timeout=1800).stdout.split()[-1]
     wheel = _torch_wheel()
     version = wheel.name.split("-")[1]  # e.g. 2.13.0+cpu
+    announce(f"container test: docker build -t {IMAGE} (torch {version}; minutes the first time, "
+             "then Docker's layer cache)")
     gateway = _bridge_address()
     with _serve(wheel.parent, gateway) as url:
         _run(["docker", "build", "--force-rm", "--build-arg", f"BASE_IMAGE={base}",
