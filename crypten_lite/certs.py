@@ -28,6 +28,7 @@ import pathlib
 import re
 import secrets
 import sys
+import unicodedata
 from typing import NamedTuple, Sequence
 
 from cryptography import x509
@@ -100,14 +101,49 @@ def identity_of(cert_pem: bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
+def matching_form(host: str) -> str:
+    """`host` as TLS name matching compares it: Unicode and punycode (``xn--``) labels
+    decoded and folded (NFKC, case), a trailing dot dropped. gRPC, OpenSSL and browsers treat
+    names equal in this form as the same name."""
+    name = unicodedata.normalize("NFKC", host.strip()).casefold().rstrip(".")
+    labels = []
+    for label in name.split("."):
+        if label.startswith("xn--"):
+            try:
+                label = label[4:].encode("ascii").decode("punycode")
+            except (UnicodeError, ValueError):
+                pass  # not valid punycode: compared as written
+            label = unicodedata.normalize("NFKC", label).casefold()
+        labels.append(label)
+    return ".".join(labels)
+
+
+def names_identity(host: str) -> bool:
+    """Whether a SubjectAltName entry `host` would be matched by the TLS stack against an
+    identity name (``party{r}``, ``dealer``): in any case, with trailing dots, as Unicode or
+    punycode, or through a wildcard (``*``, ``*.``, ``d*``...)."""
+    name = matching_form(host)
+    if _IDENTITY_NAME.fullmatch(name):
+        return True
+    # Identity names are one label: a wildcard entry of one label may match them (whatever
+    # a given TLS stack's wildcard rules, refuse every pattern that could).
+    if "*" in name and "." not in name:
+        pattern = re.compile(".*".join(re.escape(part) for part in name.split("*")))
+        return any(pattern.fullmatch(n) for n in ("party0", "party1", "party12", DEALER_IDENTITY))
+    return False
+
+
 def _general_name(host: str) -> x509.GeneralName:
     host = host.strip()
-    if _IDENTITY_NAME.fullmatch(host.lower()):
-        # party1's certificate must never be valid for the name party0: clients check the
-        # server's identity through exactly these names (tls.channel_options).
+    if names_identity(host):
+        # party1's certificate must never be valid for the name party0 (nor the dealer's):
+        # the TLS stack matches the dialed identity through these names (tls.channel_options),
+        # and it ignores case and a trailing dot, decodes punycode and expands wildcards.
+        # Clients check the role itself as well (tls.verify_reply).
         raise ConfigError(
-            f"--hosts entry {host!r} is an identity name; identities are added to their own "
-            "certificate automatically, and must not be added to the others")
+            f"--hosts entry {host!r} is an identity name (as TLS compares names: {matching_form(host)!r}); "
+            "identities are added to their own certificate automatically, and must not be "
+            "added to the others")
     try:
         return x509.IPAddress(ipaddress.ip_address(host))
     except ValueError:

@@ -54,7 +54,8 @@ from ..random import KeyPair, canonical, pair_info, request_encoding, subkey
 from . import serde
 from .dealer_prefetch import (CHUNK_BYTES, PREPARED_BYTES_MAX, ChunkPuller, PreparedBatch,
                               chunk_counts, pull_mac)
-from .grpc_comm import MAX_REPLY_BYTES, TlsContext, check_hello, handshake, make_hello, start_server
+from .grpc_comm import (MAX_REPLY_BYTES, TlsContext, check_hello, handshake, hello_origin, make_hello,
+                        start_server)
 
 log = logging.getLogger("crypten_lite.dealer")
 
@@ -195,7 +196,8 @@ class _DealerServicer(pb_grpc.DealerServicer):
         identity = d.tls.peer_identity(context)
         error = check_hello(d.hello, request, identity, dealer=True)
         if error:
-            log.warning("dealer refused a handshake: %s", error)
+            log.warning("dealer refused a handshake from %s: %s", hello_origin(request, identity),
+                        error)
             return pb.HelloReply(hello=d.hello, error=error)
         try:
             seed = d.keypair.shared_seed(request.public_key,
@@ -215,7 +217,7 @@ class _DealerServicer(pb_grpc.DealerServicer):
                 d.mac_key = subkey(seed, "dealer-request-mac")
             d.cond.notify_all()
         log.info("dealer: party %d joined session %r", request.rank, request.session)
-        return pb.HelloReply(hello=d.hello)
+        return d.tls.reply(request, d.hello)
 
     def _requester_only(self, context) -> None:
         identity = self.dealer.tls.peer_identity(context)
@@ -442,7 +444,8 @@ class DealerClient:
         self.channel = self.tls.channel(config.dealer, "dealer")
         self.stub = pb_grpc.DealerStub(self.channel)
         hello = make_hello(config, config.rank, keypair.public_bytes)
-        theirs = handshake(self.stub, hello, config.timeout, config.dealer, "the dealer")
+        theirs = handshake(self.stub, hello, config.timeout, config.dealer, "the dealer",
+                           tls=self.tls, identity="dealer")
         if theirs.rank != config.world_size or theirs.session != config.session:
             raise ConfigError(f"the service at {config.dealer} is not this session's dealer")
         self.seed = keypair.shared_seed(theirs.public_key, pair_info(config.session, "dealer", config.rank))

@@ -94,7 +94,18 @@ _CONFIG_REFUSALS = ("protocol version", "session", "world size", "configuration 
 
 
 def check_hello(mine: pb.Hello, theirs: pb.Hello, identity: str | None, dealer: bool = False) -> str:
-    """Why `theirs` is refused by an endpoint whose own Hello is `mine` ('' if accepted)."""
+    """Why `theirs` is refused by an endpoint whose own Hello is `mine` ('' if accepted).
+
+    The peer's identity is checked first: with TLS, a Hello whose claimed rank is not the
+    certificate's is refused for that alone, so every other refusal (session, digest...)
+    concerns the authenticated party and may be recorded against it (see hello_origin)."""
+    limit = mine.world_size if dealer else theirs.world_size
+    if identity is not None:
+        if identity != f"party{theirs.rank}":
+            return (f"certificate identity {identity!r} does not match claimed rank {theirs.rank} "
+                    "(each party must use its own party{rank} certificate)")
+        if not 0 <= theirs.rank < mine.world_size or (not dealer and theirs.rank == mine.rank):
+            return f"certificate identity {identity!r} is not another party of this session"
     if theirs.protocol_version != mine.protocol_version:
         return (f"protocol version {theirs.protocol_version} != {mine.protocol_version}: "
                 "run the same crypten_lite version everywhere")
@@ -106,14 +117,19 @@ def check_hello(mine: pb.Hello, theirs: pb.Hello, identity: str | None, dealer: 
     if theirs.config_digest != mine.config_digest:
         return ("configuration digest differs (precision, provider, truncation, protocol or TLS): "
                 "use the same CRYPTEN_LITE_* settings on every party")
-    limit = theirs.world_size if not dealer else mine.world_size
     if not 0 <= theirs.rank < limit or (not dealer and theirs.rank == mine.rank):
         return f"claimed rank {theirs.rank} is invalid here"
-    if identity is not None and identity != f"party{theirs.rank}":
-        return f"certificate identity {identity!r} does not match claimed rank {theirs.rank}"
     if len(theirs.public_key) != 32:
         return "malformed public key"
     return ""
+
+
+def hello_origin(theirs: pb.Hello, identity: str | None) -> str:
+    """Who a refused Hello is recorded against: the authenticated party with TLS, else the rank
+    it claims, said to be unauthenticated (for log lines and error messages)."""
+    if identity is not None:
+        return f"{identity} (authenticated by its certificate)"
+    return f"the peer claiming rank {theirs.rank} (unauthenticated: TLS is off)"
 
 
 def stream_token(seed: bytes, session: str, src: int, dst: int) -> bytes:
@@ -143,6 +159,20 @@ class TlsContext:
             options = CHANNEL_OPTIONS + list(self._tls.channel_options(identity))
             return grpc.secure_channel(address, self._tls.channel_credentials(self.material), options)
         return grpc.insecure_channel(address, CHANNEL_OPTIONS)
+
+    def reply(self, request: pb.Hello, hello: pb.Hello, error: str = "") -> pb.HelloReply:
+        """The answer to `request`: this endpoint's `hello`, and with TLS (when accepted) its
+        certificate and signature of the handshake transcript (tls.sign_reply)."""
+        if not self.enabled or error:
+            return pb.HelloReply(hello=hello, error=error)
+        return pb.HelloReply(hello=hello, certificate=self.material.cert,
+                             signature=self._tls.sign_reply(self.material, request, hello))
+
+    def verify(self, request: pb.Hello, reply: pb.HelloReply, identity: str) -> None:
+        """Client side: with TLS, refuse a reply not signed by the holder of `identity`'s
+        certificate (tls.verify_reply), whatever the SANs the TLS stack matched."""
+        if self.enabled:
+            self._tls.verify_reply(self.material, identity, request, reply)
 
     def peer_identity(self, context: grpc.ServicerContext) -> str | None:
         """The peer's certificate identity (party{r} / dealer); None only when TLS is off.
@@ -206,11 +236,14 @@ def start_server(address: str, tls: TlsContext, register, what: str) -> grpc.Ser
 
 
 def handshake(stub, hello: pb.Hello, timeout: float, target: str, who: str,
-              refused: Callable[[], str] | None = None) -> pb.Hello:
+              refused: Callable[[], str] | None = None, tls: TlsContext | None = None,
+              identity: str = "") -> pb.Hello:
     """Call Handshake on `target`, retrying with backoff until `timeout`; returns its Hello.
 
     `refused()` (if given) says why this party already refused that peer's own handshake
     (a configuration that differs): then the peer cannot join, so waiting for it stops at once.
+    With `tls` on, the reply must be signed by the holder of `identity`'s certificate (the
+    role dialed: ``party1``, ``dealer``), see TlsContext.verify.
     """
     deadline = time.monotonic() + timeout
     delay = 0.05
@@ -242,6 +275,8 @@ def handshake(stub, hello: pb.Hello, timeout: float, target: str, who: str,
             raise CommunicationError(f"{who} at {target} refused the connection: {last}", peer=target) from e
         if reply.error:
             raise ConfigError(f"{who} at {target} refused this party: {reply.error}")
+        if tls is not None:
+            tls.verify(hello, reply, identity)
         return reply.hello
 
 
@@ -255,14 +290,19 @@ class _PartyServicer(pb_grpc.PartyServicer):
         identity = self.comm.tls.peer_identity(context)
         error = check_hello(self.comm.hello, request, identity)
         if error:
-            log.warning("party %d refused a handshake: %s", self.comm.rank, error)
+            log.warning("party %d refused a handshake from %s: %s", self.comm.rank,
+                        hello_origin(request, identity), error)
             if error.startswith(_CONFIG_REFUSALS) and 0 <= request.rank < self.comm.world_size:
-                # The peer that claims this rank runs another configuration: the session
-                # cannot start, so this party's own wait for it ends at once as well.
+                # The peer runs another configuration: the session cannot start, so this
+                # party's own wait for it ends at once as well. check_hello checked the
+                # identity first, so with TLS this is the authenticated party's rank; without
+                # TLS the rank is only claimed, and the message says so.
+                if identity is None:
+                    error += f" (from {hello_origin(request, identity)})"
                 self.comm.refused.setdefault(int(request.rank), error)
         if (not error or error.startswith(_CONFIG_REFUSALS)) and 0 <= request.rank < self.comm.world_size:
             self.comm.greeted_by.add(int(request.rank))
-        return pb.HelloReply(hello=self.comm.hello, error=error)
+        return self.comm.tls.reply(request, self.comm.hello, error)
 
     def Stream(self, request_iterator, context):
         comm = self.comm
@@ -589,7 +629,8 @@ class GrpcCommunicator(Communicator):
         def greet(peer: int) -> tuple[int, bytes]:
             theirs = handshake(stubs[peer], self.hello, self.config.timeout,
                                self.config.parties[peer], f"party {peer}",
-                               refused=lambda: why_stop(peer))
+                               refused=lambda: why_stop(peer), tls=self.tls,
+                               identity=f"party{peer}")
             error = check_hello(self.hello, theirs, None)
             if error or theirs.rank != peer:
                 raise ConfigError(f"party at {self.config.parties[peer]} is not a valid party {peer}: "

@@ -17,7 +17,17 @@ How a connection is authenticated, both ways:
 2. The client trusts only the CA and checks that the server's certificate is issued *for the
    identity it means to reach*, not for the address it dials (:func:`channel_options` sets
    ``grpc.ssl_target_name_override``), so ``10.0.0.7:50051`` must present ``party1``.
-3. The CA only proves that the peer is *some* member; the servicer then checks *which*:
+3. The TLS stack matches the dialed identity against the certificate's SubjectAltName the
+   way DNS names compare (case and a trailing dot ignored), so a SAN mistake (``dealer.`` in
+   party0's certificate) would let one role pass for another. The client therefore also
+   checks the role itself, end to end: the server answers the handshake with its own
+   certificate and an ECDSA signature, under that certificate's key, of the handshake
+   transcript (both Hellos, the client's fresh X25519 key included: :func:`transcript`,
+   :func:`sign_reply`); the client accepts only a CA-issued certificate whose one Subject CN
+   is exactly the role it dialed, and a valid signature (:func:`verify_reply`). Whatever the
+   SANs say, a key that is not the dialed role's cannot answer, and the pairwise seed is agreed
+   with the holder of the role's key only.
+4. The CA only proves that the peer is *some* member; the servicer then checks *which*:
    a peer that claims rank r in its messages must present ``party{r}``
    (:func:`peer_identity`, :func:`check_peer`). A certificate whose subject has no CN,
    several CNs, or a CN that is not ``party{r}`` / ``dealer`` is refused (PERMISSION_DENIED)
@@ -30,6 +40,7 @@ never does, so ``identity is not None and ...`` checks are skipped only without 
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import functools
 import logging
 import pathlib
@@ -37,9 +48,13 @@ import re
 
 import grpc
 from cryptography import x509
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from ..errors import CommunicationError, ConfigError
+from ..random import canonical
 
 DEALER_IDENTITY = "dealer"
 CA_CERT = "ca.pem"
@@ -184,6 +199,78 @@ def _refuse(context: grpc.ServicerContext, why: str) -> None:
         f"refusing the connection: the peer's TLS certificate {why}; every principal needs a "
         f"certificate whose subject has exactly one common name, party{{rank}} or "
         f"{DEALER_IDENTITY!r} ({CERTS_HINT})")
+
+
+def transcript(client_hello, server_hello) -> bytes:
+    """The bytes a server signs in its handshake reply: both Hellos (pb.Hello), every field,
+    the client's fresh X25519 key included (so a reply cannot be replayed to another client
+    or handshake)."""
+    def fields(h) -> tuple:
+        return (int(h.protocol_version), str(h.session), int(h.world_size), int(h.rank),
+                str(h.config_digest), bytes(h.public_key).hex())
+    return canonical("crypten-lite/hello-reply/v1", fields(client_hello), fields(server_hello))
+
+
+@functools.lru_cache(maxsize=8)
+def _private_key(pem: bytes) -> ec.EllipticCurvePrivateKey:
+    key = serialization.load_pem_private_key(pem, password=None)
+    if not isinstance(key, ec.EllipticCurvePrivateKey):
+        raise ConfigError(f"the TLS key is not an EC key; {CERTS_HINT}")
+    return key
+
+
+def sign_reply(material: TlsMaterial, client_hello, server_hello) -> bytes:
+    """ECDSA-SHA256 signature of :func:`transcript` under this endpoint's certificate key."""
+    return _private_key(material.key).sign(transcript(client_hello, server_hello),
+                                           ec.ECDSA(hashes.SHA256()))
+
+
+@functools.lru_cache(maxsize=8)
+def _ca_certificate(pem: bytes) -> x509.Certificate:
+    return x509.load_pem_x509_certificate(pem)
+
+
+def verify_reply(material: TlsMaterial, expected: str, client_hello, reply) -> None:
+    """Refuse (CommunicationError) a handshake reply not made by the holder of `expected`'s key.
+
+    `reply` (pb.HelloReply) must carry a certificate issued by this endpoint's CA, valid now,
+    whose one Subject CN is exactly `expected` (``party1``, ``dealer``: compared as the
+    identity, never through the SubjectAltName), and a valid signature under that
+    certificate's key of :func:`transcript` (`client_hello`, ``reply.hello``). Called by every
+    client after its TLS handshake, so a certificate that the TLS stack accepted for the
+    dialed name through a SAN mistake still cannot pass for another role.
+    """
+    def refuse(why: str) -> CommunicationError:
+        return CommunicationError(
+            f"the server dialed as {expected!r} {why}; refusing it (it is not {expected!r}, or "
+            f"runs an older crypten_lite; {CERTS_HINT})", peer=expected)
+
+    pem = bytes(reply.certificate)
+    if not pem:
+        raise refuse("sent no certificate with its handshake reply")
+    if len(pem) > 16384:
+        raise refuse(f"sent a certificate of {len(pem)} bytes")
+    identity, error = _certificate_identity(pem)
+    if error:
+        raise refuse(f"presented a certificate that {error}")
+    if identity != expected:
+        raise refuse(f"presented a certificate for {identity!r}")
+    cert = x509.load_pem_x509_certificate(pem)
+    try:
+        cert.verify_directly_issued_by(_ca_certificate(material.ca))
+    except (ValueError, TypeError, InvalidSignature):
+        raise refuse("presented a certificate not issued by this CA") from None
+    now = datetime.datetime.now(datetime.timezone.utc)
+    if not cert.not_valid_before_utc <= now <= cert.not_valid_after_utc:
+        raise refuse("presented a certificate that is not valid now")
+    public = cert.public_key()
+    if not isinstance(public, ec.EllipticCurvePublicKey):
+        raise refuse("presented a certificate without an EC key")
+    try:
+        public.verify(bytes(reply.signature), transcript(client_hello, reply.hello),
+                      ec.ECDSA(hashes.SHA256()))
+    except InvalidSignature:
+        raise refuse("did not sign this handshake with its certificate's key") from None
 
 
 def check_peer(context: grpc.ServicerContext, expected: str) -> None:
