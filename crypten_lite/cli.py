@@ -7,6 +7,7 @@
     crypten-lite certs --parties 2 --out certs                # CA + per-party certificates
     crypten-lite health --target host:port                    # gRPC health check
     crypten-lite bench [--only NAME]                          # benchmarks (JSON lines)
+    crypten-lite serve --model lenet                          # prediction service (docs/serving.md)
 """
 
 from __future__ import annotations
@@ -445,6 +446,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=_health)
     sub.add_parser("certs", help="create a CA and per-party certificates (see certs --help)", add_help=False)
     sub.add_parser("bench", help="run the benchmark suite (see bench --help)", add_help=False)
+    sub.add_parser("serve", help="private prediction service: parties as long-lived servers "
+                                 "(see serve --help, docs/serving.md)", add_help=False)
     return parser
 
 
@@ -456,6 +459,9 @@ def main(argv: list[str] | None = None) -> int:
         return _certs(argv[1:])
     if argv and argv[0] == "bench":
         return _bench(argv[1:])
+    if argv and argv[0] == "serve":
+        from .serve.local import main as serve_main
+        return serve_main(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return args.fn(args)

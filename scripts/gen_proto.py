@@ -16,13 +16,17 @@ import tempfile
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PROTO_DIR = ROOT / "protos"
 OUT_DIR = ROOT / "crypten_lite" / "_proto"
+# The torch-free client distribution (client/) carries its own copy of the client-facing
+# service's modules, generated here from the same file.
+CLIENT_OUT_DIR = ROOT / "client" / "crypten_lite_client" / "_proto"
+CLIENT_PROTOS = ("serve.proto",)
 
 
-def generate(out_dir: pathlib.Path) -> list[pathlib.Path]:
+def generate(out_dir: pathlib.Path, names: tuple[str, ...] | None = None) -> list[pathlib.Path]:
     from grpc_tools import protoc  # build-time dependency only
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    protos = sorted(PROTO_DIR.glob("*.proto"))
+    protos = sorted(p for p in PROTO_DIR.glob("*.proto") if names is None or p.name in names)
     args = ["protoc", f"-I{PROTO_DIR}", f"--python_out={out_dir}", f"--grpc_python_out={out_dir}"]
     if protoc.main(args + [str(p) for p in protos]) != 0:
         raise SystemExit("protoc failed")
@@ -38,13 +42,18 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--check", action="store_true", help="fail if the committed code is stale")
     args = parser.parse_args()
+    targets = ((OUT_DIR, None), (CLIENT_OUT_DIR, CLIENT_PROTOS))
     if not args.check:
-        generate(OUT_DIR)
+        for out_dir, names in targets:
+            generate(out_dir, names)
         return 0
-    with tempfile.TemporaryDirectory() as tmp:
-        fresh = generate(pathlib.Path(tmp))
-        stale = [p.name for p in fresh if not (OUT_DIR / p.name).exists()
-                 or not filecmp.cmp(p, OUT_DIR / p.name, shallow=False)]
+    stale = []
+    for out_dir, names in targets:
+        with tempfile.TemporaryDirectory() as tmp:
+            fresh = generate(pathlib.Path(tmp), names)
+            stale += [str(out_dir.relative_to(ROOT) / p.name) for p in fresh
+                      if not (out_dir / p.name).exists()
+                      or not filecmp.cmp(p, out_dir / p.name, shallow=False)]
     if stale:
         print(f"stale generated code: {stale}; run python scripts/gen_proto.py", file=sys.stderr)
         return 1
