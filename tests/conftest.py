@@ -118,10 +118,6 @@ def pytest_collection_modifyitems(config, items):
                 reason=f"a system test: it {what}; set {SYSTEM_TESTS_ENV}=1 to run it"))
     order = {name: i for i, name in enumerate(PHASES)}
     items.sort(key=lambda item: order.get(_phase(item), len(PHASES)))  # stable: files keep order
-    counts: dict[str, int] = {}
-    for item in items:
-        counts[_phase(item)] = counts.get(_phase(item), 0) + 1
-    config._crypten_lite_phases = counts  # noqa: SLF001 (read by pytest_runtest_logstart)
 
 
 def _say(config, text: str) -> None:
@@ -145,8 +141,10 @@ def pytest_runtest_setup(item):
     if getattr(config, "_crypten_lite_phase", None) == phase:
         return
     config._crypten_lite_phase = phase  # noqa: SLF001
-    counts = getattr(config, "_crypten_lite_phases", {})
-    if counts and config.getoption("verbose") >= -1:
+    counts: dict[str, int] = {}
+    for other in item.session.items:  # those selected (after -k / -m / deselection)
+        counts[_phase(other)] = counts.get(_phase(other), 0) + 1
+    if config.getoption("verbose") >= -1:
         where = "system tests" if phase == "container" else f"tests/{phase}"
         _say(config, f"== phase {phase} ({where}): {counts.get(phase, 0)} tests ==")
 
