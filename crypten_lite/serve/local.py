@@ -152,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
                 children.append(subprocess.Popen(cmd, env={**base, **env}, stdout=logs(f"party{r}"),
                                                  stderr=subprocess.STDOUT, **popen))
             (state / "pids.json").write_text(json.dumps(
-                {"parties": [c.pid for c in children[-n:]], "epoch": epoch}))
+                {"parties": [c.pid for c in children[-n:]], "all": [c.pid for c in children],
+                 "epoch": epoch}))
             parties = children[-n:]
             announced = False
             while all(c.poll() is None for c in parties):
