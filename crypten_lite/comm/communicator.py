@@ -13,17 +13,48 @@ caller may modify it in place as soon as the call returns (tests/integration/tes
 from __future__ import annotations
 
 import abc
+import hashlib
 import time
 from typing import Sequence
 
 import torch
 
 from ..errors import CommunicationError
+from ..random import canonical
 
 REDUCE_OPS = {
     "sum": lambda a, b: a + b,
     "xor": lambda a, b: a ^ b,
 }
+
+
+# A message may carry a tag: a digest of the logical shapes of the values it carries (an
+# opening of several values travels flat, so its header's shape says only their total size).
+# It travels in the message header (grpc: Frame.tag), not counted as payload, and the receiver
+# compares it with its own (mpc.primitives.check_agree, mpc.rss._check).
+MAX_TAG_BYTES = 32
+_TAG_ATTR = "_crypten_lite_shape_tag"
+
+
+def shape_tag(shapes) -> bytes:
+    """16-byte digest of a list of shapes (each of any rank; their order and ranks count)."""
+    return hashlib.sha256(canonical("crypten-lite/shapes/v1",
+                                    [tuple(int(d) for d in s) for s in shapes])).digest()[:16]
+
+
+def with_tag(tensor: torch.Tensor, tag: bytes) -> torch.Tensor:
+    """`tensor` (a new tensor object sharing its memory: the caller's is left untagged) whose
+    message carries `tag` in its header."""
+    if len(tag) > MAX_TAG_BYTES:
+        raise CommunicationError(f"a message tag has at most {MAX_TAG_BYTES} bytes, got {len(tag)}")
+    out = tensor.detach()
+    setattr(out, _TAG_ATTR, bytes(tag))
+    return out
+
+
+def tag_of(tensor: torch.Tensor) -> bytes:
+    """The tag `tensor`'s message carries (b"" if none)."""
+    return getattr(tensor, _TAG_ATTR, b"")
 
 
 def payload_bytes(tensor: torch.Tensor) -> int:

@@ -7,11 +7,13 @@ The dealer logic itself (which values to derive, which correction to send) lives
    the party-dealer seed from X25519 + HKDF, and from it (`random.subkey`) the party's
    correlation key and, for rank 0, the request MAC key.
 2. Rank 0 sends batches of `CorrelationRequest`s, each batch with an HMAC-SHA256 under its
-   request MAC key over the session and the requests' canonical encodings (a few dozen
-   bytes per request, never the tensors). The dealer waits (up to the timeout) until every
-   rank of the session has shaken hands, then, before any work:
+   request MAC key over the session and the requests' deterministic protobuf encodings (a few
+   dozen bytes per request, never the tensors). Before any work the dealer:
    a. refuses a batch whose MAC is not rank 0's (any other party, an outsider, a modified
-      batch): with or without TLS, only rank 0 gets corrections;
+      batch): with or without TLS, only rank 0 gets corrections. The MAC is over the batch's
+      messages as serialized, verified before any request is decoded (and before waiting for
+      the other parties), on a batch bounded by the receive limit and MAX_BATCH_REQUESTS;
+      then it waits (up to the timeout) until every rank of the session has shaken hands, and
    b. refuses a request the protocols never make (`Handler.check`: kind, op, operand count,
       parameter ranges) or whose answer is too large: every component, broadcast and matmul
       results included, is sized by arithmetic against max_message_bytes, and the batch's
@@ -55,7 +57,7 @@ from . import serde
 from .dealer_prefetch import (CHUNK_BYTES, PREPARED_BYTES_MAX, ChunkPuller, PreparedBatch,
                               chunk_counts, pull_mac)
 from .grpc_comm import (MAX_REPLY_BYTES, TlsContext, check_hello, handshake, hello_origin, make_hello,
-                        start_server)
+                        start_server, warn_plaintext)
 
 log = logging.getLogger("crypten_lite.dealer")
 
@@ -99,14 +101,26 @@ REQUESTER_RANK = 0
 MAC_BYTES = 32
 
 
+# At most this many requests in one batch (a whole offline plan travels in one message of at
+# most grpc_comm.MAX_FRAME_BYTES, the dealer server's receive limit): refused before any work.
+MAX_BATCH_REQUESTS = 1 << 17
+
+
 def batch_mac(key: bytes, session: str, requests: Sequence[Request]) -> bytes:
     """HMAC-SHA256 of a batch under rank 0's request MAC key (bound to the session and to
-    every request's counter, kind, op, shapes and parameters; the encodings are prefix-free,
-    so their concatenation is unambiguous)."""
-    mac = hmac.new(key, canonical("dealer-batch/v1", session, REQUESTER_RANK, len(requests)),
+    every request's every field, see batch_mac_proto)."""
+    return batch_mac_proto(key, session, [r.to_proto(session) for r in requests])
+
+
+def batch_mac_proto(key: bytes, session: str, requests) -> bytes:
+    """HMAC-SHA256 of a batch's CorrelationRequest messages as serialized (deterministic
+    protobuf encoding: fields in number order, unknown fields kept), under rank 0's request
+    MAC key. The dealer verifies it on the message as received, before it decodes a single
+    request (a C-speed serialization and one HMAC): an unauthenticated batch costs no parsing."""
+    body = pb.CorrelationBatch(requests=requests).SerializeToString(deterministic=True)
+    mac = hmac.new(key, canonical("dealer-batch/v2", session, REQUESTER_RANK, len(requests)),
                    hashlib.sha256)
-    for r in requests:
-        mac.update(r.encoding())
+    mac.update(body)
     return mac.digest()
 
 
@@ -226,18 +240,23 @@ class _DealerServicer(pb_grpc.DealerServicer):
             context.abort(grpc.StatusCode.PERMISSION_DENIED, "only party0 may request corrections")
 
     def _accept(self, request) -> tuple[dict[int, bytes], list[Request], list[int]]:
-        """Steps 2a-2c for a batch: the keys, the requests and their answers' bytes."""
+        """Steps 2a-2c for a batch: the keys, the requests and their answers' bytes. The MAC
+        is verified first, on the batch as received (its size bounded by the server's receive
+        limit and MAX_BATCH_REQUESTS), before any request is decoded or checked."""
         d = self.dealer
         if len(request.mac) != MAC_BYTES:
             raise ProtocolError("request not authenticated (no MAC): only party 0 may "
                                 "request corrections")
+        if len(request.requests) > MAX_BATCH_REQUESTS:
+            raise ProtocolError(f"a batch of {len(request.requests)} requests exceeds "
+                                f"{MAX_BATCH_REQUESTS}; send the plan in several batches")
+        d.authenticate_proto(request.mac, request.requests)
         keys = d.wait_for_parties()
         requests = []
         for msg in request.requests:
             if msg.session != d.config.session:
                 raise CommunicationError(f"request for session {msg.session!r}")
             requests.append(Request.from_proto(msg))
-        d.authenticate(request.mac, requests)
         sizes = [d.check(r) for r in requests]
         return keys, requests, sizes
 
@@ -316,15 +335,24 @@ class DealerServer:
         address = address or config.bind or config.dealer
         if not address:
             raise ConfigError("the dealer needs an address: set CRYPTEN_LITE_DEALER=host:port")
+        if ":" not in address and config.dealer:  # a bind host alone: the dealer's own port
+            address = f"{address}:{config.dealer.rpartition(':')[2]}"
+        if not self.tls.enabled:
+            warn_plaintext("dealer", [address, *config.parties])
         self.server = start_server(address, self.tls,
                                    lambda s: pb_grpc.add_DealerServicer_to_server(_DealerServicer(self), s),
                                    "dealer")
 
     def authenticate(self, mac: bytes, requests: Sequence[Request]) -> None:
         """Refuse a batch whose MAC is not rank 0's (another party, an outsider, a change)."""
+        self.authenticate_proto(mac, [r.to_proto(self.config.session) for r in requests])
+
+    def authenticate_proto(self, mac: bytes, requests) -> None:
+        """authenticate() on the CorrelationRequest messages as received (nothing decoded)."""
         with self.cond:
             key = self.mac_key
-        if key is None or not hmac.compare_digest(mac, batch_mac(key, self.config.session, requests)):
+        if key is None or not hmac.compare_digest(
+                mac, batch_mac_proto(key, self.config.session, requests)):
             raise ProtocolError("request not authenticated (bad MAC): only party 0 may request "
                                 "corrections, each batch with its own MAC")
 
@@ -471,8 +499,9 @@ class DealerClient:
     def batch_proto(self, requests: Sequence[Request]) -> pb.CorrelationBatch:
         """The authenticated batch message for `requests`."""
         session = self.config.session
-        return pb.CorrelationBatch(requests=[r.to_proto(session) for r in requests],
-                                   mac=batch_mac(self._mac_key, session, requests))
+        protos = [r.to_proto(session) for r in requests]
+        return pb.CorrelationBatch(requests=protos,
+                                   mac=batch_mac_proto(self._mac_key, session, protos))
 
     def _call(self, requests: Sequence[Request]) -> Callable[[], tuple[list[torch.Tensor], list[int]]]:
         batch = self.batch_proto(requests)

@@ -50,7 +50,7 @@ from ..config import Config
 from ..errors import CommunicationError, ConfigError
 from ..random import KeyPair, pair_info, subkey
 from . import serde
-from .communicator import Communicator
+from .communicator import MAX_TAG_BYTES, Communicator, tag_of, with_tag
 from .mailbox import Mailbox
 
 log = logging.getLogger("crypten_lite.comm")
@@ -378,6 +378,9 @@ class _PartyServicer(pb_grpc.PartyServicer):
         if frame.src != src or frame.session != self.comm.config.session:
             raise CommunicationError("frame changes sender or session within a stream")
         shape = tuple(frame.shape)
+        tag = bytes(frame.tag)
+        if len(tag) > MAX_TAG_BYTES:
+            raise CommunicationError(f"message {frame.seq} has a tag of {len(tag)} bytes")
         nbytes = serde.check_header(frame.dtype, shape, self.comm.config.max_message_bytes)
         expected_chunks = max(1, -(-nbytes // CHUNK_BYTES))
         if frame.num_chunks != expected_chunks or frame.chunk >= expected_chunks:
@@ -391,31 +394,37 @@ class _PartyServicer(pb_grpc.PartyServicer):
             if expected_chunks == 1:  # the common case: one copy, straight to a tensor
                 if len(frame.data) != nbytes:
                     raise CommunicationError(f"message {frame.seq} does not match its shape")
-                self.comm.mailbox.put(src, frame.seq, serde.from_bytes(frame.dtype, shape, frame.data))
+                self.comm.mailbox.put(src, frame.seq,
+                                      _tagged(serde.from_bytes(frame.dtype, shape, frame.data), tag))
                 return
             # Chunks are copied once, into one buffer of the announced size.
-            partial[frame.seq] = (frame.dtype, shape, bytearray(nbytes), 0, 0)
+            partial[frame.seq] = (frame.dtype, (shape, tag), bytearray(nbytes), 0, 0)
         if frame.seq not in partial:
             raise CommunicationError(f"chunk of unknown message {frame.seq}")
         dtype, first_shape, buffer, received, size = partial[frame.seq]
-        if frame.chunk != received or frame.dtype != dtype or first_shape != shape:
+        if frame.chunk != received or frame.dtype != dtype or first_shape != (shape, tag):
             raise CommunicationError(f"inconsistent chunk in message {frame.seq}")
         n = len(frame.data)
         if size + n > nbytes or (frame.chunk < expected_chunks - 1 and n != CHUNK_BYTES):
             raise CommunicationError(f"message {frame.seq} does not match its shape")
         buffer[size:size + n] = frame.data
-        partial[frame.seq] = (dtype, shape, buffer, received + 1, size + n)
+        partial[frame.seq] = (dtype, first_shape, buffer, received + 1, size + n)
         if received + 1 == expected_chunks:
             del partial[frame.seq]
             if size + n != nbytes:
                 raise CommunicationError(f"message {frame.seq} is shorter than its shape")
-            self.comm.mailbox.put(src, frame.seq, serde.from_bytes(dtype, shape, buffer))
+            self.comm.mailbox.put(src, frame.seq, _tagged(serde.from_bytes(dtype, shape, buffer), tag))
+
+
+def _tagged(tensor: torch.Tensor, tag: bytes) -> torch.Tensor:
+    """A received tensor carrying its header's tag (communicator.tag_of)."""
+    return with_tag(tensor, tag) if tag else tensor
 
 
 class _RawFrame:
     """A received Frame whose payload is a view into gRPC's buffer (no protobuf copy)."""
 
-    __slots__ = ("session", "src", "seq", "dtype", "shape", "chunk", "num_chunks", "data")
+    __slots__ = ("session", "src", "seq", "dtype", "shape", "chunk", "num_chunks", "data", "tag")
 
 
 def _read_varint(raw: bytes, i: int) -> tuple[int, int]:
@@ -456,6 +465,7 @@ def _parse_frame(raw: bytes) -> _RawFrame:
     frame = _RawFrame()
     frame.session, frame.src, frame.seq, frame.dtype = header.session, header.src, header.seq, header.dtype
     frame.shape, frame.chunk, frame.num_chunks = tuple(header.shape), header.chunk, header.num_chunks
+    frame.tag = header.tag
     frame.data = memoryview(raw)[start:end] if start >= 0 else memoryview(b"")
     return frame
 
@@ -540,6 +550,7 @@ class _Outbox:
             raise CommunicationError(f"party {src}: cannot send to party {self.peer} ({self.failed})",
                                      peer=self.peer)
         dtype, shape, data = serde.to_bytes(tensor)
+        tag = tag_of(tensor)  # the shapes it carries, checked by the receiving protocol
         n = max(1, -(-len(data) // CHUNK_BYTES))
         # Copy-on-send: the frames are serialized now, on the caller's thread, so what the
         # peer receives is the tensor as it was at this call even if the caller changes it in
@@ -548,7 +559,7 @@ class _Outbox:
         # as it is copied, so the stream sends chunk i while chunk i + 1 is being copied.
         for i in range(n):
             header = pb.Frame(session=session, src=src, seq=self.seq, dtype=dtype, shape=shape,
-                              chunk=i, num_chunks=n)
+                              chunk=i, num_chunks=n, tag=tag)
             self.queue.put([_frame_bytes(header, data[i * CHUNK_BYTES:(i + 1) * CHUNK_BYTES])])
         self.seq += 1
 
@@ -566,8 +577,20 @@ class _Outbox:
 
 
 def _is_loopback(address: str) -> bool:
-    host = address.rpartition(":")[0].strip("[]")
+    host = address.rpartition(":")[0].strip("[]") if ":" in address else address
     return host in ("localhost", "::1") or host.startswith("127.")
+
+
+def warn_plaintext(who: str, addresses: list[str]) -> bool:
+    """Warn (and return True) when TLS is off and any of `addresses` (the address this
+    endpoint binds to, and the ones it dials) is not loopback: a bind to 0.0.0.0 or to a LAN
+    address exposes the endpoint in plaintext even when every peer is local."""
+    exposed = [a for a in addresses if a and not _is_loopback(a)]
+    if exposed:
+        log.warning("%s: TLS is off (CRYPTEN_LITE_TLS_DIR unset) on a non-loopback network (%s): "
+                    "traffic is unauthenticated and readable; run `crypten-lite certs`, or bind "
+                    "to 127.0.0.1 (CRYPTEN_LITE_BIND)", who, ", ".join(exposed))
+    return bool(exposed)
 
 
 class GrpcCommunicator(Communicator):
@@ -591,12 +614,11 @@ class GrpcCommunicator(Communicator):
         self.refused: dict[int, str] = {}  # peer rank -> why its handshake was refused
         self.greeted_by: set[int] = set()  # peers whose Hello this server answered (either way)
         own = config.parties[config.rank]
-        if not self.tls.enabled and not all(_is_loopback(a) for a in config.parties):
-            log.warning("party %d: TLS is off (CRYPTEN_LITE_TLS_DIR unset) on a non-loopback network: "
-                        "traffic is unauthenticated and readable; run `crypten-lite certs`", config.rank)
         bind = config.bind or own
         if ":" not in bind:
             bind = f"{bind}:{own.rpartition(':')[2]}"
+        if not self.tls.enabled:
+            warn_plaintext(f"party {config.rank}", [bind, *config.parties])
         self.server = start_server(bind, self.tls,
                                    lambda s: _add_party_servicer(_PartyServicer(self), s),
                                    f"party {config.rank}")

@@ -1,7 +1,8 @@
-"""In-process transport for fast unit tests: parties are threads sharing mailboxes.
+"""In-process transport: parties are threads sharing mailboxes.
 
-Protocol tests must also run over gRPC (tests/protocol); this one exists for quick checks
-of protocol math without sockets.
+It serves quick checks of protocol math without sockets (protocol tests must also run over
+gRPC, tests/protocol) and the session of one party that init() gives outside a launch
+(session.init_single_process: one mailbox, no peers).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import threading
 
 import torch
 
-from .communicator import Communicator
+from .communicator import Communicator, tag_of, with_tag
 from .mailbox import Mailbox
 
 
@@ -27,7 +28,9 @@ class InProcessHub:
         with self._lock:
             seq = self._seq[src][dst]
             self._seq[src][dst] += 1
-        self.mailboxes[dst].put(src, seq, tensor.clone())
+        copy = tensor.clone()
+        tag = tag_of(tensor)  # the header's tag travels with the copy, as over gRPC
+        self.mailboxes[dst].put(src, seq, with_tag(copy, tag) if tag else copy)
 
 
 class InProcessCommunicator(Communicator):

@@ -22,6 +22,7 @@ from typing import Sequence
 
 import torch
 
+from ..comm.communicator import shape_tag, with_tag
 from ..provider.correlations import monomial_params
 from ..session import current
 from . import circuits
@@ -94,7 +95,7 @@ def rshift(x: torch.Tensor, k: int) -> torch.Tensor:
 def open_xor(x: torch.Tensor) -> torch.Tensor:
     """Reveal a binary-shared tensor to every party (one round; every party checks that the
     others' shares have its shape and dtype, primitives.check_agree)."""
-    flat = x.reshape(-1)
+    flat = with_tag(x.reshape(-1), shape_tag([x.shape]))  # the full shape in the header
     parts = current().comm.all_gather(flat)
     check_agree(flat, parts, "binary opening")
     out = parts[0].clone()

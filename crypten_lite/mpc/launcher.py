@@ -30,6 +30,8 @@ from ..errors import ConfigError, CryptenLiteError
 
 _CTX = mp.get_context("spawn")
 PROTOCOL_ENV = PREFIX + "PROTOCOL"
+BIND_ENV = PREFIX + "BIND"
+LOOPBACK = "127.0.0.1"
 
 
 def resolve_protocol(world_size: int, protocol: str | None = None,
@@ -83,7 +85,12 @@ def local_env(world_size: int, provider: str = "dealer", session: str | None = N
     in `extra` or in this process's environment); under "rss" there is no dealer: the parties
     get no dealer address and the dealer environment is None. The session-wide settings of
     this process's environment (INHERITED: precision, truncation, ...) pass to every process;
-    `extra` overrides them."""
+    `extra` overrides them.
+
+    Every process binds to loopback (CRYPTEN_LITE_BIND=127.0.0.1, which overrides a ``bind``
+    of an inherited CRYPTEN_LITE_CONFIG file: a launched session must never listen on the
+    network, in plaintext or not, because of a file meant for another deployment) unless
+    `extra` sets CRYPTEN_LITE_BIND itself."""
     protocol = resolve_protocol(world_size, protocol, extra)
     ports = free_ports(world_size + 1)
     parties = ",".join(f"127.0.0.1:{p}" for p in ports[:world_size])
@@ -96,12 +103,18 @@ def local_env(world_size: int, provider: str = "dealer", session: str | None = N
         "CRYPTEN_LITE_TIMEOUT": str(timeout),
     }
     common.update(inherited_settings())
+    common[BIND_ENV] = LOOPBACK  # each party adds its own port (grpc_comm); the dealer's below
     common.update(extra or {})
     common[PROTOCOL_ENV] = protocol
     if protocol == "rss":
         del common["CRYPTEN_LITE_DEALER"]
     party_envs = [dict(common, CRYPTEN_LITE_RANK=str(r)) for r in range(world_size)]
-    return party_envs, (dict(common, CRYPTEN_LITE_RANK="0") if protocol != "rss" else None)
+    if protocol == "rss":
+        return party_envs, None
+    dealer_env = dict(common, CRYPTEN_LITE_RANK="0")
+    if dealer_env[BIND_ENV] == LOOPBACK:
+        dealer_env[BIND_ENV] = f"{LOOPBACK}:{ports[-1]}"
+    return party_envs, dealer_env
 
 
 def _apply_env(env: dict[str, str]) -> None:
@@ -144,9 +157,31 @@ def _children_skip_main() -> Iterator[None]:
         main.__dict__.update(saved)
 
 
+def main_classes() -> dict[str, type]:
+    """The classes defined in this process's __main__ (notebook cells, the launching script)
+    that cloudpickle can carry by value: the parties install them in their own __main__, so
+    that what refers to them by name (torch.load of a model a party saved itself, CrypTen's
+    `model_class=`) finds them there as it would in the notebook."""
+    main = sys.modules.get("__main__")
+    found = {}
+    for name, value in list(getattr(main, "__dict__", {}).items()):
+        if isinstance(value, type) and value.__module__ == "__main__" and value.__name__ == name:
+            try:
+                cloudpickle.dumps(value)
+            except Exception:  # noqa: BLE001 (a class that cannot travel stays behind)
+                continue
+            found[name] = value
+    return found
+
+
 def _load_task(payload: bytes) -> tuple[Callable, tuple, dict]:
-    """The (function, args, kwargs) the launcher serialized with cloudpickle."""
-    fn, args, kwargs = cloudpickle.loads(payload)
+    """The (function, args, kwargs) the launcher serialized with cloudpickle; the launcher's
+    __main__ classes (main_classes) are installed in this process's __main__ first."""
+    fn, args, kwargs, classes = cloudpickle.loads(payload)
+    main = sys.modules.get("__main__")
+    if main is not None:
+        for name, cls in classes.items():
+            setattr(main, name, cls)
     return getattr(fn, "__wrapped__", fn), args, kwargs
 
 
@@ -311,7 +346,7 @@ class PartyPool:
             self._start()
         fn = getattr(fn, "__wrapped__", fn)
         try:
-            payload = cloudpickle.dumps((fn, args, kwargs))
+            payload = cloudpickle.dumps((fn, args, kwargs, main_classes()))
         except Exception as e:
             raise CryptenLiteError(f"run_multiprocess cannot send {fn.__qualname__} and its "
                                    f"arguments to the parties: {e}") from e

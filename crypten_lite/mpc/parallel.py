@@ -33,6 +33,7 @@ from typing import Callable, Generator, Sequence, TypeVar
 
 import torch
 
+from ..comm.communicator import shape_tag, tag_of, with_tag
 from ..errors import ProtocolError
 from ..session import current
 
@@ -108,17 +109,23 @@ class _Rider:
         if extra is None:
             return inner(tensor, gather)
         flat = tensor.reshape(-1)
+        tag, extra_tag = tag_of(tensor), tag_of(extra)
         payload = torch.cat([flat, extra])
+        if tag or extra_tag:  # both messages' shape digests travel in the merged header
+            payload = with_tag(payload, shape_tag([(len(tag),), tuple(tag), tuple(extra_tag)]))
         parts = inner(payload, gather)
         n = flat.numel()
         for r, part in enumerate(parts):
-            if part.shape != payload.shape:
+            if part.shape != payload.shape or tag_of(part) != tag_of(payload):
                 raise ProtocolError(
                     f"party {current().rank}: a round carrying {payload.numel()} values here got "
-                    f"{part.numel()} from party {r}; the parties' programs diverged")
-        self.parts = [part[n:] for part in parts]
+                    f"{part.numel()} from party {r}, or values of other shapes (the digest in "
+                    "its header differs); the parties' programs diverged")
+        # Every party's digests equal this party's (checked): each part carries them.
+        self.parts = [with_tag(part[n:], extra_tag) if extra_tag else part[n:] for part in parts]
         self.message = None
-        return [part[:n].view(tensor.shape) for part in parts]
+        return [with_tag(part[:n].view(tensor.shape), tag) if tag else part[:n].view(tensor.shape)
+                for part in parts]
 
     def finish(self):
         """Run what is left of the side protocol in rounds of its own; its return value."""

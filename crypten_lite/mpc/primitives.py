@@ -5,7 +5,10 @@
 2. open(shares): one round; every party sends its share to every other and sums. Before
    summing, every receiver checks that each sender's share has its own shape and dtype
    (carried by the message header, no extra byte), else ProtocolError naming both.
-3. open_many: several independent openings in ONE message (one round).
+3. open_many: several independent openings in ONE message (one round). The message travels
+   flat, with a digest of every value's full shape (any rank) in its header
+   (comm.communicator.shape_tag: no extra byte of payload, no extra round), which every
+   receiver compares with its own.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import math
 
 import torch
 
+from ..comm.communicator import shape_tag, tag_of, with_tag
 from ..errors import ProtocolError
 from ..random import zero_share
 from ..session import current
@@ -42,14 +46,16 @@ def open_many(shares: list[torch.Tensor], dst: int | None = None) -> list[torch.
 
     Every receiver first checks that each sender's share has its own shape and dtype (from the
     message header; no extra byte), else raises ProtocolError naming both (`check_agree`).
-    One tensor travels in its own shape; several travel as one flat vector, so that their
-    total size is checked (the shapes of each are checked when they are revealed).
+    One tensor travels in its own shape; several (or one of more dimensions than a header
+    holds) travel as one flat vector. Either way the message's header carries a digest of
+    every value's full shape, compared by every receiver (check_agree).
     """
     comm = current().comm
     if len(shares) == 1 and shares[0].dim() <= MAX_WIRE_DIMS:
         flat = shares[0]
     else:
         flat = torch.cat([t.reshape(-1) for t in shares]) if len(shares) > 1 else shares[0].reshape(-1)
+    flat = with_tag(flat, shape_tag([t.shape for t in shares]))
     if dst is None:
         parts = comm.all_gather(flat)
     else:
@@ -60,7 +66,7 @@ def open_many(shares: list[torch.Tensor], dst: int | None = None) -> list[torch.
     total = parts[0].clone()
     for p in parts[1:]:
         total += p
-    if flat is shares[0]:
+    if len(shares) == 1 and flat.shape == shares[0].shape:
         return [total]
     out, offset = [], 0
     for t in shares:
@@ -77,6 +83,7 @@ def open_(share_: torch.Tensor, dst: int | None = None) -> torch.Tensor | None:
 
 def open_xor(share_: torch.Tensor) -> torch.Tensor:
     """Reveal a binary (xor) shared tensor to every party (one round)."""
+    share_ = with_tag(share_, shape_tag([share_.shape]))
     parts = current().comm.all_gather(share_)
     check_agree(share_, parts, "reveal")
     total = parts[0].clone()
@@ -90,7 +97,8 @@ def check_agree(mine: torch.Tensor, parts: list[torch.Tensor], what: str) -> Non
 
     A party whose program diverged (another shape, a reshape the others did not do) would
     otherwise make the sum silent garbage or a raw broadcasting error. Every receiving party
-    sees each sender's shape in what it received, so every receiver raises.
+    sees each sender's shape in what it received, and the digest of the full shapes of what
+    a flat message carries (its tag, comm.communicator.shape_tag), so every receiver raises.
     """
     rank = current().rank
     for r, part in enumerate(parts):
@@ -99,6 +107,12 @@ def check_agree(mine: torch.Tensor, parts: list[torch.Tensor], what: str) -> Non
                 f"party {rank}: {what} of a share of shape {tuple(mine.shape)} ({mine.dtype}) here, "
                 f"but party {r} sent shape {tuple(part.shape)} ({part.dtype}); every party must "
                 "reveal the same tensor (the parties' programs diverged: check shapes and inputs)")
+        if r != rank and tag_of(part) != tag_of(mine):
+            raise ProtocolError(
+                f"party {rank}: {what} of {mine.numel()} values here, but party {r}'s message "
+                "says they have other shapes (the digest of the full shapes in its header "
+                f"differs{'' if tag_of(part) else ': it sent none'}); every party must reveal "
+                "the same tensors (the parties' programs diverged: check shapes and inputs)")
 
 
 DTYPE_CODES = {torch.float32: 0, torch.float64: 1, torch.int64: 2, torch.bool: 3, torch.float16: 4,

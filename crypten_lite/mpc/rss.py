@@ -43,6 +43,7 @@ from typing import Iterator, Sequence
 
 import torch
 
+from ..comm.communicator import shape_tag, tag_of, with_tag
 from ..errors import ProtocolError, UnsupportedError
 from ..provider.correlations import TRIPLE_OPS, logical_shift
 from ..random import canonical
@@ -69,12 +70,20 @@ def zero_share(shape) -> torch.Tensor:
 
 
 def _check(mine: torch.Tensor, got: torch.Tensor, peer: int, what: str) -> None:
+    """ProtocolError unless `got` has `mine`'s shape, dtype and tag (the digest of the full
+    shapes a flat message carries, comm.communicator.shape_tag)."""
     if got.shape != mine.shape or got.dtype != mine.dtype:
         rank = current().rank
         raise ProtocolError(
             f"party {rank}: {what} of a share of shape {tuple(mine.shape)} ({mine.dtype}) here, "
             f"but party {peer} sent shape {tuple(got.shape)} ({got.dtype}); every party must "
             "reveal the same tensor (the parties' programs diverged: check shapes and inputs)")
+    if tag_of(got) != tag_of(mine):
+        raise ProtocolError(
+            f"party {current().rank}: {what} of {mine.numel()} values here, but party {peer}'s "
+            "message says they have other shapes (the digest of the full shapes in its header "
+            "differs); every party must reveal the same tensors (the parties' programs "
+            "diverged: check shapes and inputs)")
 
 
 # ------------------------------------------------------------------------- sharing
@@ -88,15 +97,21 @@ def share(encoded: torch.Tensor | None, src: int, shape) -> Replicated:
         x_src = s.pair_prg("rss-share", prev).draw(shape)
         x_next = encoded.reshape(shape) - x_src
         # One-way: nobody answers it (counted in bytes and messages, like the announcement).
-        s.comm.exchange({nxt: x_next}, [], rounds=0)
+        s.comm.exchange({nxt: _wire(x_next)}, [], rounds=0)
         return Replicated(x_src, x_next, rank)
     if nxt == src:  # this party is src's prev: (x_prev, x_src) = (0, F(k_{src,prev}))
         x_src = s.pair_prg("rss-share", src).draw(shape)
         return Replicated(torch.zeros(shape, dtype=torch.int64), x_src, rank)
     # this party is src's next: (x_next, x_prev) = (received, 0)
     x_next = s.comm.exchange({}, [src], rounds=0)[src]
-    _check(torch.empty(shape, dtype=torch.int64), x_next, src, "input sharing")
-    return Replicated(x_next, torch.zeros(shape, dtype=torch.int64), rank)
+    _check(_wire(torch.empty(shape, dtype=torch.int64)), x_next, src, "input sharing")
+    return Replicated(x_next.reshape(shape), torch.zeros(shape, dtype=torch.int64), rank)
+
+
+def _wire(x: torch.Tensor) -> torch.Tensor:
+    """`x` as a one-tensor message: in its own shape, flat beyond MAX_WIRE_DIMS dimensions,
+    its full shape's digest in the header either way (checked by _check)."""
+    return with_tag(x if x.dim() <= MAX_WIRE_DIMS else x.reshape(-1), shape_tag([x.shape]))
 
 
 def public(encoded: torch.Tensor) -> Replicated:
@@ -125,10 +140,12 @@ def open_many(shares: Sequence[Replicated], dst: int | None = None, binary: bool
     rank = s.rank
     nxt, prev = _peers(rank)
     shares = [_as_rep(x) for x in shares]
-    # One tensor travels in its own shape (the receiver checks the shape, not only the size,
-    # at no extra byte); several travel as one flat vector.
+    # One tensor travels in its own shape; several (or one of more dimensions than a header
+    # holds) as one flat vector. Either way the header carries a digest of every value's full
+    # shape, which the receiver compares with its own (_check): no extra byte, no extra round.
     one = len(shares) == 1 and shares[0].dim() <= MAX_WIRE_DIMS
     flat_b = shares[0].b if one else torch.cat([x.b.reshape(-1) for x in shares])
+    flat_b = with_tag(flat_b, shape_tag([x.a.shape for x in shares]))
     what = "reveal" if len(shares) == 1 else f"opening of {len(shares)} values"
     if dst is None:
         got = s.comm.exchange({prev: flat_b}, [nxt])[nxt]
@@ -706,6 +723,7 @@ def open_additive(u: torch.Tensor) -> torch.Tensor:
     others: one round, 16 B per element per party)."""
     s = current()
     nxt, prev = _peers(s.rank)
+    u = with_tag(u, shape_tag([u.shape]))
     got = s.comm.exchange({nxt: u, prev: u}, [nxt, prev])
     for peer in (nxt, prev):
         _check(u, got[peer], peer, "opening")
