@@ -393,9 +393,24 @@ def _bench(argv: list[str]) -> int:
     return main(argv)
 
 
+def version_text() -> str:
+    """``crypten-lite X (torch Y, Python Z)``, from the installed packages' metadata (no import)."""
+    from importlib import metadata
+
+    def version(name: str) -> str:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return "not installed"
+    return (f"crypten-lite {version('crypten_lite')} (torch {version('torch')}, "
+            f"Python {sys.version.split()[0]})")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="crypten-lite", description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=version_text(),
+                        help="print crypten_lite's, torch's and Python's versions and exit")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("launch", help="run a script as N local parties (plus the dealer under "
                                       "the additive protocol)",

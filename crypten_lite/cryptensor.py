@@ -106,10 +106,12 @@ class CrypTensor:
                    requires_grad: bool = False, names: Sequence[str | None] | None = None) -> "CrypTensor":
         """Secret-share `tensor` held by party `src` (other parties may pass None)."""
         s = current()
-        if tensor is not None and not isinstance(tensor, torch.Tensor):
-            tensor = torch.as_tensor(tensor)
+        tensor, not_a_tensor = _as_input(tensor)
         encoded, refuse = None, ""
-        if s.rank == src and tensor is not None:
+        if s.rank == src and not_a_tensor:
+            # refused through the announcement, so that no party waits for a share
+            refuse, tensor = not_a_tensor, torch.zeros(0)
+        elif s.rank == src and tensor is not None:
             # Encoded (and range-checked) while still plaintext, before anything is sent: an
             # input outside the fixed-point range is refused on every party (announce).
             own = logical_dtype(primitives.CODES_DTYPE[primitives.DTYPE_CODES.get(tensor.dtype, 0)])
@@ -119,6 +121,9 @@ class CrypTensor:
             except ProtocolError as e:
                 refuse = str(e)
         shape, src_dtype = primitives.announce(tensor, src, refuse)
+        if not_a_tensor:  # at a party other than src: take part as a party without input
+            protocol.share(None, src, shape)  # (its randomness stays in step), then refuse
+            raise ProtocolError(f"party {s.rank}: {not_a_tensor}")
         dtype = logical_dtype(src_dtype)
         prec = (precision if precision is not None else s.config.precision) if _is_float(dtype) else 0
         if encoded is not None and encoded.shape != shape:
@@ -833,6 +838,21 @@ class Deferred(CrypTensor):
 
 
 # ---------------------------------------------------------------------------- helpers
+def _as_input(value) -> tuple[torch.Tensor | None, str]:
+    """(`value` as a tensor, "") or (None, why it is not one: its type, never its value)."""
+    if value is None or isinstance(value, torch.Tensor):
+        return value, ""
+    try:
+        tensor = torch.as_tensor(value)
+    except (TypeError, ValueError, RuntimeError):
+        tensor = None
+    if tensor is None or tensor.is_complex():
+        return None, (f"cryptensor() takes a torch.Tensor, a number or a (nested) "
+                      f"list of numbers to share, got a {type(value).__name__}; convert it first "
+                      "(e.g. torch.tensor(...)), or pass None at the parties that have no input")
+    return tensor, ""
+
+
 def _dtype_probe(x):
     """A stand-in with x's dtype category and dimensionality for torch.result_type."""
     if isinstance(x, CrypTensor):
