@@ -87,15 +87,15 @@ def init(config: Config | None = None, **overrides) -> None:
     """Join the session described by the CRYPTEN_LITE_* environment (or `config`).
 
     Where nothing describes a session (no config, no overrides, no CRYPTEN_LITE_WORLD_SIZE,
-    _PARTIES or _CONFIG), this process is a launcher, as in a script or notebook that calls
-    init() and then a run_multiprocess function: init() only loads the extensions, the
-    parties build their own sessions, and an op outside them says how to start parties."""
+    _PARTIES or _CONFIG), as in a notebook or `python script.py`, this process gets a session
+    of one party (world size 1, as CrypTen's init() gives): every op works, with the same
+    protocols, and a warning says once that one party gives no privacy. run_multiprocess
+    functions still start their own parties, each with its own session."""
     _load_all()
     _load_extensions()
     if config is None and not overrides and not _session_described():
-        import logging
-        logging.getLogger("crypten_lite").info(
-            "init(): no session configured; launcher mode (run_multiprocess starts parties)")
+        from .session import init_single_process
+        init_single_process()
         return
     _init(config, **overrides)
 
@@ -120,8 +120,7 @@ def cryptensor(tensor=None, src: int = 0, precision: int | None = None, requires
                names: Sequence[str | None] | None = None, ptype=None) -> CrypTensor:
     """Secret-share `tensor`, held by party `src` (other parties may pass None)."""
     _load_all()
-    if tensor is not None and not isinstance(tensor, torch.Tensor):
-        tensor = torch.as_tensor(tensor)
+    # from_plain converts numbers and lists, and refuses anything else on every party
     out = CrypTensor.from_plain(tensor, src=src, precision=precision, requires_grad=requires_grad,
                                 names=names)
     return out

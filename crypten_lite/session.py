@@ -72,8 +72,10 @@ def current() -> Session:
     """The active session; raises NotInitializedError with what to do otherwise."""
     if _session is None:
         raise NotInitializedError(
-            "crypten_lite is not initialized: call crypten_lite.init() first, and start the "
-            "script with `crypten-lite launch -n 2 script.py` (or set CRYPTEN_LITE_* variables)")
+            "crypten_lite is not initialized: call crypten_lite.init() first (without a launch "
+            "it gives a session of one party in this process, which has no privacy; for N "
+            "parties start the script with `crypten-lite launch -n 2 script.py` or call a "
+            "run_multiprocess function)")
     return _session
 
 
@@ -121,6 +123,47 @@ def init(config: Config | None = None, **overrides) -> Session:
     if sys.excepthook is not _excepthook:
         global _previous_excepthook
         _previous_excepthook, sys.excepthook = sys.excepthook, _excepthook
+    return session
+
+
+# -- one party in this process (a notebook, `python script.py` without a launch) -----------
+SINGLE_PROCESS_WARNING = (
+    "crypten_lite: no parties are configured (no CRYPTEN_LITE_WORLD_SIZE / _PARTIES / _CONFIG), "
+    "so this process runs a session of ONE party (world size 1) in-process. One party gives NO "
+    "privacy: every value is in this process. Use it to try the API; for private computation "
+    "start parties with `crypten-lite launch -n 2 script.py` or call a run_multiprocess function.")
+
+
+class SingleProcessWarning(UserWarning):
+    """init() outside a launch: a session of one party, which gives no privacy."""
+
+
+_warned_single = False
+
+
+def init_single_process(precision: int | None = None) -> Session:
+    """A session of one party in this process (what init() gives where no launch configured
+    any): the same protocols and code paths as N parties, over the in-process transport with
+    one mailbox and a provider of one party (rank 0 derives its own correlated values, as the
+    dealer would). Warns once per process that one party gives no privacy."""
+    from .comm.inprocess import InProcessCommunicator, InProcessHub
+    from .provider import OnePartyProvider
+
+    global _warned_single
+    if _session is not None:
+        log.warning("crypten_lite.init() called twice; keeping the existing session")
+        return _session
+    if not _warned_single:
+        _warned_single = True
+        import warnings
+        warnings.warn(SINGLE_PROCESS_WARNING, SingleProcessWarning, stacklevel=3)
+    # Session-wide settings of the environment (precision, truncation, timeout) still apply.
+    config = Config.from_env(rank=0, world_size=1, parties=(), dealer="", provider="tfp",
+                             protocol="additive", session=f"single-process-{os.getpid()}",
+                             precision=precision)
+    comm = InProcessCommunicator(InProcessHub(1, config.timeout), 0)
+    session = Session(config, comm, OnePartyProvider(config), {}, {})
+    install(session)
     return session
 
 

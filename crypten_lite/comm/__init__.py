@@ -27,8 +27,10 @@ def __getattr__(name: str):
 def get() -> Communicator:
     """The active Communicator of this party (after crypten_lite.init())."""
     if _current is None:
-        raise NotInitializedError("no active session: call crypten_lite.init() first "
-                                  "(or run under crypten-lite launch / run_multiprocess)")
+        raise NotInitializedError("no active session: call crypten_lite.init() first (without a "
+                                  "launch it gives a session of one party in this process, which "
+                                  "has no privacy; for N parties run under `crypten-lite launch` "
+                                  "or in a run_multiprocess function)")
     return _current
 
 

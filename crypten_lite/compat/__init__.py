@@ -7,7 +7,9 @@ gRPC parties and dealer. What maps one to one and what differs: docs/crypten_mig
 
 from __future__ import annotations
 
+import builtins
 import io
+import logging
 import os
 from typing import Any, Callable
 
@@ -174,24 +176,107 @@ def save_from_party(obj: Any, f, src: int = 0, save_closure: Callable = torch.sa
         save_closure(obj, f)
 
 
+def _owner_load(f, **kwargs):
+    """load_from_party's default load_closure: torch.load of the file party `src` saved
+    itself (its own model: a whole torch module needs weights_only=False, which is safe only
+    because the file is the owner's own; no other party ever reads it)."""
+    kwargs.setdefault("weights_only", False)
+    return torch.load(f, **kwargs)
+
+
+class RemoteModule(torch.nn.Module):
+    """What load_from_party returns for a torch module at the parties other than its owner:
+    a placeholder without weights or class. crypten.nn.from_pytorch(it, dummy_input) rebuilds
+    the owner's architecture in-band (the owner broadcasts a description, never a pickle);
+    encrypt(src=src) then shares the owner's weights."""
+
+    def __init__(self, src: int):
+        super().__init__()
+        self.src = src
+
+    def forward(self, *args, **kwargs):
+        raise TypeError(f"party {get_rank()} does not hold party {self.src}'s model (load_from_party "
+                        f"gives it to party {self.src} only): convert it with crypten.nn.from_pytorch("
+                        f"model, dummy_input) and encrypt(src={self.src}), then run the private model")
+
+
 def load_from_party(f=None, preloaded=None, encrypted: bool = False, model_class=None,
-                    src: int = 0, load_closure: Callable = torch.load, **kwargs):
-    """Party `src` loads a tensor (or uses `preloaded`) and secret-shares it; the others pass
-    nothing. Every party gets a TypeError when what `src` loaded is not a tensor."""
+                    src: int = 0, load_closure: Callable = _owner_load, **kwargs):
+    """Party `src` loads a tensor or a torch module (from its own file `f` with
+    load_closure(f, **kwargs), or `preloaded`); the other parties pass nothing.
+
+    A tensor comes back secret-shared from `src` (an MPCTensor with `.src`). A torch module
+    comes back as it is at `src` and as a RemoteModule elsewhere, both with `.src`:
+    crypten.nn.from_pytorch(model, dummy_input) then carries the architecture in-band (no
+    pickle crosses between parties) and encrypt(src=src) shares the weights. Every party gets
+    a TypeError when what `src` loaded is neither."""
     if encrypted:
         raise NotImplementedError("encrypted=True: use crypten.load on each party's own file")
     c = communicator.get()
+    if not isinstance(src, int) or not 0 <= src < c.get_world_size():
+        raise ValueError(f"load_from_party: src must be a rank in 0..{c.get_world_size() - 1}, got {src!r}")
     kind = torch.zeros(1, dtype=torch.int64)
     value = None
     if c.get_rank() == src:
-        value = preloaded if preloaded is not None else load_closure(f)
+        if (f is None) == (preloaded is None):
+            raise ValueError("load_from_party: party src gives exactly one of f and preloaded")
+        value = preloaded if preloaded is not None else load_closure(f, **kwargs)
         kind[0] = 1 if isinstance(value, torch.Tensor) else (2 if isinstance(value, torch.nn.Module) else 0)
     kind = c._core.broadcast(kind if c.get_rank() == src else None, src)
     if int(kind[0]) == 0:
-        raise TypeError("load_from_party: party src loaded something that is not a tensor")
+        raise TypeError(f"load_from_party: party {src} loaded something that is neither a tensor nor "
+                        "a torch module" + (f" ({type(value).__name__})" if value is not None else ""))
     if int(kind[0]) == 2:
-        raise NotImplementedError("load_from_party of a torch module: load its state_dict instead")
-    return cryptensor(value if c.get_rank() == src else [], src=src)
+        model = value if c.get_rank() == src else RemoteModule(src)
+        model.src = src
+        return model
+    out = cryptensor(value if c.get_rank() == src else [], src=src)
+    out.src = src
+    return out
+
+
+def print(*args, in_order: bool = False, dst=0, **kwargs) -> None:  # noqa: A001 (CrypTen's name)
+    """CrypTen's print: builtins.print at party `dst` only (an int or a list of ranks), or,
+    with in_order=True, at every party in rank order (a barrier after each). Inside
+    run_multiprocess what the parties print is shown by the calling process, rank by rank."""
+    _print_with(builtins.print, args, in_order, dst, kwargs)
+
+
+def log(*args, in_order: bool = False, dst=0, **kwargs) -> None:
+    """CrypTen's log: logging.info with print's rules for which parties output."""
+    _print_with(lambda *a, **k: logging.info(*a, **k), args, in_order, dst, kwargs)
+
+
+# crypten.print calls so far in this process: every party makes the same calls, so the
+# number orders what the parties of run_multiprocess printed as CrypTen shows it.
+PRINT_CALLS = {"count": 0}
+
+
+def _print_with(out: Callable, args, in_order: bool, dst, kwargs) -> None:
+    PRINT_CALLS["count"] += 1
+    if not is_initialized():
+        out(*args, **kwargs)
+        return
+    c = communicator.get()
+    if in_order:
+        for rank in range(c.get_world_size()):
+            if rank == c.get_rank():
+                out(*args, **kwargs)
+            c.barrier()
+    elif c.get_rank() in (dst if isinstance(dst, (list, tuple, set)) else (dst,)):
+        out(*args, **kwargs)
+
+
+def print_communication_stats() -> None:
+    communicator.get().print_communication_stats()
+
+
+def reset_communication_stats() -> None:
+    communicator.get().reset_communication_stats()
+
+
+def get_communication_stats() -> dict:
+    return communicator.get().get_communication_stats()
 
 
 __all__ = [
@@ -199,5 +284,6 @@ __all__ = [
     "stack", "where", "rand", "bernoulli", "save", "load", "save_from_party", "load_from_party",
     "get_default_cryptensor_type", "set_default_cryptensor_type", "register_cryptensor",
     "get_cryptensor_type", "is_encrypted_tensor", "no_grad", "enable_grad", "set_grad_enabled",
-    "communicator", "mpc", "nn", "optim", "gradients", "common", "debug",
+    "communicator", "mpc", "nn", "optim", "gradients", "common", "debug", "print", "log",
+    "print_communication_stats", "reset_communication_stats", "get_communication_stats",
 ]

@@ -462,7 +462,10 @@ class MPCTensor(CrypTensor):
         return len(self.share)
 
     def __repr__(self) -> str:
-        return f"MPCTensor(shape={tuple(self.share.shape)}, ptype={self.ptype.name}, encrypted=True)"
+        """CrypTen's form: this party's own share (it reveals nothing by itself; each party
+        prints a different one), the plaintext hidden."""
+        return (f"MPCTensor(\n\t_tensor={self.share}\n\tplain_text=HIDDEN\n"
+                f"\tptype={self.ptype}\n)")
 
     def __bool__(self):
         raise SecretBoolError("an MPCTensor is secret and cannot be used as a Python bool; "

@@ -54,6 +54,8 @@ def _reduce_operands(flat: torch.Tensor) -> list[tuple[torch.Tensor, int]]:
         for g, (maj,) in zip(groups, majs):
             total, carry = circuits.csa(g[0][0], g[1][0], g[2][0], maj)
             ops += [(total, -1), (carry, -1)]
+    if len(ops) == 1:  # a session of one party: its share and a zero operand
+        ops.append((torch.zeros_like(flat), 0))
     return ops
 
 

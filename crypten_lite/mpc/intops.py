@@ -144,6 +144,8 @@ def _csa_reduce(ops: list[tuple[torch.Tensor, int]], width: int) -> list[tuple[t
         ops = list(ops[cut:])
         for g, (maj,) in zip(groups, majs):
             ops += [(g[0][0] ^ g[1][0] ^ g[2][0], -1), ((maj << 1) & keep, -1)]
+    if len(ops) == 1:  # a session of one party: its operand and a zero one
+        ops.append((torch.zeros_like(ops[0][0]), 0))
     return ops
 
 

@@ -298,6 +298,21 @@ class TfpProvider(Provider):
         return lambda: fixes
 
 
+class OnePartyProvider(TfpProvider):
+    """The provider of a session of one party (init() outside a launch): rank 0 derives its
+    correlated values and their corrections itself, as the dealer would for one party. One
+    party has no privacy to lose; the session warns about that (session.init_single_process)."""
+
+    name = "one-party"
+
+    def __init__(self, config: Config):
+        if config.world_size != 1:
+            raise ProtocolError(f"OnePartyProvider serves a session of one party, not "
+                                f"{config.world_size}; use the dealer provider")
+        Provider.__init__(self, config, tfp_seed(config.session, 0))
+        self._keys = {0: subkey(tfp_seed(config.session, 0), "correlations")}
+
+
 # Bytes of weight masks B the dealer keeps (least recently used dropped first): every
 # weight_triple of a weight needs its B, which is as large as the weight.
 MASK_CACHE_BYTES = 2 << 30

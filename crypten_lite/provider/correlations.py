@@ -392,7 +392,10 @@ class _Kind:
 
 
 def _xor_of(parts, ranks, j: int) -> torch.Tensor:
-    """XOR of component j over `ranks` (may be a party's own tensor: callers never write it)."""
+    """XOR of component j over `ranks` (may be a party's own tensor: callers never write it);
+    0 for no ranks (a session of one party: rank 0's correction is the whole value)."""
+    if not ranks:
+        return 0
     out = parts[ranks[0]][j]
     for r in ranks[1:]:
         out = out ^ parts[r][j]
@@ -400,7 +403,10 @@ def _xor_of(parts, ranks, j: int) -> torch.Tensor:
 
 
 def _sum_of(parts, ranks, j: int) -> torch.Tensor:
-    """Sum of component j over `ranks` (may be a party's own tensor: callers never write it)."""
+    """Sum of component j over `ranks` (may be a party's own tensor: callers never write it);
+    0 for no ranks (a session of one party: rank 0's correction is the whole value)."""
+    if not ranks:
+        return 0
     out = parts[ranks[0]][j]
     for r in ranks[1:]:
         out = out + parts[r][j]

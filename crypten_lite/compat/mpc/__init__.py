@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import io
+import sys
 from typing import Callable
 
 from ...mpc import launcher
@@ -17,8 +19,12 @@ def run_multiprocess(world_size: int, timeout: float = 120.0):
     over gRPC, plus the dealer for cfg.mpc.provider "TTP"); returns each rank's value.
 
     The function may live in a notebook cell or a script read from stdin (it travels by
-    value to the launcher's own children). cfg and the default cryptensor type are carried
-    into the parties."""
+    value to the launcher's own children), and so may the classes it uses (the classes of
+    this process's __main__ are installed in each party's). cfg and the default cryptensor
+    type are carried into the parties. What the parties print (crypten.print) is shown here,
+    party by party in rank order, when the call returns (in a notebook: in the cell). The
+    caller may itself be in a session (init() outside a launch gives one of one party): the
+    parties build their own."""
     if world_size < 2:
         raise ValueError("crypten_lite runs 2 or more parties: run_multiprocess(world_size>=2)")
 
@@ -30,20 +36,52 @@ def run_multiprocess(world_size: int, timeout: float = 120.0):
             kind = get_default_cryptensor_type()
             provider = config_mod.provider_name()
             with launcher.PartyPool(world_size, provider, timeout) as pool:
-                return pool.run(_in_party, fn, settings, kind, args, kwargs)
+                answers = pool.run(_in_party, fn, settings, kind, args, kwargs)
+            # crypten.print's order: call by call, each call's output in rank order
+            chunks = sorted((index, rank, seq, text) for rank, (_, printed) in enumerate(answers)
+                            for seq, (index, text) in enumerate(printed))
+            sys.stdout.write("".join(text for *_, text in chunks))
+            sys.stdout.flush()
+            return [value for value, _ in answers]
         return wrapper
     return decorator
 
 
 def _in_party(fn, settings, kind, args, kwargs):
-    """Runs in each party: CrypTen's settings, then the user's function."""
+    """Runs in each party: CrypTen's settings, then the user's function; returns its value
+    and what it printed (shown by the caller). On failure the output goes to this process's
+    own stdout before the exception travels back."""
     from .. import init
     from ..tensor import set_default_cryptensor_type
     config_mod.cfg.reset()
     _apply(settings)
     set_default_cryptensor_type(kind)
     init()
-    return fn(*args, **kwargs)
+    printed = _Printed()
+    try:
+        with contextlib.redirect_stdout(printed):
+            value = fn(*args, **kwargs)
+    except BaseException:
+        sys.stdout.write("".join(text for _, text in printed.chunks))
+        raise
+    return value, printed.chunks
+
+
+class _Printed(io.TextIOBase):
+    """A party's stdout during run_multiprocess: (crypten.print calls so far, text) chunks."""
+
+    def __init__(self):
+        super().__init__()
+        self.chunks: list[tuple[int, str]] = []
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        from .. import PRINT_CALLS
+        if text:
+            self.chunks.append((PRINT_CALLS["count"], text))
+        return len(text)
 
 
 def _apply(settings: dict, prefix: str = "") -> None:

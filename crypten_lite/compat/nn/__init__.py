@@ -168,16 +168,20 @@ def _compat_class(core_cls: type) -> type:
 def from_pytorch(pytorch_model: torch.nn.Module, dummy_input, **kwargs):
     """CrypTen's from_pytorch: a crypten.nn module with the torch model's public parameters.
 
-    CrypTen only reads the dummy input's shape (tutorials pass torch.empty): values that are
-    not finite are replaced by zeros for crypten_lite's conversion check. As in CrypTen, the
+    CrypTen only reads the dummy input's shape (tutorials pass torch.empty): garbage values
+    (not finite, or huge) are replaced by a fixed pattern for crypten_lite's conversion check. As in CrypTen, the
     model keeps its layers (no eval-mode BatchNorm folding unless fold_batch_norm=True): the
     state dict keys are torch's and the model can be trained."""
     kwargs.setdefault("fold_batch_norm", False)
-    def finite(t):
-        if isinstance(t, torch.Tensor) and t.is_floating_point() and not torch.isfinite(t).all():
-            return torch.zeros_like(t)
-        return t
-    dummy = tuple(finite(t) for t in dummy_input) if isinstance(dummy_input, tuple) else finite(dummy_input)
+    dummy = dummy_input  # torch.empty garbage: the check runs on a pattern (checkable_dummy)
+    src = getattr(pytorch_model, "src", None)
+    if isinstance(src, int) and "src" not in kwargs:
+        # A model from load_from_party: only party `src` holds it; its architecture travels
+        # in-band (a description, never a pickle) and the others rebuild it.
+        from ... import session
+        if session.current().rank != src:
+            pytorch_model = None
+        kwargs["src"] = src
     return adopt(core_nn.from_pytorch(pytorch_model, dummy, **kwargs))
 
 

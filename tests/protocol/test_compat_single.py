@@ -1,0 +1,99 @@
+"""init() outside a launch: a session of one party in this process (CrypTen's world size 1),
+with the same protocols as N parties, and the CrypTen API a notebook uses in it (crypten.print,
+load_from_party of a module, from_pytorch with a torch.empty dummy). Each op against torch.
+
+These run in the test process itself (no party processes): the fixture leaves no session behind.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import crypten_lite
+import crypten_lite.compat as crypten
+from crypten_lite import session
+from crypten_lite.errors import NotInitializedError
+
+
+@pytest.fixture
+def single(monkeypatch):
+    for key in [k for k in __import__("os").environ if k.startswith("CRYPTEN_LITE_")]:
+        monkeypatch.delenv(key)
+    assert not session.is_initialized()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        monkeypatch.setattr(session, "_warned_single", False)
+        crypten.init()
+    yield caught
+    crypten.uninit()
+    assert not session.is_initialized()
+
+
+def test_init_outside_a_launch_is_one_party_and_warns_once(single, monkeypatch):
+    assert [str(w.message) for w in single if issubclass(w.category, session.SingleProcessWarning)] == \
+        [session.SINGLE_PROCESS_WARNING]
+    assert "NO privacy" in session.SINGLE_PROCESS_WARNING
+    assert crypten.get_world_size() == 1 and crypten.get_rank() == 0
+    assert session.current().provider.name == "one-party"
+    crypten.uninit()
+    with warnings.catch_warnings(record=True) as again:
+        warnings.simplefilter("always")
+        crypten_lite.init()          # the core API too; the warning is not repeated
+    assert not [w for w in again if issubclass(w.category, session.SingleProcessWarning)]
+    assert crypten_lite.get_world_size() == 1
+
+
+def test_every_kind_of_protocol_runs_with_one_party(single):
+    gen = torch.Generator().manual_seed(1)  # test data only
+    a, b = torch.randn(3, 4, generator=gen), torch.randn(3, 4, generator=gen)
+    x, y = crypten.cryptensor(a), crypten.cryptensor(b)
+    tol = dict(atol=2e-2, rtol=2e-2)
+    assert torch.allclose((x * y).get_plain_text(), a * b, **tol)                    # Beaver triple
+    assert torch.allclose(x.matmul(y.t()).get_plain_text(), a @ b.t(), **tol)        # matmul triple
+    assert torch.equal((x < y).get_plain_text(), (a < b).float())                    # A2B, circuits
+    assert torch.allclose(x.relu().get_plain_text(), a.relu(), **tol)
+    assert torch.allclose(x.max(dim=1)[0].get_plain_text(), a.max(dim=1)[0], **tol)
+    assert torch.allclose(x.softmax(1).get_plain_text(), a.softmax(1), atol=2e-2)
+    assert torch.allclose((x / (y.abs() + 1)).get_plain_text(), a / (b.abs() + 1), **tol)
+    assert torch.allclose(x.exp().get_plain_text(), a.exp(), atol=5e-2, rtol=2e-2)
+    bits = crypten.cryptensor(torch.tensor([5.0, 6.0]), ptype=crypten.mpc.binary)
+    assert torch.equal((bits ^ bits).get_plain_text(), torch.zeros(2))
+    assert torch.equal(bits.to(crypten.mpc.arithmetic).get_plain_text(), torch.tensor([5.0, 6.0]))
+    # one party holds every share: its share is the encoding itself
+    assert torch.equal(crypten.cryptensor([1.5]).share, torch.tensor([3 << 15]))
+
+
+def test_crypten_print_with_one_party(single, capsys):
+    crypten.print("a", 1, in_order=True)
+    crypten.print("b", dst=0)
+    crypten.print("never", dst=1)
+    crypten.print("c", dst=[0, 1])
+    assert capsys.readouterr().out == "a 1\nb\nc\n"
+
+
+def test_load_from_party_of_a_module_and_an_empty_dummy(single, tmp_path):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2))
+    torch.save(model, tmp_path / "model.pth")        # a whole module: the owner's own file
+    loaded = crypten.load_from_party(tmp_path / "model.pth", src=0)
+    assert isinstance(loaded, torch.nn.Sequential) and loaded.src == 0
+    data = torch.rand(3, 4)
+    for dummy in (torch.full((1, 4), float("nan")), torch.full((1, 4), 3e38), torch.empty(1, 4)):
+        private = crypten.nn.from_pytorch(loaded, dummy).encrypt(src=0)
+        assert torch.allclose(private(crypten.cryptensor(data)).get_plain_text(), model(data), atol=1e-2)
+    with pytest.raises(TypeError, match="neither a tensor nor a torch module"):
+        crypten.load_from_party(preloaded={"a": 1}, src=0)
+    with pytest.raises(ValueError, match="src must be a rank"):
+        crypten.load_from_party(tmp_path / "model.pth", src=1)
+    remote = crypten.RemoteModule(0)
+    with pytest.raises(TypeError, match="from_pytorch"):
+        remote(torch.ones(1))
+
+
+def test_ops_without_init_say_what_to_do(monkeypatch):
+    assert not session.is_initialized()
+    with pytest.raises(NotInitializedError, match="session of one party"):
+        crypten_lite.cryptensor(torch.ones(2))
