@@ -235,6 +235,11 @@ def start_server(address: str, tls: TlsContext, register, what: str) -> grpc.Ser
     return server
 
 
+# An unreachable peer is named on stderr within seconds, then again until the deadline.
+WAIT_FIRST_NOTICE = 5.0
+WAIT_NOTICE_EVERY = 10.0
+
+
 def handshake(stub, hello: pb.Hello, timeout: float, target: str, who: str,
               refused: Callable[[], str] | None = None, tls: TlsContext | None = None,
               identity: str = "") -> pb.Hello:
@@ -249,11 +254,16 @@ def handshake(stub, hello: pb.Hello, timeout: float, target: str, who: str,
     delay = 0.05
     last = ""
     last_error: grpc.RpcError | None = None
+    say_at = time.monotonic() + WAIT_FIRST_NOTICE  # then every WAIT_NOTICE_EVERY seconds
     while True:
         why = refused() if refused is not None else ""
         if why:
             raise ConfigError(f"this party refused {who}'s handshake: {why}")
         remaining = deadline - time.monotonic()
+        if last and remaining > 0 and time.monotonic() >= say_at:
+            say_at = time.monotonic() + WAIT_NOTICE_EVERY
+            log.warning("party %d: waiting for %s at %s ... (%s); giving up in %.0f s",
+                        hello.rank, who, target, last.split(":")[0], remaining)
         if remaining <= 0:
             if last_error is not None:
                 from . import tls
