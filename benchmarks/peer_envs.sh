@@ -28,6 +28,27 @@ crypten_install() {
   "$py" -m pip install -q torch==2.13.0 >&2
   "$py" -m pip install -q numpy onnx pyyaml omegaconf >&2
   "$py" -m pip install -q --no-deps crypten==0.4.1 >&2
+  # CrypTen 0.4.1 imports torch.onnx._internal.registration at import time (its ONNX model
+  # converter), which torch 2.13 no longer has. The side-by-side benchmarks use only its tensors
+  # and providers, so the venv gets an empty stand-in module for that one import (a .pth file in
+  # the venv's site-packages; nothing else of CrypTen or torch is changed).
+  local site
+  site=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  cat > "$site/crypten_torch213_shim.py" <<'PY'
+"""Stand-in for torch.onnx._internal.registration (gone in torch 2.13), imported by CrypTen 0.4.1's
+ONNX converter at import time; the benchmarks never convert models through ONNX."""
+import sys
+import types
+
+try:
+    import torch.onnx._internal.registration  # noqa: F401
+except Exception:  # torch without it: give CrypTen's import an empty registry
+    mod = types.ModuleType("torch.onnx._internal.registration")
+    mod.registry = None
+    sys.modules["torch.onnx._internal.registration"] = mod
+PY
+  echo "import crypten_torch213_shim" > "$site/crypten_torch213_shim.pth"
+  "$py" -c "import crypten" >&2
 }
 
 spu_install() {
