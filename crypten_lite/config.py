@@ -7,7 +7,8 @@ Environment variables (docs/design.md section 6), all optional except where a se
 ``CRYPTEN_LITE_WORLD_SIZE``       number of computing parties
 ``CRYPTEN_LITE_PARTIES``          comma-separated ``host:port`` of every party, in rank order
 ``CRYPTEN_LITE_DEALER``           ``host:port`` of the dealer service
-``CRYPTEN_LITE_PROVIDER``         ``dealer`` (default) or ``tfp`` (insecure, tests only)
+``CRYPTEN_LITE_PROVIDER``         ``dealer`` (default), ``pairwise`` (2 parties, no dealer: HE)
+                                  or ``tfp`` (insecure, tests only)
 ``CRYPTEN_LITE_PROTOCOL``         ``additive`` (default: N >= 2 parties, dealer or TFP) or ``rss``
                                   (3-party replicated sharing, honest majority, no dealer)
 ``CRYPTEN_LITE_TLS_DIR``          folder made by ``crypten-lite certs``; absent = plaintext
@@ -32,7 +33,7 @@ from typing import Any, Iterator, Mapping
 
 from .errors import ConfigError
 
-PROVIDERS = ("dealer", "tfp")
+PROVIDERS = ("dealer", "tfp", "pairwise")
 # Sharing schemes: "additive" (N >= 2 parties, correlated randomness from a dealer or TFP) and
 # "rss" (2-out-of-3 replicated secret sharing, exactly 3 parties, honest majority, no dealer).
 PROTOCOLS = ("additive", "rss")
@@ -76,6 +77,9 @@ class Config:
             _check_address(address)
         if self.provider not in PROVIDERS:
             raise ConfigError(f"provider must be one of {PROVIDERS}, got {self.provider!r}")
+        if self.provider == "pairwise" and self.world_size > 2 and self.protocol == "additive":
+            raise ConfigError(f"provider 'pairwise' runs exactly 2 parties, got world_size "
+                              f"{self.world_size}; use the dealer provider for more parties")
         if not 0 <= self.precision <= 30:
             raise ConfigError(f"precision must be 0..30 fractional bits, got {self.precision}")
         if self.timeout <= 0:

@@ -108,7 +108,7 @@ def init(config: Config | None = None, **overrides) -> Session:
     try:
         # Replicated sharing needs no correlated randomness: no dealer is contacted, and a
         # protocol that would still ask for a correlation gets a clear error naming it.
-        provider = NoProvider(config) if config.protocol == "rss" else make_provider(config)
+        provider = NoProvider(config) if config.protocol == "rss" else make_provider(config, comm)
     except BaseException:
         comm.close()
         raise

@@ -384,8 +384,12 @@ class NoProvider(Provider):
         raise UnsupportedError(f"protocol {self._protocol!r} has no dealer")
 
 
-def make(config: Config) -> Provider:
-    """The provider named by `config.provider`."""
+def make(config: Config, comm=None) -> Provider:
+    """The provider named by `config.provider` (`comm`: the session's transport, which the
+    pairwise provider uses for its offline exchanges)."""
     if config.provider == "tfp":
         return TfpProvider(config)
+    if config.provider == "pairwise":
+        from .pairwise import PairwiseProvider
+        return PairwiseProvider(config, comm)
     return DealerProvider(config)

@@ -1,0 +1,608 @@
+"""Lattice homomorphic encryption for the pairwise provider: BFV (Microsoft SEAL, through
+TenSEAL's ``sealapi`` bindings) over a CRT of plaintext primes, exact in Z_2^64.
+
+One party (the *owner*, rank 0) holds the secret keys and encrypts its operands; the other
+(the *evaluator*, rank 1) multiplies them by its own operands in plaintext, adds a mask and a
+flooding term, and returns ciphertexts that the owner decrypts. What the owner learns is
+X + R, where X is the exact integer sum of cross products and R is uniform in
+[0, 2^(bound + STAT_BITS)): statistically within 2^-STAT_BITS of uniform whatever X is. Its
+share is (X + R) mod 2^64; the evaluator's is -R mod 2^64.
+
+Parameters (docs/protocols.md, "Pairwise provider"): ring degree N = 8192 and SEAL's default
+coefficient modulus for 128-bit classical security (218 bits, the HE standard's bound for
+N = 8192 with a ternary secret), plaintext moduli t_i: 30-bit primes = 1 mod 2N, as many as
+the exact integer needs (Sum log2 t_i >= bound + STAT_BITS + 1).
+
+Encodings: *batched* (SIMD slots, elementwise products) and *coefficient* (Cheetah-style
+polynomial encoding of matrix blocks: one plaintext-ciphertext product gives a block of
+inner products). Slot values are computed from coefficients by a negacyclic NTT in numpy,
+so SEAL's BatchEncoder can place any polynomial (no per-coefficient Python loop).
+
+Circuit privacy: every returned ciphertext is the evaluation plus a fresh public-key
+encryption of zero multiplied by FLOOD_MULS fresh uniform plaintexts, whose noise exceeds
+the evaluation's by far more than 2^STAT_BITS (measured: tests/protocol/test_pairwise_he.py),
+then every coefficient of the result that is not an output is masked uniformly mod t_i,
+and the ciphertext is switched down to RETURN_PRIMES coefficient primes.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import struct
+import tempfile
+import threading
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from ..errors import ConfigError, ProtocolError
+
+N = 8192
+PLAIN_BITS = 30
+MAX_PRIMES = 10
+STAT_BITS = 40
+FLOOD_MULS = 3
+RETURN_PRIMES = 2
+SECURITY = "128-bit classical (HE standard, N=8192, log2 q=218, ternary secret)"
+
+
+def _sealapi():
+    try:
+        import tenseal.sealapi as sealapi
+    except ImportError as e:  # pragma: no cover - depends on the installation
+        raise ConfigError("provider 'pairwise' needs TenSEAL (Microsoft SEAL): "
+                          "pip install 'crypten_lite[pairwise]'") from e
+    return sealapi
+
+
+@dataclass(frozen=True)
+class HEParams:
+    """Public parameters both parties must share (compared in the handshake)."""
+
+    n: int
+    coeff_moduli: tuple[int, ...]
+    plain_primes: tuple[int, ...]
+    stat_bits: int = STAT_BITS
+    flood_muls: int = FLOOD_MULS
+    return_primes: int = RETURN_PRIMES
+
+    def describe(self) -> str:
+        return (f"bfv;n={self.n};q={','.join(map(str, self.coeff_moduli))};"
+                f"t={','.join(map(str, self.plain_primes))};stat={self.stat_bits};"
+                f"flood={self.flood_muls};ret={self.return_primes}")
+
+    def primes_for(self, bound_bits: int) -> int:
+        """How many plaintext primes hold X + R (< 2^(bound_bits + stat_bits + 1)) exactly."""
+        need = bound_bits + self.stat_bits + 1
+        total = 0.0
+        for i, t in enumerate(self.plain_primes):
+            total += math.log2(t)
+            if total >= need:
+                return i + 1
+        raise ProtocolError(f"pairwise: a product bound of 2^{bound_bits} needs more than "
+                            f"{len(self.plain_primes)} plaintext primes")
+
+
+def default_params() -> HEParams:
+    s = _sealapi()
+    coeff = tuple(m.value() for m in s.CoeffModulus.BFVDefault(N, s.SEC_LEVEL_TYPE.TC128))
+    plain = tuple(m.value() for m in s.PlainModulus.Batching(N, [PLAIN_BITS] * MAX_PRIMES))
+    return HEParams(N, coeff, plain)
+
+
+# ---------------------------------------------------------------------- number theory
+def _inv(a: int, m: int) -> int:
+    return pow(a, -1, m)
+
+
+def _bitrev(n: int) -> np.ndarray:
+    bits = n.bit_length() - 1
+    idx = np.arange(n)
+    rev = np.zeros(n, dtype=np.int64)
+    for b in range(bits):
+        rev |= ((idx >> b) & 1) << (bits - 1 - b)
+    return rev
+
+
+class _NTT:
+    """Negacyclic NTT mod a prime t = 1 mod 2N, in SEAL's slot order (vectorized numpy)."""
+
+    def __init__(self, t: int, slot_roots: np.ndarray):
+        self.t = t
+        n = len(slot_roots)
+        psi = int(slot_roots[0])
+        omega = psi * psi % t
+        # slot s holds the evaluation at slot_roots[s] = psi^(2 j_s + 1)
+        where = {}
+        x = psi
+        for j in range(n):
+            where[x] = j
+            x = x * omega % t
+        try:
+            self.slot_index = np.array([where[int(r)] for r in slot_roots], dtype=np.int64)
+        except KeyError as e:  # pragma: no cover - SEAL's batching is negacyclic
+            raise ProtocolError("pairwise: unexpected batching roots") from e
+        self.inverse_slot = np.argsort(self.slot_index)
+        self.rev = _bitrev(n)
+        self.twist = np.array([pow(psi, k, t) for k in range(n)], dtype=np.uint64)
+        psi_inv = _inv(psi, t)
+        n_inv = _inv(n, t)
+        self.untwist = np.array([pow(psi_inv, k, t) * n_inv % t for k in range(n)], dtype=np.uint64)
+        self.stages = self._stages(omega, n)
+        self.inv_stages = self._stages(_inv(omega, t), n)
+
+    def _stages(self, w: int, n: int) -> list[np.ndarray]:
+        out, h = [], 1
+        while h < n:
+            wh = pow(w, n // (2 * h), self.t)
+            out.append(np.array([pow(wh, j, self.t) for j in range(h)], dtype=np.uint64))
+            h *= 2
+        return out
+
+    def _cyclic(self, a: np.ndarray, stages) -> np.ndarray:
+        t = np.uint64(self.t)
+        lead = a.shape[:-1]
+        n = a.shape[-1]
+        a = a[..., self.rev]
+        h = 1
+        for tw in stages:
+            a = a.reshape(*lead, n // (2 * h), 2, h)
+            u = a[..., 0, :]
+            v = a[..., 1, :] * tw % t
+            a = np.stack(((u + v) % t, (u + t - v) % t), axis=-2)
+            h *= 2
+        return a.reshape(*lead, n)
+
+    def to_slots(self, coeffs: np.ndarray) -> np.ndarray:
+        """Slot values (SEAL's order) of polynomials with the given coefficients (< t)."""
+        vals = self._cyclic(coeffs * self.twist % np.uint64(self.t), self.stages)
+        return vals[..., self.slot_index]
+
+    def to_coeffs(self, slots: np.ndarray) -> np.ndarray:
+        vals = slots[..., self.inverse_slot]
+        return self._cyclic(vals, self.inv_stages) * self.untwist % np.uint64(self.t)
+
+
+def residues(values: np.ndarray, t: int) -> np.ndarray:
+    """uint64 values (ring elements read as unsigned) mod t."""
+    return values % np.uint64(t)
+
+
+def crt_mod64(res: list[np.ndarray], primes: tuple[int, ...]) -> np.ndarray:
+    """The integer with residues `res` mod `primes` (each < 2^31), reduced mod 2^64
+    (Garner's mixed radix; exact as long as the integer is below the product of primes)."""
+    digits: list[np.ndarray] = []
+    for i, (r, t) in enumerate(zip(res, primes)):
+        tt = np.uint64(t)
+        v = r.astype(np.uint64) % tt
+        for j in range(i):
+            inv = np.uint64(_inv(primes[j] % t, t))
+            v = (v + tt - digits[j] % tt) % tt * inv % tt
+        digits.append(v)
+    out = np.zeros(res[0].shape, dtype=np.uint64)
+    radix = 1
+    with np.errstate(over="ignore"):
+        for i, d in enumerate(digits):
+            out = out + d * np.uint64(radix % (1 << 64))
+            radix *= primes[i]
+    return out
+
+
+# ---------------------------------------------------------------------- SEAL objects
+_IO_LOCK = threading.Lock()
+
+
+class _Files:
+    """SEAL serializes to files only: a private folder (0700) on a RAM disk where one exists."""
+
+    def __init__(self):
+        base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+        self.dir = tempfile.mkdtemp(prefix="crypten_lite_he_", dir=base)
+        self._n = 0
+
+    def path(self) -> str:
+        with _IO_LOCK:
+            self._n += 1
+            return os.path.join(self.dir, f"{self._n}.bin")
+
+    def dump(self, obj) -> bytes:
+        path = self.path()
+        try:
+            obj.save(path)
+            with open(path, "rb") as f:
+                return f.read()
+        finally:
+            _unlink(path)
+
+    def load(self, make: Callable, ctx, data: bytes, what: str):
+        path = self.path()
+        try:
+            with open(path, "wb") as f:
+                f.write(data)
+            obj = make()
+            try:
+                obj.load(ctx, path)
+            except Exception as e:  # SEAL validates size, metadata and coefficient ranges
+                raise ProtocolError(f"pairwise: malformed {what} from the peer "
+                                    f"({type(e).__name__}: {e})") from None
+            return obj
+        finally:
+            _unlink(path)
+
+    def close(self) -> None:
+        try:
+            os.rmdir(self.dir)
+        except OSError:
+            pass
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+class _Prime:
+    """One plaintext prime's SEAL context, encoder and NTT."""
+
+    def __init__(self, params: HEParams, t: int):
+        s = _sealapi()
+        self.t = t
+        parms = s.EncryptionParameters(s.SCHEME_TYPE.BFV)
+        parms.set_poly_modulus_degree(params.n)
+        parms.set_coeff_modulus([s.Modulus(q) for q in params.coeff_moduli])
+        parms.set_plain_modulus(s.Modulus(t))
+        self.ctx = s.SEALContext(parms, True, s.SEC_LEVEL_TYPE.TC128)
+        if not self.ctx.parameters_set():
+            raise ConfigError(f"pairwise: SEAL refuses the parameters: "
+                              f"{self.ctx.parameters_error_message()}")
+        self.encoder = s.BatchEncoder(self.ctx)
+        self.evaluator = s.Evaluator(self.ctx)
+        x = s.Plaintext("1x^1")
+        self.ntt = _NTT(t, np.array(self.encoder.decode_uint64(x), dtype=np.uint64))
+        self.encryptor = None
+        self.decryptor = None
+        self.secret_key = None
+
+    def plain(self, slots: np.ndarray):
+        pt = _sealapi().Plaintext()
+        self.encoder.encode(slots.tolist(), pt)
+        return pt
+
+    def plain_coeffs(self, coeffs: np.ndarray):
+        return self.plain(self.ntt.to_slots(coeffs))
+
+    def slots_of(self, pt) -> np.ndarray:
+        return np.array(self.encoder.decode_uint64(pt), dtype=np.uint64)
+
+
+def pack(chunks: list[bytes]) -> bytes:
+    return struct.pack("<I", len(chunks)) + b"".join(struct.pack("<Q", len(c)) + c for c in chunks)
+
+
+def unpack(data: bytes, expected: int, what: str) -> list[bytes]:
+    """Length-prefixed chunks; a wrong count or a length past the end is a ProtocolError."""
+    try:
+        (count,) = struct.unpack_from("<I", data, 0)
+        if count != expected:
+            raise ProtocolError(f"pairwise: expected {expected} {what}, got {count}")
+        out, i = [], 4
+        for _ in range(count):
+            (n,) = struct.unpack_from("<Q", data, i)
+            i += 8
+            if n > len(data) - i:
+                raise ProtocolError(f"pairwise: truncated {what}")
+            out.append(data[i:i + n])
+            i += n
+        if i != len(data):
+            raise ProtocolError(f"pairwise: trailing bytes after {what}")
+        return out
+    except struct.error:
+        raise ProtocolError(f"pairwise: truncated {what}") from None
+
+
+# ---------------------------------------------------------------------- the engine
+def _blocks(m: int, k: int, n: int, degree: int) -> tuple[int, int, int]:
+    """Block sizes (mw, kw, nw) of the coefficient encoding: mw*kw*nw + kw - 1 <= degree
+    (no negacyclic wrap), chosen to minimise the ciphertexts and products of one matmul."""
+    best = None
+    cands_k = sorted({min(k, 1 << e) for e in range(0, 14)} | {k})
+    cands_n = sorted({min(n, 1 << e) for e in range(0, 14)} | {n})
+    for kw in cands_k:
+        for nw in cands_n:
+            mw = min(m, (degree - kw + 1) // (kw * nw))
+            if mw < 1:
+                continue
+            mb, kb, nb = -(-m // mw), -(-k // kw), -(-n // nw)
+            # (measured) an encryption costs about 16 pointwise products, a returned
+            # ciphertext (flood, mask, switch, serialize) about 30
+            cost = 16 * (mb * kb + kb * nb) + 30 * mb * nb + 2 * mb * nb * kb
+            if best is None or cost < best[0]:
+                best = (cost, mw, kw, nw)
+    if best is None:
+        raise ProtocolError(f"pairwise: no coefficient encoding for a [{m},{k}]x[{k},{n}] product")
+    return best[1], best[2], best[3]
+
+
+class CrossEngine:
+    """The two-party cross products: rank 0 owns the keys, rank 1 evaluates.
+
+    `send(data)` / `recv()` move one message to / from the peer; `rand(shape)` draws
+    uniform uint64 words from this party's private PRG (the evaluator's masks and floods).
+    """
+
+    def __init__(self, rank: int, params: HEParams, send: Callable[[bytes], None],
+                 recv: Callable[[], bytes], rand: Callable[[tuple], np.ndarray]):
+        self.rank = rank
+        self.params = params
+        self._send, self._recv, self._rand = send, recv, rand
+        self._primes: list[_Prime] = []
+        self._files = _Files()
+
+    # -- keys ------------------------------------------------------------------------
+    def _ready(self, count: int) -> list[_Prime]:
+        """The first `count` prime contexts; new ones get keys (rank 0 sends its public keys)."""
+        s = _sealapi()
+        have = len(self._primes)
+        if count <= have:
+            return self._primes[:count]
+        fresh = [_Prime(self.params, t) for t in self.params.plain_primes[have:count]]
+        if self.rank == 0:
+            keys = []
+            for p in fresh:
+                gen = s.KeyGenerator(p.ctx)
+                p.secret_key = gen.secret_key()
+                public = s.PublicKey()
+                gen.create_public_key(public)
+                p.encryptor = s.Encryptor(p.ctx, p.secret_key)
+                p.decryptor = s.Decryptor(p.ctx, p.secret_key)
+                keys.append(self._files.dump(public))
+            self._send(pack(keys))
+        else:
+            keys = unpack(self._recv(), len(fresh), "public keys")
+            for p, data in zip(fresh, keys):
+                public = self._files.load(s.PublicKey, p.ctx, data, "public key")
+                p.encryptor = s.Encryptor(p.ctx, public)
+        self._primes.extend(fresh)
+        return self._primes[:count]
+
+    # -- evaluator helpers -----------------------------------------------------------------
+    def _uniform(self, t: int, shape: tuple) -> np.ndarray:
+        """Uniform values mod t from 128 random bits each (bias below 2^-97)."""
+        w = self._rand((2,) + tuple(shape))
+        tt = np.uint64(t)
+        return ((w[1] % tt) * np.uint64((1 << 64) % t) + w[0] % tt) % tt
+
+    def _flooded(self, p: _Prime):
+        """A fresh public-key encryption of zero times FLOOD_MULS uniform plaintexts."""
+        s = _sealapi()
+        z = s.Ciphertext()
+        p.encryptor.encrypt_zero(z)
+        ev = p.evaluator
+        ev.transform_to_ntt_inplace(z)
+        pid = p.ctx.first_parms_id()
+        for _ in range(self.params.flood_muls):
+            pt = p.plain(self._uniform(p.t, (self.params.n,)))
+            ev.transform_to_ntt_inplace(pt, pid)
+            ev.multiply_plain_inplace(z, pt)
+        ev.transform_from_ntt_inplace(z)
+        return z
+
+    def _finish(self, p: _Prime, acc_ntt, mask_slots: np.ndarray) -> bytes:
+        """Leave NTT form, flood, mask every slot/coefficient, switch down, serialize."""
+        ev = p.evaluator
+        out = self._flooded(p)
+        if acc_ntt is not None:
+            ev.transform_from_ntt_inplace(acc_ntt)
+            ev.add_inplace(out, acc_ntt)
+        ev.add_plain_inplace(out, p.plain(mask_slots))
+        while out.coeff_modulus_size() > self.params.return_primes:
+            ev.mod_switch_to_next_inplace(out)
+        return self._files.dump(out)
+
+    def _load_ct(self, p: _Prime, data: bytes):
+        ct = self._files.load(_sealapi().Ciphertext, p.ctx, data, "ciphertext")
+        if ct.size() != 2 or ct.is_ntt_form():
+            raise ProtocolError("pairwise: a ciphertext from the peer has the wrong form")
+        return ct
+
+    def _decrypt_slots(self, p: _Prime, data: bytes) -> np.ndarray:
+        s = _sealapi()
+        ct = self._files.load(s.Ciphertext, p.ctx, data, "ciphertext")
+        if ct.size() != 2 or ct.is_ntt_form() or ct.coeff_modulus_size() != self.params.return_primes:
+            raise ProtocolError("pairwise: a returned ciphertext has the wrong form")
+        pt = s.Plaintext()
+        p.decryptor.decrypt(ct, pt)
+        return p.slots_of(pt)
+
+    def _mask_words(self, shape: tuple, bits: int) -> list[np.ndarray]:
+        """R uniform in [0, 2^bits) as 64-bit words (least significant first)."""
+        words = -(-bits // 64)
+        w = self._rand((words,) + tuple(shape))
+        top = bits - 64 * (words - 1)
+        if top < 64:
+            w[-1] &= np.uint64((1 << top) - 1)
+        return [w[i] for i in range(words)]
+
+    @staticmethod
+    def _mod_t(words: list[np.ndarray], t: int) -> np.ndarray:
+        tt = np.uint64(t)
+        out = np.zeros(words[0].shape, dtype=np.uint64)
+        radix = 1
+        for w in words:
+            out = (out + (w % tt) * np.uint64(radix % t)) % tt
+            radix = radix * (1 << 64) % t
+        return out
+
+    # -- elementwise ---------------------------------------------------------------------
+    def elementwise(self, terms: list[np.ndarray], bound_bits: int) -> np.ndarray:
+        """This party's share (uint64, mod 2^64) of Sum_j x0_j * x1_j (elementwise; x0 are rank
+        0's `terms`, x1 rank 1's, all of one length n). `bound_bits`: public, with
+        Sum_j x0_j * x1_j < 2^bound_bits for every element (read as unsigned integers)."""
+        n = int(terms[0].size)
+        nd = self.params.n
+        chunks = -(-n // nd)
+        count = self.params.primes_for(bound_bits)
+        primes = self._ready(count)
+        if n == 0:
+            return np.zeros(0, dtype=np.uint64)
+        padded = [np.pad(x.reshape(-1).astype(np.uint64), (0, chunks * nd - n)).reshape(chunks, nd)
+                  for x in terms]
+        expected = count * len(terms) * chunks
+        if self.rank == 0:
+            cts = []
+            for p in primes:
+                for x in padded:
+                    for row in residues(x, p.t):
+                        ct = _sealapi().Ciphertext()
+                        p.encryptor.encrypt_symmetric(p.plain(row), ct)
+                        cts.append(self._files.dump(ct))
+            self._send(pack(cts))
+            back = unpack(self._recv(), count * chunks, "result ciphertexts")
+            res = []
+            for i, p in enumerate(primes):
+                res.append(np.concatenate([self._decrypt_slots(p, back[i * chunks + c])
+                                           for c in range(chunks)])[:n])
+            return crt_mod64(res, tuple(p.t for p in primes))
+        got = unpack(self._recv(), expected, "ciphertexts")
+        r = self._mask_words((chunks, nd), bound_bits + self.params.stat_bits)
+        out = []
+        i = 0
+        for p in primes:
+            ev = p.evaluator
+            r_t = self._mod_t(r, p.t)
+            accs = [None] * chunks
+            for x in padded:
+                for c, row in enumerate(residues(x, p.t)):
+                    ct = self._load_ct(p, got[i])
+                    i += 1
+                    if not row.any():
+                        continue
+                    pt = p.plain(row)
+                    prod = _sealapi().Ciphertext()
+                    ev.multiply_plain(ct, pt, prod)
+                    if accs[c] is None:
+                        accs[c] = prod
+                    else:
+                        ev.add_inplace(accs[c], prod)
+            for c in range(chunks):
+                acc = accs[c]
+                if acc is not None:
+                    ev.transform_to_ntt_inplace(acc)
+                out.append(self._finish(p, acc, r_t[c]))
+        self._send(pack(out))
+        with np.errstate(over="ignore"):
+            return (np.uint64(0) - r[0]).reshape(-1)[:n]
+
+    # -- matrix products -----------------------------------------------------------------------
+    def matmul(self, lhs: np.ndarray, rhs: np.ndarray, bound_bits: int) -> np.ndarray:
+        """This party's share of lhs0 @ rhs1 + lhs1 @ rhs0 (uint64 [B, m, n]) for lhs
+        [B, m, k], rhs [B, k, n] (rank 0's and rank 1's own), by coefficient encoding."""
+        bsz, m, k = lhs.shape
+        n = rhs.shape[2]
+        nd = self.params.n
+        mw, kw, nw = _blocks(m, k, n, nd)
+        mb, kb, nb = -(-m // mw), -(-k // kw), -(-n // nw)
+        count = self.params.primes_for(bound_bits)
+        primes = self._ready(count)
+        if bsz * m * n == 0:
+            return np.zeros((bsz, m, n), dtype=np.uint64)
+        a = np.zeros((bsz, mb * mw, kb * kw), dtype=np.uint64)
+        a[:, :m, :k] = lhs
+        b = np.zeros((bsz, kb * kw, nb * nw), dtype=np.uint64)
+        b[:, :k, :n] = rhs
+        # A block (i, c) -> coefficient i*kw*nw + c; B block (c, j) -> j*kw + kw-1-c
+        ia, ca = np.meshgrid(np.arange(mw), np.arange(kw), indexing="ij")
+        pos_a = (ia * kw * nw + ca).reshape(-1)
+        cb, jb = np.meshgrid(np.arange(kw), np.arange(nw), indexing="ij")
+        pos_b = (jb * kw + kw - 1 - cb).reshape(-1)
+        io, jo = np.meshgrid(np.arange(mw), np.arange(nw), indexing="ij")
+        pos_out = (io * kw * nw + jo * kw + kw - 1).reshape(-1)
+        a_blk = a.reshape(bsz, mb, mw, kb, kw).transpose(0, 1, 3, 2, 4).reshape(bsz, mb, kb, mw * kw)
+        b_blk = b.reshape(bsz, kb, kw, nb, nw).transpose(0, 1, 3, 2, 4).reshape(bsz, kb, nb, kw * nw)
+
+        def polys(blocks: np.ndarray, pos: np.ndarray, t: int) -> np.ndarray:
+            out = np.zeros(blocks.shape[:-1] + (nd,), dtype=np.uint64)
+            out[..., pos] = residues(blocks, t)
+            return out
+
+        n_a, n_b, n_out = bsz * mb * kb, bsz * kb * nb, bsz * mb * nb
+        if self.rank == 0:
+            s = _sealapi()
+            cts = []
+            for p in primes:
+                for arr, pos in ((a_blk, pos_a), (b_blk, pos_b)):
+                    slots = p.ntt.to_slots(polys(arr, pos, p.t)).reshape(-1, nd)
+                    for row in slots:
+                        ct = s.Ciphertext()
+                        p.encryptor.encrypt_symmetric(p.plain(row), ct)
+                        cts.append(self._files.dump(ct))
+            self._send(pack(cts))
+            back = unpack(self._recv(), count * n_out, "result ciphertexts")
+            res = []
+            for i, p in enumerate(primes):
+                slots = np.stack([self._decrypt_slots(p, back[i * n_out + j]) for j in range(n_out)])
+                coeffs = p.ntt.to_coeffs(slots)[:, pos_out]  # [bsz*mb*nb, mw*nw]
+                blk = coeffs.reshape(bsz, mb, nb, mw, nw).transpose(0, 1, 3, 2, 4)
+                res.append(blk.reshape(bsz, mb * mw, nb * nw)[:, :m, :n])
+            return crt_mod64(res, tuple(p.t for p in primes))
+        got = unpack(self._recv(), count * (n_a + n_b), "ciphertexts")
+        r = self._mask_words((bsz, mb, nb, mw * nw), bound_bits + self.params.stat_bits)
+        out, i = [], 0
+        for p in primes:
+            ev = p.evaluator
+            pid = p.ctx.first_parms_id()
+            cts_a = []
+            for j in range(n_a):
+                ct = self._load_ct(p, got[i + j])
+                ev.transform_to_ntt_inplace(ct)
+                cts_a.append(ct)
+            cts_b = []
+            for j in range(n_b):
+                ct = self._load_ct(p, got[i + n_a + j])
+                ev.transform_to_ntt_inplace(ct)
+                cts_b.append(ct)
+            i += n_a + n_b
+            pa = polys(a_blk, pos_a, p.t).reshape(-1, nd)
+            pb = polys(b_blk, pos_b, p.t).reshape(-1, nd)
+
+            def ntt_plain(row):
+                if not row.any():
+                    return None
+                pt = p.plain_coeffs(row)
+                ev.transform_to_ntt_inplace(pt, pid)
+                return pt
+            pts_a = [ntt_plain(row) for row in pa]
+            pts_b = [ntt_plain(row) for row in pb]
+            r_t = self._mod_t(r, p.t)  # [bsz, mb, nb, mw*nw]
+            masks = self._uniform(p.t, (bsz, mb, nb, nd))
+            masks[..., pos_out] = r_t
+            mask_slots = p.ntt.to_slots(masks).reshape(-1, nd)
+            for bi in range(bsz):
+                for mi in range(mb):
+                    for nj in range(nb):
+                        acc = None
+                        for kk in range(kb):
+                            ia_ = (bi * mb + mi) * kb + kk
+                            ib_ = (bi * kb + kk) * nb + nj
+                            for ct, pt in ((cts_a[ia_], pts_b[ib_]), (cts_b[ib_], pts_a[ia_])):
+                                if pt is None:
+                                    continue
+                                prod = _sealapi().Ciphertext()
+                                ev.multiply_plain(ct, pt, prod)
+                                if acc is None:
+                                    acc = prod
+                                else:
+                                    ev.add_inplace(acc, prod)
+                        out.append(self._finish(p, acc, mask_slots[(bi * mb + mi) * nb + nj]))
+        self._send(pack(out))
+        with np.errstate(over="ignore"):
+            share = np.uint64(0) - r[0]
+        blk = share.reshape(bsz, mb, nb, mw, nw).transpose(0, 1, 3, 2, 4)
+        return blk.reshape(bsz, mb * mw, nb * nw)[:, :m, :n]
+
+    def close(self) -> None:
+        self._files.close()

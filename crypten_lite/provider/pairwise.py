@@ -1,0 +1,521 @@
+"""Provider ``pairwise``: two parties make every correlation themselves, with no dealer.
+
+Each party draws its own components of a correlation from its private PRG (a fresh seed
+that never leaves the process), exactly as the dealer's parties do (correlations.derive).
+What the dealer would compute from everybody's seeds, the products of the two parties'
+values, is computed between the two parties with lattice homomorphic encryption
+(provider/he.py): rank 0 encrypts its operands under its own key, rank 1 evaluates the cross
+products with its own operands, adds a statistical mask and flooding noise, and rank 0
+decrypts its share. Binary correlations (AND triples, the bits of truncation pairs and of
+B2A) use the same cross products on bits: the parity of an exact integer X + R is an XOR
+sharing of X's parity (R's parity is rank 1's share).
+
+    kind              cross terms (rank 0's value x rank 1's value)
+    triple, weight_triple   op(a0, b1) + op(a1, b0): batched (mul) or coefficient (matmul,
+                            conv by unfolding, conv_transpose by folding the shares) encoding
+    square            a0 * 2 a1
+    bit               r0 * r1 (then ra = r - 2 r0 r1)
+    binary_triple     a0 & b1 ^ a1 & b0, bit by bit
+    trunc(_exact)     r = w0 XOR w1 bit by bit: w0_j * w1_j for the 64 bits
+    bit_mul           r0 * r1, and r0 (1 - 2 r1) a1 + (1 - 2 r0) a0 r1
+    binary_monomials  AND of XOR-shared masks, one AND layer per exchange
+
+Messages between the two parties ride on the session's transport outside the online
+statistics (the online protocols keep their rounds and bytes); every message is framed with
+a sequence number, the request it belongs to and an HMAC under a key derived from the pair
+seed both parties agreed in the transport's handshake, so a tampered, replayed or
+misplaced message is a ProtocolError on both parties (the detecting party tells the other).
+Every exchange ends with an acknowledgement, so no offline message is ever left for the
+online protocol to read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import math
+import os
+import struct
+import sys
+import time
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..config import Config
+from ..errors import CommunicationError, ConfigError, ProtocolError
+from ..random import PRG, canonical, derive_key, fresh_seed
+from . import correlations, he
+from . import Correlation, Provider, _absolute, _relative, _spec
+from .correlations import TRIPLE_OPS, _conv_params
+
+log = logging.getLogger("crypten_lite.provider")
+
+MAGIC = b"CLPW"
+VERSION = 1
+HELLO, DATA, ACK, ERROR = 1, 2, 3, 4
+_HEADER = struct.Struct("<4sBBQ32s")
+_MAC = 32
+PROGRESS_ENV = "CRYPTEN_LITE_PROGRESS"
+
+
+def _u(t: torch.Tensor) -> np.ndarray:
+    """A ring tensor's elements as uint64 (a copy, contiguous)."""
+    return t.detach().contiguous().clone().numpy().view(np.uint64)
+
+
+def _t(a: np.ndarray, shape=None) -> torch.Tensor:
+    out = torch.from_numpy(np.ascontiguousarray(a).view(np.int64).copy())
+    return out.view(shape) if shape is not None else out
+
+
+def _bits(words: torch.Tensor) -> np.ndarray:
+    """[n] words -> [n, 64] bits (uint64 0/1), least significant first."""
+    w = _u(words).reshape(-1, 1)
+    return (w >> np.arange(64, dtype=np.uint64)) & np.uint64(1)
+
+
+def _words(bits: np.ndarray) -> np.ndarray:
+    """[n, 64] bits (only bit 0 of each entry used) -> [n] words."""
+    return np.bitwise_or.reduce((bits & np.uint64(1)) << np.arange(64, dtype=np.uint64), axis=-1)
+
+
+class PairwiseProvider(Provider):
+    """Correlations made by the two parties alone (no dealer, no third process)."""
+
+    name = "pairwise"
+
+    def __init__(self, config: Config, comm):
+        if config.world_size != 2:
+            raise ConfigError(f"provider 'pairwise' runs exactly 2 parties, got world_size "
+                              f"{config.world_size}; use the dealer provider for more")
+        if comm is None or not getattr(comm, "pair_seeds", None) or (1 - config.rank) not in comm.pair_seeds:
+            raise ConfigError("provider 'pairwise' needs the session's transport with a pair seed "
+                              "agreed in its handshake (crypten_lite.init over gRPC)")
+        self._seed = fresh_seed()  # private: never sent, never logged
+        super().__init__(config, self._seed)
+        self._comm = comm
+        self._peer = 1 - config.rank
+        self._session = config.session
+        self._mac_key = derive_key(comm.pair_seeds[self._peer],
+                                   f"crypten_lite/v1/pairwise-mac/{config.session}")
+        self._masks = PRG(derive_key(self._seed, "crypten_lite/v1/pairwise-masks"))
+        self._seq_out = 0
+        self._seq_in = 0
+        self._tag = b"\0" * 32
+        self._ready: dict[int, list[torch.Tensor]] = {}
+        self._broken: str | None = None
+        self.stats.update({"pairwise_bytes_sent": 0, "pairwise_bytes_received": 0,
+                           "pairwise_seconds": 0.0, "pairwise_made": 0})
+        self.params = he.default_params()
+        self._handshake(config)
+        self._engine = he.CrossEngine(config.rank, self.params, self._send_data,
+                                      self._recv_data, self._rand)
+
+    # ------------------------------------------------------------------ channel
+    def _frame(self, kind: int, payload: bytes) -> bytes:
+        head = _HEADER.pack(MAGIC, VERSION, kind, self._seq_out, self._tag)
+        self._seq_out += 1
+        body = head + payload
+        return body + hmac.new(self._mac_key, body, hashlib.sha256).digest()
+
+    def _send(self, kind: int, payload: bytes) -> None:
+        frame = self._frame(kind, payload)
+        self.stats["pairwise_bytes_sent"] += len(frame)
+        self._comm._send(torch.frombuffer(bytearray(frame), dtype=torch.uint8), self._peer)
+
+    def _recv(self, expected: int) -> bytes:
+        tensor = self._comm._recv(self._peer)
+        raw = tensor.numpy().tobytes() if tensor.dtype == torch.uint8 else b""
+        self.stats["pairwise_bytes_received"] += len(raw)
+        where = f"party {self.rank}: pairwise offline message {self._seq_in} from party {self._peer}"
+        if len(raw) < _HEADER.size + _MAC:
+            raise ProtocolError(f"{where} is malformed ({tensor.dtype}, {len(raw)} bytes): the "
+                                "parties are out of step or the peer runs another provider")
+        body, mac = raw[:-_MAC], raw[-_MAC:]
+        if not hmac.compare_digest(mac, hmac.new(self._mac_key, body, hashlib.sha256).digest()):
+            raise ProtocolError(f"{where} fails its integrity check (tampered in transit, or "
+                                "not from this session)")
+        magic, version, kind, seq, tag = _HEADER.unpack_from(body)
+        if magic != MAGIC or version != VERSION:
+            raise ProtocolError(f"{where}: unknown format {magic!r} v{version}")
+        if seq != self._seq_in:
+            raise ProtocolError(f"{where} carries sequence number {seq}: a replayed or "
+                                "reordered message")
+        self._seq_in += 1
+        if kind == ERROR:
+            self._broken = "the peer reported an error"
+            raise ProtocolError(f"party {self.rank}: party {self._peer} stopped the pairwise offline "
+                                f"exchange: {body[_HEADER.size:].decode(errors='replace')}")
+        if tag != self._tag:
+            raise ProtocolError(f"{where} belongs to another request (replayed or out of step)")
+        if kind != expected:
+            raise ProtocolError(f"{where} has type {kind}, expected {expected}")
+        return body[_HEADER.size:]
+
+    def _send_data(self, payload: bytes) -> None:
+        self._send(DATA, payload)
+
+    def _recv_data(self) -> bytes:
+        return self._recv(DATA)
+
+    def _rand(self, shape: tuple) -> np.ndarray:
+        return self._masks.draw(tuple(shape)).numpy().view(np.uint64)
+
+    def _exchange(self, tag_fields: tuple, fn: Callable[[], list[torch.Tensor]]) -> list[torch.Tensor]:
+        """Run one request's exchange: framed messages, an acknowledgement at the end, and on
+        any error an ERROR frame to the peer, so that both parties raise ProtocolError."""
+        if self._broken:
+            raise ProtocolError(f"party {self.rank}: the pairwise offline channel is unusable "
+                                f"after an earlier error ({self._broken}); start a new session")
+        self._tag = hashlib.sha256(canonical("pairwise/v1", *tag_fields)).digest()
+        start = time.perf_counter()
+        try:
+            out = fn()
+            if self.rank == 0:
+                self._send(ACK, b"")
+            else:
+                self._recv(ACK)
+            return out
+        except CommunicationError:
+            self._broken = "transport failure"
+            raise
+        except Exception as e:
+            if self._broken is None:
+                self._broken = type(e).__name__
+                try:
+                    self._send(ERROR, f"{type(e).__name__} at party {self.rank}".encode())
+                except Exception:  # noqa: BLE001 (the peer may be gone: its own wait fails)
+                    pass
+            if isinstance(e, ProtocolError):
+                raise
+            raise ProtocolError(f"party {self.rank}: pairwise offline exchange failed: "
+                                f"{type(e).__name__}: {e}") from e
+        finally:
+            self.stats["pairwise_seconds"] += time.perf_counter() - start
+
+    def _handshake(self, config: Config) -> None:
+        """Both parties send their parameters and refuse a mismatch (ProtocolError on both)."""
+        hello = f"{self.params.describe()};security={he.SECURITY}"
+        self._tag = hashlib.sha256(b"pairwise-hello/v1").digest()
+        self._send(HELLO, hello.encode())
+        got = self._recv(HELLO).decode(errors="replace")
+        if got != hello:
+            self._broken = "parameter mismatch"
+            raise ProtocolError(
+                f"party {self.rank}: provider 'pairwise' parameters differ between the parties "
+                f"(this party: {hello}; party {self._peer}: {got[:300]}); "
+                "install the same crypten_lite and TenSEAL versions on both")
+
+    # ------------------------------------------------------------------ requests
+    def get(self, kind: str, shapes, op: str = "", params=()) -> Correlation:
+        spec = _spec(kind, op, shapes, params)
+        _, _, shapes, params = spec
+        counter = self._next_counter(spec)
+        self.stats["requests"] += 1
+        if self._recording is not None:
+            self._record_index[counter] = len(self._recording)
+            self._recording.append(_relative(spec, self._record_index))
+        parts = self._ready.pop(counter, None)
+        if parts is not None:
+            self.stats["prefetched"] += 1
+        else:
+            parts = self._make(counter, kind, op, shapes, params)
+        return Correlation(parts, None)
+
+    def _drop_prefetched(self) -> None:
+        self._ready = {}
+
+    def prefetch(self, plan: list[tuple]) -> None:
+        """Offline phase: both parties make every planned correlation now (with a progress
+        line on stderr for long phases, CRYPTEN_LITE_PROGRESS=1 to force it)."""
+        start = max(self.counter, self._plan_start + len(self._plan))
+        self.counter = start
+        self._plan = [_absolute(_spec(*entry), start) for entry in plan]
+        self._plan_start = start
+        self._drop_prefetched()
+        progress = _Progress(len(self._plan), self.stats, self.rank)
+        for i, (kind, op, shapes, params) in enumerate(self._plan):
+            self._ready[start + i] = self._make(start + i, kind, op, shapes, params)
+            progress.step(i + 1)
+        progress.done()
+
+    def wait_prefetched(self) -> None:
+        """Nothing to wait for: prefetch() returns once every correlation is made."""
+
+    def _make(self, counter: int, kind: str, op: str, shapes, params) -> list[torch.Tensor]:
+        correlations.check_request(kind, op, shapes, params, self.world_size,
+                                   self._comm_max_bytes())
+        parts = correlations.derive(self._key, counter, kind, op, shapes, params)
+        if kind == "weight_mask":  # each party's own component: nothing to exchange
+            return parts
+        maker = _MAKERS.get(kind)
+        if maker is None:
+            raise ProtocolError(f"party {self.rank}: provider 'pairwise' has no protocol for "
+                                f"correlation kind {kind!r}")
+        out = self._exchange((counter, kind, op, [list(s) for s in shapes], list(params)),
+                             lambda: maker(self, parts, op, shapes, params))
+        self.stats["pairwise_made"] += 1
+        return out
+
+    def _comm_max_bytes(self) -> int:
+        config = getattr(self._comm, "config", None)
+        return int(getattr(config, "max_message_bytes", 1 << 31))
+
+    # ------------------------------------------------------------------ cross products
+    def elementwise(self, terms: list[torch.Tensor], bound_bits: int) -> torch.Tensor:
+        """Share of Sum_j x0_j * x1_j (flattened, int64 mod 2^64)."""
+        return _t(self._engine.elementwise([_u(t).reshape(-1) for t in terms], bound_bits))
+
+    def cross_and(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """XOR shares of x0 & y1 ^ x1 & y0 for bits (uint64 0/1 arrays of one shape): rank 0
+        passes (x0, y0), rank 1 (y1, x1) ordered so that the terms pair up."""
+        share = self._engine.elementwise([x.reshape(-1), y.reshape(-1)], 2)
+        return (share & np.uint64(1)).reshape(x.shape)
+
+    def bilinear(self, op: str, a: torch.Tensor, b: torch.Tensor, p) -> torch.Tensor:
+        """Share of op(a0, b1) + op(a1, b0) (a, b: this party's operands)."""
+        return _CROSS[op](self, a, b, tuple(p))
+
+    def close(self) -> None:
+        self._ready = {}
+        self._engine.close()
+
+
+# ---------------------------------------------------------------------- bilinear ops
+def _log2(k: int) -> int:
+    return max(0, math.ceil(math.log2(max(1, k))))
+
+
+def _cross_mul(pv: PairwiseProvider, a, b, p):
+    a, b = torch.broadcast_tensors(a, b)
+    terms = [a, b] if pv.rank == 0 else [b, a]
+    return pv.elementwise(terms, 129).view(a.shape)
+
+
+def _cross_matmul(pv: PairwiseProvider, a, b, p):
+    squeeze_a, squeeze_b = a.dim() == 1, b.dim() == 1
+    if squeeze_a:
+        a = a.unsqueeze(0)
+    if squeeze_b:
+        b = b.unsqueeze(-1)
+    batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+    lhs = _u(a.expand(*batch, m, k)).reshape(-1, m, k)
+    rhs = _u(b.expand(*batch, k, n)).reshape(-1, k, n)
+    out = _t(pv._engine.matmul(lhs, rhs, 129 + _log2(k))).view(*batch, m, n)
+    if squeeze_a:
+        out = out.squeeze(-2)
+    if squeeze_b:
+        out = out.squeeze(-1)
+    return out
+
+
+def _unfold_index(channels: int, size: tuple, kernel, dilation, padding, stride) -> torch.Tensor:
+    """Positions (1-based, 0 = padding) of F.unfold's columns in a [channels, *size] input."""
+    probe = torch.arange(1, channels * size[0] * size[1] + 1, dtype=torch.float64)
+    cols = F.unfold(probe.view(1, channels, *size), kernel, dilation=dilation, padding=padding,
+                    stride=stride)
+    return cols[0].round().to(torch.int64)  # [channels*kh*kw, L]
+
+
+def _as_conv2d(op: str, a, b, p):
+    """conv1d as conv2d on a height-1 input; returns (a, b, stride, padding, dilation, groups)."""
+    if op == "conv1d":
+        cp = _conv_params(p, 1)
+        return (a.unsqueeze(2), b.unsqueeze(2), (1, cp["stride"][0]), (0, cp["padding"][0]),
+                (1, cp["dilation"][0]), cp["groups"])
+    cp = _conv_params(p, 2)
+    return a, b, cp["stride"], cp["padding"], cp["dilation"], cp["groups"]
+
+
+def _cross_conv(pv: PairwiseProvider, a, b, p, op: str):
+    x, w, stride, padding, dilation, groups = _as_conv2d(op, a, b, p)
+    bsz, cin, h, wd = x.shape
+    cout, cg, kh, kw = w.shape
+    idx = _unfold_index(cin, (h, wd), (kh, kw), dilation, padding, stride)  # [cin*kh*kw, L]
+    flat = torch.cat([torch.zeros(bsz, 1, dtype=torch.int64), x.reshape(bsz, -1)], dim=1)
+    cols = flat[:, idx]                                                   # [B, cin*kh*kw, L]
+    L = cols.shape[-1]
+    kdim = cg * kh * kw
+    cols = cols.view(bsz, groups, kdim, L).permute(1, 2, 0, 3).reshape(groups, kdim, bsz * L)
+    wm = w.reshape(groups, cout // groups, kdim)
+    out = _t(pv._engine.matmul(_u(wm), _u(cols), 129 + _log2(kdim)))  # [g, cout/g, B*L]
+    out = out.view(groups, cout // groups, bsz, L).permute(2, 0, 1, 3).reshape(bsz, cout, L)
+    shape = correlations.triple_shape(op, tuple(a.shape), tuple(b.shape), p)
+    return out.reshape(shape)
+
+
+def _cross_conv_transpose(pv: PairwiseProvider, a, b, p):
+    stride, padding, out_pad, dilation, groups = p[0:2], p[2:4], p[4:6], p[6:8], p[8]
+    bsz, cin, h, wd = a.shape
+    _, cog, kh, kw = b.shape
+    shape = correlations.triple_shape("conv_transpose2d", tuple(a.shape), tuple(b.shape), p)
+    cout, hout, wout = shape[1], shape[2], shape[3]
+    cig = cin // groups
+    lhs = b.reshape(groups, cig, cog * kh * kw).transpose(1, 2)        # [g, cog*kh*kw, cig]
+    rhs = a.reshape(bsz, groups, cig, h * wd).permute(1, 2, 0, 3).reshape(groups, cig, bsz * h * wd)
+    cols = _t(pv._engine.matmul(_u(lhs), _u(rhs), 129 + _log2(cig)))   # [g, cog*kh*kw, B*L]
+    cols = cols.view(groups, cog * kh * kw, bsz, h * wd).permute(2, 0, 1, 3)
+    cols = cols.reshape(bsz, cout * kh * kw, h * wd)
+    idx = _unfold_index(cout, (hout, wout), (kh, kw), tuple(dilation), tuple(padding), tuple(stride))
+    if idx.shape[-1] != h * wd:
+        raise ProtocolError(f"conv_transpose2d of shapes {tuple(a.shape)}, {tuple(b.shape)}: "
+                            "unexpected fold geometry")
+    out = torch.zeros(bsz, cout * hout * wout + 1, dtype=torch.int64)
+    out.index_add_(1, idx.reshape(-1), cols.reshape(bsz, -1))
+    return out[:, 1:].reshape(shape)
+
+
+_CROSS = {
+    "mul": _cross_mul,
+    "matmul": _cross_matmul,
+    "conv1d": lambda pv, a, b, p: _cross_conv(pv, a, b, p, "conv1d"),
+    "conv2d": lambda pv, a, b, p: _cross_conv(pv, a, b, p, "conv2d"),
+    "conv_transpose2d": _cross_conv_transpose,
+}
+
+
+# ---------------------------------------------------------------------- kinds
+def _triple(pv: PairwiseProvider, parts, op, shapes, params):
+    a, b = parts[0], parts[1]
+    c = TRIPLE_OPS[op](a, b, params) + pv.bilinear(op, a, b, params)
+    return [a, b, c]
+
+
+def _weight_triple(pv: PairwiseProvider, parts, op, shapes, params):
+    (b,) = correlations.derive(pv._key, params[0], "weight_mask", "", [tuple(shapes[1])], ())
+    a = parts[0]
+    c = TRIPLE_OPS[op](a, b, params[1:]) + pv.bilinear(op, a, b, params[1:])
+    return [a, c]
+
+
+def _square(pv: PairwiseProvider, parts, op, shapes, params):
+    a = parts[0]
+    other = a if pv.rank == 0 else a * 2
+    return [a, a * a + pv.elementwise([other], 128).view(a.shape)]
+
+
+def _bit_shares(pv: PairwiseProvider, r: torch.Tensor) -> torch.Tensor:
+    """Arithmetic shares of r0 XOR r1 for bits r (r - 2 r0 r1)."""
+    return r - 2 * pv.elementwise([r], 1).view(r.shape)
+
+
+def _bit(pv: PairwiseProvider, parts, op, shapes, params):
+    r = parts[0]
+    return [r, _bit_shares(pv, r)]
+
+
+def _binary_triple(pv: PairwiseProvider, parts, op, shapes, params):
+    a, b = parts[0], parts[1]
+    ab, bb = _bits(a), _bits(b)
+    x, y = (ab, bb) if pv.rank == 0 else (bb, ab)
+    cross = _t(_words(pv.cross_and(x, y))).view(a.shape)
+    return [a, b, (a & b) ^ cross]
+
+
+def _random_bits(pv: PairwiseProvider, w: torch.Tensor) -> torch.Tensor:
+    """[n, 64] arithmetic shares of the bits of r = w0 XOR w1."""
+    bits = _bits(w.reshape(-1))
+    prod = _t(pv._engine.elementwise([bits.reshape(-1)], 1)).view(bits.shape)
+    return _t(bits).view(bits.shape) - 2 * prod
+
+
+def _ring(values: list[int]) -> torch.Tensor:
+    """Python integers mod 2^64 as an int64 tensor."""
+    return torch.tensor([v - (1 << 64) if v >= 1 << 63 else v for v in values], dtype=torch.int64)
+
+
+def _combine(d: torch.Tensor, bits: int, shape) -> list[torch.Tensor]:
+    """Shares of r = Sum_j 2^j b_j, r >> bits (logical) and msb(r) from shares d of the bits."""
+    r = (d * _ring([1 << j for j in range(64)])).sum(-1)
+    rt = (d * _ring([1 << (j - bits) if j >= bits else 0 for j in range(64)])).sum(-1)
+    return [r.view(shape), rt.view(shape), d[:, 63].contiguous().view(shape)]
+
+
+def _trunc(pv: PairwiseProvider, parts, op, shapes, params):
+    w = parts[0]
+    r, rt, m = _combine(_random_bits(pv, w), params[0], w.shape)
+    return [r, rt, m]
+
+
+def _trunc_exact(pv: PairwiseProvider, parts, op, shapes, params):
+    w = parts[0]
+    bits = params[0]
+    r, rt, m = _combine(_random_bits(pv, w), bits, w.shape)
+    low = w & ((1 << bits) - 1) if bits < 64 else w
+    return [r, low, rt, m]
+
+
+def _bit_mul(pv: PairwiseProvider, parts, op, shapes, params):
+    r, a = parts[0], parts[1]
+    ra = _bit_shares(pv, r)
+    rb = r.expand_as(a)
+    if pv.rank == 0:
+        terms = [rb, (1 - 2 * rb) * a]
+    else:
+        terms = [(1 - 2 * rb) * a, rb]
+    cross = pv.elementwise(terms, 65).view(a.shape)
+    return [r, a, ra, rb * a + cross]
+
+
+def _binary_monomials(pv: PairwiseProvider, parts, op, shapes, params):
+    k, owners, subsets = correlations._split_monomial_params(params)
+    shape = parts[0].shape
+    masks = [parts[j] if o == -1 or o == pv.rank else torch.zeros_like(parts[j])
+             for j, o in enumerate(owners)]
+    chosen = [[j for j in range(k) if s >> j & 1] for s in subsets]
+    cur = [masks[c[0]].clone() for c in chosen]
+    for depth in range(1, max(len(c) for c in chosen)):
+        live = [i for i, c in enumerate(chosen) if len(c) > depth]
+        xs = np.concatenate([_bits(cur[i]) for i in live])
+        ys = np.concatenate([_bits(masks[chosen[i][depth]]) for i in live])
+        x, y = (xs, ys) if pv.rank == 0 else (ys, xs)
+        cross = _words(pv.cross_and(x, y))
+        n = int(np.prod(shape)) if len(shape) else 1
+        for j, i in enumerate(live):
+            nxt = masks[chosen[i][depth]]
+            cur[i] = (cur[i] & nxt) ^ _t(cross[j * n:(j + 1) * n]).view(shape)
+    return list(parts[:k]) + cur
+
+
+_MAKERS = {
+    "triple": _triple, "weight_triple": _weight_triple,
+    "square": _square, "bit": _bit, "binary_triple": _binary_triple, "trunc": _trunc,
+    "trunc_exact": _trunc_exact, "bit_mul": _bit_mul, "binary_monomials": _binary_monomials,
+}
+
+
+class _Progress:
+    """One stderr line for a long offline phase: correlations made, MB/s, time left."""
+
+    def __init__(self, total: int, stats: dict, rank: int):
+        self.total = total
+        self.stats = stats
+        self.start = time.perf_counter()
+        self.bytes0 = stats["pairwise_bytes_sent"] + stats["pairwise_bytes_received"]
+        forced = os.environ.get(PROGRESS_ENV, "")
+        self.show = rank == 0 and total > 0 and (forced == "1" or (forced != "0" and sys.stderr.isatty()))
+        self.last = 0.0
+
+    def step(self, done: int) -> None:
+        if not self.show:
+            return
+        now = time.perf_counter()
+        if now - self.last < 1.0 and done < self.total:
+            return
+        self.last = now
+        elapsed = now - self.start
+        mb = (self.stats["pairwise_bytes_sent"] + self.stats["pairwise_bytes_received"] - self.bytes0) / 1e6
+        left = elapsed / done * (self.total - done) if done else 0.0
+        sys.stderr.write(f"\rpairwise offline: {done}/{self.total} correlations, {mb:.1f} MB, "
+                         f"{mb / max(elapsed, 1e-9):.1f} MB/s, {left:.0f} s left ")
+        sys.stderr.flush()
+
+    def done(self) -> None:
+        if self.show:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
