@@ -45,6 +45,9 @@ def init(config_file: str | None = None, party_name=None, device=None) -> None:
     if "CRYPTEN_LITE_PROVIDER" not in os.environ and (
             os.environ.get("CRYPTEN_LITE_WORLD_SIZE") or os.environ.get("CRYPTEN_LITE_PARTIES")):
         overrides["provider"] = config.provider_name()
+    if "CRYPTEN_LITE_PROTOCOL" not in os.environ and (
+            os.environ.get("CRYPTEN_LITE_WORLD_SIZE") or os.environ.get("CRYPTEN_LITE_PARTIES")):
+        overrides["protocol"] = config.protocol_name()
     _core.init(**overrides)
 
 
@@ -279,6 +282,19 @@ def get_communication_stats() -> dict:
     return communicator.get().get_communication_stats()
 
 
+def __getattr__(name: str):
+    if name == "generators":  # CrypTen's torch generators of this session (compat/_generators.py)
+        import importlib
+        return importlib.import_module(__name__ + "._generators").current()
+    raise AttributeError(f"module 'crypten' (crypten_lite.compat) has no attribute {name!r}")
+
+
+def manual_seed(next_seed: int, local_seed: int, global_seed: int) -> None:
+    """CrypTen's manual_seed of its torch generators (debug mode only; compat/_generators.py)."""
+    import importlib
+    importlib.import_module(__name__ + "._generators").manual_seed(next_seed, local_seed, global_seed)
+
+
 __all__ = [
     "init", "uninit", "is_initialized", "cryptensor", "CrypTensor", "MPCTensor", "cfg", "cat",
     "stack", "where", "rand", "bernoulli", "save", "load", "save_from_party", "load_from_party",
@@ -286,4 +302,5 @@ __all__ = [
     "get_cryptensor_type", "is_encrypted_tensor", "no_grad", "enable_grad", "set_grad_enabled",
     "communicator", "mpc", "nn", "optim", "gradients", "common", "debug", "print", "log",
     "print_communication_stats", "reset_communication_stats", "get_communication_stats",
+    "manual_seed",
 ]

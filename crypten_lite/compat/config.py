@@ -12,6 +12,13 @@ The options CrypTen users set are accepted; how each one acts in crypten_lite:
   scripts that set them; crypten_lite picks its own approximations (docs/functions.md).
 * ``communicator.verbose``: communication statistics are always kept; see
   ``crypten.communicator.get().get_communication_stats()``.
+* ``mpc.protocol``: "beaver" (default) is crypten_lite's additive sharing, "replicated" its
+  3-party replicated sharing ("rss", no dealer); fixed when a session starts, like the provider.
+* ``mpc.active_security``: CrypTen's check of the dealer's triples is not implemented, so
+  setting it to True raises UnsupportedError at once (a security setting is never silently
+  ignored); crypten_lite's dealer is semi-honest (docs/design.md, threat model).
+
+Every value is checked when it is set: an unknown provider or protocol is a ValueError there.
 """
 
 from __future__ import annotations
@@ -37,9 +44,6 @@ DEFAULTS: dict[str, Any] = {
                       "cache_pred_size": True}},
 }
 
-PROVIDERS = {"TTP": "dealer", "TFP": "tfp"}
-
-
 class Node:
     """One level of the settings tree."""
 
@@ -57,6 +61,9 @@ class Node:
     def __setattr__(self, name: str, value: Any) -> None:
         if name not in self._values:
             raise AttributeError(f"cfg has no setting {name!r}")
+        check = CHECKS.get((id(self), name))
+        if check is not None:
+            check(value)
         self._values[name] = value
 
     def __getitem__(self, key: str) -> Any:
@@ -118,9 +125,48 @@ class Config(Node):
 
     def reset(self) -> None:
         object.__setattr__(self, "_values", Config()._values)
+        _register_checks(self)
+
+
+PROVIDERS = {"TTP": "dealer", "TFP": "tfp"}
+PROTOCOLS = {"beaver": "additive", "replicated": "rss"}
+# (id of the Node holding the setting, name) -> a check run before every assignment.
+CHECKS: dict = {}
+
+
+def _check_active_security(value: Any) -> None:
+    if value:
+        from ..errors import UnsupportedError
+        raise UnsupportedError(
+            "cfg.mpc.active_security = True: crypten_lite does not verify the dealer's triples "
+            "(CrypTen's active security check), so it refuses the setting rather than ignore it. "
+            "Its dealer and parties are semi-honest (docs/design.md, threat model); for a "
+            "session without a dealer use cfg.mpc.protocol = 'replicated' (3 parties)")
+
+
+def _check_in(name: str, allowed) -> Any:
+    def check(value: Any) -> None:
+        key = str(value).upper() if allowed is PROVIDERS else str(value)
+        if key not in allowed:
+            raise ValueError(f"cfg.{name} must be one of {sorted(allowed)}, got {value!r}")
+    return check
+
+
+def _register_checks(root: "Config") -> None:
+    mpc = root._values["mpc"]
+    CHECKS.clear()
+    CHECKS[(id(mpc), "active_security")] = _check_active_security
+    CHECKS[(id(mpc), "provider")] = _check_in("mpc.provider", PROVIDERS)
+    CHECKS[(id(mpc), "protocol")] = _check_in("mpc.protocol", PROTOCOLS)
 
 
 cfg = Config()
+_register_checks(cfg)
+
+
+def protocol_name() -> str:
+    """crypten_lite's protocol for cfg.mpc.protocol ("additive" or "rss")."""
+    return PROTOCOLS[str(cfg.mpc.protocol)]
 
 
 def provider_name() -> str:

@@ -338,6 +338,13 @@ class MPCTensor(CrypTensor):
         from ..nn import functional as nnf
         return _forward(nnf.binary_cross_entropy_with_logits)(self, target, weights)
 
+    def rappor_loss(self, target, alpha: float, skip_forward: bool = False):
+        """CrypTen's RAPPOR loss: binary cross-entropy of p = alpha s + (1 - alpha)(1 - s),
+        s = sigmoid(self) (labels flipped with probability 1 - alpha); gradients by autograd
+        through the same ops (`skip_forward` accepted: the forward is computed anyway)."""
+        prob = self.sigmoid().mul(2 * alpha - 1).add(1 - alpha)
+        return prob.binary_cross_entropy(target)
+
     # ------------------------------------------------------------ binary ops
     def __xor__(self, other):
         return self._bitwise("xor", other)

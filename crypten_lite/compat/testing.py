@@ -39,7 +39,15 @@ class _Alias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def create_module(self, spec):
         name = spec.name
         target = _ALIASES.get(name) or "crypten_lite.compat" + name[len("crypten"):]
-        return importlib.import_module(target)
+        try:
+            return importlib.import_module(target)
+        except ModuleNotFoundError:
+            if any(k.startswith(name + ".") for k in _ALIASES):  # the parent of a stand-in
+                import types
+                package = types.ModuleType(name)
+                package.__path__ = []
+                return package
+            raise
 
     def exec_module(self, module):
         pass
@@ -56,12 +64,12 @@ def install_alias(extra: dict[str, str] | None = None) -> None:
 _POOLS: dict = {}
 
 
-def _pool(world_size: int, provider: str):
+def _pool(world_size: int, provider: str, protocol: str = "additive"):
     from ..mpc.launcher import PartyPool
-    key = (world_size, provider)
+    key = (world_size, provider, protocol)
     if key not in _POOLS:
         timeout = float(os.environ.get("COMPAT_TEST_TIMEOUT", "60"))
-        _POOLS[key] = PartyPool(world_size, provider=provider, timeout=timeout)
+        _POOLS[key] = PartyPool(world_size, provider=provider, timeout=timeout, protocol=protocol)
     return _POOLS[key]
 
 
@@ -134,8 +142,8 @@ class MultiProcessTestCase(unittest.TestCase):
         @wraps(fn)
         def wrapper(self):
             if self.rank == self.MAIN_PROCESS_RANK:
-                from .config import provider_name
-                pool = _pool(self._world_size, provider_name())
+                from .config import protocol_name, provider_name
+                pool = _pool(self._world_size, provider_name(), protocol_name())
                 pool.run(_run_in_party, dict(_ALIASES), type(self).__module__,
                          type(self).__name__, self._testMethodName)
             else:

@@ -244,10 +244,22 @@ def clamp(x: CrypTensor, min=None, max=None, *, _at_bound: bool = True) -> CrypT
         if hi is not None:   # [x > max] directly, or [x >= max] = 1 - [x < max]
             above = bool_tensor(public_share(torch.ones_like(masks[i])) - masks[i]
                                 if not _at_bound else masks[i])
+            if below is not None and not _at_bound and _same_public_bound(min, max):
+                # min == max: [x <= min] and [x >= max] overlap at x == min; torch's gradient
+                # is zero everywhere there, so the second mask is the first one's complement
+                above = bool_tensor(public_share(torch.ones_like(masks[0])) - below.share)
         saved = {"below": below, "above": above}
     # Both bounds are inputs (public ones and None get no gradient), so that the rule knows
     # which bound a private one is.
     return _record(out, "clamp", (x, min, max), **saved)
+
+
+def _same_public_bound(lo, hi) -> bool:
+    """Both bounds public (numbers or tensors) and equal everywhere."""
+    if isinstance(lo, CrypTensor) or isinstance(hi, CrypTensor):
+        return False
+    return bool(torch.equal(*torch.broadcast_tensors(torch.as_tensor(lo, dtype=torch.float64),
+                                                     torch.as_tensor(hi, dtype=torch.float64))))
 
 
 def hardtanh(x: CrypTensor, min_val: float = -1.0, max_val: float = 1.0) -> CrypTensor:

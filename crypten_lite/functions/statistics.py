@@ -128,6 +128,11 @@ def cosine_similarity(x1, x2, dim: int = 1, eps: float = 1e-8) -> CrypTensor:
     if not isinstance(x1, CrypTensor):
         x1, x2 = x2, x1
     shape = torch.broadcast_shapes(tuple(x1.shape), tuple(x2.shape))
+    if not shape:  # 0-dim operands: as torch, the similarity of one-element vectors (dim 0)
+        if dim not in (0, -1):
+            raise IndexError(f"cosine_similarity: dim {dim} is out of range for 0-dim tensors")
+        x2 = x2.reshape(1) if isinstance(x2, CrypTensor) else torch.as_tensor(x2).reshape(1)
+        return cosine_similarity(x1.reshape(1), x2, 0, eps).reshape(())
     a = float_view(x1).expand(shape)
     if isinstance(x2, CrypTensor):
         b = float_view(x2).expand(shape)

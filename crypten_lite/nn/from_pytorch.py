@@ -67,6 +67,7 @@ CONVERTERS: dict[type, Callable[[torch.nn.Module], Module]] = {
     torch.nn.MaxPool2d: L.MaxPool2d.from_torch,
     torch.nn.AvgPool2d: L.AvgPool2d.from_torch,
     torch.nn.AdaptiveAvgPool2d: L.AdaptiveAvgPool2d.from_torch,
+    torch.nn.AdaptiveMaxPool2d: L.AdaptiveMaxPool2d.from_torch,
     torch.nn.Flatten: L.Flatten.from_torch,
     torch.nn.Identity: L.Identity.from_torch,
     torch.nn.Hardswish: L.Hardswish.from_torch,
@@ -195,6 +196,13 @@ def _stochastic_depth(x, p: float, mode: str, training: bool = True):
     return x.mul(mask) if F.is_private(x) else x * mask.to(x.dtype)
 
 
+def _adaptive_max_pool2d(x, output_size, return_indices=False):
+    """adaptive_max_pool2d on a CrypTensor (its method) or a public tensor (torch's)."""
+    if isinstance(x, CrypTensor):
+        return x.adaptive_max_pool2d(output_size, return_indices=return_indices)
+    return torch.nn.functional.adaptive_max_pool2d(x, output_size, return_indices)
+
+
 def _hardtanh(x, lo=-1.0, hi=1.0, inplace=False):
     if not F.is_private(x):
         return TF.hardtanh(x, lo, hi)
@@ -229,6 +237,8 @@ FUNCTIONS: dict[Any, Callable] = {
     TF.gelu: F.gelu, TF.silu: F.silu, TF.sigmoid: F.sigmoid, TF.tanh: F.tanh,
     TF.softmax: F.softmax, TF.log_softmax: F.log_softmax, TF.max_pool2d: F.max_pool2d,
     TF.avg_pool2d: F.avg_pool2d, TF.adaptive_avg_pool2d: F.adaptive_avg_pool2d,
+    TF.adaptive_max_pool2d: lambda x, output_size, return_indices=False:
+        _adaptive_max_pool2d(x, output_size, return_indices),
     TF.layer_norm: F.layer_norm, TF.batch_norm: F.batch_norm, TF.dropout: F.dropout,
     TF.pad: F.pad, TF.hardtanh: _hardtanh, TF.hardswish: F.hardswish, TF.hardsigmoid: F.hardsigmoid,
     TF.scaled_dot_product_attention: _linear_sdpa,
@@ -299,6 +309,7 @@ def _aten_table() -> dict[Any, Callable]:
         aten.sum.dim_IntList: lambda x, dim, keepdim=False, dtype=None: x.sum(dim, keepdim),
         aten.max_pool2d.default: F.max_pool2d, aten.avg_pool2d.default: F.avg_pool2d,
         aten.adaptive_avg_pool2d.default: F.adaptive_avg_pool2d,
+        aten.adaptive_max_pool2d.default: lambda x, size: _adaptive_max_pool2d(x, size, True),
         aten.layer_norm.default: lambda x, shape, w=None, b=None, eps=1e-5, cudnn=False:
             F.layer_norm(x, shape, w, b, eps),
         aten.rms_norm.default: lambda x, shape, w=None, eps=None:

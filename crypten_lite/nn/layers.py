@@ -424,6 +424,21 @@ class AdaptiveAvgPool2d(_FromTorch, Module):
         return F.adaptive_avg_pool2d(x, self.output_size)
 
 
+class AdaptiveMaxPool2d(_FromTorch, Module):
+    """torch.nn.AdaptiveMaxPool2d (variable windows; with return_indices, torch's indices)."""
+
+    _args = ("output_size", "return_indices")
+
+    def __init__(self, output_size, return_indices: bool = False) -> None:
+        super().__init__()
+        self.output_size, self.return_indices = output_size, return_indices
+
+    def forward(self, x):
+        if not isinstance(x, CrypTensor):
+            return torch.nn.functional.adaptive_max_pool2d(x, self.output_size, self.return_indices)
+        return x.adaptive_max_pool2d(self.output_size, return_indices=self.return_indices)
+
+
 # ------------------------------------------------------------------------- losses
 class _Loss(_FromTorch, Module):
     _args = ("reduction",)

@@ -97,3 +97,82 @@ def test_ops_without_init_say_what_to_do(monkeypatch):
     assert not session.is_initialized()
     with pytest.raises(NotInitializedError, match="session of one party"):
         crypten_lite.cryptensor(torch.ones(2))
+
+
+# ------------------------------------------------- bugs found running CrypTen's tests
+def test_hardtanh_gradient_when_the_bounds_meet(single):
+    t = torch.arange(-3, 4, dtype=torch.float32)
+    for lo, hi in ((-1, 1), (0, 0), (2, 2), (-3, 3)):
+        x = crypten.cryptensor(t, requires_grad=True)
+        x.hardtanh(lo, hi).sum().backward()
+        ref = t.clone().requires_grad_(True)
+        torch.nn.functional.hardtanh(ref, lo, hi).sum().backward()
+        assert torch.equal(x.grad.get_plain_text(), ref.grad), (lo, hi)   # 0 at the bounds
+
+
+def test_cosine_similarity_of_0_dim_tensors(single):
+    a = crypten.cryptensor(torch.tensor(2.0), requires_grad=True)
+    for other, plain in ((crypten.cryptensor(torch.tensor(-3.0)), -3.0), (torch.tensor(0.5), 0.5)):
+        got = a.cosine_similarity(other, dim=0)
+        want = torch.nn.functional.cosine_similarity(torch.tensor(2.0), torch.tensor(plain), dim=0)
+        assert got.shape == () and abs(got.get_plain_text().item() - want.item()) < 1e-2
+
+
+def test_rappor_loss_forward_and_backward(single):
+    logits, target, alpha = torch.tensor([0.3, -1.2, 2.0]), torch.tensor([1.0, 0.0, 1.0]), 0.3
+    x = crypten.cryptensor(logits, requires_grad=True)
+    loss = x.rappor_loss(crypten.cryptensor(target), alpha)
+    loss.backward()
+    ref = logits.clone().requires_grad_(True)
+    s = ref.sigmoid()
+    expected = torch.nn.functional.binary_cross_entropy(alpha * s + (1 - alpha) * (1 - s), target)
+    expected.backward()
+    assert abs(loss.get_plain_text().item() - expected.item()) < 2e-2
+    assert torch.allclose(x.grad.get_plain_text(), ref.grad, atol=2e-2)
+
+
+def test_from_pytorch_converts_adaptive_max_pool2d(single):
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.pool = torch.nn.AdaptiveMaxPool2d((2, 3))
+
+        def forward(self, x):
+            return torch.nn.functional.adaptive_max_pool2d(self.pool(x), 1)
+
+    torch.manual_seed(0)
+    data = torch.randn(2, 2, 7, 5)
+    private = crypten.nn.from_pytorch(Net(), torch.empty(1, 2, 7, 5)).encrypt()
+    assert torch.allclose(private(crypten.cryptensor(data)).get_plain_text(), Net()(data), atol=1e-3)
+
+
+def test_generators_follow_cryptens_relations_with_one_party(single):
+    g = crypten.generators
+    assert set(g) == {"prev", "next", "local", "global"}
+    assert crypten.generators is g                        # one set per session
+    assert g["prev"][torch.device("cpu")].initial_seed() == g["next"][torch.device("cpu")].initial_seed()
+    with pytest.raises(ValueError, match="debug mode"):
+        crypten.manual_seed(1, 2, 3)
+    with crypten.cfg.temp_override({"debug.debug_mode": True}):
+        crypten.manual_seed(11, 12, 13)
+    assert [g[k][torch.device("cpu")].initial_seed() for k in ("prev", "next", "local", "global")] == \
+        [11, 11, 12, 13]
+
+
+def test_security_settings_are_never_silently_ignored():
+    from crypten_lite.errors import UnsupportedError
+    cfg = crypten.cfg
+    with pytest.raises(UnsupportedError, match="does not verify the dealer's triples"):
+        cfg.mpc.active_security = True
+    with pytest.raises(UnsupportedError):
+        with cfg.temp_override({"mpc.active_security": True}):
+            pass
+    assert cfg.mpc.active_security is False
+    with pytest.raises(ValueError, match="mpc.protocol"):
+        cfg.mpc.protocol = "spdz"
+    with pytest.raises(ValueError, match="mpc.provider"):
+        cfg["mpc.provider"] = "TTP2"
+    with cfg.temp_override({"mpc.protocol": "replicated"}):
+        assert crypten.config.protocol_name() == "rss"
+    cfg.mpc.active_security = False                       # allowed: what crypten_lite does
+    assert cfg.mpc.protocol == "beaver" and cfg.mpc.provider == "TTP"

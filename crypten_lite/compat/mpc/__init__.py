@@ -35,7 +35,8 @@ def run_multiprocess(world_size: int, timeout: float = 120.0):
             from ..tensor import get_default_cryptensor_type
             kind = get_default_cryptensor_type()
             provider = config_mod.provider_name()
-            with launcher.PartyPool(world_size, provider, timeout) as pool:
+            protocol = config_mod.protocol_name()  # cfg.mpc.protocol "replicated": rss, 3 parties
+            with launcher.PartyPool(world_size, provider, timeout, protocol=protocol) as pool:
                 answers = pool.run(_in_party, fn, settings, kind, args, kwargs)
             # crypten.print's order: call by call, each call's output in rank order
             chunks = sorted((index, rank, seq, text) for rank, (_, printed) in enumerate(answers)
