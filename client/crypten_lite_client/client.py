@@ -10,6 +10,7 @@ answers with its share of the output plus a fresh zero sharing; only this client
 from __future__ import annotations
 
 import os
+import threading
 import time
 from typing import Sequence
 
@@ -21,7 +22,9 @@ from ._proto import serve_pb2_grpc as pb_grpc
 
 MAX_ENCODED = 2 ** 62
 DTYPE = "ring64"
-RETRY = (grpc.StatusCode.UNAVAILABLE,)
+# Retried with fresh shares and a fresh request id (never a wrong answer: each try is a new
+# prediction): a party down or restarting, or its server stopping under a call.
+RETRY = ("UNAVAILABLE", "CANCELLED", "mismatch")
 
 
 class ClientError(Exception):
@@ -187,7 +190,7 @@ class Client:
                 out = self._once(x, left)
                 return out[0] if single else out
             except ClientError as e:
-                if e.code not in ("UNAVAILABLE", "mismatch") or time.monotonic() + delay >= end:
+                if e.code not in RETRY or time.monotonic() + delay >= end:
                     raise
             time.sleep(delay)
             delay = min(1.0, delay * 2)
@@ -196,16 +199,26 @@ class Client:
         reqs = self.requests_for(x, timeout)
         futures = [s.Predict.future(q, metadata=self.metadata(r), timeout=timeout + 10)
                    for r, (s, q) in enumerate(zip(self._stubs, reqs))]
-        replies, error = [], None
-        for r, f in enumerate(futures):
-            try:
-                replies.append(f.result())
-            except grpc.RpcError as e:
-                error = error or ClientError(f"party {r}: {e.details()}", e.code().name)
-                for g in futures:
-                    g.cancel()
-        if error is not None:
-            raise error
+        # The first failure at any party cancels the other halves at once (a party holding a
+        # half waits for the others' shares until the request's deadline otherwise).
+        changed = threading.Event()
+        for f in futures:
+            f.add_done_callback(lambda _f: changed.set())
+        replies: list = [None] * len(futures)
+        waiting = set(range(len(futures)))
+        while waiting:
+            changed.wait(0.5)
+            changed.clear()
+            for r in sorted(waiting):
+                if not futures[r].done():
+                    continue
+                waiting.discard(r)
+                try:
+                    replies[r] = futures[r].result()
+                except grpc.RpcError as e:
+                    for g in futures:
+                        g.cancel()
+                    raise ClientError(f"party {r}: {e.details()}", e.code().name) from None
         first = replies[0]
         for r, rep in enumerate(replies):
             if (rep.request_id != reqs[0].request_id or rep.computation != first.computation

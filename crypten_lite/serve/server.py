@@ -111,11 +111,15 @@ class Party:
         self.stop = False
         self._lock = threading.Lock()
         self._pending: dict[str, _Req] = {}
+        self._closed = False  # set (under the lock) once the session ended: nothing is parked
+        self._running: list[_Req] = []  # the batch being computed (failed too if the session ends)
         self._new: list = []
         self._cancel: list[str] = []
         self._tokens: dict[str, str] = {}
         self._tokens_mtime = None
-        self._tokens_checked = 0.0
+        self._tokens_checked = time.monotonic()
+        self._tokens_lock = threading.Lock()
+        self._reload_tokens()
         self.rank = int(os.environ.get("CRYPTEN_LITE_RANK", "0"))
         self.world_size = int(os.environ.get("CRYPTEN_LITE_WORLD_SIZE", "0") or 0)
         self.protocol = os.environ.get("CRYPTEN_LITE_PROTOCOL", "additive")
@@ -124,17 +128,24 @@ class Party:
         self.model_name = args.model
 
     # -- the handler (gRPC and HTTP threads) -------------------------------------------
+    def _reload_tokens(self) -> None:
+        try:
+            mtime = os.stat(self.args.tokens).st_mtime_ns
+            if mtime != self._tokens_mtime:
+                self._tokens, self._tokens_mtime = load_tokens(self.args.tokens), mtime
+        except (OSError, ServeError) as e:
+            log.error("party %d: cannot read the tokens file: %s", self.rank, e)
+
     def authenticate(self, token: str) -> str | None:
-        now = time.monotonic()
-        if now - self._tokens_checked > 1.0:  # rotation: the file is re-read when it changes
-            self._tokens_checked = now
-            try:
-                mtime = os.stat(self.args.tokens).st_mtime_ns
-                if mtime != self._tokens_mtime:
-                    self._tokens, self._tokens_mtime = load_tokens(self.args.tokens), mtime
-            except (OSError, ServeError) as e:
-                log.error("party %d: cannot read the tokens file: %s", self.rank, e)
-        return self._tokens.get(token_digest(token)) if token else None
+        """The client id of `token`, or None. The tokens file is re-read when it changes
+        (checked at most once a second): rotation needs no restart."""
+        with self._tokens_lock:
+            now = time.monotonic()
+            if now - self._tokens_checked > 1.0:
+                self._tokens_checked = now
+                self._reload_tokens()
+            tokens = self._tokens
+        return tokens.get(token_digest(token)) if token else None
 
     def info(self):
         return self.pb.InfoReply(party=self.rank, world_size=self.world_size, protocol=self.protocol,
@@ -161,6 +172,9 @@ class Party:
         key = f"{client}/{shares.request_id.hex()}"
         req = _Req(shares, t0)
         with self._lock:
+            if self._closed:
+                raise ServeError("unavailable", f"party {self.rank}: the serving session ended; "
+                                                "retry: the service restarts")
             if len(self._pending) >= self.args.max_pending:
                 raise ServeError("busy", f"party {self.rank} holds {len(self._pending)} requests "
                                          "(its limit): retry later")
@@ -193,9 +207,14 @@ class Party:
 
     def _fail_all(self, kind: str, message: str) -> None:
         with self._lock:
+            self._closed = True
             keys = list(self._pending)
         for key in keys:
             self._finish(key, kind, message)
+        for req in self._running:
+            if not req.event.is_set():
+                req.error = (kind, message)
+                req.event.set()
 
     def _load_model(self, session):
         from ..nn import from_pytorch
@@ -240,6 +259,7 @@ class Party:
         if any(r is None for r in reqs):
             raise CryptenLiteError(f"party {self.rank}: the leader batched a request this party "
                                    "does not hold")
+        self._running = reqs
         n_comp = len(reqs[0].shares.components)
         comps = [torch.cat([r.shares.components[i] for r in reqs]) for i in range(n_comp)]
         x = CrypTensor(self._share_of(comps), self.precision, torch.float32)
@@ -260,6 +280,7 @@ class Party:
                                            precision=y.precision, share=to_bytes(part),
                                            computation=f"{tag}:{i}", party=self.rank)
             r.event.set()
+        self._running = []
 
     def _tick(self, comm, scheduler, batch_no: int) -> dict:
         with self._lock:

@@ -1,0 +1,257 @@
+"""Load on `crypten-lite serve`: throughput and latency against concurrent clients, and a run
+that kills a party mid-load and lets the service restart from its saved shares.
+
+    python benchmarks/serve_load.py                       # LeNet, 64 clients; kill-and-restart
+    python benchmarks/serve_load.py --models lenet,resnet18 --clients 1,8,16,64 --tls both \
+        --out docs/serve_load.jsonl --plot docs/serve_latency.svg
+
+It starts the local service (supervisor, dealer, parties) for each (model, TLS) setting and
+drives it with N client threads, each with its own torch-free client (client/), each
+predicting one sample at a time in a loop for --seconds. Every answer is checked against
+torch's forward of the same input (`wrong` counts answers off by more than the fixed-point
+tolerance). One JSON line per run: model, clients, tls, throughput (predictions/s), p50_ms,
+p99_ms, answered, failed, wrong, and the service's batch statistics.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import numpy as np
+import torch
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "client"))
+from crypten_lite_client import Client, ClientError  # noqa: E402
+
+from crypten_lite.serve.server import build_model  # noqa: E402
+
+TOL = 2e-2
+
+
+class Service:
+    """The local form in its own process group (stopped, with every child, on exit)."""
+
+    def __init__(self, model: str, tls: bool, max_batch: int):
+        self.state = pathlib.Path(tempfile.mkdtemp(prefix="serve-load-"))
+        cmd = [sys.executable, "-m", "crypten_lite.cli", "serve", "--model", model,
+               "--state-dir", str(self.state), "--max-batch", str(max_batch)] + (["--tls"] if tls else [])
+        env = {k: v for k, v in os.environ.items() if not k.startswith("CRYPTEN_LITE_")}
+        self.log = open(self.state / "supervisor.log", "w")
+        self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        end = time.monotonic() + 900
+        while not (self.state / "client.json").exists():
+            if self.proc.poll() is not None or time.monotonic() > end:
+                raise SystemExit(f"serve did not start; see {self.state}")
+            time.sleep(0.2)
+        self.conn = json.loads((self.state / "client.json").read_text())
+        with self.client() as c:
+            c.wait_ready(900)
+
+    def client(self) -> Client:
+        return Client(self.conn["endpoints"], self.conn["token"], tls=self.conn["ca"], timeout=120)
+
+    def pids(self) -> dict:
+        return json.loads((self.state / "pids.json").read_text())
+
+    def metrics(self) -> dict:
+        with self.client() as c:
+            return json.loads(c.wait_ready(900)[0].metrics_json)
+
+    def stop(self) -> None:
+        pids = self.pids().get("all", []) if (self.state / "pids.json").exists() else []
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(60)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            pass
+        for pid in [self.proc.pid, *pids]:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        self.proc.wait()
+
+
+def drive(service: Service, model: str, clients: int, seconds: float, sample_shape, refs,
+          on_start=None, until=None) -> dict:
+    """`clients` threads predicting one sample each in a loop; statistics of the window."""
+    xs, ys = refs
+    lat, errors = [], []
+    counts = {"answered": 0, "failed": 0, "wrong": 0}
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def worker(i: int) -> None:
+        with service.client() as c:
+            k = i
+            while not stop.is_set():
+                x, y = xs[k % len(xs)], ys[k % len(xs)]
+                k += clients
+                t0 = time.perf_counter()
+                try:
+                    out = c.predict(x[None], timeout=60)[0]
+                except ClientError as e:
+                    with lock:
+                        counts["failed"] += 1
+                        errors.append(f"{e.code}: {str(e)[:160]}")
+                    continue
+                dt = time.perf_counter() - t0
+                with lock:
+                    if np.allclose(out, y, atol=TOL):
+                        counts["answered"] += 1
+                        lat.append(dt)
+                    else:
+                        counts["wrong"] += 1
+
+    threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(clients)]
+    before = service.metrics()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    if on_start is not None:
+        on_start()
+    if until is not None:
+        until()
+    else:
+        time.sleep(seconds)
+    stop.set()
+    for t in threads:
+        t.join(180)
+    elapsed = time.perf_counter() - t0
+    after = service.metrics()
+    lat.sort()
+    pct = lambda p: round(1000 * lat[min(len(lat) - 1, len(lat) * p // 100)], 1) if lat else None  # noqa: E731
+    batches = after["batches"] - before["batches"] if after["batches"] >= before["batches"] else after["batches"]
+    answered_srv = after["answered"] - before["answered"] if after["answered"] >= before["answered"] else after["answered"]
+    return {"model": model, "clients": clients, "throughput": round(counts["answered"] / elapsed, 1),
+            "p50_ms": pct(50), "p99_ms": pct(99), **counts, "seconds": round(elapsed, 1),
+            "mean_batch": round(answered_srv / batches, 1) if batches else None,
+            "errors": sorted(set(errors))}
+
+
+def references(model: str, n: int = 32):
+    m, shape = build_model(model)
+    rng = np.random.default_rng(0)
+    xs = rng.standard_normal((n, *shape))
+    with torch.no_grad():
+        ys = m(torch.tensor(xs, dtype=torch.float32)).numpy()
+    return shape, (xs, ys)
+
+
+def kill_restart(service: Service, model: str, clients: int, seconds: float, refs, shape) -> dict:
+    """Kill party 1 (SIGKILL) a third into the run; run until the restarted service has
+    answered for another third."""
+    state = {}
+
+    def killer():
+        time.sleep(seconds / 3)
+        pid = service.pids()["parties"][1]
+        state["killed_at"] = time.perf_counter()
+        os.kill(pid, signal.SIGKILL)
+
+    def until():
+        end = time.monotonic() + 900
+        while time.monotonic() < end:
+            try:
+                if service.pids()["epoch"] >= 1 and (service.state / "ready-party1").exists():
+                    break
+            except (OSError, ValueError, KeyError):
+                pass
+            time.sleep(0.2)
+        state["back_at"] = time.perf_counter()
+        time.sleep(seconds / 3)
+
+    threading.Thread(target=killer, daemon=True).start()
+    row = drive(service, model, clients, seconds, shape, refs, until=until)
+    row["run"] = "kill_restart"
+    row["restart_s"] = round(state["back_at"] - state["killed_at"], 1) if "killed_at" in state else None
+    return row
+
+
+def plot(rows: list[dict], path: str) -> None:
+    """A small SVG of p50/p99 latency against concurrent clients (no plotting library)."""
+    series = {}
+    for r in rows:
+        if r.get("run") == "load" and r["p50_ms"] is not None:
+            series.setdefault((r["model"], r["tls"]), []).append(r)
+    W, H, L, B = 640, 400, 70, 50
+    ymax = max((r["p99_ms"] for s in series.values() for r in s), default=1) * 1.1
+    xs = sorted({r["clients"] for s in series.values() for r in s}) or [1]
+    lx = lambda c: L + (W - L - 20) * (np.log2(c) / max(1, np.log2(max(xs))))  # noqa: E731
+    ly = lambda v: H - B - (H - B - 20) * v / ymax  # noqa: E731
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="12">',
+           f'<line x1="{L}" y1="{H-B}" x2="{W-20}" y2="{H-B}" stroke="black"/>',
+           f'<line x1="{L}" y1="20" x2="{L}" y2="{H-B}" stroke="black"/>',
+           f'<text x="{W/2}" y="{H-10}" text-anchor="middle">concurrent clients</text>',
+           f'<text x="15" y="{H/2}" transform="rotate(-90 15 {H/2})" text-anchor="middle">latency (ms)</text>']
+    for c in xs:
+        out.append(f'<text x="{lx(c):.0f}" y="{H-B+16}" text-anchor="middle">{c}</text>')
+    for k in range(5):
+        v = ymax * k / 4
+        out.append(f'<text x="{L-5}" y="{ly(v)+4:.0f}" text-anchor="end">{v:.0f}</text>')
+    colors = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"]
+    for i, ((model, tls), rs) in enumerate(sorted(series.items())):
+        rs = sorted(rs, key=lambda r: r["clients"])
+        for key, dash in (("p50_ms", ""), ("p99_ms", ' stroke-dasharray="5,4"')):
+            pts = " ".join(f"{lx(r['clients']):.1f},{ly(r[key]):.1f}" for r in rs)
+            out.append(f'<polyline points="{pts}" fill="none" stroke="{colors[i % 4]}" stroke-width="2"{dash}/>')
+        out.append(f'<text x="{L+10}" y="{30+16*i}" fill="{colors[i % 4]}">{model}{" TLS" if tls else ""}: '
+                   'p50 solid, p99 dashed</text>')
+    out.append("</svg>")
+    pathlib.Path(path).write_text("\n".join(out) + "\n")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", default="lenet")
+    p.add_argument("--clients", default="64", help="comma-separated client counts")
+    p.add_argument("--tls", choices=("off", "on", "both"), default="off")
+    p.add_argument("--seconds", type=float, default=20.0, help="measured seconds per run")
+    p.add_argument("--max-batch", type=int, default=64)
+    p.add_argument("--kill", choices=("yes", "no"), default="yes", help="add the kill-and-restart run")
+    p.add_argument("--kill-clients", type=int, default=16)
+    p.add_argument("--out", default="", help="append the JSON lines to this file too")
+    p.add_argument("--plot", default="", help="SVG of latency against clients (from --out's rows)")
+    args = p.parse_args(argv)
+    rows = []
+    tls_modes = {"off": [False], "on": [True], "both": [False, True]}[args.tls]
+    for model in args.models.split(","):
+        shape, refs = references(model)
+        for tls in tls_modes:
+            service = Service(model, tls, args.max_batch)
+            try:
+                for n in [int(c) for c in args.clients.split(",")]:
+                    row = {"run": "load", **drive(service, model, n, args.seconds, shape, refs), "tls": tls,
+                           "max_batch": args.max_batch, "cpus": os.cpu_count()}
+                    print(json.dumps(row), flush=True)
+                    rows.append(row)
+                if args.kill == "yes" and model == args.models.split(",")[0] and tls == tls_modes[0]:
+                    row = {**kill_restart(service, model, args.kill_clients, args.seconds, refs, shape),
+                           "tls": tls, "max_batch": args.max_batch, "cpus": os.cpu_count()}
+                    print(json.dumps(row), flush=True)
+                    rows.append(row)
+            finally:
+                service.stop()
+    if args.out:
+        with open(args.out, "a") as f:
+            for r in rows:
+                f.write(json.dumps(r) + "\n")
+    if args.plot:
+        allrows = [json.loads(line) for line in open(args.out)] if args.out else rows
+        plot(allrows, args.plot)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
