@@ -5,8 +5,8 @@ One party (the *owner*, rank 0) holds the secret keys and encrypts its operands;
 (the *evaluator*, rank 1) multiplies them by its own operands in plaintext, adds a mask and a
 flooding term, and returns ciphertexts that the owner decrypts. What the owner learns is
 X + R, where X is the exact integer sum of cross products and R is uniform in
-[0, 2^(bound + STAT_BITS)): statistically within 2^-STAT_BITS of uniform whatever X is. Its
-share is (X + R) mod 2^64; the evaluator's is -R mod 2^64.
+[0, 2^max(bound + STAT_BITS, 64)): statistically within 2^-STAT_BITS of R whatever X is.
+Its share is (X + R) mod 2^64 (uniform); the evaluator's is -R mod 2^64.
 
 Parameters (docs/protocols.md, "Pairwise provider"): ring degree N = 8192 and SEAL's default
 coefficient modulus for 128-bit classical security (218 bits, the HE standard's bound for
@@ -73,9 +73,14 @@ class HEParams:
                 f"t={','.join(map(str, self.plain_primes))};stat={self.stat_bits};"
                 f"flood={self.flood_muls};ret={self.return_primes}")
 
+    def mask_bits(self, bound_bits: int) -> int:
+        """R is uniform in [0, 2^mask_bits): at least stat_bits above X's bound (X + R is
+        within 2^-stat_bits of R), and at least 64 (so R, X + R mod 2^64 are uniform)."""
+        return max(bound_bits + self.stat_bits, 64)
+
     def primes_for(self, bound_bits: int) -> int:
-        """How many plaintext primes hold X + R (< 2^(bound_bits + stat_bits + 1)) exactly."""
-        need = bound_bits + self.stat_bits + 1
+        """How many plaintext primes hold X + R (< 2^(mask_bits + 1)) exactly."""
+        need = self.mask_bits(bound_bits) + 1
         total = 0.0
         for i, t in enumerate(self.plain_primes):
             total += math.log2(t)
@@ -468,7 +473,7 @@ class CrossEngine:
                                            for c in range(chunks)])[:n])
             return crt_mod64(res, tuple(p.t for p in primes))
         got = unpack(self._recv(), expected, "ciphertexts")
-        r = self._mask_words((chunks, nd), bound_bits + self.params.stat_bits)
+        r = self._mask_words((chunks, nd), self.params.mask_bits(bound_bits))
         out = []
         i = 0
         for p in primes:
@@ -550,7 +555,7 @@ class CrossEngine:
                 res.append(blk.reshape(bsz, mb * mw, nb * nw)[:, :m, :n])
             return crt_mod64(res, tuple(p.t for p in primes))
         got = unpack(self._recv(), count * (n_a + n_b), "ciphertexts")
-        r = self._mask_words((bsz, mb, nb, mw * nw), bound_bits + self.params.stat_bits)
+        r = self._mask_words((bsz, mb, nb, mw * nw), self.params.mask_bits(bound_bits))
         out, i = [], 0
         for p in primes:
             ev = p.evaluator

@@ -110,7 +110,7 @@ class PairwiseProvider(Provider):
         self._broken: str | None = None
         self.stats.update({"pairwise_bytes_sent": 0, "pairwise_bytes_received": 0,
                            "pairwise_seconds": 0.0, "pairwise_made": 0})
-        self.params = he.default_params()
+        self.params = self._parameters()
         self._handshake(config)
         self._engine = he.CrossEngine(config.rank, self.params, self._send_data,
                                       self._recv_data, self._rand)
@@ -196,6 +196,10 @@ class PairwiseProvider(Provider):
                                 f"{type(e).__name__}: {e}") from e
         finally:
             self.stats["pairwise_seconds"] += time.perf_counter() - start
+
+    def _parameters(self) -> he.HEParams:
+        """The HE parameters this party proposes (the handshake refuses a mismatch)."""
+        return he.default_params()
 
     def _handshake(self, config: Config) -> None:
         """Both parties send their parameters and refuse a mismatch (ProtocolError on both)."""

@@ -1,0 +1,224 @@
+"""Provider 'pairwise', security checks on two in-process parties (threads, no gRPC):
+what each party receives is uniform and fresh, no secret key or seed goes on the wire,
+tampered / replayed / malformed offline messages are a ProtocolError on BOTH parties (never
+a hang or a wrong result), and mismatched parameters are refused at the handshake.
+Correctness over real gRPC: tests/protocol/test_pairwise_provider.py."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("tenseal")
+
+from crypten_lite.comm.inprocess import InProcessCommunicator, InProcessHub  # noqa: E402
+from crypten_lite.config import Config  # noqa: E402
+from crypten_lite.errors import ProtocolError  # noqa: E402
+from crypten_lite.provider import he  # noqa: E402
+from crypten_lite.provider.pairwise import DATA, PairwiseProvider  # noqa: E402
+
+
+def _pair(providers=(PairwiseProvider, PairwiseProvider), timeout=60.0):
+    """Two communicators sharing a pair seed (as the gRPC handshake agrees one)."""
+    hub = InProcessHub(2, timeout=timeout)
+    seed = os.urandom(32)
+    comms = [InProcessCommunicator(hub, r) for r in range(2)]
+    for r, c in enumerate(comms):
+        c.pair_seeds = {1 - r: seed}
+    return comms
+
+
+def _both(fns):
+    """Run fns[r]() on two threads; each rank's (result, exception)."""
+    out = [(None, None), (None, None)]
+
+    def run(r):
+        try:
+            out[r] = (fns[r](), None)
+        except Exception as e:  # noqa: BLE001 (the test inspects it)
+            out[r] = (None, e)
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+        assert not t.is_alive(), "a party hung"
+    return out
+
+
+def _providers(comms, cls=(PairwiseProvider, PairwiseProvider)):
+    cfg = [Config(rank=r, world_size=2, provider="pairwise", session="t") for r in range(2)]
+    got = _both([lambda r=r: cls[r](cfg[r], comms[r]) for r in range(2)])
+    assert got[0][1] is None and got[1][1] is None, got
+    return [g[0] for g in got]
+
+
+@pytest.fixture(scope="module")
+def pair():
+    comms = _pair()
+    return comms, _providers(comms)
+
+
+def _get(p, kind="triple", op="mul", shapes=((64,), (64,)), params=()):
+    return p.get(kind, [tuple(s) for s in shapes], op, params).corrected()
+
+
+def _chi2_bytes(values: np.ndarray) -> float:
+    counts = np.bincount(np.frombuffer(values.tobytes(), dtype=np.uint8), minlength=256)
+    expected = counts.sum() / 256
+    return float(((counts - expected) ** 2 / expected).sum())
+
+
+def test_received_shares_are_uniform_and_fresh():
+    """The engine with FIXED operands (x0 = x1 = all ones, X = 1): what rank 0 decrypts is
+    X + R, R fresh and uniform in [0, 2^(bound+40)); its share mod 2^64 is uniform bytes,
+    different at every call, and R's top byte is uniform too (chi-square, 255 dof: the
+    0.9999 quantile is about 347)."""
+    comms = _pair()
+    params = he.default_params()
+    seen = {}
+
+    def engine(r):
+        from crypten_lite.random import PRG
+        prg = PRG(os.urandom(32))
+        eng = he.CrossEngine(r, params, lambda d: comms[r]._send(torch.frombuffer(bytearray(d), dtype=torch.uint8), 1 - r),
+                             lambda: comms[r]._recv(1 - r).numpy().tobytes(),
+                             lambda shape: prg.draw(tuple(shape)).numpy().view(np.uint64))
+        ones = np.ones(8192, dtype=np.uint64)
+        shares = [eng.elementwise([ones], 1) for _ in range(2)]
+        seen[r] = shares
+        return True
+    out = _both([lambda: engine(0), lambda: engine(1)])
+    assert out[0][1] is None and out[1][1] is None, out
+    s0, s1 = seen[0], seen[1]
+    for a, b in zip(s0, s1):
+        with np.errstate(over="ignore"):
+            assert np.all(a + b == 1)
+    assert not np.array_equal(s0[0], s0[1])           # fresh: same X, different view
+    assert _chi2_bytes(s0[0]) < 347 and _chi2_bytes(s0[1]) < 347
+    # rank 1's -R: the word above 2^64 is not visible mod 2^64, but R mod 2^64 is uniform
+    assert _chi2_bytes(s1[0]) < 347
+
+
+def test_no_secret_key_or_seed_on_the_wire(pair):
+    comms, (p0, p1) = pair
+    sent = []
+    real = comms[0]._send
+
+    def spy(tensor, dst):
+        sent.append(tensor.numpy().tobytes())
+        real(tensor, dst)
+    comms[0]._send = spy
+    try:
+        out = _both([lambda: _get(p0), lambda: _get(p1)])
+    finally:
+        comms[0]._send = real
+    assert out[0][1] is None and out[1][1] is None
+    wire = b"".join(sent)
+    assert len(wire) > 100_000   # ciphertexts did go out
+    for prime in p0._engine._primes:
+        key = p0._engine._files.dump(prime.secret_key)
+        body = key[len(key) // 2: len(key) // 2 + 64]   # past SEAL's (public) header
+        assert body not in wire
+    assert p0._seed not in wire and p0._key not in wire
+
+
+def _attack(mutate):
+    """Rank 0's next offline frame is replaced by mutate(frame, provider); both parties must
+    raise ProtocolError (no hang, no result)."""
+    comms = _pair()
+    p0, p1 = _providers(comms)
+    _both([lambda: _get(p0), lambda: _get(p1)])          # one clean exchange first
+    real = comms[0]._send
+    state = {"done": False}
+
+    def evil(tensor, dst):
+        if not state["done"]:
+            state["done"] = True
+            tensor = torch.frombuffer(bytearray(mutate(tensor.numpy().tobytes(), p0)), dtype=torch.uint8)
+        real(tensor, dst)
+    comms[0]._send = evil
+    out = _both([lambda: _get(p0), lambda: _get(p1)])
+    for r in range(2):
+        assert out[r][0] is None and isinstance(out[r][1], ProtocolError), (r, out[r])
+    # the channel stays refused afterwards, with a clear message
+    with pytest.raises(ProtocolError, match="unusable"):
+        _get(p0)
+    return [str(out[r][1]) for r in range(2)]
+
+
+def test_tampered_message_is_refused_by_both():
+    def flip(frame, p):
+        b = bytearray(frame)
+        b[len(b) // 2] ^= 0x01
+        return bytes(b)
+    msgs = _attack(flip)
+    assert "integrity" in msgs[1]
+
+
+def test_replayed_message_is_refused_by_both():
+    """Rank 0's first frame of an earlier exchange, sent again (valid MAC, old sequence)."""
+    recorded = {}
+    comms = _pair()
+    p0, p1 = _providers(comms)
+    real = comms[0]._send
+
+    def record(tensor, dst):
+        recorded.setdefault("frame", tensor.numpy().tobytes())
+        real(tensor, dst)
+    comms[0]._send = record
+    _both([lambda: _get(p0), lambda: _get(p1)])
+    state = {"done": False}
+
+    def evil(tensor, dst):
+        if not state["done"]:
+            state["done"] = True
+            tensor = torch.frombuffer(bytearray(recorded["frame"]), dtype=torch.uint8)
+        real(tensor, dst)
+    comms[0]._send = evil
+    out = _both([lambda: _get(p0), lambda: _get(p1)])
+    for r in range(2):
+        assert isinstance(out[r][1], ProtocolError), (r, out[r])
+    assert "replayed" in str(out[1][1])
+
+
+def test_malformed_message_is_refused_by_both():
+    """A well-framed message (valid MAC and sequence number) with nonsense inside."""
+    comms = _pair()
+    p0, p1 = _providers(comms)
+    real = comms[0]._send
+    state = {"done": False}
+
+    def evil(tensor, dst):
+        if not state["done"]:
+            state["done"] = True
+            p0._seq_out -= 1                      # reuse the sequence number of the frame replaced
+            tensor = torch.frombuffer(bytearray(p0._frame(DATA, b"\x05\x00\x00\x00garbage")), dtype=torch.uint8)
+        real(tensor, dst)
+    comms[0]._send = evil
+    out = _both([lambda: _get(p0), lambda: _get(p1)])
+    for r in range(2):
+        assert isinstance(out[r][1], ProtocolError), (r, out[r])
+    assert "expected" in str(out[1][1]) or "truncated" in str(out[1][1])
+
+
+def test_mismatched_parameters_are_refused_at_the_handshake():
+    class Other(PairwiseProvider):
+        def _parameters(self):
+            return dataclasses.replace(he.default_params(), stat_bits=30)
+    comms = _pair()
+    cfg = [Config(rank=r, world_size=2, provider="pairwise", session="t") for r in range(2)]
+    out = _both([lambda: PairwiseProvider(cfg[0], comms[0]), lambda: Other(cfg[1], comms[1])])
+    for r in range(2):
+        assert isinstance(out[r][1], ProtocolError) and "parameters differ" in str(out[r][1]), out[r]
+
+
+def test_pairwise_needs_exactly_two_parties():
+    from crypten_lite.errors import ConfigError
+    with pytest.raises(ConfigError, match="exactly 2 parties"):
+        Config(rank=0, world_size=3, provider="pairwise")
