@@ -129,9 +129,10 @@ def _peak_memory_bytes() -> int:
 
 
 def _dealer_bytes(provider) -> int:
-    """Bytes this party received from the dealer so far (0 where there is no dealer)."""
+    """Bytes of correlations this party received so far: from the dealer, or with provider
+    pairwise from the other party's offline messages (0 where there is neither)."""
     stats = getattr(provider, "stats", None) or {}
-    return int(stats.get("dealer_bytes", 0))
+    return int(stats.get("dealer_bytes", 0)) + int(stats.get("pairwise_bytes_received", 0))
 
 
 def _data(seed: int, *shape, scale: float = 1.0) -> torch.Tensor:
@@ -730,9 +731,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="sharing scheme: additive (any number of parties, with --provider) or "
                              "rss (exactly 3 parties, no dealer); default CRYPTEN_LITE_PROTOCOL, "
                              "else additive")
-    parser.add_argument("--provider", choices=("dealer", "tfp"), default="dealer",
-                        help="additive protocol's correlated randomness: dealer process (default) "
-                             "or tfp (INSECURE, party 0 deals); ignored under rss")
+    parser.add_argument("--provider", choices=("dealer", "pairwise", "tfp"), default="dealer",
+                        help="additive protocol's correlated randomness: dealer process (default), "
+                             "pairwise (2 parties, no dealer: homomorphic encryption) or tfp "
+                             "(INSECURE, party 0 deals); ignored under rss")
     parser.add_argument("--tls", action="store_true", help="run with mutual TLS (fresh certificates)")
     parser.add_argument("--only", action="append", choices=sorted(WORKLOADS), metavar="NAME",
                         help="run only this workload (repeatable); one of: " + ", ".join(sorted(WORKLOADS)))

@@ -30,6 +30,7 @@ import time
 DESCRIPTION = __doc__
 # crypten_lite.config.PROTOCOLS (not imported here: `crypten-lite health` must stay light).
 PROTOCOL_CHOICES = ("additive", "rss")
+PROVIDER_CHOICES = ("dealer", "pairwise", "tfp")
 
 
 def _launch(args: argparse.Namespace) -> int:
@@ -54,7 +55,16 @@ def _launch(args: argparse.Namespace) -> int:
               "randomness; --protocol rss needs none (no dealer, no TFP): drop --provider",
               file=sys.stderr)
         return 2
-    args.provider = args.provider or "dealer"
+    args.provider = args.provider or os.environ.get("CRYPTEN_LITE_PROVIDER") or "dealer"
+    if args.provider not in PROVIDER_CHOICES:
+        print(f"crypten-lite launch: CRYPTEN_LITE_PROVIDER={args.provider!r} is not one of "
+              f"{', '.join(PROVIDER_CHOICES)}", file=sys.stderr)
+        return 2
+    if args.provider == "pairwise" and args.n != 2:
+        print(f"crypten-lite launch: --provider pairwise (no dealer: the two parties make the "
+              f"correlations with homomorphic encryption) runs exactly 2 parties, got -n {args.n}",
+              file=sys.stderr)
+        return 2
     if not os.path.exists(args.script):
         print(f"crypten-lite launch: no such script {args.script!r}", file=sys.stderr)
         return 2
@@ -426,9 +436,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "the dealer or --provider tfp) or rss (replicated secret sharing: "
                         "exactly 3 parties, honest majority, no dealer process); default "
                         "CRYPTEN_LITE_PROTOCOL, else additive; see docs/protocols.md")
-    p.add_argument("--provider", choices=("dealer", "tfp"), default=None,
-                   help="additive protocol's correlated randomness: dealer (secure, default) or "
-                        "tfp (INSECURE); not with --protocol rss")
+    p.add_argument("--provider", choices=PROVIDER_CHOICES, default=None,
+                   help="additive protocol's correlated randomness: dealer (secure, default), "
+                        "pairwise (2 parties, no dealer process: homomorphic encryption between "
+                        "the parties) or tfp (INSECURE); default CRYPTEN_LITE_PROVIDER, else "
+                        "dealer; not with --protocol rss")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds any wait may take")
     p.add_argument("--tls-dir", default="", help="certificates from `crypten-lite certs`")
     p.add_argument("script", help="Python script calling crypten_lite.init()")
