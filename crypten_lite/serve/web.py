@@ -4,6 +4,7 @@
                        timeout_ms}, header `Authorization: Bearer <token>` -> JSON reply
                        {request_id, shape, precision, share: base64, computation, party}
     GET  /healthz      {"ready": bool}        GET /metrics   the party's metrics (JSON)
+    GET  /info         public metadata (protocol, sample shape, precision, model)
     GET  /  /config.json   the static page and its endpoints (with --web-page only)
 
 The same validation and batching as the gRPC service (Party.predict). CORS allows only the
@@ -81,6 +82,12 @@ class WebServer:
                 if self.path == "/healthz":
                     return self._send(200 if outer.party.ready else 503,
                                       json.dumps({"ready": outer.party.ready}).encode())
+                if self.path == "/info":
+                    i = outer.party.info()
+                    return self._send(200, json.dumps({
+                        "party": i.party, "world_size": i.world_size, "protocol": i.protocol,
+                        "sample_shape": list(i.sample_shape), "precision": i.precision,
+                        "model": i.model, "ready": i.ready, "max_batch": i.max_batch}).encode())
                 if self.path == "/metrics":
                     return self._send(200, outer.party.metrics.json().encode())
                 if outer.args.web_page and self.path in ("/", "/index.html"):
