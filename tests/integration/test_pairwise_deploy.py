@@ -1,0 +1,57 @@
+"""Provider 'pairwise' as a deployment: `crypten-lite launch` with CRYPTEN_LITE_PROVIDER=
+pairwise starts two parties and no dealer; docker-compose.pairwise.yml has no dealer
+service and configures both parties for pairwise (static checks; Docker itself is not run)."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+SCRIPT = """
+import torch, crypten_lite
+crypten_lite.init()
+from crypten_lite.session import current
+x = crypten_lite.cryptensor(torch.tensor([1.5, -2.0]), src=0)
+y = crypten_lite.cryptensor(torch.tensor([2.0, 4.0]), src=1)
+print("provider", current().provider.name, (x * y).get_plain_text().tolist())
+"""
+
+
+def test_compose_has_no_dealer():
+    compose = yaml.safe_load((ROOT / "docker-compose.pairwise.yml").read_text())
+    services = compose["services"]
+    assert set(services) == {"certs", "party0", "party1"}
+    for name in ("party0", "party1"):
+        env = services[name]["environment"]
+        assert env["CRYPTEN_LITE_PROVIDER"] == "pairwise" and env["CRYPTEN_LITE_WORLD_SIZE"] == "2"
+        assert "CRYPTEN_LITE_DEALER" not in env
+    assert "dealer" not in services["certs"]["command"][0]
+    assert (ROOT / services["party0"]["build"]["dockerfile"]).exists()
+
+
+def test_launch_pairwise_from_the_environment(tmp_path):
+    pytest.importorskip("tenseal")
+    script = tmp_path / "mul.py"
+    script.write_text(SCRIPT)
+    env = dict(os.environ, CRYPTEN_LITE_PROVIDER="pairwise")
+    out = subprocess.run([sys.executable, "-m", "crypten_lite.cli", "launch", "-n", "2", str(script)],
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = [line for line in out.stdout.splitlines() if "provider" in line]
+    assert len(lines) == 2 and all("provider pairwise [3.0, -8.0]" in line for line in lines), out.stdout
+    assert "dealer" not in out.stderr.lower() or "no dealer" in out.stderr.lower(), out.stderr
+
+
+def test_launch_pairwise_refuses_three_parties(tmp_path):
+    script = tmp_path / "x.py"
+    script.write_text("print(1)\n")
+    out = subprocess.run([sys.executable, "-m", "crypten_lite.cli", "launch", "-n", "3",
+                          "--provider", "pairwise", str(script)], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 2 and "exactly 2 parties" in out.stderr
