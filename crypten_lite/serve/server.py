@@ -367,7 +367,7 @@ def parser() -> argparse.ArgumentParser:
                    help="serve clients over TLS with this party's certificate (CRYPTEN_LITE_TLS_DIR)")
     p.add_argument("--max-batch", type=int, default=64, help="samples per MPC batch (and request)")
     p.add_argument("--max-wait", type=float, default=0.01, help="seconds a batch waits to fill")
-    p.add_argument("--tick", type=float, default=0.002, help="seconds between idle ticks")
+    p.add_argument("--tick", type=float, default=0.005, help="seconds between idle ticks")
     p.add_argument("--max-pending", type=int, default=1024, help="requests parked at once")
     p.add_argument("--default-timeout", type=float, default=30.0)
     p.add_argument("--max-timeout", type=float, default=300.0)
