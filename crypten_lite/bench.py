@@ -677,6 +677,10 @@ def run(names: list[str], parties: int, provider: str, repeat: int, tls_dir: str
                    "online_dealer_bytes": first[0]["dealer_bytes"],
                    "offline_seconds": statistics.median(max(r.get("offline_seconds", 0.0) for r in s) for s in samples),
                    "offline_dealer_bytes": first[0].get("offline_dealer_bytes", 0),
+                   # correlation bytes each party received (dealer, or the other party's with
+                   # provider pairwise), offline phase and run
+                   "offline_dealer_bytes_per_party": [r.get("offline_dealer_bytes", 0) for r in first],
+                   "online_dealer_bytes_per_party": [r["dealer_bytes"] for r in first],
                    "offline_bytes_sent_per_party": [r.get("offline_bytes_sent", 0) for r in first],
                    "max_error": first[0]["max_error"],
                    # each party's peak resident memory over the offline phase and the run
