@@ -220,9 +220,13 @@ class _Child:
         return f"exited with code {code}"
 
     def traceback(self) -> list[str]:
-        """The last traceback it printed (with the exceptions chained to it)."""
+        """The last traceback it printed (with the exceptions chained to it), or the last
+        short report of an uncaught crypten_lite error (crypten_lite.errors.report_uncaught)."""
         lines = list(self.stderr)
         starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last)")]
+        short = [i for i, line in enumerate(lines) if line.startswith("crypten_lite: stopped")]
+        if short and (not starts or short[-1] > starts[-1]):
+            return lines[short[-1]:]
         if not starts:
             return []
         k = len(starts) - 1

@@ -18,7 +18,7 @@ import crypten_lite.comm as comm_module  # not `from . import`: that asks the la
 from . import config as config_module
 from .comm.communicator import Communicator
 from .config import Config
-from .errors import CommunicationError, ConfigError, NotInitializedError
+from .errors import CommunicationError, ConfigError, NotInitializedError, report_uncaught
 from .provider import Provider
 from .random import PRG, BufferedPRG, subkey
 
@@ -99,6 +99,9 @@ def init(config: Config | None = None, **overrides) -> Session:
     if _session is not None:
         log.warning("crypten_lite.init() called twice; keeping the existing session")
         return _session
+    if sys.excepthook is not _excepthook:  # before joining: an error of init() is short too
+        global _previous_excepthook
+        _previous_excepthook, sys.excepthook = sys.excepthook, _excepthook
     config = config or Config.from_env(**overrides)
     if config.world_size < 2:
         raise ConfigError(
@@ -120,9 +123,6 @@ def init(config: Config | None = None, **overrides) -> Session:
     # which wait on peer streams: close the transport first so that exit never hangs.
     threading._register_atexit(uninit)  # noqa: SLF001 (documented CPython hook)
     atexit.register(uninit)
-    if sys.excepthook is not _excepthook:
-        global _previous_excepthook
-        _previous_excepthook, sys.excepthook = sys.excepthook, _excepthook
     return session
 
 
@@ -216,7 +216,9 @@ def _excepthook(exc_type, exc, tb) -> None:
                     json.dump({"rank": session.rank, "origin": origin[0], "error": origin[1]}, f)
         except Exception:  # noqa: BLE001 (reporting must never hide the exception itself)
             log.exception("could not report this party's failure")
-    _previous_excepthook(exc_type, exc, tb)
+    # a crypten_lite error: where it stopped the script and its message (no traceback unless
+    # CRYPTEN_LITE_TRACEBACK=1); anything else: the previous hook's traceback
+    report_uncaught(exc_type, exc, tb, _previous_excepthook)
     if session is not None and origin is not None:
         session.comm.abort(*origin)
 
