@@ -20,7 +20,7 @@ so SEAL's BatchEncoder can place any polynomial (no per-coefficient Python loop)
 
 Circuit privacy: every returned ciphertext is the evaluation plus a fresh public-key
 encryption of zero multiplied by FLOOD_MULS fresh uniform plaintexts, whose noise exceeds
-the evaluation's by far more than 2^STAT_BITS (measured: tests/protocol/test_pairwise_he.py),
+the evaluation's by far more than 2^STAT_BITS (measured: tests/unit/test_pairwise_security.py),
 then every coefficient of the result that is not an output is masked uniformly mod t_i,
 and the ciphertext is switched down to RETURN_PRIMES coefficient primes.
 """

@@ -222,3 +222,44 @@ def test_pairwise_needs_exactly_two_parties():
     from crypten_lite.errors import ConfigError
     with pytest.raises(ConfigError, match="exactly 2 parties"):
         Config(rank=0, world_size=3, provider="pairwise")
+
+
+def test_flooding_noise_exceeds_the_product_noise_by_the_statistical_margin():
+    """Circuit privacy's premise, measured with SEAL's noise budget on worst-case operands
+    (every slot a full-size plaintext): the flooding term's noise is at least
+    2^(STAT_BITS + log2 N) times the product's (so every coefficient's noise is within
+    2^-STAT_BITS of the flood's distribution, union over N coefficients), and the ciphertext
+    as returned (switched down to RETURN_PRIMES primes) still decrypts with room to spare."""
+    import tenseal.sealapi as s
+    params = he.default_params()
+    from crypten_lite.random import PRG
+    prg = PRG(os.urandom(32))
+    evaluator = he.CrossEngine(1, params, lambda d: None, lambda: b"",
+                               lambda shape: prg.draw(tuple(shape)).numpy().view(np.uint64))
+    p = he._Prime(params, params.plain_primes[0])
+    gen = s.KeyGenerator(p.ctx)
+    sk = gen.secret_key()
+    pk = s.PublicKey()
+    gen.create_public_key(pk)
+    p.encryptor = s.Encryptor(p.ctx, pk)
+    enc = s.Encryptor(p.ctx, sk)
+    dec = s.Decryptor(p.ctx, sk)
+    full = evaluator._uniform(p.t, (params.n,))
+    acc = None
+    for _ in range(64):                      # 64 summed products: a matmul's inner blocks
+        ct = s.Ciphertext()
+        enc.encrypt_symmetric(p.plain(evaluator._uniform(p.t, (params.n,))), ct)
+        prod = s.Ciphertext()
+        p.evaluator.multiply_plain(ct, p.plain(full), prod)
+        if acc is None:
+            acc = prod
+        else:
+            p.evaluator.add_inplace(acc, prod)
+    product_budget = dec.invariant_noise_budget(acc)
+    flood = evaluator._flooded(p)
+    flood_budget = dec.invariant_noise_budget(flood)
+    assert product_budget - flood_budget >= params.stat_bits + 13, (product_budget, flood_budget)
+    p.evaluator.add_inplace(acc, flood)
+    while acc.coeff_modulus_size() > params.return_primes:
+        p.evaluator.mod_switch_to_next_inplace(acc)
+    assert dec.invariant_noise_budget(acc) >= 16

@@ -1,0 +1,94 @@
+"""SPU 0.9.5's CHEETAH protocol (2 parties, FM64) on the pairwise comparison's workloads.
+Run with the SPU venv's python (bash benchmarks/peer_envs.sh spu), never crypten_lite's.
+Both parties run as threads over SPU's in-memory link (its offline phase, silent OT and HE,
+included: SPU has no separate offline phase); seconds are wall time of the whole run
+(the public inputs' sharing and compilation excluded), bytes the sum of both parties' link
+bytes where SPU's Python API exposes them (0.9.5's does not: null). One JSON line per workload.
+
+    $(bash benchmarks/peer_envs.sh spu) benchmarks/spu_cheetah.py [--only mul_1M ...] [--repeat 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import threading
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import spu
+import spu.libspu as libspu
+import spu.utils.frontend as spu_fe
+
+
+def _relu(x):
+    return jnp.maximum(x, 0)
+
+
+def _softmax(x):
+    return jax.nn.softmax(x, axis=-1)
+
+
+WORKLOADS = {
+    "mul_1M": (lambda x, y: x * y, [(1_000_000,), (1_000_000,)]),
+    "matmul_256": (lambda x, y: x @ y, [(256, 256), (256, 256)]),
+    "relu_1M": (_relu, [(1_000_000,)]),
+    "softmax_1000x10": (_softmax, [(1000, 10)]),
+}
+
+
+def run(name: str) -> dict:
+    fn, shapes = WORKLOADS[name]
+    rng = np.random.default_rng(0)  # benchmark inputs only
+    args = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    config = libspu.RuntimeConfig(protocol=libspu.ProtocolKind.CHEETAH, field=libspu.FieldType.FM64)
+    io = spu.Io(2, config)
+    executable, _ = spu_fe.compile(spu_fe.Kind.JAX, fn, args, {}, [f"in{i}" for i in range(len(args))],
+                                   [libspu.Visibility.VIS_SECRET] * len(args), lambda out: ["out"])
+    shares = [io.make_shares(a, libspu.Visibility.VIS_SECRET) for a in args]
+    desc = libspu.link.Desc()
+    for r in range(2):
+        desc.add_party(f"id_{r}", f"thread_{r}")
+    sent = [0, 0]
+    outs = [None, None]
+
+    def party(rank: int) -> None:
+        lctx = libspu.link.create_mem(desc, rank)
+        rt = spu.Runtime(lctx, libspu.RuntimeConfig(config))
+        for i, s in enumerate(shares):
+            rt.set_var(executable.input_names[i], s[rank])
+        rt.run(executable)
+        outs[rank] = rt.get_var("out")
+        stats = getattr(lctx, "get_stats", None)   # not bound in SPU 0.9.5's Python API
+        sent[rank] = int(stats().sent_bytes) if stats is not None else -1
+    start = time.perf_counter()
+    threads = [threading.Thread(target=party, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    seconds = time.perf_counter() - start
+    got = io.reconstruct(outs)
+    ref = np.asarray(fn(*[jnp.asarray(a) for a in args]))
+    return {"seconds": seconds, "bytes_both_parties": sum(sent) if min(sent) >= 0 else None,
+            "max_error": float(np.abs(np.asarray(got) - ref).max())}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", action="append", choices=sorted(WORKLOADS))
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    for name in args.only or list(WORKLOADS):
+        runs = [run(name) for _ in range(args.repeat)]
+        print(json.dumps({"system": "spu-0.9.5-cheetah", "workload": name,
+                          "seconds_median": statistics.median(r["seconds"] for r in runs),
+                          "bytes_both_parties": runs[-1]["bytes_both_parties"],
+                          "max_error": runs[-1]["max_error"], "repeat": args.repeat}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
