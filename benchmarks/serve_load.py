@@ -41,10 +41,11 @@ TOL = 2e-2
 class Service:
     """The local form in its own process group (stopped, with every child, on exit)."""
 
-    def __init__(self, model: str, tls: bool, max_batch: int):
+    def __init__(self, model: str, tls: bool, max_batch: int, protocol: str = "additive"):
         self.state = pathlib.Path(tempfile.mkdtemp(prefix="serve-load-"))
         cmd = [sys.executable, "-m", "crypten_lite.cli", "serve", "--model", model,
-               "--state-dir", str(self.state), "--max-batch", str(max_batch)] + (["--tls"] if tls else [])
+               "--state-dir", str(self.state), "--max-batch", str(max_batch),
+               "--protocol", protocol] + (["--tls"] if tls else [])
         env = {k: v for k, v in os.environ.items() if not k.startswith("CRYPTEN_LITE_")}
         self.log = open(self.state / "supervisor.log", "w")
         self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT,
@@ -184,7 +185,7 @@ def plot(rows: list[dict], path: str) -> None:
     series = {}
     for r in rows:
         if r.get("run") == "load" and r["p50_ms"] is not None:
-            series.setdefault((r["model"], r["tls"]), []).append(r)
+            series.setdefault((r["model"], r.get("protocol", "additive"), r["tls"]), []).append(r)
     W, H, L, B = 640, 400, 70, 50
     ymax = max((r["p99_ms"] for s in series.values() for r in s), default=1) * 1.1
     xs = sorted({r["clients"] for s in series.values() for r in s}) or [1]
@@ -200,16 +201,41 @@ def plot(rows: list[dict], path: str) -> None:
     for k in range(5):
         v = ymax * k / 4
         out.append(f'<text x="{L-5}" y="{ly(v)+4:.0f}" text-anchor="end">{v:.0f}</text>')
-    colors = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"]
-    for i, ((model, tls), rs) in enumerate(sorted(series.items())):
+    colors = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"]
+    for i, ((model, protocol, tls), rs) in enumerate(sorted(series.items())):
         rs = sorted(rs, key=lambda r: r["clients"])
         for key, dash in (("p50_ms", ""), ("p99_ms", ' stroke-dasharray="5,4"')):
             pts = " ".join(f"{lx(r['clients']):.1f},{ly(r[key]):.1f}" for r in rs)
-            out.append(f'<polyline points="{pts}" fill="none" stroke="{colors[i % 4]}" stroke-width="2"{dash}/>')
-        out.append(f'<text x="{L+10}" y="{30+16*i}" fill="{colors[i % 4]}">{model}{" TLS" if tls else ""}: '
-                   'p50 solid, p99 dashed</text>')
+            out.append(f'<polyline points="{pts}" fill="none" stroke="{colors[i % 6]}" stroke-width="2"{dash}/>')
+        out.append(f'<text x="{L+10}" y="{30+16*i}" fill="{colors[i % 6]}">{model} {protocol}'
+                   f'{" TLS" if tls else ""}: p50 solid, p99 dashed</text>')
     out.append("</svg>")
     pathlib.Path(path).write_text("\n".join(out) + "\n")
+
+
+BEGIN, END = "<!-- serve-figures -->", "<!-- /serve-figures -->"
+
+
+def table(rows: list[dict]) -> str:
+    """The Markdown table of docs/serving.md (between BEGIN and END) from the JSON rows."""
+    out = [BEGIN, "| run | model | protocol | TLS | clients | predictions/s | p50 ms | p99 ms | "
+                  "mean batch | answered | failed | wrong |", "| --- " * 12 + "|"]
+    for r in rows:
+        extra = f" (restart {r['restart_s']} s)" if r.get("run") == "kill_restart" else ""
+        out.append(f"| {r.get('run', 'load')}{extra} | {r['model']} | {r.get('protocol', 'additive')} | "
+                   f"{'yes' if r['tls'] else 'no'} | {r['clients']} | {r['throughput']} | {r['p50_ms']} | "
+                   f"{r['p99_ms']} | {r['mean_batch']} | {r['answered']} | {r['failed']} | {r['wrong']} |")
+    return "\n".join(out + [END])
+
+
+def write_doc(rows: list[dict], path: str) -> None:
+    """Replace the figures between BEGIN and END in `path` (or the FIGURES_TABLE marker)."""
+    text = pathlib.Path(path).read_text()
+    if BEGIN in text:
+        text = text[:text.index(BEGIN)] + table(rows) + text[text.index(END) + len(END):]
+    else:
+        text = text.replace("FIGURES_TABLE", table(rows))
+    pathlib.Path(path).write_text(text)
 
 
 def main(argv=None) -> int:
@@ -219,26 +245,32 @@ def main(argv=None) -> int:
     p.add_argument("--tls", choices=("off", "on", "both"), default="off")
     p.add_argument("--seconds", type=float, default=20.0, help="measured seconds per run")
     p.add_argument("--max-batch", type=int, default=64)
+    p.add_argument("--protocol", choices=("additive", "rss"), default="additive",
+                   help="additive: 2 parties + dealer; rss: 3 parties, no dealer")
     p.add_argument("--kill", choices=("yes", "no"), default="yes", help="add the kill-and-restart run")
     p.add_argument("--kill-clients", type=int, default=16)
     p.add_argument("--out", default="", help="append the JSON lines to this file too")
     p.add_argument("--plot", default="", help="SVG of latency against clients (from --out's rows)")
+    p.add_argument("--doc", default="", help="rewrite the figures table of this Markdown file "
+                                             "(docs/serving.md) from --out's rows")
     args = p.parse_args(argv)
     rows = []
     tls_modes = {"off": [False], "on": [True], "both": [False, True]}[args.tls]
     for model in args.models.split(","):
         shape, refs = references(model)
         for tls in tls_modes:
-            service = Service(model, tls, args.max_batch)
+            service = Service(model, tls, args.max_batch, args.protocol)
             try:
                 for n in [int(c) for c in args.clients.split(",")]:
                     row = {"run": "load", **drive(service, model, n, args.seconds, shape, refs), "tls": tls,
+                           "protocol": args.protocol,
                            "max_batch": args.max_batch, "cpus": os.cpu_count()}
                     print(json.dumps(row), flush=True)
                     rows.append(row)
                 if args.kill == "yes" and model == args.models.split(",")[0] and tls == tls_modes[0]:
                     row = {**kill_restart(service, model, args.kill_clients, args.seconds, refs, shape),
-                           "tls": tls, "max_batch": args.max_batch, "cpus": os.cpu_count()}
+                           "tls": tls, "protocol": args.protocol, "max_batch": args.max_batch,
+                           "cpus": os.cpu_count()}
                     print(json.dumps(row), flush=True)
                     rows.append(row)
             finally:
@@ -250,6 +282,8 @@ def main(argv=None) -> int:
     if args.plot:
         allrows = [json.loads(line) for line in open(args.out)] if args.out else rows
         plot(allrows, args.plot)
+    if args.doc:
+        write_doc([json.loads(line) for line in open(args.out)] if args.out else rows, args.doc)
     return 0
 
 

@@ -83,3 +83,17 @@ def test_saved_shares_roundtrip_and_integrity(tmp_path: pathlib.Path):
     path.write_bytes(bytes(raw[:20]))
     with pytest.raises(ProtocolError, match="truncated"):
         store.read_meta(path)
+
+
+def test_docs_figures_are_the_benchmark_rows():
+    """docs/serving.md's table is benchmarks/serve_load.py's rendering of docs/serve_load.jsonl."""
+    import importlib.util
+    import json
+    root = pathlib.Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("serve_load", root / "benchmarks" / "serve_load.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    rows = [json.loads(line) for line in (root / "docs" / "serve_load.jsonl").read_text().splitlines() if line]
+    assert rows and all(r["wrong"] == 0 for r in rows)
+    assert mod.table(rows) in (root / "docs" / "serving.md").read_text()
+    assert (root / "docs" / "serve_latency.svg").read_text().startswith("<svg")
