@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import pathlib
+import shutil
 import signal
 import subprocess
 import sys
@@ -82,6 +83,7 @@ class Service:
             except (ProcessLookupError, PermissionError):
                 pass
         self.proc.wait()
+        shutil.rmtree(self.state, ignore_errors=True)  # saved shares, logs
 
 
 def drive(service: Service, model: str, clients: int, seconds: float, sample_shape, refs,
