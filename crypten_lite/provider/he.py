@@ -73,14 +73,15 @@ class HEParams:
                 f"t={','.join(map(str, self.plain_primes))};stat={self.stat_bits};"
                 f"flood={self.flood_muls};ret={self.return_primes}")
 
-    def mask_bits(self, bound_bits: int) -> int:
+    def mask_bits(self, bound_bits: int, parity: bool = False) -> int:
         """R is uniform in [0, 2^mask_bits): at least stat_bits above X's bound (X + R is
-        within 2^-stat_bits of R), and at least 64 (so R, X + R mod 2^64 are uniform)."""
-        return max(bound_bits + self.stat_bits, 64)
+        within 2^-stat_bits of R), and at least 64 (so R, X + R mod 2^64 are uniform) unless
+        only the parity of the shares is used (XOR shares: R's low bit is uniform)."""
+        return bound_bits + self.stat_bits if parity else max(bound_bits + self.stat_bits, 64)
 
-    def primes_for(self, bound_bits: int) -> int:
+    def primes_for(self, bound_bits: int, parity: bool = False) -> int:
         """How many plaintext primes hold X + R (< 2^(mask_bits + 1)) exactly."""
-        need = self.mask_bits(bound_bits) + 1
+        need = self.mask_bits(bound_bits, parity) + 1
         total = 0.0
         for i, t in enumerate(self.plain_primes):
             total += math.log2(t)
@@ -443,14 +444,15 @@ class CrossEngine:
         return out
 
     # -- elementwise ---------------------------------------------------------------------
-    def elementwise(self, terms: list[np.ndarray], bound_bits: int) -> np.ndarray:
+    def elementwise(self, terms: list[np.ndarray], bound_bits: int, parity: bool = False) -> np.ndarray:
         """This party's share (uint64, mod 2^64) of Sum_j x0_j * x1_j (elementwise; x0 are rank
         0's `terms`, x1 rank 1's, all of one length n). `bound_bits`: public, with
-        Sum_j x0_j * x1_j < 2^bound_bits for every element (read as unsigned integers)."""
+        Sum_j x0_j * x1_j < 2^bound_bits for every element (read as unsigned integers).
+        `parity`: only the shares' low bits will be used (XOR shares of X's parity)."""
         n = int(terms[0].size)
         nd = self.params.n
         chunks = -(-n // nd)
-        count = self.params.primes_for(bound_bits)
+        count = self.params.primes_for(bound_bits, parity)
         primes = self._ready(count)
         if n == 0:
             return np.zeros(0, dtype=np.uint64)
@@ -473,7 +475,7 @@ class CrossEngine:
                                            for c in range(chunks)])[:n])
             return crt_mod64(res, tuple(p.t for p in primes))
         got = unpack(self._recv(), expected, "ciphertexts")
-        r = self._mask_words((chunks, nd), self.params.mask_bits(bound_bits))
+        r = self._mask_words((chunks, nd), self.params.mask_bits(bound_bits, parity))
         out = []
         i = 0
         for p in primes:

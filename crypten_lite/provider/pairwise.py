@@ -277,7 +277,7 @@ class PairwiseProvider(Provider):
     def cross_and(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
         """XOR shares of x0 & y1 ^ x1 & y0 for bits (uint64 0/1 arrays of one shape): rank 0
         passes (x0, y0), rank 1 (y1, x1) ordered so that the terms pair up."""
-        share = self._engine.elementwise([x.reshape(-1), y.reshape(-1)], 2)
+        share = self._engine.elementwise([x.reshape(-1), y.reshape(-1)], 2, parity=True)
         return (share & np.uint64(1)).reshape(x.shape)
 
     def bilinear(self, op: str, a: torch.Tensor, b: torch.Tensor, p) -> torch.Tensor:

@@ -116,3 +116,45 @@ def _ops():
 def test_ops_agree_with_torch(pw):
     for errs in pw.run(_ops):
         assert all(e < 1e-2 for e in errs.values()), errs
+
+
+# ---------------------------------------------------------------- the suite's own programs
+from tests.protocol import test_arithmetic as arithmetic  # noqa: E402
+from tests.protocol import test_nn as nn_tests  # noqa: E402
+from tests.protocol import test_offline as offline_tests  # noqa: E402
+
+
+@pytest.mark.parametrize("fn", [arithmetic.binary_ops, arithmetic.matmul_ops, arithmetic.conv_ops])
+def test_arithmetic_suite_under_pairwise(pw, fn):
+    results = pw.run(fn)
+    assert results[0] == results[1]
+    bad = {k: v for k, v in results[0].items() if not v <= arithmetic.TOL}
+    assert not bad, f"ops off from torch by more than {arithmetic.TOL}: {bad}"
+
+
+def test_online_rounds_and_bytes_are_the_dealers(pw):
+    """The same assertions as test_arithmetic's 2-party counts: the provider adds nothing."""
+    n, m, k, p = 1000, 8, 16, 4
+    r = pw.run(arithmetic.counts, n, m, k, p)[0]
+    assert r["mul"]["rounds"] == 1 and r["mul"]["bytes_sent"] == 16 * n
+    assert r["matmul"]["rounds"] == 1 and r["matmul"]["bytes_sent"] == 8 * (m * k + k * p)
+    assert r["reveal"]["rounds"] == 1 and r["reveal"]["bytes_sent"] == 8 * n
+
+
+def test_offline_plan_is_made_ahead_and_used(pw):
+    for n, used, same, err in pw.run(offline_tests.planned_runs):
+        assert n > 0 and used == n   # both parties made every correlation in the offline phase
+        assert err <= 1e-3
+
+
+def test_divergent_run_continues_past_the_prefetched_range(pw):
+    results = pw.run(offline_tests.divergent_program)
+    for r in results:
+        assert r["err"] <= 1e-3 and r["after"]["diverged"] - r["before"]["diverged"] == 1
+    assert len({r["after"]["counter"] for r in results}) == 1
+
+
+@pytest.mark.parametrize("key", ["mlp", "conv2d", "conv_transpose2d"])
+def test_layers_train_under_pairwise(pw, key):
+    """Forward and backward of encrypted layers (nn tests' own comparison with torch)."""
+    nn_tests._compare_layer(pw, key, encrypt=True, train=True)
