@@ -10,6 +10,7 @@
 Importing this package also installs autograd (`CrypTensor.backward`).
 """
 
+from .. import _quiet
 from .. import autograd as _autograd  # noqa: F401  (installs CrypTensor.backward)
 from . import functional
 from .from_pytorch import CONVERTERS, FUNCTIONS, METHODS, from_pytorch
@@ -20,6 +21,8 @@ from .layers import (AdaptiveAvgPool2d, AvgPool2d, BatchNorm1d, BatchNorm2d, BCE
                      MSELoss, NLLLoss, ReLU, ReLU6, Sigmoid, SiLU, Softmax, Tanh)
 from .module import Module, ModuleDict, ModuleList, Sequential
 from .transformer_ops import PrivateTokens, share_tokens
+
+_quiet.install()  # torchao's notes about itself when transformers imports it (crypten_lite._quiet)
 
 __all__ = [
     "Module", "Sequential", "ModuleList", "ModuleDict", "functional", "from_pytorch",

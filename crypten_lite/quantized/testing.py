@@ -15,6 +15,7 @@ from typing import Sequence
 import torch
 import torch.nn as nn
 
+from crypten_lite._quiet import install as _quiet_logs, torch_ao_notes
 from crypten_lite.errors import UnsupportedError
 from crypten_lite.quantized.backend import Backend, PlainBackend
 from crypten_lite.quantized.executor import LayerDiff, diff_values, run
@@ -53,9 +54,9 @@ def quantize_eager(
         if fuse:
             model = tq.fuse_modules(model, [list(f) for f in fuse])
         prepared = tq.prepare(model)
-    with torch.no_grad():
+    with torch.no_grad(), torch_ao_notes():
         prepared(calib)
-    return tq.convert(prepared.eval())
+        return tq.convert(prepared.eval())
 
 
 def quantize_fx(model: nn.Module, calib: torch.Tensor, backend: str = "x86") -> nn.Module:
@@ -64,14 +65,16 @@ def quantize_fx(model: nn.Module, calib: torch.Tensor, backend: str = "x86") -> 
     from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
 
     model = copy.deepcopy(model).eval()
-    prepared = prepare_fx(model, get_default_qconfig_mapping(backend), (calib[:2],))
-    with torch.no_grad():
-        prepared(calib)
-    return convert_fx(prepared)
+    with torch_ao_notes():
+        prepared = prepare_fx(model, get_default_qconfig_mapping(backend), (calib[:2],))
+        with torch.no_grad():
+            prepared(calib)
+        return convert_fx(prepared)
 
 
 def quantize_pt2e(model: nn.Module, calib: torch.Tensor, per_channel: bool = True) -> nn.Module:
     """torchao PT2E: ``torch.export`` (dynamic batch), X86InductorQuantizer, calibrate, convert."""
+    _quiet_logs()  # torchao's notes about its CUDA kernels at import (crypten_lite._quiet)
     from torchao.quantization.pt2e.observer import MinMaxObserver
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
     from torchao.quantization.pt2e.quantizer import QuantizationSpec
@@ -81,21 +84,22 @@ def quantize_pt2e(model: nn.Module, calib: torch.Tensor, per_channel: bool = Tru
     )
 
     model = copy.deepcopy(model).eval()
-    batch = torch.export.Dim("batch")
-    exported = torch.export.export(model, (calib[:2],), dynamic_shapes=({0: batch},)).module()
-    config = get_default_x86_inductor_quantization_config()
-    if not per_channel:
-        weight = QuantizationSpec(
-            dtype=torch.int8, quant_min=-128, quant_max=127, qscheme=torch.per_tensor_symmetric,
-            observer_or_fake_quant_ctr=MinMaxObserver.with_args(eps=2**-12),
-        )
-        config = dataclasses.replace(config, weight=weight)
-    quantizer = X86InductorQuantizer()
-    quantizer.set_global(config)
-    prepared = prepare_pt2e(exported, quantizer)
-    with torch.no_grad():
-        prepared(calib)
-    return convert_pt2e(prepared)
+    with torch_ao_notes():  # torch's observers' reduce_range note (crypten_lite._quiet)
+        batch = torch.export.Dim("batch")
+        exported = torch.export.export(model, (calib[:2],), dynamic_shapes=({0: batch},)).module()
+        config = get_default_x86_inductor_quantization_config()
+        if not per_channel:
+            weight = QuantizationSpec(
+                dtype=torch.int8, quant_min=-128, quant_max=127, qscheme=torch.per_tensor_symmetric,
+                observer_or_fake_quant_ctr=MinMaxObserver.with_args(eps=2**-12),
+            )
+            config = dataclasses.replace(config, weight=weight)
+        quantizer = X86InductorQuantizer()
+        quantizer.set_global(config)
+        prepared = prepare_pt2e(exported, quantizer)
+        with torch.no_grad():
+            prepared(calib)
+        return convert_pt2e(prepared)
 
 
 def output_agreement(
