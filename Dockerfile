@@ -9,6 +9,14 @@
 #                   keeps the image small (PyPI's Linux torch is the CUDA build, about 5 GB).
 #                   E.g. --build-arg TORCH_PIP_ARGS="--find-links http://host:8000/" for a
 #                   local wheel, or "" for PyPI's default build.
+#   TORCH_SHA256    sha256 of the torch wheel pip installs (pip refuses any other file). The
+#                   default is that of torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl;
+#                   give the hash of your wheel with any other version, platform or index.
+#
+# Every other Python package comes from docker/requirements.lock: one version each, with the
+# sha256 of its files, installed with --require-hashes (regenerate it with
+# scripts/lock_docker_deps.sh after changing pyproject.toml's dependencies). `pip check`
+# then proves that the lock covers every requirement, torch's included.
 ARG BASE_IMAGE=python:3.11-slim
 FROM ${BASE_IMAGE}
 
@@ -17,20 +25,25 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
-# Torch first, in its own layer, so code changes do not reinstall it.
+# Torch first, alone (its dependencies are in the lock) and checked against its hash, in its
+# own layer, so code changes do not reinstall it.
 ARG TORCH_VERSION=2.13.0
 ARG TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu"
-RUN pip install ${TORCH_PIP_ARGS} "torch==${TORCH_VERSION}"
+ARG TORCH_SHA256=6746dbcbeb526eb61330b76b41ff1b4eb848951103a892eeb080dfa2b264667b
+RUN echo "torch==${TORCH_VERSION} --hash=sha256:${TORCH_SHA256}" > /tmp/torch.txt \
+    && pip install --require-hashes --no-deps ${TORCH_PIP_ARGS} -r /tmp/torch.txt \
+    && rm /tmp/torch.txt
 
-# Then the dependencies, with the examples extra (the compose parties run examples/, which use
-# scikit-learn), in a layer that only a change of pyproject.toml rebuilds.
+# Then the pinned and hashed dependencies (with the examples extra: the compose parties run
+# examples/, which use scikit-learn), in a layer that only a change of the lock rebuilds.
 WORKDIR /app
+COPY docker/requirements.lock ./docker/requirements.lock
+RUN pip install --require-hashes --no-deps -r docker/requirements.lock
 COPY pyproject.toml README.md ./
-RUN python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
-print('\n'.join(p['dependencies'] + p['optional-dependencies']['examples']))" > /tmp/requirements.txt \
-    && pip install -r /tmp/requirements.txt && rm /tmp/requirements.txt
 COPY crypten_lite ./crypten_lite
-RUN pip install --no-deps ".[examples]"
+# The package itself, built by the locked setuptools (no build isolation: nothing unpinned is
+# fetched), and a check that every requirement is met by what the lock installed.
+RUN pip install --no-deps --no-build-isolation ".[examples]" && pip check
 COPY examples ./examples
 
 # Run unprivileged. /certs is each service's TLS folder (CRYPTEN_LITE_TLS_DIR); it belongs to

@@ -16,6 +16,10 @@ Environment variables (docs/design.md section 6), all optional except where a se
 ``CRYPTEN_LITE_PRECISION``        fractional bits of the fixed-point encoding (default 16)
 ``CRYPTEN_LITE_SESSION``          session identifier shared by all parties (default "default")
 ``CRYPTEN_LITE_BIND``             address this party's server binds to (default: its host)
+``CRYPTEN_LITE_MAX_MESSAGE_BYTES``  largest message, and largest share one input announcement
+                                  may make a party allocate (default 2 GiB)
+``CRYPTEN_LITE_MAX_MODEL_BYTES``  largest total of shares a received model description may
+                                  make a party allocate, 8 bytes per element (default 8 GiB)
 ``CRYPTEN_LITE_CONFIG``           a TOML file with the same keys in lower case (``rank = 0``...)
 ================================  ==============================================================
 
@@ -59,8 +63,13 @@ class Config:
     truncation: str = "local"
     # Sharing scheme (see PROTOCOLS); every party must use the same (part of the digest).
     protocol: str = "additive"
-    # Largest message a party accepts from a peer, in bytes (bounded memory under attack).
+    # Largest message a party accepts from a peer, in bytes (bounded memory under attack);
+    # also the largest share (8 bytes per element and component) that a peer's announcement
+    # of an input's shape may make a party allocate (mpc.primitives.check_share_size).
     max_message_bytes: int = 1 << 31
+    # Largest total, in share bytes (8 per element), of the secret tensors of one model
+    # description received from a model owner (nn.graph_desc), checked before allocating.
+    max_model_bytes: int = 1 << 33
 
     def __post_init__(self) -> None:
         if self.world_size < 1:
@@ -84,6 +93,9 @@ class Config:
             raise ConfigError(f"precision must be 0..30 fractional bits, got {self.precision}")
         if self.timeout <= 0:
             raise ConfigError(f"timeout must be positive seconds, got {self.timeout}")
+        if self.max_message_bytes < 1 or self.max_model_bytes < 1:
+            raise ConfigError(f"max_message_bytes and max_model_bytes must be positive, got "
+                              f"{self.max_message_bytes} and {self.max_model_bytes}")
         if self.truncation not in ("local", "exact"):
             raise ConfigError(f"truncation must be 'local' or 'exact', got {self.truncation!r}")
         if self.protocol not in PROTOCOLS:
@@ -133,7 +145,7 @@ def _check_address(address: str) -> None:
 
 def _coerce(name: str, value: Any) -> Any:
     try:
-        if name in ("rank", "world_size", "precision", "max_message_bytes"):
+        if name in ("rank", "world_size", "precision", "max_message_bytes", "max_model_bytes"):
             return int(value)
         if name == "timeout":
             return float(value)

@@ -123,6 +123,29 @@ CODES_DTYPE = {v: k for k, v in DTYPE_CODES.items()}
 # Dtype code of an announcement by which the source refuses its own input (out of range):
 # same length as a normal one, so refusing costs no extra byte and every party learns of it.
 REFUSED = -1
+# Most dimensions an announced shape may have (torch's own limit for most operations).
+MAX_ANNOUNCED_DIMS = 64
+
+
+def share_bytes(shape) -> int:
+    """Bytes of this party's share of a tensor of `shape` (8 per element and component:
+    one component under the additive protocol, two under rss)."""
+    components = 2 if current().config.protocol == "rss" else 1
+    return math.prod(shape) * 8 * components
+
+
+def check_share_size(shape, src: int, what: str = "input") -> None:
+    """ProtocolError unless a share of `shape` fits the session's limit (max_message_bytes),
+    checked BEFORE anything of that size is allocated: a peer's few-byte announcement must
+    not make this party allocate more than a message of the session may hold."""
+    s = current()
+    limit = s.config.max_message_bytes
+    if not all(isinstance(d, int) and 0 <= d <= limit for d in shape) or share_bytes(shape) > limit:
+        raise ProtocolError(
+            f"party {s.rank}: party {src} announced a{'n' if what[0] in 'aeiou' else ''} {what} of shape "
+            f"{tuple(shape)[:MAX_WIRE_DIMS]}, whose share would take more than the session's limit of "
+            f"{limit} bytes (CRYPTEN_LITE_MAX_MESSAGE_BYTES); refused before allocating it: raise "
+            "the limit on every party if the input is meant to be that large")
 
 
 def announce(tensor: torch.Tensor | None, src: int, refuse: str = "") -> tuple[tuple[int, ...], torch.dtype]:
@@ -143,25 +166,35 @@ def announce(tensor: torch.Tensor | None, src: int, refuse: str = "") -> tuple[t
             refuse = f"party {src} is the source but passed no tensor to share"
             header = torch.tensor([REFUSED, 0], dtype=torch.int64)
         else:
+            if not refuse and share_bytes(tensor.shape) > s.config.max_message_bytes:
+                refuse = (f"an input of shape {tuple(tensor.shape)} takes more than the session's "
+                          f"limit of {s.config.max_message_bytes} bytes per share "
+                          "(CRYPTEN_LITE_MAX_MESSAGE_BYTES); raise it on every party")
             code = REFUSED if refuse else DTYPE_CODES.get(tensor.dtype, 0)
             header = torch.tensor([code, tensor.dim(), *tensor.shape], dtype=torch.int64)
     else:
         header = None
     # A one-way message of public metadata, not a protocol round (nobody answers it).
     header = s.comm.broadcast(header, src, rounds=0)
+    if (header.dtype != torch.int64 or header.dim() != 1 or not 2 <= header.numel() <= 2 + MAX_ANNOUNCED_DIMS
+            or header.numel() != 2 + max(0, int(header[1]))
+            or int(header[0]) not in CODES_DTYPE and int(header[0]) != REFUSED):
+        raise ProtocolError(f"party {s.rank}: party {src} sent a malformed shape announcement "
+                            f"({header.dtype}, {header.numel()} values); its program diverged")
     if int(header[0]) == REFUSED:
         if s.rank == src:
             raise ProtocolError(f"party {src}: {refuse}")
         raise ProtocolError(f"party {s.rank}: party {src} refused to share its input (outside the "
-                            f"supported range, or no tensor passed; party {src}'s error says which)")
+                            f"supported range, too large, or no tensor passed; party {src}'s "
+                            "error says which)")
     shape = tuple(int(v) for v in header[2:2 + int(header[1])])
     dtype = CODES_DTYPE[int(header[0])]
+    # Before anything of the announced size is allocated (the shares below, a PRZS draw).
+    check_share_size(shape, src)
     if tensor is not None and s.rank != src and tuple(tensor.shape) != shape:
         # The source goes on and draws its share of the zero sharing: draw ours too, so that
         # this party's PRZS stream stays in step with the others' after the error.
         przs(shape)
         raise ProtocolError(f"party {s.rank} passed shape {tuple(tensor.shape)} but the source "
                             f"party {src} shares shape {shape}; pass None or the same shape")
-    if math.prod(shape) > (1 << 31):
-        raise ProtocolError(f"tensor of shape {shape} is too large to share")
     return shape, dtype

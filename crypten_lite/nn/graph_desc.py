@@ -51,7 +51,10 @@ MAX_NODES = 100_000
 MAX_TENSORS = 100_000
 MAX_DEPTH = 32                     # nesting of argument values
 MAX_DIMS = 8
-MAX_ELEMENTS = 1 << 31             # per tensor, as for any shared tensor (primitives.announce)
+MAX_ELEMENTS = 1 << 31             # per tensor, whatever the session's limits (below)
+# A secret tensor becomes a share of 8 bytes per element (16 under rss) on every party: each
+# is bounded by the session's max_message_bytes, and all of one description together by its
+# max_model_bytes, before any is allocated (_Reader._tensors; the int8 weights' shares too).
 MAX_STRING = 4096
 
 DTYPES: dict[str, torch.dtype] = {str(d).removeprefix("torch."): d for d in (
@@ -170,8 +173,12 @@ class _Reader:
         self.tensors = self._tensors(self.doc.get("tensors"), memoryview(data)[16 + n:])
 
     def _tensors(self, entries: Any, blob: memoryview) -> list[torch.Tensor]:
+        from .. import config
+
         entries = _list(entries, "tensors", MAX_TENSORS)
-        out, offset = [], 0
+        cfg = config.get()
+        per_element = 16 if cfg.protocol == "rss" else 8
+        out, offset, secret_bytes = [], 0, 0
         for i, e in enumerate(entries):
             e = _obj(e, f"tensor {i}")
             extra = set(e) - {"dtype", "shape", "nbytes"}
@@ -183,6 +190,17 @@ class _Reader:
             shape = _shape(e.get("shape"), f"tensor {i}")
             numel = math.prod(shape)
             if "nbytes" not in e:  # a secret: the owner shares it with encrypt(src=...)
+                share = numel * per_element
+                if share > cfg.max_message_bytes:
+                    raise _fail(f"secret tensor {i} of shape {shape} would take {share} bytes of "
+                                f"shares, more than the session's limit of {cfg.max_message_bytes} "
+                                "(CRYPTEN_LITE_MAX_MESSAGE_BYTES)")
+                secret_bytes += numel * 8
+                if secret_bytes > cfg.max_model_bytes:
+                    raise _fail(f"its secret tensors up to tensor {i} take more than the session's "
+                                f"limit of {cfg.max_model_bytes} bytes of shares per model "
+                                "(CRYPTEN_LITE_MAX_MODEL_BYTES); raise it on every party for a "
+                                "model that large")
                 out.append(torch.empty(shape, dtype=dtype, device="meta"))
                 continue
             nbytes = e["nbytes"]

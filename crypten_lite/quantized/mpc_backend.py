@@ -95,6 +95,8 @@ class MpcBackend(Backend):
             raise ProtocolError(f"party {self.src_model} is the model owner but holds no weights "
                                 f"(meta tensor of shape {tuple(w.shape)})")
         mine = w if current().rank == self.src_model else None
+        if mine is None:  # a shape from the owner's description: bounded before allocating
+            primitives.check_share_size(tuple(w.shape), self.src_model, "int8 weight")
         share = protocol.share(mine, self.src_model, tuple(w.shape))
         self._weights[id(w)] = (w, share)
         return share

@@ -175,10 +175,20 @@ def image(engine: None, announce) -> dict[str, float | int]:
         _run(["docker", "build", "--force-rm", "--build-arg", f"BASE_IMAGE={base}",
               "--build-arg", f"TORCH_VERSION={version}",
               "--build-arg", f"TORCH_PIP_ARGS=--find-links {url} --trusted-host {gateway}",
+              "--build-arg", f"TORCH_SHA256={_sha256(wheel)}",   # the Dockerfile checks it
               "-t", IMAGE, str(REPO)], timeout=BUILD_TIMEOUT)
     size = int(_run(["docker", "image", "inspect", IMAGE, "-f", "{{.Size}}"], timeout=60).stdout)
     print(f"image {IMAGE}: {size / 1e9:.2f} GB, torch {version}", flush=True)
     return {"size": size}
+
+
+def _sha256(path: pathlib.Path) -> str:
+    import hashlib
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def _bridge_address() -> str:
