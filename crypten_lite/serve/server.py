@@ -296,7 +296,7 @@ class Party:
             stop = stop or bool(a.get("stop"))
         batch, fails = scheduler.decide()
         decision = {"batch": batch, "fail": fails, "stop": stop,
-                    "tag": f"{self.session_id}/{batch_no}"}
+                    "tag": f"{self.session_id}/{batch_no}", "idle": not scheduler.entries}
         comm.broadcast(batching.pack(decision), 0)
         return decision
 
@@ -337,8 +337,8 @@ class Party:
                     batch_no += 1
                 elif decision["stop"]:
                     break
-                else:
-                    time.sleep(self.args.tick)
+                else:  # nothing pending anywhere: tick slower (the first request waits <= idle_tick)
+                    time.sleep(self.args.idle_tick if decision.get("idle") else self.args.tick)
         except Exception as e:  # noqa: BLE001 (the session is lost: every caller is told)
             log.error("party %d: session lost: %s", self.rank, e)
             print(f"party {self.rank}: session lost ({type(e).__name__}: {e})", file=sys.stderr,
@@ -367,7 +367,10 @@ def parser() -> argparse.ArgumentParser:
                    help="serve clients over TLS with this party's certificate (CRYPTEN_LITE_TLS_DIR)")
     p.add_argument("--max-batch", type=int, default=64, help="samples per MPC batch (and request)")
     p.add_argument("--max-wait", type=float, default=0.01, help="seconds a batch waits to fill")
-    p.add_argument("--tick", type=float, default=0.005, help="seconds between idle ticks")
+    p.add_argument("--tick", type=float, default=0.005,
+                   help="seconds between ticks while requests wait for their batch")
+    p.add_argument("--idle-tick", type=float, default=0.02,
+                   help="seconds between ticks while no request is pending at any party")
     p.add_argument("--max-pending", type=int, default=1024, help="requests parked at once")
     p.add_argument("--default-timeout", type=float, default=30.0)
     p.add_argument("--max-timeout", type=float, default=300.0)
