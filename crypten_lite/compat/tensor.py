@@ -574,6 +574,9 @@ class PlainTensor(CrypTensor):
     def __getattr__(self, name: str):
         if name.startswith("__") or name == "_tensor":
             raise AttributeError(name)
+        if not hasattr(self._tensor, name) and name in _PLAIN_METHODS:
+            fn = _PLAIN_METHODS[name]
+            return _plain_forward(lambda *a, **k: fn(self._tensor, *a, **k))
         attr = getattr(self._tensor, name)
         if callable(attr):
             return _plain_forward(attr)
@@ -677,6 +680,55 @@ for _op in _OPERATORS:
 
 # CrypTen's x @= y returns the product as a new tensor (the operand keeps its value and graph).
 MPCTensor.__imatmul__ = MPCTensor.__matmul__
+PlainTensor.__imatmul__ = PlainTensor.__matmul__
+
+
+def _plain_dropout(name: str, fn):
+    def dropout(x, p: float = 0.5, training: bool = True, inplace: bool = False):
+        if inplace:
+            logging.warning(f"CrypTen {name} does not support inplace computation during training.")
+        return fn(x, p, training)
+    return dropout
+
+
+def _plain_cross_entropy(x, target, skip_forward: bool = False):
+    """CrypTen's form: one-hot (or probability) targets, mean over the batch."""
+    return -(target * torch.nn.functional.log_softmax(x, 1)).sum() / x.size(0)
+
+
+def _plain_rappor(x, target, alpha: float, skip_forward: bool = False):
+    prob = torch.sigmoid(x) * (2 * alpha - 1) + (1 - alpha)
+    return torch.nn.functional.binary_cross_entropy(prob, target)
+
+
+def _plain_polynomial(x, coeffs, func: str = "mul"):
+    """CrypTen's polynomial: coeffs of x^1, x^2, ... (no constant term)."""
+    coeffs = coeffs.tolist() if isinstance(coeffs, torch.Tensor) else list(coeffs)
+    return sum(c * x.pow(i + 1) for i, c in enumerate(coeffs))
+
+
+_TF = torch.nn.functional
+# The CrypTensor methods that torch.Tensor lacks, for the "ptt" backend (CrypTen's semantics).
+_PLAIN_METHODS = {
+    "conv1d": _TF.conv1d, "conv2d": _TF.conv2d, "conv_transpose1d": _TF.conv_transpose1d,
+    "conv_transpose2d": _TF.conv_transpose2d, "avg_pool2d": _TF.avg_pool2d,
+    "max_pool2d": _TF.max_pool2d, "adaptive_avg_pool2d": _TF.adaptive_avg_pool2d,
+    "adaptive_max_pool2d": _TF.adaptive_max_pool2d,
+    "dropout": _plain_dropout("dropout", _TF.dropout),
+    "_feature_dropout": _plain_dropout("_feature_dropout", torch.feature_dropout),
+    "dropout2d": _plain_dropout("dropout2d", _TF.dropout2d), "dropout3d": _plain_dropout("dropout3d", _TF.dropout3d),
+    "cosine_similarity": lambda x, y, dim=1, eps=1e-8: _TF.cosine_similarity(x, y, dim, eps),
+    "binary_cross_entropy": lambda x, t, weights=None, skip_forward=False: _TF.binary_cross_entropy(x, t, weights),
+    "binary_cross_entropy_with_logits": lambda x, t, weights=None, skip_forward=False:
+        _TF.binary_cross_entropy_with_logits(x, t, weights),
+    "cross_entropy": _plain_cross_entropy, "rappor_loss": _plain_rappor,
+    "hardtanh": lambda x, min_value=-1.0, max_value=1.0: _TF.hardtanh(x, min_value, max_value),
+    "relu6": _TF.relu6, "pos_pow": lambda x, p: x.pow(p), "polynomial": _plain_polynomial,
+    "pad": lambda x, pad, value=0, mode="constant": _TF.pad(x, pad, mode=mode, value=value),
+    "batchnorm": lambda x, weight=None, bias=None, running_mean=None, running_var=None,
+        training=False, eps=1e-5, momentum=0.1, inv_var=None:
+        _TF.batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps),
+}
 
 register_cryptensor("mpc")(MPCTensor)
 register_cryptensor("ptt")(PlainTensor)

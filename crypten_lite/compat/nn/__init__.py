@@ -273,92 +273,13 @@ class GlobalAveragePool(Module):
     def forward(self, x):
         dims = tuple(range(2, x.dim()))
         return x.mean(dims, keepdim=True) if dims else x
-Exp = _func_layer("Exp", "exp")
-Sqrt = _func_layer("Sqrt", "sqrt")
-Squeeze = _func_layer("Squeeze", "squeeze")
-Unsqueeze = _func_layer("Unsqueeze", "unsqueeze")
-Transpose = _func_layer("Transpose", "permute")
-Erf = _func_layer("Erf", "erf")
+# CrypTen's ONNX-era modules (forward([x, y]) for several inputs) and its Graph container.
+from .onnx import (Add, Concat, Constant, ConstantOfShape, Div, Equal, Erf, Exp, Expand,  # noqa: E402,F401
+                   Gather, Gemm, Graph, MatMul, Mean, Mul, Pow, Range, Reshape, Shape, Slice, Sqrt,
+                   Squeeze, Sub, Sum, Transpose, Unsqueeze, Where)
 
 
-class Add(Module):
-    """x + y."""
-
-    def forward(self, x, y):
-        return x + y
-
-
-class Sub(Module):
-    def forward(self, x, y):
-        return x - y
-
-
-class Mul(Module):
-    def forward(self, x, y):
-        return x * y
-
-
-class MatMul(Module):
-    def forward(self, x, y):
-        return x.matmul(y)
-
-
-class Concat(Module):
-    def __init__(self, dimension: int = 0):
-        super().__init__()
-        self.dimension = dimension
-
-    def forward(self, tensors):
-        from .. import cat
-        return cat(list(tensors), dim=self.dimension)
-
-
-class Reshape(Module):
-    def forward(self, x, shape):
-        return x.reshape(tuple(int(s) for s in (shape.tolist() if isinstance(shape, torch.Tensor) else shape)))
-
-
-class Constant(Module):
-    """Returns a public constant tensor."""
-
-    def __init__(self, value):
-        super().__init__()
-        self.value = value if isinstance(value, torch.Tensor) else torch.tensor(value)
-
-    def forward(self, *args):
-        return self.value
-
-
-class Gemm(Module):
-    """alpha * (A @ B) + beta * C (ONNX Gemm)."""
-
-    def __init__(self, alpha: float = 1.0, beta: float = 1.0, transposeA: bool = False,
-                 transposeB: bool = False):
-        super().__init__()
-        self.alpha, self.beta, self.transposeA, self.transposeB = alpha, beta, transposeA, transposeB
-
-    def forward(self, a, b, c):
-        a = a.t() if self.transposeA else a
-        b = b.t() if self.transposeB else b
-        return (a.matmul(b) * self.alpha) + (c * self.beta)
-
-
-class Mean(Module):
-    def __init__(self, dim, keepdim: bool = False):
-        super().__init__()
-        self.dim, self.keepdim = dim, keepdim
-
-    def forward(self, x):
-        return x.mean(self.dim, keepdim=self.keepdim)
-
-
-class Sum(Mean):
-    def forward(self, x):
-        return x.sum(self.dim, keepdim=self.keepdim)
-
-
-# `crypten.nn.module` (CrypTen's module file) names the same classes.
-module = sys.modules[__name__]
+# `crypten.nn.module` (CrypTen's module file): compat/nn/module.py re-exports these classes.
 
 
 # ------------------------------------------------------------------------ containers
