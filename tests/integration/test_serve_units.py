@@ -97,3 +97,21 @@ def test_docs_figures_are_the_benchmark_rows():
     assert rows and all(r["wrong"] == 0 for r in rows)
     assert mod.table(rows) in (root / "docs" / "serving.md").read_text()
     assert (root / "docs" / "serve_latency.svg").read_text().startswith("<svg")
+
+
+def test_compose_profile_runs_the_party_server():
+    """docker-compose.serve.yml's parties run crypten_lite.serve.server with arguments it
+    accepts, over TLS, 3 rss parties, each with its own share volume and client port."""
+    import yaml
+    from crypten_lite.serve.server import parser
+    root = pathlib.Path(__file__).resolve().parents[2]
+    doc = yaml.safe_load((root / "docker-compose.serve.yml").read_text())
+    parties = [doc["services"][f"party{r}"] for r in range(3)]
+    for r, svc in enumerate(parties):
+        assert svc["entrypoint"] == ["python", "-m", "crypten_lite.serve.server"]
+        args = parser().parse_args(svc["command"])
+        assert args.tls and args.state_dir == "/state" and args.tokens.startswith("/certs/")
+        env = svc["environment"]
+        assert env["CRYPTEN_LITE_RANK"] == str(r) and env["CRYPTEN_LITE_PROTOCOL"] == "rss"
+        assert f"state-party{r}:/state" in svc["volumes"] and svc["restart"] == "on-failure"
+    assert len({p["ports"][0] for p in parties}) == 3
