@@ -203,7 +203,8 @@ def _adaptive_max_pool2d(x, output_size, return_indices=False):
     return torch.nn.functional.adaptive_max_pool2d(x, output_size, return_indices)
 
 
-def _hardtanh(x, lo=-1.0, hi=1.0, inplace=False):
+def _hardtanh(x, min_val=-1.0, max_val=1.0, inplace=False):
+    lo, hi = min_val, max_val  # torch's keyword names (F.hardtanh(x, min_val=, max_val=))
     if not F.is_private(x):
         return TF.hardtanh(x, lo, hi)
     if hasattr(x, "hardtanh"):

@@ -37,6 +37,8 @@ class _CompatModule:
     _builtin = True  # a crypten_lite layer: its forward takes core CrypTensors
 
     def __call__(self, *args, **kwargs):
+        if type(self)._builtin and self._parameters:
+            _check_inputs(self, args)
         saved = _STATE.in_core
         try:
             if type(self)._builtin:
@@ -127,10 +129,31 @@ class _CompatModule:
                 if isinstance(p, CoreTensor) and p.grad is not None:
                     p.sub_(p.grad.mul(learning_rate))
                 elif isinstance(p, torch.Tensor) and p.grad is not None:
-                    p.sub_(p.grad * learning_rate)
+                    with torch.no_grad():
+                        p.sub_(p.grad * learning_rate)
 
     def cuda(self, device=None):
         raise NotImplementedError("crypten_lite keeps shares on the CPU")
+
+
+def _check_inputs(layer, args) -> None:
+    """CrypTen's rules for a layer with parameters: an unencrypted layer takes public tensors
+    (its torch parameters then record torch gradients), an encrypted one takes encrypted
+    inputs; the other pairings raise as CrypTen's do."""
+    from ..tensor import CrypTensor as CompatTensor
+    private = any(isinstance(a, (CompatTensor, CoreTensor)) for a in args)
+    public = any(isinstance(a, torch.Tensor) for a in args)
+    if not layer.encrypted:
+        if private:
+            raise RuntimeError(f"{type(layer).__name__} is not encrypted but got an encrypted input: "
+                               "call encrypt() on the module first (CrypTen's rule)")
+        if public and torch.is_grad_enabled():
+            for p in layer._parameters.values():
+                if isinstance(p, torch.Tensor) and p.is_floating_point() and not p.requires_grad:
+                    p.requires_grad_(True)
+    elif public and not private:
+        raise NotImplementedError(f"{type(layer).__name__} is encrypted but got a public input: "
+                                  "encrypt the input with crypten.cryptensor (CrypTen's rule)")
 
 
 class Module(_CompatModule, core_module.Module):
@@ -423,3 +446,6 @@ class Parameter(Module):
 
     def forward(self, x=None):
         return self.data
+
+
+from . import module  # noqa: E402,F401 (crypten.nn.module: CrypTen's path of these classes)
