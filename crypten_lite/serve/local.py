@@ -66,6 +66,16 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _die_with_parent() -> None:
+    """In a child before exec: SIGTERM when the supervisor dies, even by SIGKILL (Linux
+    PR_SET_PDEATHSIG), so that no party or dealer outlives it."""
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def _children_stop(children: list[subprocess.Popen], grace: float = 10.0) -> None:
     for c in children:
         if c.poll() is None:
@@ -135,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
                                                args.timeout, extra, args.protocol)
             children = []
             logs = lambda name: open(state / f"{name}.log", "a")  # noqa: E731
-            popen = dict(stdin=subprocess.DEVNULL, start_new_session=True)
+            popen = dict(stdin=subprocess.DEVNULL, start_new_session=True,
+                         preexec_fn=_die_with_parent if sys.platform == "linux" else None)
             if dealer_env is not None and args.provider == "dealer":
                 children.append(subprocess.Popen([sys.executable, "-m", "crypten_lite.cli", "dealer"],
                                                  env={**base, **dealer_env}, stdout=logs("dealer"),
