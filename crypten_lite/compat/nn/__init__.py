@@ -297,7 +297,7 @@ class GlobalAveragePool(Module):
         dims = tuple(range(2, x.dim()))
         return x.mean(dims, keepdim=True) if dims else x
 # CrypTen's ONNX-era modules (forward([x, y]) for several inputs) and its Graph container.
-from .onnx import (Add, Concat, Constant, ConstantOfShape, Div, Equal, Erf, Exp, Expand,  # noqa: E402,F401
+from .onnx import (Add, BatchNormalization, Concat, Constant, ConstantOfShape, Div, Equal, Erf, Exp, Expand,  # noqa: E402,F401
                    Gather, Gemm, Graph, MatMul, Mean, Mul, Pow, Range, Reshape, Shape, Slice, Sqrt,
                    Squeeze, Sub, Sum, Transpose, Unsqueeze, Where)
 

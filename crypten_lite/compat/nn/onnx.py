@@ -333,6 +333,39 @@ class Where(_OnnxModule):
         return where(condition.bool(), a, b)
 
 
+class BatchNormalization(_OnnxModule):
+    """CrypTen's stateless batch normalization: forward((x, weight, bias, running_mean,
+    running_var)) over the channel dim 1. Evaluation: the normalized x with the given
+    statistics. Training: (output, updated running_mean, updated running_var, batch mean,
+    1 / sqrt(batch var + epsilon)), the running statistics moved by `momentum` towards the
+    batch's (its variance unbiased, as torch's)."""
+
+    _onnx = (("epsilon", "epsilon", 1e-5), ("momentum", "momentum", 0.1))
+
+    def __init__(self, epsilon: float = 1e-5, momentum: float = 0.1):
+        super().__init__()
+        self.epsilon, self.momentum = float(epsilon), float(momentum)
+
+    def forward(self, x):
+        tensor, weight, bias, running_mean, running_var = x
+        shape = [1, -1] + [1] * (tensor.dim() - 2)
+        weight, bias = weight.reshape(shape), bias.reshape(shape)
+        if not self.training:
+            inv = (running_var.reshape(shape) + self.epsilon).inv_sqrt()
+            return (tensor - running_mean.reshape(shape)) * inv * weight + bias
+        dims = [d for d in range(tensor.dim()) if d != 1]
+        count = tensor.nelement() // tensor.size(1)
+        mean = tensor.mean(dims, keepdim=True)
+        centered = tensor - mean
+        var = centered.square().mean(dims, keepdim=True)
+        inv = (var + self.epsilon).inv_sqrt()
+        out = centered * inv * weight + bias
+        m = self.momentum
+        new_mean = running_mean * (1 - m) + mean.flatten() * m
+        new_var = running_var * (1 - m) + var.flatten() * (m * count / max(count - 1, 1))
+        return out, new_mean, new_var, mean.flatten(), inv.flatten()
+
+
 class Graph(Module):
     """CrypTen's Graph container: named modules wired by the names of their inputs.
 
@@ -383,4 +416,5 @@ class Graph(Module):
 
 ONNX_MODULES = ["Add", "Sub", "Mul", "Div", "MatMul", "Equal", "Exp", "Sqrt", "Erf", "Pow", "Concat",
                 "Constant", "ConstantOfShape", "Range", "Expand", "Gather", "Gemm", "Mean", "Sum",
-                "Reshape", "Shape", "Slice", "Squeeze", "Unsqueeze", "Transpose", "Where"]
+                "Reshape", "Shape", "Slice", "Squeeze", "Unsqueeze", "Transpose", "Where",
+                "BatchNormalization"]
