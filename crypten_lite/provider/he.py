@@ -375,6 +375,11 @@ class CrossEngine:
         self._primes.extend(fresh)
         return self._primes[:count]
 
+    def _encrypt(self, p: _Prime, slots: np.ndarray) -> bytes:
+        """Symmetric encryption under the owner's key, serialized with its random half
+        replaced by a seed (SEAL's seeded ciphertexts: half the bytes)."""
+        return self._files.dump(p.encryptor.encrypt_symmetric(p.plain(slots)))
+
     # -- evaluator helpers -----------------------------------------------------------------
     def _uniform(self, t: int, shape: tuple) -> np.ndarray:
         """Uniform values mod t from 128 random bits each (bias below 2^-97)."""
@@ -464,9 +469,7 @@ class CrossEngine:
             for p in primes:
                 for x in padded:
                     for row in residues(x, p.t):
-                        ct = _sealapi().Ciphertext()
-                        p.encryptor.encrypt_symmetric(p.plain(row), ct)
-                        cts.append(self._files.dump(ct))
+                        cts.append(self._encrypt(p, row))
             self._send(pack(cts))
             back = unpack(self._recv(), count * chunks, "result ciphertexts")
             res = []
@@ -538,15 +541,12 @@ class CrossEngine:
 
         n_a, n_b, n_out = bsz * mb * kb, bsz * kb * nb, bsz * mb * nb
         if self.rank == 0:
-            s = _sealapi()
             cts = []
             for p in primes:
                 for arr, pos in ((a_blk, pos_a), (b_blk, pos_b)):
                     slots = p.ntt.to_slots(polys(arr, pos, p.t)).reshape(-1, nd)
                     for row in slots:
-                        ct = s.Ciphertext()
-                        p.encryptor.encrypt_symmetric(p.plain(row), ct)
-                        cts.append(self._files.dump(ct))
+                        cts.append(self._encrypt(p, row))
             self._send(pack(cts))
             back = unpack(self._recv(), count * n_out, "result ciphertexts")
             res = []

@@ -467,23 +467,59 @@ def _bit_mul(pv: PairwiseProvider, parts, op, shapes, params):
 
 
 def _binary_monomials(pv: PairwiseProvider, parts, op, shapes, params):
+    """XOR shares of AND-products of masks. A product is built from its prefix (the subset
+    less its largest mask), one AND layer per degree, each prefix once; a product of masks
+    that one party owns is local, and only the cross terms that are not zero are computed
+    (x0 & y1, x1 & y0), all of a layer in one exchange."""
     k, owners, subsets = correlations._split_monomial_params(params)
     shape = parts[0].shape
-    masks = [parts[j] if o == -1 or o == pv.rank else torch.zeros_like(parts[j])
-             for j, o in enumerate(owners)]
-    chosen = [[j for j in range(k) if s >> j & 1] for s in subsets]
-    cur = [masks[c[0]].clone() for c in chosen]
-    for depth in range(1, max(len(c) for c in chosen)):
-        live = [i for i, c in enumerate(chosen) if len(c) > depth]
-        xs = np.concatenate([_bits(cur[i]) for i in live])
-        ys = np.concatenate([_bits(masks[chosen[i][depth]]) for i in live])
-        x, y = (xs, ys) if pv.rank == 0 else (ys, xs)
-        cross = _words(pv.cross_and(x, y))
-        n = int(np.prod(shape)) if len(shape) else 1
-        for j, i in enumerate(live):
-            nxt = masks[chosen[i][depth]]
-            cur[i] = (cur[i] & nxt) ^ _t(cross[j * n:(j + 1) * n]).view(shape)
-    return list(parts[:k]) + cur
+    n = int(np.prod(shape)) if len(shape) else 1
+    # value of a subset (bitmask): (this party's XOR share as words, owner: -1 = shared)
+    values: dict[int, tuple[torch.Tensor, int]] = {}
+    for j, o in enumerate(owners):
+        share = parts[j] if o == -1 or o == pv.rank else torch.zeros_like(parts[j])
+        values[1 << j] = (share, o)
+    needed: set[int] = set()
+    for sub in subsets:
+        while sub and sub & (sub - 1) and sub not in needed:
+            needed.add(sub)
+            sub &= ~(1 << (sub.bit_length() - 1))
+    for degree in range(2, k + 1):
+        layer = sorted(m for m in needed if bin(m).count("1") == degree)
+        if not layer:
+            continue
+        xs = []   # this party's operand bits of each cross product of the layer
+        plans = []
+        for m in layer:
+            top = 1 << (m.bit_length() - 1)
+            (x, ox), (y, oy) = values[m & ~top], values[top]
+            if ox == oy and ox != -1:                    # one owner: local
+                plans.append((m, x, y, ox, []))
+                continue
+            pairs = []   # (rank 0's operand, rank 1's operand) of each non-zero cross term
+            if ox != 1 and oy != 0:
+                pairs.append((x, y))                     # x0 & y1
+            if ox != 0 and oy != 1:
+                pairs.append((y, x))                     # y0 & x1
+            idx = []
+            for a0, b1 in pairs:
+                mine = a0 if pv.rank == 0 else b1
+                xs.append(_bits(mine))
+                idx.append(len(xs) - 1)
+            plans.append((m, x, y, -1, idx))
+        crosses = []
+        if xs:
+            bits = np.concatenate(xs)
+            share = pv._engine.elementwise([bits.reshape(-1)], 1, parity=True) & np.uint64(1)
+            crosses = [_t(_words(share.reshape(bits.shape)[i * n:(i + 1) * n])).view(shape)
+                       for i in range(len(xs))]
+        for m, x, y, owner, idx in plans:
+            value = x & y
+            for i in idx:
+                value = value ^ crosses[i]
+            values[m] = (value, owner)
+    out = [values[sub][0] if sub & (sub - 1) else values[sub][0].clone() for sub in subsets]
+    return list(parts[:k]) + out
 
 
 _MAKERS = {
