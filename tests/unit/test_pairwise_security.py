@@ -263,3 +263,16 @@ def test_flooding_noise_exceeds_the_product_noise_by_the_statistical_margin():
     while acc.coeff_modulus_size() > params.return_primes:
         p.evaluator.mod_switch_to_next_inplace(acc)
     assert dec.invariant_noise_budget(acc) >= 16
+
+
+def test_progress_line_for_long_offline_phases(monkeypatch, capsys):
+    from crypten_lite.provider.pairwise import PROGRESS_ENV, _Progress
+    monkeypatch.setenv(PROGRESS_ENV, "1")
+    stats = {"pairwise_bytes_sent": 0, "pairwise_bytes_received": 0}
+    bar = _Progress(4, stats, rank=0)
+    stats["pairwise_bytes_sent"] = 3_000_000
+    bar.step(4)
+    bar.done()
+    err = capsys.readouterr().err
+    assert "4/4 correlations" in err and "3.0 MB" in err and "MB/s" in err and "s left" in err
+    assert not _Progress(4, stats, rank=1).show        # one line per run: rank 0's
