@@ -110,26 +110,68 @@ PROBE_TRIALS = 4
 _ring_gemm_choice: dict[str, bool] = {}
 
 
+# Bound on one limb product's float64 working set (the limbs of one block of each operand, and
+# one block of the output's accumulator): a matmul against a 2-D b (every Linear, every LM
+# head) runs block by block over a's rows and b's columns, so a product of any size holds
+# at most about this much besides its operands and its int64 output.
+LIMB_CHUNK_BYTES = 1 << 26
+
+
 def _limbs(t: torch.Tensor) -> list[torch.Tensor]:
+    """The four 16-bit limbs of `t` as float64 (one int64 temporary, reused for each limb)."""
     mask = (1 << LIMB_BITS) - 1
-    return [((t >> (LIMB_BITS * i)) & mask).to(torch.float64) for i in range(64 // LIMB_BITS)]
+    work = torch.empty_like(t, memory_format=torch.contiguous_format)
+    out = []
+    for i in range(64 // LIMB_BITS):
+        torch.bitwise_right_shift(t, LIMB_BITS * i, out=work)
+        out.append(work.bitwise_and_(mask).to(torch.float64))
+    return out
 
 
-def ring_by_limbs(fn: Callable, a: torch.Tensor, b: torch.Tensor, params: Sequence[int]) -> torch.Tensor:
-    """``fn(a, b, params)`` mod 2^64 for int64 ``a``, ``b``, by float64 ``fn`` on 16-bit limbs
-    (exact while one output sums at most LIMB_MAX_TERMS products; the caller checks)."""
-    al, bl = _limbs(a), _limbs(b)
-    out = None
+def _limb_sum(fn: Callable, al: list, bl: list, params: Sequence[int], out: torch.Tensor | None = None) -> torch.Tensor:
+    """sum_{i+j<4} fn(al[i], bl[j]) 2^(16 (i+j)) mod 2^64, added into `out` when given."""
     for s in range(len(al)):
         acc = fn(al[0], bl[s], params)
         for i in range(1, s + 1):
             acc += fn(al[i], bl[s - i], params)
         term = acc.to(torch.int64)
+        del acc
         if s:
-            term *= 1 << (LIMB_BITS * s)  # int64 products wrap mod 2^64, as the ring needs
-        out = term if out is None else out.add_(term)
-        del acc, term
+            term.mul_(1 << (LIMB_BITS * s))  # int64 products wrap mod 2^64, as the ring needs
+        if out is None:
+            out = term
+        else:
+            out.add_(term)
+        del term
     return out
+
+
+def ring_by_limbs(fn: Callable, a: torch.Tensor, b: torch.Tensor, params: Sequence[int],
+                  op: str = "") -> torch.Tensor:
+    """``fn(a, b, params)`` mod 2^64 for int64 ``a``, ``b``, by float64 ``fn`` on 16-bit limbs
+    (exact while one output sums at most LIMB_MAX_TERMS products; the caller checks).
+
+    A matmul (``op`` "matmul") of a by a 2-D b too large for LIMB_CHUNK_BYTES runs by blocks
+    of a's rows and b's columns, each block's limbs made, used and dropped in turn."""
+    if op == "matmul" and b.dim() == 2 and a.dim() >= 2:
+        k, n = b.shape
+        rows = a.reshape(-1, k)
+        m = rows.shape[0]
+        limb_bytes = 4 * 8  # four float64 limbs per element
+        cols = max(1, min(n, LIMB_CHUNK_BYTES // (limb_bytes * k)))
+        step = max(1, min(m, LIMB_CHUNK_BYTES // (limb_bytes * k), LIMB_CHUNK_BYTES // (16 * cols)))
+        if cols < n or step < m:
+            out = torch.empty(m, n, dtype=torch.int64)
+            whole_a = _limbs(rows) if step >= m else None
+            for j in range(0, n, cols):
+                bl = _limbs(b[:, j:j + cols])
+                for i in range(0, m, step):
+                    al = whole_a if whole_a is not None else _limbs(rows[i:i + step])
+                    out[i:i + step, j:j + cols] = _limb_sum(fn, al, bl, params)
+                    del al
+                del bl
+            return out.view(*a.shape[:-1], n)
+    return _limb_sum(fn, _limbs(a), _limbs(b), params)
 
 
 def _terms_per_output(op: str, a: torch.Tensor, b: torch.Tensor, params: Sequence[int]) -> int:
@@ -200,7 +242,7 @@ def _ring_op(op: str, int64_fn: Callable, float_fn: Callable | None = None) -> C
             mode = ring_gemm_mode()
             if (mode != "int64" and LIMB_MIN_TERMS <= _terms_per_output(op, a, b, p) <= LIMB_MAX_TERMS
                     and _work(op, a, b, p) >= LIMB_MIN_WORK and (mode == "limbs" or _limbs_faster())):
-                return ring_by_limbs(float_fn, a, b, p)
+                return ring_by_limbs(float_fn, a, b, p, op)
         return int64_fn(a, b, p)
     return run
 

@@ -101,3 +101,22 @@ def test_auto_gives_the_same_products_whichever_it_picks(monkeypatch):
         monkeypatch.setitem(corr._ring_gemm_choice, "auto", faster)
         assert torch.equal(TRIPLE_OPS["matmul"](a, b, ()), _int64("matmul", a, b, (), monkeypatch))
         monkeypatch.setenv("CRYPTEN_LITE_RING_GEMM", "auto")
+
+
+@pytest.mark.parametrize("a_shape,b_shape,transposed", [((60, 100), (100, 50), False),
+                                                        ((3, 20, 100), (100, 40), False),
+                                                        ((5, 100), (50, 100), True)])
+def test_blocked_limbs_are_exact_and_bounded(a_shape, b_shape, transposed, monkeypatch):
+    """A matmul by a 2-D b larger than LIMB_CHUNK_BYTES runs block by block (rows of a, columns
+    of b, a Linear's transposed weight included): the same ring product, and no limb tensor
+    larger than the bound."""
+    a, b = ring(*a_shape), ring(*b_shape)
+    b = b.t() if transposed else b
+    want = torch.matmul(a, b)
+    bound = 32 * 100 * 16  # the limbs of 16 columns of b
+    monkeypatch.setattr(corr, "LIMB_CHUNK_BYTES", bound)
+    sizes, limbs = [], corr._limbs
+    monkeypatch.setattr(corr, "_limbs", lambda t: sizes.append(t.numel()) or limbs(t))
+    got = ring_by_limbs(corr._float_matmul, a, b, (), "matmul")
+    assert torch.equal(got, want)
+    assert len(sizes) > 2 and 4 * 8 * max(sizes) <= bound, sizes
