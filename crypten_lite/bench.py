@@ -623,6 +623,50 @@ def transport():
             "mb_per_s": t.numel() * 8 / seconds / 1e6}
 
 
+@workload("raw_tcp_16MB")
+def raw_tcp():
+    """The wire's limit for transport_16MB: the same two party processes exchange the same
+    16 MB over one plain loopback TCP socket (no gRPC, no TLS, no framing: sendall from the
+    tensor's memory on a thread, recv_into a preallocated tensor). Only the exchange is
+    timed, as in transport_16MB; the port travels through the session first (untimed)."""
+    import socket
+    import threading
+    c = comm.get()
+    t = torch.zeros(2 * 1024 * 1024, dtype=torch.int64)
+    got = torch.empty_like(t)
+    listener = None
+    if c.rank == 0:
+        listener = socket.create_server(("127.0.0.1", 0))
+        c.send(torch.tensor([listener.getsockname()[1]]), 1)
+        listener.settimeout(60)
+        sock, _ = listener.accept()
+    else:
+        sock = socket.create_connection(("127.0.0.1", int(c.recv(0)[0])), timeout=60)
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.settimeout(60)
+        out, into = memoryview(t.numpy()).cast("B"), memoryview(got.numpy()).cast("B")
+        c.barrier()
+        start = time.perf_counter()
+        sender = threading.Thread(target=sock.sendall, args=(out,))
+        sender.start()
+        n = 0
+        while n < len(into):
+            k = sock.recv_into(into[n:])
+            if not k:
+                raise ConnectionError("raw_tcp_16MB: the peer closed its socket early")
+            n += k
+        sender.join()
+        seconds = time.perf_counter() - start
+    finally:
+        sock.close()
+        if listener is not None:
+            listener.close()
+    return {"seconds": seconds, "rounds": 1, "bytes_sent": len(out), "bytes_received": n,
+            "messages": 1, "comm_seconds": seconds, "dealer_bytes": 0, "max_error": 0.0,
+            "mb_per_s": len(out) / seconds / 1e6}
+
+
 def bare_grpc_echo(nbytes: int = 16 * 1024 * 1024, repeat: int = 3) -> float:
     """Seconds for a bare gRPC stream to carry `nbytes` to a server and back (median)."""
     from crypten_lite.comm.bare import echo_seconds
@@ -656,7 +700,7 @@ def run(names: list[str], parties: int, provider: str, repeat: int, tls_dir: str
     from .mpc.launcher import inherited_settings
     with PartyPool(parties, provider=provider, timeout=timeout, env=env, protocol=protocol) as pool:
         for name in names:
-            if name == "transport_16MB" and parties != 2:
+            if name in TRANSPORT_ROWS and parties != 2:
                 continue
             samples = []
             try:
@@ -701,8 +745,34 @@ def run(names: list[str], parties: int, provider: str, repeat: int, tls_dir: str
                 bare = bare_grpc_echo()
                 row["bare_grpc_mb_per_s"] = 16 * 1024 * 1024 / bare / 1e6
                 row["fraction_of_bare"] = row["mb_per_s"] / row["bare_grpc_mb_per_s"]
+            if name == "raw_tcp_16MB":
+                row["mb_per_s"] = statistics.median(min(r["mb_per_s"] for r in s) for s in samples)
             rows.append(row)
+    _against_the_wire(rows)
     return rows
+
+
+# The transport rows: both exchange 16 MB each way between the two parties; raw_tcp_16MB is
+# the limit (plain TCP, same processes, same run) each transport row is compared with.
+TRANSPORT_ROWS = ("transport_16MB", "raw_tcp_16MB")
+
+
+def _with_the_wire(names: list[str]) -> list[str]:
+    """`names`, with raw_tcp_16MB measured right after transport_16MB where it is not named."""
+    if "transport_16MB" in names and "raw_tcp_16MB" not in names:
+        i = names.index("transport_16MB")
+        return names[:i + 1] + ["raw_tcp_16MB"] + names[i + 1:]
+    return names
+
+
+def _against_the_wire(rows: list[dict]) -> None:
+    """Each transport row's GB/s per direction, and its time as a multiple of raw TCP's."""
+    raw = next((r for r in rows if r["workload"] == "raw_tcp_16MB" and "mb_per_s" in r), None)
+    for r in rows:
+        if r["workload"] in TRANSPORT_ROWS and "mb_per_s" in r:
+            r["gb_per_s"] = r["mb_per_s"] / 1e3
+            if raw is not None:
+                r["times_raw_tcp"] = raw["mb_per_s"] / r["mb_per_s"]
 
 
 def cpu_model() -> str:
@@ -770,6 +840,7 @@ def main(argv: list[str] | None = None) -> int:
         tls_dir = tempfile.mkdtemp(prefix="crypten-lite-bench-certs-")
         certs.generate(tls_dir, parties=args.parties)
     names = args.only or default_workloads(args.large)
+    names = _with_the_wire(names)
     rows = run(names, args.parties, args.provider, args.repeat, tls_dir, protocol, args.offline)
     out = sys.stdout if args.out == "-" else open(args.out, "a")
     for row in rows:
@@ -785,4 +856,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['workload']:18} {r['parties']:>7} {r['protocol']:>8} {r['seconds_median']:>9.3f} "
               f"{r['rounds']:>7} {max(r['bytes_sent_per_party']) / 1e6:>14.3f} {dealer_mb:>9.2f} "
               f"{r['max_error']:>9.2e} {max(r.get('peak_memory_mb_per_party') or [0]):>13.0f}", file=sys.stderr)
+    for r in rows:
+        if "gb_per_s" in r:
+            ratio = f", {r['times_raw_tcp']:.2f}x raw TCP's time" if "times_raw_tcp" in r else ""
+            print(f"{r['workload']}: {r['gb_per_s']:.2f} GB/s per direction{ratio}", file=sys.stderr)
     return 0 if all("error" not in r for r in rows) else 1
