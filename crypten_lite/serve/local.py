@@ -123,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     ports = [int(p) for p in args.ports.split(",")] if args.ports else free_ports(n + 1)
     web_port = ports[n] if len(ports) > n else free_ports(1)[0]
     endpoints = [f"{args.host}:{p}" for p in ports[:n]]
-    web_urls = [f"http://{args.host}:{p}" for p in ([web_port] + free_ports(n - 1))] if args.web else []
+    scheme = "https" if args.tls else "http"  # with --tls the page and share endpoints too
+    web_urls = [f"{scheme}://{args.host}:{p}" for p in ([web_port] + free_ports(n - 1))] if args.web else []
     conn = {"endpoints": endpoints, "token": token, "protocol": args.protocol,
             "ca": str(pathlib.Path(tls_dir, "ca.pem")) if tls_dir else None,
             "identities": [f"party{r}" for r in range(n)], "web": web_urls[0] if web_urls else None,
@@ -158,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
                 cmd += ["--weights", args.weights] if args.weights else []
                 cmd += ["--tls"] if args.tls else []
                 if web_urls:
-                    cmd += ["--web", web_urls[r].removeprefix("http://"), "--web-origin", web_urls[0]]
+                    cmd += ["--web", web_urls[r].split("://", 1)[1], "--web-origin", web_urls[0]]
                     cmd += ["--web-page", "--web-config", str(state / "web.json")] if r == 0 else []
                 children.append(subprocess.Popen(cmd, env={**base, **env}, stdout=logs(f"party{r}"),
                                                  stderr=subprocess.STDOUT, **popen))

@@ -318,7 +318,7 @@ class Party:
             from ..comm.tls import load, party_identity
             tls = load(session.config.tls_dir, party_identity(self.rank))
         rpc = serve_rpc.ServeServer(self.args.listen, self, tls)
-        web = WebServer(self.args.web, self, self.args) if self.args.web else None
+        web = WebServer(self.args.web, self, self.args, tls) if self.args.web else None
         self.ready = True
         if self.args.state_dir:
             pathlib.Path(self.args.state_dir, f"ready-party{self.rank}").write_text(

@@ -7,7 +7,8 @@
     GET  /info         public metadata (protocol, sample shape, precision, model)
     GET  /  /config.json   the static page and its endpoints (with --web-page only)
 
-The same validation and batching as the gRPC service (Party.predict). CORS allows only the
+With --tls the endpoint is HTTPS with the party's own certificate (browsers must trust the
+service's CA). The same validation and batching as the gRPC service (Party.predict). CORS allows only the
 page's origin (--web-origin); a request from any other origin gets no CORS grant. Bodies are
 bounded before they are read.
 """
@@ -19,6 +20,8 @@ import binascii
 import http.server
 import json
 import pathlib
+import ssl
+import tempfile
 import threading
 from types import SimpleNamespace
 
@@ -46,7 +49,7 @@ def _request_from_json(body: bytes):
 class WebServer:
     """ThreadingHTTPServer on `address` (host:port) in a daemon thread."""
 
-    def __init__(self, address: str, party, args):
+    def __init__(self, address: str, party, args, tls=None):
         host, _, port = address.rpartition(":")
         self.party, self.args = party, args
         max_body = 64 << 20
@@ -123,6 +126,18 @@ class WebServer:
 
         self.httpd = http.server.ThreadingHTTPServer((host or "0.0.0.0", int(port)), Handler)
         self.httpd.daemon_threads = True
+        if tls is not None:  # --tls: HTTPS with the party's own certificate (never plain HTTP)
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+            with tempfile.TemporaryDirectory() as d:  # ssl loads PEM from files only
+                cert, key = pathlib.Path(d, "cert.pem"), pathlib.Path(d, "key.pem")
+                cert.write_bytes(tls.cert)
+                key.touch(mode=0o600)
+                key.write_bytes(tls.key)
+                ctx.load_cert_chain(cert, key)
+            # the handshake runs in the request's own thread (a stalled client blocks no one)
+            self.httpd.socket = ctx.wrap_socket(self.httpd.socket, server_side=True,
+                                                do_handshake_on_connect=False)
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
         self.thread.start()
 
