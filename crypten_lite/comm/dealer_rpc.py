@@ -118,8 +118,20 @@ def batch_mac_proto(key: bytes, session: str, requests) -> bytes:
     MAC key. The dealer verifies it on the message as received, before it decodes a single
     request (a C-speed serialization and one HMAC): an unauthenticated batch costs no parsing."""
     body = pb.CorrelationBatch(requests=requests).SerializeToString(deterministic=True)
-    mac = hmac.new(key, canonical("dealer-batch/v2", session, REQUESTER_RANK, len(requests)),
-                   hashlib.sha256)
+    return _batch_mac(key, session, len(requests), body)
+
+
+def batch_mac_message(key: bytes, session: str, batch: pb.CorrelationBatch) -> bytes:
+    """batch_mac_proto of a received batch's requests (and of anything else it carries besides
+    its MAC, unknown fields included: those make it differ), without a Python loop."""
+    body = pb.CorrelationBatch()
+    body.CopyFrom(batch)
+    body.ClearField("mac")
+    return _batch_mac(key, session, len(batch.requests), body.SerializeToString(deterministic=True))
+
+
+def _batch_mac(key: bytes, session: str, n: int, body: bytes) -> bytes:
+    mac = hmac.new(key, canonical("dealer-batch/v2", session, REQUESTER_RANK, n), hashlib.sha256)
     mac.update(body)
     return mac.digest()
 
@@ -250,7 +262,7 @@ class _DealerServicer(pb_grpc.DealerServicer):
         if len(request.requests) > MAX_BATCH_REQUESTS:
             raise ProtocolError(f"a batch of {len(request.requests)} requests exceeds "
                                 f"{MAX_BATCH_REQUESTS}; send the plan in several batches")
-        d.authenticate_proto(request.mac, request.requests)
+        d.authenticate_message(request)
         keys = d.wait_for_parties()
         requests = []
         for msg in request.requests:
@@ -348,11 +360,15 @@ class DealerServer:
         self.authenticate_proto(mac, [r.to_proto(self.config.session) for r in requests])
 
     def authenticate_proto(self, mac: bytes, requests) -> None:
-        """authenticate() on the CorrelationRequest messages as received (nothing decoded)."""
+        """authenticate() on CorrelationRequest messages."""
+        self.authenticate_message(pb.CorrelationBatch(requests=requests, mac=mac))
+
+    def authenticate_message(self, batch: pb.CorrelationBatch) -> None:
+        """authenticate() on a CorrelationBatch as received (nothing decoded)."""
         with self.cond:
             key = self.mac_key
         if key is None or not hmac.compare_digest(
-                mac, batch_mac_proto(key, self.config.session, requests)):
+                batch.mac, batch_mac_message(key, self.config.session, batch)):
             raise ProtocolError("request not authenticated (bad MAC): only party 0 may request "
                                 "corrections, each batch with its own MAC")
 
