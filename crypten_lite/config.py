@@ -16,12 +16,13 @@ Environment variables (docs/design.md section 6), all optional except where a se
 ``CRYPTEN_LITE_PRECISION``        fractional bits of the fixed-point encoding (default 16)
 ``CRYPTEN_LITE_SESSION``          session identifier shared by all parties (default "default")
 ``CRYPTEN_LITE_BIND``             address this party's server binds to (default: its host)
-``CRYPTEN_LITE_MAX_MESSAGE_BYTES``  largest message, and largest share one input announcement
-                                  may make a party allocate (default 2 GiB)
-``CRYPTEN_LITE_MAX_MODEL_BYTES``  largest total of shares a received model description may
-                                  make a party allocate, 8 bytes per element (default 8 GiB)
 ``CRYPTEN_LITE_CONFIG``           a TOML file with the same keys in lower case (``rank = 0``...)
 ================================  ==============================================================
+
+Limits (bounded memory under attack, checked before allocating): ``CRYPTEN_LITE_MAX_MESSAGE_BYTES``
+is the largest message, and the largest share one input announcement may make a party allocate
+(default 2 GiB); ``CRYPTEN_LITE_MAX_MODEL_BYTES`` the largest total of shares the secret tensors
+of one received model description may make a party allocate, 8 bytes per element (default 8 GiB).
 
 Precedence: explicit overrides > environment > TOML file > defaults.
 """
