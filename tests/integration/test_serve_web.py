@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import json
 import pathlib
+import shutil
 import subprocess
 import tempfile
 
@@ -45,6 +46,7 @@ def browser():
     driver.set_script_timeout(300)
     yield driver
     driver.quit()
+    shutil.rmtree(profile, ignore_errors=True)
 
 
 def test_page_predicts_privately(tmp_path, browser):
