@@ -32,7 +32,7 @@ def test_rss_prediction_and_mismatch(rss_service):
         want = model(torch.tensor(x, dtype=torch.float32)).numpy()
     with rss_service.client() as good, rss_service.client() as bad:
         assert [i.protocol for i in good.info()] == ["rss"] * 3
-        one, two = bad.requests_for(x[:1], 20.0), bad.requests_for(x, 20.0)
+        one, two = bad.requests_for(x[:1], 120.0), bad.requests_for(x, 120.0)
         two[2].request_id = one[0].request_id
         reqs = [one[0], one[1], two[2]]  # party 2 gets 2 samples, the others 1
         with concurrent.futures.ThreadPoolExecutor(4) as ex:
