@@ -176,3 +176,78 @@ def test_security_settings_are_never_silently_ignored():
         assert crypten.config.protocol_name() == "rss"
     cfg.mpc.active_security = False                       # allowed: what crypten_lite does
     assert cfg.mpc.protocol == "beaver" and cfg.mpc.provider == "TTP"
+
+
+# ---------------------------------------------- CrypTen's ONNX-era modules and nn.Graph
+def test_graph_and_onnx_era_modules_follow_cryptens_calling_convention(single):
+    torch.manual_seed(0)
+    a, b = torch.randn(3, 4), torch.randn(3, 4)
+    lin = torch.nn.Linear(4, 4)
+    layer = crypten.nn.Linear(4, 4)
+    layer.set_parameter("weight", lin.weight)
+    layer.set_parameter("bias", lin.bias)
+    graph = crypten.nn.Graph(["x1", "x2"], "out")
+    graph.add_module("x", crypten.nn.Add(), ["x1", "x2"])
+    graph.add_module("lin", layer, ["x"])
+    graph.add_module("out", crypten.nn.module.Sub(), ["lin", "x"])   # CrypTen's module path
+    graph.encrypt()
+    assert all(m.encrypted for m in graph.modules())
+    got = graph(crypten.cryptensor(a), crypten.cryptensor(b)).get_plain_text()
+    assert torch.allclose(got, lin(a + b) - (a + b), atol=1e-3)
+
+    x = crypten.cryptensor(a)
+    checks = {
+        "Gemm": (crypten.nn.Gemm(2.0, 1.0), [x, crypten.cryptensor(b.t()), torch.ones(3, 3)],
+                 2 * a @ b.t() + 1),
+        "Concat": (crypten.nn.Concat.from_onnx({"axis": 1}), [x, x], torch.cat([a, a], 1)),
+        "Gather": (crypten.nn.Gather(1), [x, torch.tensor([[3, 0]])], a[:, [3, 0]].reshape(3, 1, 2)),
+        "Slice": (crypten.nn.Slice([1], [3]), x, a[1:3]),
+        "Transpose": (crypten.nn.Transpose([1, 0]), x, a.t()),
+        "Where": (crypten.nn.Where(), [a > 0, x, torch.zeros(3, 4)], a.relu()),
+        "Reshape": (crypten.nn.Reshape.from_onnx({"shape": [4, 3]}), x, a.reshape(4, 3)),
+        "Mean": (crypten.nn.Mean([0], True), x, a.mean(0, keepdim=True)),
+    }
+    for name, (module, inputs, want) in checks.items():
+        assert torch.allclose(module(inputs).get_plain_text(), want, atol=1e-2), name
+    assert torch.equal(crypten.nn.Shape()(x), torch.tensor([3, 4]))
+    assert crypten.nn.Shape.SUPPORTS_PLAINTEXT_INPUTS and not crypten.nn.Gemm.SUPPORTS_PLAINTEXT_INPUTS
+    with pytest.raises(ValueError, match="public"):
+        crypten.nn.Gather(0)([x, crypten.cryptensor(torch.tensor([1.0]))])
+    with pytest.raises(ValueError, match="list of 2"):
+        crypten.nn.Add()(x)
+
+
+def test_stateless_batch_normalization(single):
+    torch.manual_seed(1)
+    data, w, bias = torch.randn(6, 3, 4), torch.rand(3) + 0.5, torch.randn(3)
+    rm, rv = torch.randn(3) * 0.1, torch.rand(3) + 0.5
+    bn = torch.nn.BatchNorm1d(3)
+    with torch.no_grad():
+        bn.weight.copy_(w)
+        bn.bias.copy_(bias)
+        bn.running_mean.copy_(rm)
+        bn.running_var.copy_(rv)
+    module = crypten.nn.BatchNormalization().encrypt()
+    inputs = [crypten.cryptensor(t) for t in (data, w, bias, rm, rv)]
+    module.train(False)
+    assert torch.allclose(module(inputs).get_plain_text(), bn.eval()(data), atol=2e-2)
+    module.train(True)
+    out, new_mean, new_var, _, _ = module(inputs)
+    expected = bn.train()(data)
+    assert torch.allclose(out.get_plain_text(), expected, atol=2e-2)
+    assert torch.allclose(new_mean.get_plain_text(), bn.running_mean, atol=1e-2)
+    assert torch.allclose(new_var.get_plain_text(), bn.running_var, atol=1e-2)
+
+
+def test_cryptens_rules_for_encrypted_and_unencrypted_layers(single):
+    layer, data = crypten.nn.Linear(4, 2), torch.randn(3, 4)
+    with pytest.raises(RuntimeError, match="not encrypted"):
+        layer(crypten.cryptensor(data))
+    loss = crypten.nn.MSELoss()(layer(data), torch.zeros(3, 2))   # public training, torch grads
+    loss.backward()
+    before = [p.clone() for p in layer.parameters()]
+    layer.update_parameters(0.5)
+    assert all(not torch.equal(p, q) for p, q in zip(layer.parameters(), before))
+    layer.encrypt()
+    with pytest.raises(NotImplementedError, match="public input"):
+        layer(data)
