@@ -276,3 +276,17 @@ def test_progress_line_for_long_offline_phases(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert "4/4 correlations" in err and "3.0 MB" in err and "MB/s" in err and "s left" in err
     assert not _Progress(4, stats, rank=1).show        # one line per run: rank 0's
+
+
+def test_docs_tables_come_from_the_measurements():
+    import pathlib
+    import sys
+    root = pathlib.Path(__file__).resolve().parents[2]
+    sys.path.insert(0, str(root / "benchmarks"))
+    try:
+        import pairwise_tables
+    finally:
+        sys.path.pop(0)
+    doc = (root / "docs" / "protocols.md").read_text()
+    assert pairwise_tables.small_table() in doc
+    assert pairwise_tables.side_by_side() in doc

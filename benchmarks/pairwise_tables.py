@@ -1,0 +1,40 @@
+"""The markdown tables of docs/protocols.md ("Provider pairwise: measured") from the JSON lines
+that benchmarks/pairwise_small.py and benchmarks/pairwise_vs_cheetah.py wrote
+(docs/pairwise_small.jsonl, docs/pairwise_vs_cheetah.jsonl); tests check the doc against it."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+DOCS = pathlib.Path(__file__).resolve().parents[1] / "docs"
+
+
+def small_table() -> str:
+    rows = [json.loads(line) for line in (DOCS / "pairwise_small.jsonl").read_text().splitlines()]
+    out = ["| workload | provider | offline s | offline MB (both) | online s | online bytes (both) | rounds | load |",
+           "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        out.append(f"| {r['workload']} | {r['provider']} | {r['offline_s']:.2f} | "
+                   f"{r['offline_bytes_both'] / 1e6:.1f} | {r['online_s']:.3f} | {r['online_bytes_both']} | "
+                   f"{r['rounds']} | {r['load']} |")
+    return "\n".join(out)
+
+
+def side_by_side() -> str:
+    rows = [json.loads(line) for line in (DOCS / "pairwise_vs_cheetah.jsonl").read_text().splitlines()]
+    out = ["| system | workload | end to end | of which offline | load |", "|---|---|---|---|---|"]
+    for r in rows:
+        if r.get("end_to_end_seconds") is not None:
+            e2e = f"{r['end_to_end_seconds']:.2f} s"
+        else:
+            e2e = f"not finished ({r.get('error')})"
+        off = f"{r['offline_seconds']:.2f} s" if r.get("offline_seconds") is not None else "-"
+        out.append(f"| {r['system']} | {r['workload']} | {e2e} | {off} | {r.get('load_average_1min')} |")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    print(small_table())
+    print()
+    print(side_by_side())
