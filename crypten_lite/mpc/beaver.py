@@ -30,7 +30,9 @@ def beaver(op: str, x: torch.Tensor, y: torch.Tensor, params: Sequence[int] = ()
     a, b = triple[0], triple[1]
     e, d = open_many([x - a, y - b])
     c = triple.corrected()[2]
-    z = c + fn(e, b, params) + fn(a, d, params)
+    z = fn(e, b, params)  # a fresh tensor: the other terms are added into it in place
+    z += fn(a, d, params)
+    z += c
     if s.rank == 0:
         z += fn(e, d, params)
     return z
