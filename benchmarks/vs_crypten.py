@@ -54,9 +54,11 @@ def main():
             if i:
                 times.append(seconds)
         want = a * b if op == "mul" else a @ b
-        err = float((z.get_plain_text() - want).abs().max())
+        diff = (z.get_plain_text() - want).abs()
         rows[name] = {"seconds_median": statistics.median(times), "seconds_min": min(times),
-                      "seconds_max": max(times), "max_error": err}
+                      "seconds_max": max(times), "max_error": float(diff.max()),
+                      "elements_off_by_more_than_0.01": int((diff > 0.01).sum()),
+                      "elements": diff.numel()}
     if comm.get().get_rank() == 0:
         with open(OUT, "w") as f:
             json.dump(rows, f)
@@ -113,6 +115,8 @@ def main() -> int:
                "ours_offline_s": mine["offline_seconds"], "ours_end_to_end_s": mine_e2e["seconds_median"],
                "ours_max_error": mine_e2e["max_error"], "crypten_tfp_s": theirs["seconds_median"],
                "crypten_tfp_min_s": theirs["seconds_min"], "crypten_max_error": theirs["max_error"],
+               "crypten_elements_off_by_more_than_0.01": theirs["elements_off_by_more_than_0.01"],
+               "elements": theirs["elements"],
                "end_to_end_ratio": mine_e2e["seconds_median"] / theirs["seconds_median"],
                "repeat": args.repeat, "load_average_1min": load, "cpus": os.cpu_count()}
         lines.append(row)
