@@ -54,7 +54,6 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from ..errors import CommunicationError, ConfigError
-from ..random import canonical
 
 DEALER_IDENTITY = "dealer"
 CA_CERT = "ca.pem"
@@ -205,10 +204,16 @@ def transcript(client_hello, server_hello) -> bytes:
     """The bytes a server signs in its handshake reply: both Hellos (pb.Hello), every field,
     the client's fresh X25519 key included (so a reply cannot be replayed to another client
     or handshake)."""
-    def fields(h) -> tuple:
-        return (int(h.protocol_version), str(h.session), int(h.world_size), int(h.rank),
-                str(h.config_digest), bytes(h.public_key).hex())
-    return canonical("crypten-lite/hello-reply/v1", fields(client_hello), fields(server_hello))
+    # Length-prefixed fields (unambiguous); no import of crypten_lite.random, which loads
+    # torch: `crypten-lite health` imports this module and must stay light.
+    out = bytearray()
+    for value in ("crypten-lite/hello-reply/v1",
+                  *(field for h in (client_hello, server_hello) for field in (
+                      str(int(h.protocol_version)), str(h.session), str(int(h.world_size)),
+                      str(int(h.rank)), str(h.config_digest), bytes(h.public_key).hex()))):
+        data = value.encode()
+        out += len(data).to_bytes(4, "little") + data
+    return bytes(out)
 
 
 @functools.lru_cache(maxsize=8)
