@@ -190,10 +190,14 @@ def test_dockerfile() -> None:
     # A CPU-only torch by default (PyPI's Linux torch is the 5 GB CUDA build).
     assert re.search(r'^ARG TORCH_PIP_ARGS="--index-url https://download\.pytorch\.org/whl/cpu"$',
                      text, re.M)
-    assert re.search(r'^RUN pip install \$\{TORCH_PIP_ARGS\} "torch==\$\{TORCH_VERSION\}"$', text, re.M)
-    # What the compose parties run needs the examples extra (scikit-learn).
-    assert re.search(r"optional-dependencies.\]\[.examples.\]", text)
-    assert re.search(r'^RUN pip install --no-deps "\.\[examples\]"$', text, re.M)
+    # torch alone, pinned to its version and checked against its wheel's hash.
+    assert re.search(r'^RUN echo "torch==\$\{TORCH_VERSION\} --hash=sha256:\$\{TORCH_SHA256\}"', text, re.M)
+    assert re.search(r"pip install --require-hashes --no-deps \$\{TORCH_PIP_ARGS\} -r /tmp/torch.txt", text)
+    # Every other dependency from the hashed lock, then the package with the examples extra
+    # (what the compose parties run needs scikit-learn), checked by pip check.
+    assert re.search(r"^RUN pip install --require-hashes --no-deps -r docker/requirements\.lock$", text, re.M)
+    assert re.search(r'^RUN pip install --no-deps --no-build-isolation "\.\[examples\]" && pip check$',
+                     text, re.M)
     assert re.search(rf"^RUN useradd .*--uid {IMAGE_UID} ", text, re.M)
     assert f'ENTRYPOINT {json.dumps(list(compose_env.ENTRYPOINT))}' in text
     assert 'CMD ["party"]' in text
