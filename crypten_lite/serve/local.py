@@ -37,6 +37,8 @@ class _Stop(Exception):
 
 
 def _raise_stop(*_):
+    for s in (signal.SIGTERM, signal.SIGINT):  # one stop: a second signal must not cut the cleanup short
+        signal.signal(s, signal.SIG_IGN)
     raise _Stop()
 
 
@@ -186,6 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     except _Stop:
         code = 0
     finally:
+        for s in previous:  # nor may a signal during the cleanup after a restart loop ends
+            signal.signal(s, signal.SIG_IGN)
         _children_stop(children)
         for s, h in previous.items():
             signal.signal(s, h)

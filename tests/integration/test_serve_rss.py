@@ -5,6 +5,9 @@ parties fail for that client only."""
 from __future__ import annotations
 
 import concurrent.futures
+import json
+import os
+import signal
 
 import grpc
 import numpy as np
@@ -45,3 +48,19 @@ def test_rss_prediction_and_mismatch(rss_service):
                     f.result()
                 assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
                 assert "different shapes" in e.value.details()
+
+
+def test_two_stop_signals_end_the_service_cleanly(rss_service):
+    """SIGINT and SIGTERM back to back (a terminal's Ctrl-C while `timeout` or a process manager
+    sends TERM too): the supervisor stops every child once, exits 0 and prints no traceback.
+    Runs last in this module: it ends the module's service."""
+    proc = rss_service.proc
+    pids = json.loads((rss_service.state / "pids.json").read_text())["all"]
+    os.kill(proc.pid, signal.SIGINT)
+    os.kill(proc.pid, signal.SIGTERM)
+    assert proc.wait(120) == 0, rss_service.output()  # a hang guard only
+    log = (rss_service.state.parent / f"{rss_service.state.name}-supervisor.log").read_text()
+    assert "Traceback" not in log, log
+    for pid in pids:  # every child was stopped and reaped by the supervisor
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
