@@ -99,9 +99,7 @@ def init(config: Config | None = None, **overrides) -> Session:
     if _session is not None:
         log.warning("crypten_lite.init() called twice; keeping the existing session")
         return _session
-    if sys.excepthook is not _excepthook:  # before joining: an error of init() is short too
-        global _previous_excepthook
-        _previous_excepthook, sys.excepthook = sys.excepthook, _excepthook
+    _install_excepthook()  # before joining: an error of init() is short too
     config = config or Config.from_env(**overrides)
     if config.world_size < 2:
         raise ConfigError(
@@ -161,6 +159,7 @@ def init_single_process(precision: int | None = None) -> Session:
     config = Config.from_env(rank=0, world_size=1, parties=(), dealer="", provider="tfp",
                              protocol="additive", session=f"single-process-{os.getpid()}",
                              precision=precision)
+    _install_excepthook()  # `python script.py`: a crypten_lite error is short here too
     comm = InProcessCommunicator(InProcessHub(1, config.timeout), 0)
     session = Session(config, comm, OnePartyProvider(config), {}, {})
     install(session)
@@ -202,6 +201,13 @@ def abort(exc: BaseException) -> None:
         return
     origin, error = failure_origin(exc)
     _session.comm.abort(origin, error)
+
+
+def _install_excepthook() -> None:
+    """Make an uncaught crypten_lite error a two-line report (see _excepthook), once."""
+    global _previous_excepthook
+    if sys.excepthook is not _excepthook:
+        _previous_excepthook, sys.excepthook = sys.excepthook, _excepthook
 
 
 def _excepthook(exc_type, exc, tb) -> None:

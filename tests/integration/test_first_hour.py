@@ -94,6 +94,24 @@ def test_an_unreachable_peer_is_a_short_error(tmp_path, traceback):
                          "the traceback):", lines[-1]], out.stderr
 
 
+def test_an_error_in_a_script_without_launch_is_short_too(tmp_path):
+    """`python script.py` with no launch (a session of one party): a crypten_lite error is the
+    same two lines as under a launch, naming the wrong input's type."""
+    script = tmp_path / "one.py"
+    script.write_text('import crypten_lite\ncrypten_lite.init()\ncrypten_lite.cryptensor("hello", src=0)\n')
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CRYPTEN_LITE_")}
+    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 1, (out.stdout, out.stderr)
+    assert "Traceback" not in out.stderr, out.stderr
+    lines = out.stderr.splitlines()
+    assert lines[-2] == (f"crypten_lite: stopped at {script}:3 (CRYPTEN_LITE_TRACEBACK=1 prints "
+                         "the traceback):"), out.stderr
+    assert lines[-1].startswith("crypten_lite.errors.ProtocolError: party 0: cryptensor() takes a "
+                                "torch.Tensor") and "got a str" in lines[-1], out.stderr
+    assert "hello" not in out.stderr  # the type is named, never the value
+
+
 def test_the_readme_commands_are_honest():
     readme = (ROOT / "README.md").read_text()
     top = readme[:readme.index("## What it looks like")]
