@@ -36,9 +36,16 @@ class _Stop(Exception):
     pass
 
 
+_stopping = False
+
+
 def _raise_stop(*_):
-    for s in (signal.SIGTERM, signal.SIGINT):  # one stop: a second signal must not cut the cleanup short
-        signal.signal(s, signal.SIG_IGN)
+    # One stop: a second signal must not cut the cleanup short. A flag, not SIG_IGN: CPython
+    # refuses (OSError) a pending signal whose handler was switched to SIG_IGN meanwhile.
+    global _stopping
+    if _stopping:
+        return
+    _stopping = True
     raise _Stop()
 
 
@@ -188,8 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     except _Stop:
         code = 0
     finally:
-        for s in previous:  # nor may a signal during the cleanup after a restart loop ends
-            signal.signal(s, signal.SIG_IGN)
+        global _stopping
+        _stopping = True  # nor may a signal during the cleanup after a restart loop ends
         _children_stop(children)
         for s, h in previous.items():
             signal.signal(s, h)
