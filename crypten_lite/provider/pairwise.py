@@ -6,19 +6,21 @@ What the dealer would compute from everybody's seeds, the products of the two pa
 values, is computed between the two parties with lattice homomorphic encryption
 (provider/he.py): rank 0 encrypts its operands under its own key, rank 1 evaluates the cross
 products with its own operands, adds a statistical mask and flooding noise, and rank 0
-decrypts its share. Binary correlations (AND triples, the bits of truncation pairs and of
-B2A) use the same cross products on bits: the parity of an exact integer X + R is an XOR
-sharing of X's parity (R's parity is rank 1's share).
+decrypts its share. Every cross product where one factor is a bit (AND triples, the bits of
+truncation pairs, bit injection / B2A) is a correlated oblivious transfer instead
+(provider/ot.py: IKNP extension over Ed25519 base OTs): the bit's owner chooses, the other
+party's value is transferred under a one-time pad; 16 bytes per bit plus the correction.
 
-    kind              cross terms (rank 0's value x rank 1's value)
-    triple, weight_triple   op(a0, b1) + op(a1, b0): batched (mul) or coefficient (matmul,
-                            conv by unfolding, conv_transpose by folding the shares) encoding
-    square            a0 * 2 a1
-    bit               r0 * r1 (then ra = r - 2 r0 r1)
-    binary_triple     a0 & b1 ^ a1 & b0, bit by bit
-    trunc(_exact)     r = w0 XOR w1 bit by bit: w0_j * w1_j for the 64 bits
-    bit_mul           r0 * r1, and r0 (1 - 2 r1) a1 + (1 - 2 r0) a0 r1
-    binary_monomials  AND of XOR-shared masks, one AND layer per exchange
+    kind              cross terms (rank 0's value x rank 1's value)      by
+    triple, weight_triple   op(a0, b1) + op(a1, b0): batched (mul) or    HE
+                            coefficient (matmul, conv by unfolding,
+                            conv_transpose by folding the shares) encoding
+    square            a0 * 2 a1                                          HE
+    bit               r0 * r1 (then ra = r - 2 r0 r1)                    OT, mod 2^64
+    binary_triple     a0 & b1 ^ a1 & b0, bit by bit                      OT, mod 2
+    trunc(_exact)     r = w0 XOR w1 bit by bit: w0_j * w1_j, 64 bits     OT, mod 2^64
+    bit_mul           r0 * r1, and r0 (1 - 2 r1) a1 + (1 - 2 r0) a0 r1   OT both ways
+    binary_monomials  AND of XOR-shared masks, one AND layer per exchange OT, mod 2
 
 Messages between the two parties ride on the session's transport outside the online
 statistics (the online protocols keep their rounds and bytes); every message is framed with
@@ -48,7 +50,7 @@ import torch.nn.functional as F
 from ..config import Config
 from ..errors import CommunicationError, ConfigError, ProtocolError
 from ..random import PRG, canonical, derive_key, fresh_seed
-from . import correlations, he
+from . import correlations, he, ot
 from . import Correlation, Provider, _absolute, _relative, _spec
 from .correlations import TRIPLE_OPS, _conv_params
 
@@ -60,6 +62,7 @@ HELLO, DATA, ACK, ERROR = 1, 2, 3, 4
 _HEADER = struct.Struct("<4sBBQ32s")
 _MAC = 32
 PROGRESS_ENV = "CRYPTEN_LITE_PROGRESS"
+OT_DESCRIPTION = f"iknp;base=co15-ed25519;kappa={ot.KAPPA};hash=tmmo-aes128;prg=aes256ctr"
 
 
 def _u(t: torch.Tensor) -> np.ndarray:
@@ -114,6 +117,8 @@ class PairwiseProvider(Provider):
         self._handshake(config)
         self._engine = he.CrossEngine(config.rank, self.params, self._send_data,
                                       self._recv_data, self._rand)
+        self._ot_prg = PRG(derive_key(self._seed, "crypten_lite/v1/pairwise-ot"))
+        self._ot = ot.CorrelatedOT(config.rank, self._send_data, self._recv_data, self._rand_bytes)
 
     # ------------------------------------------------------------------ channel
     def _frame(self, kind: int, payload: bytes) -> bytes:
@@ -165,6 +170,9 @@ class PairwiseProvider(Provider):
     def _rand(self, shape: tuple) -> np.ndarray:
         return self._masks.draw(tuple(shape)).numpy().view(np.uint64)
 
+    def _rand_bytes(self, n: int) -> bytes:
+        return self._ot_prg.draw((-(-n // 8),)).numpy().tobytes()[:n]
+
     def _exchange(self, tag_fields: tuple, fn: Callable[[], list[torch.Tensor]]) -> list[torch.Tensor]:
         """Run one request's exchange: framed messages, an acknowledgement at the end, and on
         any error an ERROR frame to the peer, so that both parties raise ProtocolError."""
@@ -203,7 +211,7 @@ class PairwiseProvider(Provider):
 
     def _handshake(self, config: Config) -> None:
         """Both parties send their parameters and refuse a mismatch (ProtocolError on both)."""
-        hello = f"{self.params.describe()};security={he.SECURITY}"
+        hello = f"{self.params.describe()};security={he.SECURITY};ot={OT_DESCRIPTION}"
         self._tag = hashlib.sha256(b"pairwise-hello/v1").digest()
         self._send(HELLO, hello.encode())
         got = self._recv(HELLO).decode(errors="replace")
@@ -276,9 +284,16 @@ class PairwiseProvider(Provider):
 
     def cross_and(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
         """XOR shares of x0 & y1 ^ x1 & y0 for bits (uint64 0/1 arrays of one shape): rank 0
-        passes (x0, y0), rank 1 (y1, x1) ordered so that the terms pair up."""
-        share = self._engine.elementwise([x.reshape(-1), y.reshape(-1)], 2, parity=True)
-        return (share & np.uint64(1)).reshape(x.shape)
+        passes (x0, y0), rank 1 (y1, x1) ordered so that the terms pair up. Two correlated
+        OTs per bit, rank 1 choosing (provider/ot.py)."""
+        share = self.ot_product(np.concatenate([x.reshape(-1), y.reshape(-1)]), 1, 1)
+        half = x.size
+        return (share[:half] ^ share[half:]).reshape(x.shape)
+
+    def ot_product(self, mine: np.ndarray, chooser: int, width: int) -> np.ndarray:
+        """Shares of c * x elementwise by correlated OT: party `chooser` passes its bits c,
+        the other its values x; width 64: additive mod 2^64, width 1: XOR shares of c & x."""
+        return self._ot.product(mine, chooser, width)
 
     def bilinear(self, op: str, a: torch.Tensor, b: torch.Tensor, p) -> torch.Tensor:
         """Share of op(a0, b1) + op(a1, b0) (a, b: this party's operands)."""
@@ -405,7 +420,7 @@ def _square(pv: PairwiseProvider, parts, op, shapes, params):
 
 def _bit_shares(pv: PairwiseProvider, r: torch.Tensor) -> torch.Tensor:
     """Arithmetic shares of r0 XOR r1 for bits r (r - 2 r0 r1)."""
-    return r - 2 * pv.elementwise([r], 1).view(r.shape)
+    return r - 2 * _t(pv.ot_product(_u(r).reshape(-1), 1, 64)).view(r.shape)
 
 
 def _bit(pv: PairwiseProvider, parts, op, shapes, params):
@@ -424,7 +439,7 @@ def _binary_triple(pv: PairwiseProvider, parts, op, shapes, params):
 def _random_bits(pv: PairwiseProvider, w: torch.Tensor) -> torch.Tensor:
     """[n, 64] arithmetic shares of the bits of r = w0 XOR w1."""
     bits = _bits(w.reshape(-1))
-    prod = _t(pv._engine.elementwise([bits.reshape(-1)], 1)).view(bits.shape)
+    prod = _t(pv.ot_product(bits.reshape(-1), 1, 64)).view(bits.shape)
     return _t(bits).view(bits.shape) - 2 * prod
 
 
@@ -458,11 +473,12 @@ def _bit_mul(pv: PairwiseProvider, parts, op, shapes, params):
     r, a = parts[0], parts[1]
     ra = _bit_shares(pv, r)
     rb = r.expand_as(a)
-    if pv.rank == 0:
-        terms = [rb, (1 - 2 * rb) * a]
-    else:
-        terms = [(1 - 2 * rb) * a, rb]
-    cross = pv.elementwise(terms, 65).view(a.shape)
+    w = (1 - 2 * rb) * a
+    # rb0 * w1 (rank 0 chooses) + w0 * rb1 (rank 1 chooses): one correlated OT each way
+    first = pv.ot_product(_u(rb if pv.rank == 0 else w).reshape(-1), 0, 64)
+    second = pv.ot_product(_u(w if pv.rank == 0 else rb).reshape(-1), 1, 64)
+    with np.errstate(over="ignore"):
+        cross = _t(first + second).view(a.shape)
     return [r, a, ra, rb * a + cross]
 
 
@@ -510,7 +526,7 @@ def _binary_monomials(pv: PairwiseProvider, parts, op, shapes, params):
         crosses = []
         if xs:
             bits = np.concatenate(xs)
-            share = pv._engine.elementwise([bits.reshape(-1)], 1, parity=True) & np.uint64(1)
+            share = pv.ot_product(bits.reshape(-1), 1, 1)
             crosses = [_t(_words(share.reshape(bits.shape)[i * n:(i + 1) * n])).view(shape)
                        for i in range(len(xs))]
         for m, x, y, owner, idx in plans:

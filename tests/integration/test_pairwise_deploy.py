@@ -37,6 +37,7 @@ def test_compose_has_no_dealer():
 
 def test_launch_pairwise_from_the_environment(tmp_path):
     pytest.importorskip("tenseal")
+    pytest.importorskip("nacl")
     script = tmp_path / "mul.py"
     script.write_text(SCRIPT)
     env = dict(os.environ, CRYPTEN_LITE_PROVIDER="pairwise")

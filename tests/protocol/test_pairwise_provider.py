@@ -12,6 +12,7 @@ import pytest
 import torch
 
 pytest.importorskip("tenseal")
+pytest.importorskip("nacl")
 
 import crypten_lite  # noqa: E402
 from crypten_lite.provider import correlations as C  # noqa: E402

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 pytest.importorskip("tenseal")
+pytest.importorskip("nacl")
 
 from crypten_lite.comm.inprocess import InProcessCommunicator, InProcessHub  # noqa: E402
 from crypten_lite.config import Config  # noqa: E402
