@@ -571,6 +571,12 @@ class PlainTensor(CrypTensor):
 
     reveal = get_plain_text
 
+    def set(self, value) -> "PlainTensor":
+        """CrypTen's set: this tensor takes `value`'s data, in place (returns itself)."""
+        data = _plain_unwrap(value)
+        self._tensor = torch.as_tensor(data, dtype=self._tensor.dtype).detach().clone()
+        return self
+
     def __getattr__(self, name: str):
         if name.startswith("__") or name == "_tensor":
             raise AttributeError(name)
@@ -724,6 +730,7 @@ _PLAIN_METHODS = {
     "cross_entropy": _plain_cross_entropy, "rappor_loss": _plain_rappor,
     "hardtanh": lambda x, min_value=-1.0, max_value=1.0: _TF.hardtanh(x, min_value, max_value),
     "relu6": _TF.relu6, "pos_pow": lambda x, p: x.pow(p), "polynomial": _plain_polynomial,
+    "inv_sqrt": torch.rsqrt,
     "pad": lambda x, pad, value=0, mode="constant": _TF.pad(x, pad, mode=mode, value=value),
     "batchnorm": lambda x, weight=None, bias=None, running_mean=None, running_var=None,
         training=False, eps=1e-5, momentum=0.1, inv_var=None:

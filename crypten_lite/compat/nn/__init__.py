@@ -176,16 +176,33 @@ def adopt(module: core_module.Module) -> core_module.Module:
         cls = type(m)
         if issubclass(cls, _CompatModule):
             continue
-        if cls not in _CLASSES:
-            _CLASSES[cls] = type(cls.__name__, (_CompatModule, cls), {"__module__": __name__})
-        m.__class__ = _CLASSES[cls]
+        m.__class__ = _compat_class(cls)
     return module
 
 
 def _compat_class(core_cls: type) -> type:
     if core_cls not in _CLASSES:
-        _CLASSES[core_cls] = type(core_cls.__name__, (_CompatModule, core_cls), {"__module__": __name__})
+        _CLASSES[core_cls] = type(core_cls.__name__, (_CompatModule, core_cls),
+                                  {"__module__": __name__, "forward": _core_forward(core_cls)})
     return _CLASSES[core_cls]
+
+
+def _core_forward(core_cls: type):
+    """forward of a crypten_lite layer called directly (CrypTen's `layer.forward(x)`, as
+    Tutorial 5 does): the core forward on unwrapped tensors, MPCTensors out; called by the
+    layer's own __call__ (in core), the core forward as it is."""
+    core = core_cls.forward
+
+    def forward(self, *args, **kwargs):
+        if _STATE.in_core:
+            return core(self, *args, **kwargs)
+        _STATE.in_core = True
+        try:
+            return wrap(core(self, *unwrap(args), **unwrap(kwargs)))
+        finally:
+            _STATE.in_core = False
+    forward.__doc__ = core.__doc__
+    return forward
 
 
 def from_pytorch(pytorch_model: torch.nn.Module, dummy_input, **kwargs):
@@ -198,6 +215,8 @@ def from_pytorch(pytorch_model: torch.nn.Module, dummy_input, **kwargs):
     kwargs.setdefault("fold_batch_norm", False)
     dummy = dummy_input  # torch.empty garbage: the check runs on a pattern (checkable_dummy)
     src = getattr(pytorch_model, "src", None)
+    if isinstance(pytorch_model, torch.nn.Module):
+        pytorch_model = _plain_parameters_as_parameters(pytorch_model)
     if isinstance(src, int) and "src" not in kwargs:
         # A model from load_from_party: only party `src` holds it; its architecture travels
         # in-band (a description, never a pickle) and the others rebuild it.
@@ -205,7 +224,26 @@ def from_pytorch(pytorch_model: torch.nn.Module, dummy_input, **kwargs):
         if session.current().rank != src:
             pytorch_model = None
         kwargs["src"] = src
-    return adopt(core_nn.from_pytorch(pytorch_model, dummy, **kwargs))
+    model = adopt(core_nn.from_pytorch(pytorch_model, dummy, **kwargs))
+    from . import onnx_names  # CrypTen's ONNX node names resolve in model._modules
+    onnx_names.attach(model, pytorch_model, dummy_input, kwargs.get("src"))
+    return model
+
+
+def _plain_parameters_as_parameters(pytorch_model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of the model whose plain tensors in `_parameters` (CrypTen's Tutorial 5 sets
+    `layer._parameters['weight'] = torch.eye(3) * 5`) are nn.Parameters, as torch's ONNX
+    export (CrypTen's converter) treated them; the model itself when there are none."""
+    if not any(v is not None and not isinstance(v, torch.nn.Parameter)
+               for m in pytorch_model.modules() for v in m._parameters.values()):
+        return pytorch_model
+    import copy
+    model = copy.deepcopy(pytorch_model)
+    for m in model.modules():
+        for name, v in list(m._parameters.items()):
+            if v is not None and not isinstance(v, torch.nn.Parameter):
+                m._parameters[name] = torch.nn.Parameter(v.detach().clone(), requires_grad=v.is_floating_point())
+    return model
 
 
 _LAYERS = [name for name in core_nn.__all__ if isinstance(getattr(core_nn, name), type)
