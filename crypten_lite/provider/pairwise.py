@@ -110,6 +110,8 @@ class PairwiseProvider(Provider):
         self._seq_in = 0
         self._tag = b"\0" * 32
         self._ready: dict[int, list[torch.Tensor]] = {}
+        # per kind (and op): [correlations, bytes both ways, seconds] (where the offline time goes)
+        self.by_kind: dict[str, list] = {}
         self._broken: str | None = None
         self.stats.update({"pairwise_bytes_sent": 0, "pairwise_bytes_received": 0,
                            "pairwise_seconds": 0.0, "pairwise_made": 0})
@@ -268,9 +270,15 @@ class PairwiseProvider(Provider):
         if maker is None:
             raise ProtocolError(f"party {self.rank}: provider 'pairwise' has no protocol for "
                                 f"correlation kind {kind!r}")
+        before = (self.stats["pairwise_bytes_sent"] + self.stats["pairwise_bytes_received"],
+                  self.stats["pairwise_seconds"])
         out = self._exchange((counter, kind, op, [list(s) for s in shapes], list(params)),
                              lambda: maker(self, parts, op, shapes, params))
         self.stats["pairwise_made"] += 1
+        row = self.by_kind.setdefault(f"{kind}/{op}" if op else kind, [0, 0, 0.0])
+        row[0] += 1
+        row[1] += self.stats["pairwise_bytes_sent"] + self.stats["pairwise_bytes_received"] - before[0]
+        row[2] += self.stats["pairwise_seconds"] - before[1]
         return out
 
     def _comm_max_bytes(self) -> int:
