@@ -251,3 +251,82 @@ def test_cryptens_rules_for_encrypted_and_unencrypted_layers(single):
     layer.encrypt()
     with pytest.raises(NotImplementedError, match="public input"):
         layer(data)
+
+
+class _StepNet(torch.nn.Module):  # Tutorial 5's pattern: `out` rebound layer by layer
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(5, 4)
+        self.fc2 = torch.nn.Linear(4, 2)
+
+    def forward(self, x):
+        out = self.fc1(x)
+        out = torch.nn.functional.relu(out)
+        out = self.fc2(out)
+        return out
+
+
+def test_cryptens_onnx_node_names_step_through_a_converted_model(single):
+    """model._modules resolves the names CrypTen's ONNX converter gave (fc1.weight, out,
+    onnx::Gemm_6, output); each computes on the encrypted parameters; iterating keeps torch's."""
+    torch.manual_seed(0)
+    net = _StepNet()
+    model = crypten.nn.from_pytorch(net, torch.empty(1, 5))
+    model.encrypt(src=0)
+    assert list(model._modules) == ["fc1", "fc2"]
+    x = torch.randn(3, 5)
+    w1, b1 = model._modules["fc1.weight"].forward([]), model._modules["fc1.bias"].forward([])
+    assert crypten.is_encrypted_tensor(w1)
+    out = model._modules["out"].forward([crypten.cryptensor(x), w1, b1])
+    out = model._modules["onnx::Gemm_6"].forward(out)
+    out = model._modules["output"].forward([out, model._modules["fc2.weight"].forward([]),
+                                             model._modules["fc2.bias"].forward([])])
+    assert crypten.is_encrypted_tensor(out)
+    assert torch.allclose(out.get_plain_text(), net(x).detach(), atol=0.01)
+    assert "fc1" in model._modules and "out" not in model._modules  # membership: torch's names
+    with pytest.raises(KeyError, match="no_such_node"):
+        model._modules["no_such_node"]
+
+
+def test_a_layer_called_by_forward_and_plain_tensors_in_parameters(single):
+    """Tutorial 5: `layer._parameters['weight'] = torch.eye(3) * 5` (a plain tensor) is a
+    parameter of the converted layer, and `layer_enc.forward(x)` takes an MPCTensor."""
+    layer = torch.nn.Linear(3, 3)
+    layer._parameters["weight"] = torch.eye(3) * 5
+    layer._parameters["bias"] = torch.zeros(3)
+    enc = crypten.nn.from_pytorch(layer, dummy_input=torch.empty((1, 3)))
+    assert type(layer._parameters["weight"]) is torch.Tensor  # the user's layer is left alone
+    enc.encrypt(src=0)
+    assert crypten.is_encrypted_tensor(enc.weight) and crypten.is_encrypted_tensor(enc.bias)
+    out = enc.forward(crypten.cryptensor(torch.tensor([[1.0, 2.0, -1.0]])))
+    assert crypten.is_encrypted_tensor(out)
+    assert torch.allclose(out.get_plain_text(), torch.tensor([[5.0, 10.0, -5.0]]), atol=1e-3)
+
+
+@pytest.mark.parametrize("training", [False, True])
+@pytest.mark.parametrize("kind", ["mpc", "ptt"])
+def test_get_grad_fn_batchnorm_against_torch(single, training, kind):
+    from crypten_lite.compat.gradients import AutogradContext
+    gen = torch.Generator().manual_seed(2)  # test data only
+    x = torch.randn(6, 3, 2, generator=gen)
+    weight, bias = torch.rand(3, generator=gen) + 0.5, torch.randn(3, generator=gen)
+    rm, rv = x.mean((0, 2)), x.var((0, 2)) + 0.5
+    grad = torch.randn(6, 3, 2, generator=gen)
+    xt, wt, bt = (t.clone().requires_grad_(True) for t in (x, weight, bias))
+    rm_t, rv_t = rm.clone(), rv.clone()
+    ref = torch.nn.functional.batch_norm(xt, rm_t, rv_t, wt, bt, training=training)
+    ref.backward(grad)
+    fn = crypten.gradients.get_grad_fn("batchnorm")
+    assert crypten.gradients.get_grad_fn("no_such_function") is None
+    enc_rm = crypten.cryptensor(rm, cryptensor_type=kind)
+    enc_rv = crypten.cryptensor(rv, cryptensor_type=kind)
+    ctx = AutogradContext()
+    with crypten.no_grad():
+        out = fn.forward(ctx, crypten.cryptensor(x, cryptensor_type=kind), weight, bias,
+                         running_mean=enc_rm, running_var=enc_rv, training=training)
+        grads = fn.backward(ctx, crypten.cryptensor(grad, cryptensor_type=kind))
+    assert torch.allclose(out.get_plain_text(), ref.detach(), atol=0.02)
+    for got, want in zip(grads, (xt.grad, wt.grad, bt.grad)):
+        assert torch.allclose(got.get_plain_text(), want, atol=0.05), (got.get_plain_text(), want)
+    assert torch.allclose(enc_rm.get_plain_text(), rm_t, atol=0.01)  # running statistics as torch's
+    assert torch.allclose(enc_rv.get_plain_text(), rv_t, atol=0.01)
