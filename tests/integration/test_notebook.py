@@ -48,6 +48,8 @@ def test_notebook_first_hour_single_process_parties_models_training():
     assert first < second < once
     assert outputs.count("decrypted once") == 1 and "plain_text=HIDDEN" in outputs
     assert "labels: tensor(" in outputs and "all flows passed" in outputs
+    # Tutorial 5's step-through by CrypTen's ONNX names: each party's share, in rank order
+    assert outputs.index("Rank: 0 first layer's share") < outputs.index("Rank: 1 first layer's share")
 
 
 def test_script_without_launch_is_one_party_and_says_so(tmp_path):
