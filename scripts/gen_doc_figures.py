@@ -1024,16 +1024,17 @@ def migration_acceptance(costs: dict, bench: dict, sources: dict) -> str:
         t = totals.setdefault(r["variant"], [0, 0])
         t[0], t[1] = t[0] + passed(r), t[1] + (r["public"] or 0)
     by_variant = ", ".join(f"{v} {p} of {n}" for v, (p, n) in totals.items() if n)
-    dates = sorted({r["run"]["date"] for r in rows if "run" in r})
-    commits = sorted({r["run"]["commit"] for r in rows if "run" in r})
+    records = [r["run"] for r in rows if "run" in r] + [x for r in rows for x in r.get("reruns", [])]
+    dates = sorted({x["date"] for x in records})
+    commits = sorted({x["commit"] for x in records})
     return "\n".join(lines) + "\n\n" + para(
         f"Every variant of every file: {total} tests, {total - run} of them excluded (listed below), "
         f"{run} run. Passed: {ok} of the {run} run ({100 * ok / run:.1f} %), {ok} of all {total} "
         f"({100 * ok / total:.1f} %). By variant, of the tests run: {by_variant}.") + "\n" + para(
         f"(`docs/crypten_compat.json`, written by `benchmarks/crypten_compat_tests.py --json` "
         f"({', '.join(dates)}, commit{'s' if len(commits) > 1 else ''} {', '.join(commits)}); each row "
-        "keeps its own run record. \"verified\": the failed tests of a row rerun on their own after "
-        "a fix.)")
+        "keeps its own run record. \"verified\": with the tests of a row rerun on their own after a "
+        "fix (`--rerun`, each rerun with its own record).)")
 
 
 RENDERERS: dict[str, Callable[[dict, dict, dict], str]] = {
