@@ -42,11 +42,13 @@ TOL = 2e-2
 class Service:
     """The local form in its own process group (stopped, with every child, on exit)."""
 
-    def __init__(self, model: str, tls: bool, max_batch: int, protocol: str = "additive"):
+    def __init__(self, model: str, tls: bool, max_batch: int, protocol: str = "additive",
+                 compare_bits: int = 64, max_wait: float = 0.25):
         self.state = pathlib.Path(tempfile.mkdtemp(prefix="serve-load-"))
         cmd = [sys.executable, "-m", "crypten_lite.cli", "serve", "--model", model,
                "--state-dir", str(self.state), "--max-batch", str(max_batch),
-               "--protocol", protocol] + (["--tls"] if tls else [])
+               "--protocol", protocol, "--compare-bits", str(compare_bits),
+               "--max-wait", str(max_wait)] + (["--tls"] if tls else [])
         env = {k: v for k, v in os.environ.items() if not k.startswith("CRYPTEN_LITE_")}
         self.log = open(self.state / "supervisor.log", "w")
         self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT,
@@ -249,6 +251,10 @@ def main(argv=None) -> int:
     p.add_argument("--max-batch", type=int, default=64)
     p.add_argument("--protocol", choices=("additive", "rss"), default="additive",
                    help="additive: 2 parties + dealer; rss: 3 parties, no dealer")
+    p.add_argument("--compare-bits", type=int, choices=(32, 64), default=32,
+                   help="the service's --compare-bits (32: LeNet's pooled activations stay far "
+                        "below 2^14, where 32-bit comparisons are exact; every answer is checked)")
+    p.add_argument("--max-wait", type=float, default=0.25, help="the service's --max-wait")
     p.add_argument("--kill", choices=("yes", "no"), default="yes", help="add the kill-and-restart run")
     p.add_argument("--kill-clients", type=int, default=16)
     p.add_argument("--out", default="", help="append the JSON lines to this file too")
@@ -261,18 +267,20 @@ def main(argv=None) -> int:
     for model in args.models.split(","):
         shape, refs = references(model)
         for tls in tls_modes:
-            service = Service(model, tls, args.max_batch, args.protocol)
+            service = Service(model, tls, args.max_batch, args.protocol, args.compare_bits,
+                              args.max_wait)
             try:
                 for n in [int(c) for c in args.clients.split(",")]:
                     row = {"run": "load", **drive(service, model, n, args.seconds, shape, refs), "tls": tls,
                            "protocol": args.protocol,
-                           "max_batch": args.max_batch, "cpus": os.cpu_count()}
+                           "max_batch": args.max_batch, "compare_bits": args.compare_bits,
+                           "cpus": os.cpu_count()}
                     print(json.dumps(row), flush=True)
                     rows.append(row)
                 if args.kill == "yes" and model == args.models.split(",")[0] and tls == tls_modes[0]:
                     row = {**kill_restart(service, model, args.kill_clients, args.seconds, refs, shape),
                            "tls": tls, "protocol": args.protocol, "max_batch": args.max_batch,
-                           "cpus": os.cpu_count()}
+                           "compare_bits": args.compare_bits, "cpus": os.cpu_count()}
                     print(json.dumps(row), flush=True)
                     rows.append(row)
             finally:

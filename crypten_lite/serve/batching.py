@@ -6,7 +6,8 @@ and those whose client went away; the leader keeps one entry per key and decides
 
 * a request every party holds, with the same shape everywhere, is *ready*; ready requests
   form one batch (oldest first, at most `max_batch` samples) once `max_batch` samples are
-  ready or the oldest has waited `max_wait` seconds;
+  ready, the oldest has waited `max_wait` seconds, or (with `gap`) no new request came for
+  `gap` seconds;
 * a request whose parties announced different shapes fails, for that client only;
 * a request not held by every party before its deadline fails (deadline);
 * a request whose client went away at any party is dropped.
@@ -43,6 +44,17 @@ def unpack(t: torch.Tensor) -> dict:
     return obj
 
 
+def bucket(n: int, max_batch: int) -> int:
+    """The batch size `n` samples run at: the next power of two up to 8, then the next
+    multiple of 8, at most max(max_batch, n). Few sizes, so that the plan of each (its public
+    correlation requests, mpc.offline) is recorded once and prefetched for every later batch;
+    at most 1/8 of a batch above 8 samples is padding."""
+    if n < 1:
+        raise ValueError(f"a batch of {n} samples")
+    size = 1 << (n - 1).bit_length() if n <= 8 else -(-n // 8) * 8
+    return min(size, max(max_batch, n))
+
+
 @dataclass
 class _Entry:
     first: float
@@ -54,10 +66,15 @@ class _Entry:
 class Scheduler:
     """The leader's view of every party's pending requests (pure logic, no I/O)."""
 
-    def __init__(self, world_size: int, max_batch: int, max_wait: float):
+    def __init__(self, world_size: int, max_batch: int, max_wait: float, gap: float | None = None):
         self.world_size = world_size
         self.max_batch = max_batch
         self.max_wait = max_wait
+        # With `gap`, a batch also closes once no party announced a new share for `gap`
+        # seconds (the burst of concurrent clients is in): full batches under load without
+        # holding a lone request for max_wait.
+        self.gap = gap
+        self.last_new = float("-inf")
         self.entries: dict[str, _Entry] = {}
 
     def announce(self, party: int, new: list, cancel: list, now: float | None = None) -> None:
@@ -67,6 +84,7 @@ class Scheduler:
             e = self.entries.get(key)
             if e is None:
                 e = self.entries[key] = _Entry(now, now + float(left))
+            self.last_new = now  # a share came in
             e.deadline = min(e.deadline, now + float(left))
             e.shapes[party] = tuple(int(d) for d in shape)
         for key in cancel:
@@ -102,8 +120,9 @@ class Scheduler:
                 break
             batch.append(key)
             samples += n
+        quiet = self.gap is not None and now - self.last_new >= self.gap
         if batch and (samples >= self.max_batch or now - ready[0][0] >= self.max_wait
-                      or len(batch) < len(ready)):
+                      or len(batch) < len(ready) or quiet):
             for key in batch:
                 del self.entries[key]
             return batch, fails

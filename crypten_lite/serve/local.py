@@ -69,7 +69,16 @@ def parser() -> argparse.ArgumentParser:
                                                    "(default: a temporary folder)")
     p.add_argument("--web", action="store_true", help="HTTP share endpoints + page on party 0")
     p.add_argument("--max-batch", type=int, default=64)
-    p.add_argument("--max-wait", type=float, default=0.01)
+    p.add_argument("--max-wait", type=float, default=0.25,
+                   help="seconds the oldest request of a batch waits at most for it to fill")
+    p.add_argument("--batch-gap", type=float, default=0.03,
+                   help="a batch also closes after this many seconds without a new request")
+    p.add_argument("--prefer", choices=("compute", "rounds"), default="compute",
+                   help="compute: fewer comparisons and bytes, more rounds (one machine, a LAN); "
+                        "rounds: the fewest rounds (a WAN)")
+    p.add_argument("--compare-bits", type=int, default=64, choices=(32, 64),
+                   help="32: max pools compare the low 32 bits only (faster; exact only while "
+                        "pooled activations stay below 2^14); default 64 (exact)")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds any MPC wait may take")
     p.add_argument("--max-restarts", type=int, default=5)
     return p
@@ -164,7 +173,9 @@ def main(argv: list[str] | None = None) -> int:
             for r, env in enumerate(party_envs):
                 cmd = [sys.executable, "-m", PARTY_MODULE, "--model", args.model, "--listen",
                        endpoints[r], "--tokens", tokens, "--state-dir", str(state),
-                       "--max-batch", str(args.max_batch), "--max-wait", str(args.max_wait)]
+                       "--max-batch", str(args.max_batch), "--max-wait", str(args.max_wait),
+                       "--batch-gap", str(args.batch_gap),
+                       "--prefer", args.prefer, "--compare-bits", str(args.compare_bits)]
                 cmd += ["--weights", args.weights] if args.weights else []
                 cmd += ["--tls"] if args.tls else []
                 if web_urls:

@@ -21,6 +21,7 @@ and the process exits with EXIT_SESSION_LOST so that its supervisor restarts the
 from __future__ import annotations
 
 import argparse
+import collections
 import hashlib
 import logging
 import os
@@ -38,8 +39,9 @@ import torch
 from .. import session as session_mod
 from ..comm import serve_rpc
 from ..cryptensor import CrypTensor, no_grad
-from ..errors import CryptenLiteError
-from ..mpc import rss
+from ..errors import ConfigError, CryptenLiteError
+from ..functions.pooling import fewer_comparisons
+from ..mpc import offline, rss
 from ..mpc.replicated import Replicated
 from ..random import zero_share
 from . import batching, store
@@ -51,6 +53,7 @@ log = logging.getLogger("crypten_lite.serve")
 EXIT_SESSION_LOST = 75
 CLIENT_ID = re.compile(r"[A-Za-z0-9_.@-]{1,64}")
 GRACE = 5.0  # seconds a caller waits past its deadline for the leader's verdict
+MAX_PLANS = 128  # correlation plans kept (one per batch size seen; least recently used dropped)
 
 
 def load_tokens(path: str) -> dict[str, str]:
@@ -114,6 +117,7 @@ class Party:
         self._closed = False  # set (under the lock) once the session ended: nothing is parked
         self._running: list[_Req] = []  # the batch being computed (failed too if the session ends)
         self._new: list = []
+        self._arrived = threading.Event()  # set by a handler that parks a request
         self._cancel: list[str] = []
         self._tokens: dict[str, str] = {}
         self._tokens_mtime = None
@@ -126,6 +130,7 @@ class Party:
         self.sample_shape: tuple[int, ...] = ()
         self.precision = 16
         self.model_name = args.model
+        self._plans: collections.OrderedDict[int, list] = collections.OrderedDict()
 
     # -- the handler (gRPC and HTTP threads) -------------------------------------------
     def _reload_tokens(self) -> None:
@@ -183,8 +188,9 @@ class Party:
                                               "random request id per prediction")
             self._pending[key] = req
             self._new.append([key, list(shares.shape), shares.timeout_s])
+        self._arrived.set()
         deadline = t0 + shares.timeout_s + GRACE
-        while not req.event.wait(0.05):
+        while not req.event.wait(0.25):  # the answer, or a look at cancel and deadline
             if cancelled() or time.monotonic() > deadline:
                 with self._lock:
                     if key in self._pending:
@@ -237,7 +243,13 @@ class Party:
             if (h.get("digest"), h.get("rank"), h.get("protocol"), h.get("world_size")) == (
                     digest, self.rank, self.protocol, self.world_size):
                 mine = str(h.get("model_id", ""))
-        ids = {batching.unpack(t).get("id") for t in comm.all_gather(batching.pack({"id": mine}))}
+        said = [batching.unpack(t) for t in comm.all_gather(batching.pack(
+            {"id": mine, "prefer": [self.args.prefer, self.args.compare_bits]}))]
+        prefer = [tuple(s.get("prefer") or ()) for s in said]
+        if len(set(prefer)) > 1:
+            raise ConfigError(f"party {self.rank}: the parties run with different --prefer / "
+                              f"--compare-bits ({prefer}, by rank): start every party with the same")
+        ids = {s.get("id") for s in said}
         if mine and ids == {mine}:
             store.load(private, saved[0], saved[1], self.rank)
             self.reloaded = True
@@ -253,6 +265,30 @@ class Party:
     def _share_of(self, comps: list[torch.Tensor]):
         return Replicated(comps[0], comps[1], self.rank) if len(comps) == 2 else comps[0]
 
+    def _pooling(self):
+        """The pooling preference of every private forward (functions.pooling)."""
+        return fewer_comparisons(self.args.prefer == "compute", self.args.compare_bits)
+
+    def _forward(self, private, x: CrypTensor) -> CrypTensor:
+        """The private forward of one batch. The first batch of each size records its plan
+        (the public list of correlation requests, mpc.offline); every later batch of that
+        size asks the dealer for all its corrections in one Prepare before it runs (instead
+        of a dealer round trip per request). Every party takes the same branch: batch sizes
+        are the leader's public decision."""
+        n = int(x.shape[0])
+        plan = self._plans.get(n)
+        with no_grad(), self._pooling():
+            if plan is not None:
+                self._plans.move_to_end(n)
+                offline.prefetch(plan, wait=False)
+                return private(x)
+            with offline.record() as plan:
+                y = private(x)
+        self._plans[n] = plan
+        while len(self._plans) > MAX_PLANS:
+            self._plans.popitem(last=False)
+        return y
+
     def _run_batch(self, private, keys: list[str], tag: str) -> None:
         with self._lock:
             reqs = [self._pending.pop(k, None) for k in keys]
@@ -261,16 +297,21 @@ class Party:
                                    "does not hold")
         self._running = reqs
         n_comp = len(reqs[0].shares.components)
-        comps = [torch.cat([r.shares.components[i] for r in reqs]) for i in range(n_comp)]
+        n = sum(r.shares.shape[0] for r in reqs)
+        # Padded to a public bucket size with shares of 0 (rows computed and dropped): a few
+        # batch sizes, so that every batch runs a recorded plan with its corrections prefetched.
+        pad = batching.bucket(n, self.args.max_batch) - n
+        comps = [torch.cat([r.shares.components[i] for r in reqs]
+                           + ([reqs[0].shares.components[i].new_zeros((pad, *self.sample_shape))]
+                              if pad else [])) for i in range(n_comp)]
         x = CrypTensor(self._share_of(comps), self.precision, torch.float32)
-        with no_grad():
-            y = private(x)
+        y = self._forward(private, x)
         out = y.share
         if getattr(out, "is_replicated_share", False):
             mine = out.a + rss.zero_share(tuple(out.shape))   # 3-out-of-3 zero sharing
         else:
             mine = out + zero_share(session_mod.current().pair_prgs, self.rank, tuple(out.shape))
-        self.metrics.batch(comps[0].shape[0])
+        self.metrics.batch(n)
         start = 0
         for i, r in enumerate(reqs):
             n = r.shares.shape[0]
@@ -286,6 +327,7 @@ class Party:
         with self._lock:
             ann = {"new": self._new, "cancel": self._cancel, "stop": self.stop}
             self._new, self._cancel = [], []
+            self._arrived.clear()
         if self.rank != 0:
             comm.gather(batching.pack(ann), 0)
             return batching.unpack(comm.broadcast(None, 0))
@@ -309,7 +351,8 @@ class Party:
         self.protocol, self.precision = session.config.protocol, session.config.precision
         self.session_id = hashlib.sha256(session.config.session.encode()).hexdigest()[:8]
         private = self._load_model(session)
-        with no_grad():  # warm-up: the fixed-weight masks are made here, once
+        with no_grad(), self._pooling():
+            # warm-up: the fixed-weight masks are made here, once
             z = torch.zeros((1, *self.sample_shape), dtype=torch.int64)
             private(CrypTensor(self._share_of([z, z] if self.protocol == "rss" else [z]),
                                self.precision, torch.float32))
@@ -325,7 +368,8 @@ class Party:
                 f"{os.getpid()} {session.config.session} reloaded={int(self.reloaded)}\n")
         print(f"party {self.rank}: serving {self.model_name} on {self.args.listen} "
               f"({'reloaded saved shares' if self.reloaded else 'weights shared'})", flush=True)
-        scheduler = batching.Scheduler(self.world_size, self.args.max_batch, self.args.max_wait)
+        scheduler = batching.Scheduler(self.world_size, self.args.max_batch, self.args.max_wait,
+                                       self.args.batch_gap or None)
         code, batch_no = 0, 0
         try:
             while True:
@@ -337,8 +381,11 @@ class Party:
                     batch_no += 1
                 elif decision["stop"]:
                     break
-                else:  # nothing pending anywhere: tick slower (the first request waits <= idle_tick)
-                    time.sleep(self.args.idle_tick if decision.get("idle") else self.args.tick)
+                elif decision.get("idle"):  # nothing pending anywhere: tick when a request
+                    # arrives here (clients send to every party at once) or after idle_tick
+                    self._arrived.wait(self.args.idle_tick)
+                else:
+                    time.sleep(self.args.tick)
         except Exception as e:  # noqa: BLE001 (the session is lost: every caller is told)
             log.error("party %d: session lost: %s", self.rank, e)
             print(f"party {self.rank}: session lost ({type(e).__name__}: {e})", file=sys.stderr,
@@ -366,12 +413,25 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--tls", action="store_true",
                    help="serve clients over TLS with this party's certificate (CRYPTEN_LITE_TLS_DIR)")
     p.add_argument("--max-batch", type=int, default=64, help="samples per MPC batch (and request)")
-    p.add_argument("--max-wait", type=float, default=0.01, help="seconds a batch waits to fill")
+    p.add_argument("--max-wait", type=float, default=0.25,
+                   help="seconds the oldest request of a batch waits at most for it to fill")
+    p.add_argument("--batch-gap", type=float, default=0.03,
+                   help="a batch also closes once no new request arrived for this many seconds "
+                        "(0: only --max-wait and --max-batch close it)")
     p.add_argument("--tick", type=float, default=0.005,
                    help="seconds between ticks while requests wait for their batch")
     p.add_argument("--idle-tick", type=float, default=0.02,
                    help="seconds between ticks while no request is pending at any party")
     p.add_argument("--max-pending", type=int, default=1024, help="requests parked at once")
+    p.add_argument("--prefer", choices=("compute", "rounds"), default="compute",
+                   help="compute (default): max pooling by a values-only tree (fewer comparisons "
+                        "and bytes, more rounds: for a LAN or one machine); rounds: the fewest "
+                        "rounds (all-pairs comparisons: for a WAN). Every party must use the same")
+    p.add_argument("--compare-bits", type=int, default=64, choices=(32, 64),
+                   help="with --prefer compute: 32 compares pooled activations on their low 32 "
+                        "bits (a shorter circuit), exact only while every activation entering a "
+                        "max pool is below 2^14 in magnitude at 16 fractional bits; default 64 "
+                        "(exact over the whole fixed-point range)")
     p.add_argument("--default-timeout", type=float, default=30.0)
     p.add_argument("--max-timeout", type=float, default=300.0)
     p.add_argument("--web", default="", help="host:port of the HTTP share endpoint (browsers)")

@@ -36,6 +36,19 @@ def test_scheduler_batches_only_what_every_party_holds():
     assert s.entries == {}
 
 
+def test_scheduler_gap_closes_a_batch_once_the_burst_is_in():
+    s = batching.Scheduler(world_size=2, max_batch=8, max_wait=1.0, gap=0.03)
+    for t, key in ((0.0, "a/1"), (0.02, "a/2"), (0.04, "a/3")):   # a burst, 20 ms apart
+        for party in (0, 1):
+            s.announce(party, [[key, [1, 3], 10.0]], [], now=t)
+        assert s.decide(now=t + 0.01) == ([], [])   # still arriving: the batch waits
+    assert s.decide(now=0.07) == (["a/1", "a/2", "a/3"], [])   # 30 ms without a new request
+    s.announce(0, [["b/1", [1, 3], 10.0]], [], now=0.5)
+    assert s.decide(now=0.9) == ([], [])            # held by party 0 only: never batched
+    s.announce(1, [["b/1", [1, 3], 10.0]], [], now=0.95)
+    assert s.decide(now=0.96) == ([], []) and s.decide(now=0.98) == (["b/1"], [])
+
+
 def _msg(**kw):
     base = dict(request_id=b"r" * 16, shape=[1, 2], precision=16, dtype="ring64",
                 components=[b"\0" * 16], timeout_ms=0)
