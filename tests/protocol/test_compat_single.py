@@ -330,3 +330,16 @@ def test_get_grad_fn_batchnorm_against_torch(single, training, kind):
         assert torch.allclose(got.get_plain_text(), want, atol=0.05), (got.get_plain_text(), want)
     assert torch.allclose(enc_rm.get_plain_text(), rm_t, atol=0.01)  # running statistics as torch's
     assert torch.allclose(enc_rv.get_plain_text(), rv_t, atol=0.01)
+
+
+def test_onnx_names_of_a_model_torchs_exporter_cannot_trace_are_a_key_error(single):
+    class Untraceable(torch.nn.Module):
+        def forward(self, x):
+            raise RuntimeError("no trace here")
+
+    model = crypten.nn.from_pytorch(torch.nn.Sequential(torch.nn.Linear(2, 2)), torch.empty(1, 2))
+    from crypten_lite.compat.nn import onnx_names
+    onnx_names.attach(model, Untraceable(), torch.empty(1, 2), None)
+    with pytest.raises(KeyError, match="'out'.*could not be computed .RuntimeError: no trace here"):
+        model._modules["out"]
+    assert isinstance(model._modules["0"], crypten.nn.Linear)  # torch's names as before

@@ -92,18 +92,27 @@ class OnnxNamedModules(collections.OrderedDict):
     def __missing__(self, name):
         if self._onnx_nodes is None:
             self._onnx_nodes = self._describe()
+        if isinstance(self._onnx_nodes, str):  # torch's exporter failed on this model
+            raise KeyError(f"{name!r}: not a submodule of this model, and CrypTen's ONNX node names "
+                           f"could not be computed ({self._onnx_nodes})")
         node = next((n for n in self._onnx_nodes if n["name"] == name), None)
         if node is None:
             raise KeyError(name)
         return _module_for(node, self._onnx_owner)
 
-    def _describe(self) -> list[dict]:
+    def _describe(self) -> list[dict] | str:
+        """The node list, or the exporter's error as text (at every party: the owner
+        broadcasts either, so no party waits for a list that never comes)."""
+        def describe():
+            try:
+                return onnx_nodes(self._onnx_model, self._onnx_dummy)
+            except Exception as e:  # noqa: BLE001 (any exporter failure becomes the lookup's KeyError)
+                return f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"[:300]
         if self._onnx_src is None:
-            return onnx_nodes(self._onnx_model, self._onnx_dummy)
+            return describe()
         from .. import communicator
         c = communicator.get()
-        nodes = onnx_nodes(self._onnx_model, self._onnx_dummy) if c.get_rank() == self._onnx_src else None
-        return c.broadcast_obj(nodes, self._onnx_src)
+        return c.broadcast_obj(describe() if c.get_rank() == self._onnx_src else None, self._onnx_src)
 
     def __reduce__(self):  # a copy is a plain OrderedDict (the torch model stays with its owner)
         return (collections.OrderedDict, (list(self.items()),))
