@@ -37,6 +37,9 @@ WORKLOADS = {
     "matmul_256": (lambda x, y: x @ y, [(256, 256), (256, 256)]),
     "relu_1M": (_relu, [(1_000_000,)]),
     "softmax_1000x10": (_softmax, [(1000, 10)]),
+    # scaled down, for benchmarks/pairwise_vs_cheetah.py --quick
+    "mul_65536": (lambda x, y: x * y, [(65_536,), (65_536,)]),
+    "relu_16384": (_relu, [(16_384,)]),
 }
 
 

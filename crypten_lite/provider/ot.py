@@ -146,6 +146,35 @@ class _Hash:
         return z ^ y
 
 
+class OTKeys:
+    """Random-OT keys of m OTs made once and used for many transfers: the chooser holds
+    K_c (c its bits, never sent), the other party K_0 and K_1 (128 bits each per OT).
+    Each transfer derives fresh pads from the keys under a new tweak, so one OT per bit
+    serves every product of that bit with any number of the other party's values."""
+
+    def __init__(self, chooser: int, m: int, keys: tuple, choice: np.ndarray | None):
+        self.chooser, self.m, self.keys, self.choice = chooser, m, keys, choice
+        self.uses = 0
+
+
+class _Pads:
+    """Pads from OT keys: fixed-key AES in the same tweakable MMO form, under a tweak
+    (use, OT index) that no other pad or IKNP hash shares (domain bit 63 set)."""
+
+    def __init__(self):
+        self._hash = _Hash()
+
+    def __call__(self, keys: np.ndarray, use: int, bits: int) -> np.ndarray:
+        """[m, 2] uint64 keys -> [bits, m] uint8 pad bits (bits <= 128 per block)."""
+        out = []
+        for block in range(-(-bits // 128)):
+            h = self._hash(keys.view(np.uint8).reshape(-1, 16), 0,
+                           (1 << 63) | (use << 16) | block)
+            b = np.unpackbits(h.view(np.uint8).reshape(-1, 16), axis=1, bitorder="little")
+            out.append(b[:, :min(128, bits - 128 * block)].T)
+        return np.concatenate(out, axis=0)
+
+
 class CorrelatedOT:
     """Correlated OT in both directions between two parties (IKNP over 128 base OTs each way).
 
@@ -166,6 +195,7 @@ class CorrelatedOT:
         self._calls = [0, 0]                          # PRG nonces per direction
         self._index = [0, 0]                          # hash tweaks per direction
         self._hash = _Hash()
+        self._pads = _Pads()
         self.made = 0
 
     def setup(self) -> None:
@@ -275,3 +305,45 @@ class CorrelatedOT:
             raise ProtocolError(f"pairwise OT: expected {-(-m // 8)} bytes of corrections, got {len(data)}")
         y = np.unpackbits(np.frombuffer(data, dtype=np.uint8), bitorder="little")[:m].astype(np.uint64)
         return (h ^ (bits.astype(np.uint64) & y)) & np.uint64(1)
+
+    # -- random OT keys, many transfers per OT -----------------------------------------------
+    def random_ot(self, mine: np.ndarray | None, m: int, chooser: int) -> OTKeys:
+        """m random OTs (chooser's bits `mine`): the keys, one IKNP extension per CHUNK."""
+        self.setup()
+        d = chooser
+        parts0, parts1 = [], []
+        for start in range(0, m, CHUNK):
+            size = min(CHUNK, m - start)
+            first = self._index[d]
+            self._index[d] += size
+            if self.rank == chooser:
+                t = self._extend_receiver(mine[start:start + size])
+                parts0.append(self._hash(t, first, d))
+            else:
+                q = self._extend_sender(size)
+                parts0.append(self._hash(q, first, d))
+                parts1.append(self._hash(q ^ self._delta, first, d))
+        self.made += m
+        if self.rank == chooser:
+            return OTKeys(chooser, m, (np.concatenate(parts0),), mine.astype(np.uint8) & 1)
+        return OTKeys(chooser, m, (np.concatenate(parts0), np.concatenate(parts1)), None)
+
+
+    def transfer(self, keys: OTKeys, values: np.ndarray | None, g: int) -> np.ndarray:
+        """XOR shares of c_j & x_ij for i < g: the non-chooser passes values [g, m] (bits), the
+        chooser None. One message (g bits per OT) from the non-chooser; returns [g, m] uint8."""
+        use = keys.uses
+        keys.uses += 1
+        if self.rank == keys.chooser:
+            pad = self._pads(keys.keys[0], use, g)
+            data = self._recv()
+            need = -(-g * keys.m // 8)
+            if len(data) != need:
+                raise ProtocolError(f"pairwise OT: expected {need} bytes of transfer, got {len(data)}")
+            y = np.unpackbits(np.frombuffer(data, dtype=np.uint8), bitorder="little")[:g * keys.m]
+            return pad ^ (y.reshape(g, keys.m) & keys.choice)
+        p0 = self._pads(keys.keys[0], use, g)
+        p1 = self._pads(keys.keys[1], use, g)
+        y = p0 ^ p1 ^ (values.astype(np.uint8) & 1)
+        self._send(np.packbits(y.reshape(-1), bitorder="little").tobytes())
+        return p0

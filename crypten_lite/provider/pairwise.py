@@ -20,7 +20,8 @@ party's value is transferred under a one-time pad; 16 bytes per bit plus the cor
     binary_triple     a0 & b1 ^ a1 & b0, bit by bit                      OT, mod 2
     trunc(_exact)     r = w0 XOR w1 bit by bit: w0_j * w1_j, 64 bits     OT, mod 2^64
     bit_mul           r0 * r1, and r0 (1 - 2 r1) a1 + (1 - 2 r0) a0 r1   OT both ways
-    binary_monomials  AND of XOR-shared masks, one AND layer per exchange OT, mod 2
+    binary_monomials  AND of XOR-shared masks, one AND layer per exchange OT, mod 2: one
+                      random OT per bit of each (top mask, chooser), reused
 
 Messages between the two parties ride on the session's transport outside the online
 statistics (the online protocols keep their rounds and bytes); every message is framed with
@@ -492,9 +493,12 @@ def _bit_mul(pv: PairwiseProvider, parts, op, shapes, params):
 
 def _binary_monomials(pv: PairwiseProvider, parts, op, shapes, params):
     """XOR shares of AND-products of masks. A product is built from its prefix (the subset
-    less its largest mask), one AND layer per degree, each prefix once; a product of masks
-    that one party owns is local, and only the cross terms that are not zero are computed
-    (x0 & y1, x1 & y0), all of a layer in one exchange."""
+    less its largest mask, the *top*), one AND layer per degree, each prefix once; a product
+    of masks that one party owns is local, and only the cross terms that are not zero are
+    computed: x0 & y1 (party 1 chooses with its share of the top y) and y0 & x1 (party 0
+    chooses with its share). Every cross term with the same top and chooser, in every layer,
+    rides on the same random OTs (one per bit, made at the top's first use): each use is one
+    transfer of fresh pads derived from the OT keys (provider/ot.py, OTKeys)."""
     k, owners, subsets = correlations._split_monomial_params(params)
     shape = parts[0].shape
     n = int(np.prod(shape)) if len(shape) else 1
@@ -508,39 +512,40 @@ def _binary_monomials(pv: PairwiseProvider, parts, op, shapes, params):
         while sub and sub & (sub - 1) and sub not in needed:
             needed.add(sub)
             sub &= ~(1 << (sub.bit_length() - 1))
+    keys: dict[tuple[int, int], object] = {}     # (top, chooser) -> OTKeys
     for degree in range(2, k + 1):
         layer = sorted(m for m in needed if bin(m).count("1") == degree)
         if not layer:
             continue
-        xs = []   # this party's operand bits of each cross product of the layer
+        groups: dict[tuple[int, int], list] = {}  # (top, chooser) -> [(m, sender's operand)]
         plans = []
         for m in layer:
             top = 1 << (m.bit_length() - 1)
             (x, ox), (y, oy) = values[m & ~top], values[top]
             if ox == oy and ox != -1:                    # one owner: local
-                plans.append((m, x, y, ox, []))
+                plans.append((m, x, y, ox))
                 continue
-            pairs = []   # (rank 0's operand, rank 1's operand) of each non-zero cross term
-            if ox != 1 and oy != 0:
-                pairs.append((x, y))                     # x0 & y1
-            if ox != 0 and oy != 1:
-                pairs.append((y, x))                     # y0 & x1
-            idx = []
-            for a0, b1 in pairs:
-                mine = a0 if pv.rank == 0 else b1
-                xs.append(_bits(mine))
-                idx.append(len(xs) - 1)
-            plans.append((m, x, y, -1, idx))
-        crosses = []
-        if xs:
-            bits = np.concatenate(xs)
-            share = pv.ot_product(bits.reshape(-1), 1, 1)
-            crosses = [_t(_words(share.reshape(bits.shape)[i * n:(i + 1) * n])).view(shape)
-                       for i in range(len(xs))]
-        for m, x, y, owner, idx in plans:
+            if ox != 1 and oy != 0:                      # x0 & y1: party 1 chooses with y1
+                groups.setdefault((top, 1), []).append((m, x))
+            if ox != 0 and oy != 1:                      # y0 & x1: party 0 chooses with y0
+                groups.setdefault((top, 0), []).append((m, x))
+            plans.append((m, x, y, -1))
+        crosses: dict[int, torch.Tensor] = {}
+        for (top, chooser), members in sorted(groups.items()):
+            if (top, chooser) not in keys:
+                mine = _bits(values[top][0]).reshape(-1) if pv.rank == chooser else None
+                keys[(top, chooser)] = pv._ot.random_ot(mine, n * 64, chooser)
+            sender = None
+            if pv.rank != chooser:
+                sender = np.stack([_bits(x).reshape(-1) for _, x in members])
+            share = pv._ot.transfer(keys[(top, chooser)], sender, len(members))
+            for (m, _), bits in zip(members, share):
+                word = _t(_words(bits.astype(np.uint64).reshape(n, 64))).view(shape)
+                crosses[m] = crosses[m] ^ word if m in crosses else word
+        for m, x, y, owner in plans:
             value = x & y
-            for i in idx:
-                value = value ^ crosses[i]
+            if m in crosses:
+                value = value ^ crosses[m]
             values[m] = (value, owner)
     out = [values[sub][0] if sub & (sub - 1) else values[sub][0].clone() for sub in subsets]
     return list(parts[:k]) + out

@@ -187,3 +187,28 @@ def test_base_ot_refuses_a_point_outside_the_group():
 def pair():
     comms = _pair()
     return comms, _providers(comms)
+
+
+def test_random_ot_keys_serve_many_transfers_both_ways():
+    """One random OT per bit (OTKeys), then transfers of 1, 3 and 130 values per bit: each
+    gives XOR shares of c & x, with fresh pads at every use (the same x twice gives
+    different messages)."""
+    seen = {0: [], 1: []}
+    pair = _ots(lambda r, data: seen[r].append(data))
+    m = 1001
+    c = np.frombuffer(os.urandom(m), dtype=np.uint8) & 1
+    for chooser in (0, 1):
+        keys = _both([lambda r=r: pair[r].random_ot(c if r == chooser else None, m, chooser)
+                      for r in range(2)])
+        keys = [k[0] for k in keys]
+        xs = [np.frombuffer(os.urandom(g * m), dtype=np.uint8).reshape(g, m) & 1 for g in (1, 3, 130)]
+        sent = []
+        for x in xs + [xs[1]]:
+            g = x.shape[0]
+            seen[1 - chooser].clear()
+            got = _both([lambda r=r: pair[r].transfer(keys[r], None if r == chooser else x, g)
+                         for r in range(2)])
+            assert np.array_equal(got[0][0] ^ got[1][0], x & c), (chooser, g)
+            sent.append((seen[1 - chooser][0], x))
+        assert sent[1][0] != sent[3][0]          # same values, fresh pads
+        assert keys[chooser].uses == 4
