@@ -6,8 +6,10 @@ that kills a party mid-load and lets the service restart from its saved shares.
         --out docs/serve_load.jsonl --plot docs/serve_latency.svg
 
 It starts the local service (supervisor, dealer, parties) for each (model, TLS) setting and
-drives it with N client threads, each with its own torch-free client (client/), each
-predicting one sample at a time in a loop for --seconds. Every answer is checked against
+drives it with N clients, each with its own token, its own connections and fresh shares for
+every request (the torch-free client/, by default its AsyncClient: all N in one event loop,
+so that the load generator costs the 2-core machine little; --driver threads: one thread and
+one Client each), each predicting one sample at a time in a loop for --seconds. Every answer is checked against
 torch's forward of the same input (`wrong` counts answers off by more than the fixed-point
 tolerance). One JSON line per run: model, clients, tls, throughput (predictions/s), p50_ms,
 p99_ms, answered, failed, wrong, and the service's batch statistics.
@@ -16,9 +18,11 @@ p99_ms, answered, failed, wrong, and the service's batch statistics.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import pathlib
+import secrets
 import shutil
 import signal
 import subprocess
@@ -32,11 +36,12 @@ import torch
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "client"))
-from crypten_lite_client import Client, ClientError  # noqa: E402
+from crypten_lite_client import AsyncClient, Client, ClientError  # noqa: E402
 
-from crypten_lite.serve.server import build_model  # noqa: E402
+from crypten_lite.serve.server import build_model, token_digest  # noqa: E402
 
 TOL = 2e-2
+MAX_CLIENTS = 256
 
 
 class Service:
@@ -45,7 +50,12 @@ class Service:
     def __init__(self, model: str, tls: bool, max_batch: int, protocol: str = "additive",
                  compare_bits: int = 64, max_wait: float = 0.25):
         self.state = pathlib.Path(tempfile.mkdtemp(prefix="serve-load-"))
+        # One token per client (each load-generating client authenticates as itself).
+        self.tokens = [secrets.token_urlsafe(32) for _ in range(MAX_CLIENTS)]
+        (self.state / "tokens.txt").write_text("".join(
+            f"load{i}:{token_digest(t)}\n" for i, t in enumerate(self.tokens)))
         cmd = [sys.executable, "-m", "crypten_lite.cli", "serve", "--model", model,
+               "--tokens", str(self.state / "tokens.txt"),
                "--state-dir", str(self.state), "--max-batch", str(max_batch),
                "--protocol", protocol, "--compare-bits", str(compare_bits),
                "--max-wait", str(max_wait)] + (["--tls"] if tls else [])
@@ -62,11 +72,33 @@ class Service:
         with self.client() as c:
             c.wait_ready(900)
 
-    def client(self) -> Client:
-        return Client(self.conn["endpoints"], self.conn["token"], tls=self.conn["ca"], timeout=120)
+    def client(self, i: int = 0) -> Client:
+        return Client(self.conn["endpoints"], self.tokens[i], tls=self.conn["ca"], timeout=120)
+
+    def aio_client(self, i: int) -> AsyncClient:
+        return AsyncClient(self.conn["endpoints"], self.tokens[i], tls=self.conn["ca"], timeout=120)
 
     def pids(self) -> dict:
         return json.loads((self.state / "pids.json").read_text())
+
+    def cpu_seconds(self) -> dict:
+        """CPU seconds (user + system) so far of each service process and of this load
+        generator (Linux /proc; {} elsewhere): dealer, party0, party1, ..., loadgen."""
+        try:
+            pids = self.pids()
+            tick = os.sysconf("SC_CLK_TCK")
+            out = {}
+            parties = pids["parties"]
+            for pid in pids["all"]:
+                name = f"party{parties.index(pid)}" if pid in parties else "dealer"
+                fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+                out[name] = (int(fields[11]) + int(fields[12])) / tick
+            t = os.times()
+            out["loadgen"] = t.user + t.system
+            out["epoch"] = pids["epoch"]  # a restart replaces the processes
+            return out
+        except (OSError, ValueError, KeyError, AttributeError):
+            return {}
 
     def metrics(self) -> dict:
         with self.client() as c:
@@ -89,43 +121,99 @@ class Service:
 
 
 def drive(service: Service, model: str, clients: int, seconds: float, sample_shape, refs,
-          on_start=None, until=None) -> dict:
-    """`clients` threads predicting one sample each in a loop; statistics of the window."""
+          until=None, driver: str = "aio") -> dict:
+    """`clients` clients, each with its own token and its own shares, predicting one sample at
+    a time in a loop for `seconds` (or until `until()` returns); statistics of the window.
+    driver "aio": every client an AsyncClient in one event loop (a cheap load generator on a
+    machine it shares with the service); "threads": one thread and one Client each."""
     xs, ys = refs
     lat, errors = [], []
     counts = {"answered": 0, "failed": 0, "wrong": 0}
-    lock = threading.Lock()
-    stop = threading.Event()
 
-    def worker(i: int) -> None:
-        with service.client() as c:
+    def record(out, y, dt, err) -> None:
+        if err is not None:
+            counts["failed"] += 1
+            errors.append(f"{err.code}: {str(err)[:160]}")
+        elif np.allclose(out, y, atol=TOL):
+            counts["answered"] += 1
+            lat.append(dt)
+        else:
+            counts["wrong"] += 1
+
+    before = service.metrics()
+    cpu_before = service.cpu_seconds()
+    t0 = time.perf_counter()
+    if driver == "aio":
+        asyncio.run(_drive_aio(service, clients, seconds, refs, until, record))
+    else:
+        _drive_threads(service, clients, seconds, refs, until, record)
+    elapsed = time.perf_counter() - t0
+    cpu_after = service.cpu_seconds()
+    after = service.metrics()
+    lat.sort()
+    pct = lambda p: round(1000 * lat[min(len(lat) - 1, len(lat) * p // 100)], 1) if lat else None  # noqa: E731
+    batches = after["batches"] - before["batches"] if after["batches"] >= before["batches"] else after["batches"]
+    answered_srv = after["answered"] - before["answered"] if after["answered"] >= before["answered"] else after["answered"]
+    return {"model": model, "clients": clients, "driver": driver,
+            "throughput": round(counts["answered"] / elapsed, 1),
+            "p50_ms": pct(50), "p99_ms": pct(99), **counts, "seconds": round(elapsed, 1),
+            "mean_batch": round(answered_srv / batches, 1) if batches else None,
+            # CPU milliseconds per answered prediction, by process (where a request's time goes)
+            "cpu_ms_per_prediction": {k: round(1000 * (cpu_after[k] - cpu_before.get(k, 0.0))
+                                               / max(1, counts["answered"]), 2)
+                                      for k in cpu_after if k in cpu_before and k != "epoch"}
+            if cpu_after.get("epoch") == cpu_before.get("epoch") else {},
+            "errors": sorted(set(errors))}
+
+
+async def _drive_aio(service: Service, clients: int, seconds: float, refs, until, record) -> None:
+    xs, ys = refs
+    stop = asyncio.Event()
+
+    async def worker(i: int) -> None:
+        async with service.aio_client(i) as c:
             k = i
             while not stop.is_set():
                 x, y = xs[k % len(xs)], ys[k % len(xs)]
                 k += clients
                 t0 = time.perf_counter()
                 try:
-                    out = c.predict(x[None], timeout=60)[0]
+                    out = await c.predict(x[None], timeout=60)
+                    record(out[0], y, time.perf_counter() - t0, None)
                 except ClientError as e:
-                    with lock:
-                        counts["failed"] += 1
-                        errors.append(f"{e.code}: {str(e)[:160]}")
-                    continue
-                dt = time.perf_counter() - t0
+                    record(None, y, 0.0, e)
+
+    tasks = [asyncio.ensure_future(worker(i)) for i in range(clients)]
+    if until is not None:
+        await asyncio.get_running_loop().run_in_executor(None, until)
+    else:
+        await asyncio.sleep(seconds)
+    stop.set()
+    await asyncio.wait_for(asyncio.gather(*tasks), 180)
+
+
+def _drive_threads(service: Service, clients: int, seconds: float, refs, until, record) -> None:
+    xs, ys = refs
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def worker(i: int) -> None:
+        with service.client(i) as c:
+            k = i
+            while not stop.is_set():
+                x, y = xs[k % len(xs)], ys[k % len(xs)]
+                k += clients
+                t0 = time.perf_counter()
+                try:
+                    out, err = c.predict(x[None], timeout=60)[0], None
+                except ClientError as e:
+                    out, err = None, e
                 with lock:
-                    if np.allclose(out, y, atol=TOL):
-                        counts["answered"] += 1
-                        lat.append(dt)
-                    else:
-                        counts["wrong"] += 1
+                    record(out, y, time.perf_counter() - t0, err)
 
     threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(clients)]
-    before = service.metrics()
-    t0 = time.perf_counter()
     for t in threads:
         t.start()
-    if on_start is not None:
-        on_start()
     if until is not None:
         until()
     else:
@@ -133,16 +221,6 @@ def drive(service: Service, model: str, clients: int, seconds: float, sample_sha
     stop.set()
     for t in threads:
         t.join(180)
-    elapsed = time.perf_counter() - t0
-    after = service.metrics()
-    lat.sort()
-    pct = lambda p: round(1000 * lat[min(len(lat) - 1, len(lat) * p // 100)], 1) if lat else None  # noqa: E731
-    batches = after["batches"] - before["batches"] if after["batches"] >= before["batches"] else after["batches"]
-    answered_srv = after["answered"] - before["answered"] if after["answered"] >= before["answered"] else after["answered"]
-    return {"model": model, "clients": clients, "throughput": round(counts["answered"] / elapsed, 1),
-            "p50_ms": pct(50), "p99_ms": pct(99), **counts, "seconds": round(elapsed, 1),
-            "mean_batch": round(answered_srv / batches, 1) if batches else None,
-            "errors": sorted(set(errors))}
 
 
 def references(model: str, n: int = 32):
@@ -154,7 +232,8 @@ def references(model: str, n: int = 32):
     return shape, (xs, ys)
 
 
-def kill_restart(service: Service, model: str, clients: int, seconds: float, refs, shape) -> dict:
+def kill_restart(service: Service, model: str, clients: int, seconds: float, refs, shape,
+                 driver: str = "aio") -> dict:
     """Kill party 1 (SIGKILL) a third into the run; run until the restarted service has
     answered for another third."""
     state = {}
@@ -178,7 +257,7 @@ def kill_restart(service: Service, model: str, clients: int, seconds: float, ref
         time.sleep(seconds / 3)
 
     threading.Thread(target=killer, daemon=True).start()
-    row = drive(service, model, clients, seconds, shape, refs, until=until)
+    row = drive(service, model, clients, seconds, shape, refs, until=until, driver=driver)
     row["run"] = "kill_restart"
     row["restart_s"] = round(state["back_at"] - state["killed_at"], 1) if "killed_at" in state else None
     return row
@@ -255,6 +334,9 @@ def main(argv=None) -> int:
                    help="the service's --compare-bits (32: LeNet's pooled activations stay far "
                         "below 2^14, where 32-bit comparisons are exact; every answer is checked)")
     p.add_argument("--max-wait", type=float, default=0.25, help="the service's --max-wait")
+    p.add_argument("--driver", choices=("aio", "threads"), default="aio",
+                   help="aio: every client an AsyncClient in one event loop (default); threads: "
+                        "one thread and one Client per client")
     p.add_argument("--kill", choices=("yes", "no"), default="yes", help="add the kill-and-restart run")
     p.add_argument("--kill-clients", type=int, default=16)
     p.add_argument("--out", default="", help="append the JSON lines to this file too")
@@ -271,14 +353,16 @@ def main(argv=None) -> int:
                               args.max_wait)
             try:
                 for n in [int(c) for c in args.clients.split(",")]:
-                    row = {"run": "load", **drive(service, model, n, args.seconds, shape, refs), "tls": tls,
+                    row = {"run": "load", **drive(service, model, n, args.seconds, shape, refs, driver=args.driver),
+                           "tls": tls,
                            "protocol": args.protocol,
                            "max_batch": args.max_batch, "compare_bits": args.compare_bits,
                            "cpus": os.cpu_count()}
                     print(json.dumps(row), flush=True)
                     rows.append(row)
                 if args.kill == "yes" and model == args.models.split(",")[0] and tls == tls_modes[0]:
-                    row = {**kill_restart(service, model, args.kill_clients, args.seconds, refs, shape),
+                    row = {**kill_restart(service, model, args.kill_clients, args.seconds, refs, shape,
+                                          args.driver),
                            "tls": tls, "protocol": args.protocol, "max_batch": args.max_batch,
                            "compare_bits": args.compare_bits, "cpus": os.cpu_count()}
                     print(json.dumps(row), flush=True)

@@ -155,18 +155,7 @@ class Client:
 
     def requests_for(self, x: np.ndarray, timeout: float) -> list:
         """One PredictRequest per party for the (batched) input `x` (fresh id and shares)."""
-        meta = self._metadata_of_service()
-        enc = encode(x, meta.precision)
-        rid = os.urandom(16)
-        n = len(self.endpoints)
-        if meta.protocol == "rss":
-            comps = split(enc, 3)
-            parts = [[comps[r], comps[(r + 1) % 3]] for r in range(3)]
-        else:
-            parts = [[s] for s in split(enc, n)]
-        return [pb.PredictRequest(request_id=rid, shape=list(x.shape), precision=meta.precision,
-                                  dtype=DTYPE, components=[_words(c) for c in parts[r]],
-                                  timeout_ms=int(timeout * 1000)) for r in range(n)]
+        return build_requests(self._metadata_of_service(), x, len(self.endpoints), timeout)
 
     def predict(self, x, timeout: float | None = None) -> np.ndarray:
         """The model's output on `x` (a sample, or a batch with the batch dimension first).
@@ -219,13 +208,35 @@ class Client:
                     for g in futures:
                         g.cancel()
                     raise ClientError(f"party {r}: {e.details()}", e.code().name) from None
-        first = replies[0]
-        for r, rep in enumerate(replies):
-            if (rep.request_id != reqs[0].request_id or rep.computation != first.computation
-                    or list(rep.shape) != list(first.shape) or rep.precision != first.precision
-                    or len(rep.share) != 8 * int(np.prod(rep.shape))):
-                raise ClientError(f"party {r}'s answer does not match party 0's (another "
-                                  "computation, shape or precision): refused", "mismatch")
-        shape = tuple(int(d) for d in first.shape)
-        shares = [np.frombuffer(rep.share, dtype="<u8").reshape(shape) for rep in replies]
-        return decode(reconstruct(shares), first.precision)
+        return combine(reqs, replies)
+
+
+def build_requests(meta, x: np.ndarray, n: int, timeout: float) -> list:
+    """One PredictRequest per party (of `n`) for the batched input `x`: a fresh random request
+    id and fresh shares (additive, or the replicated pairs under rss), given the service's
+    public metadata `meta` (an InfoReply)."""
+    enc = encode(x, meta.precision)
+    rid = os.urandom(16)
+    if meta.protocol == "rss":
+        comps = split(enc, 3)
+        parts = [[comps[r], comps[(r + 1) % 3]] for r in range(3)]
+    else:
+        parts = [[s] for s in split(enc, n)]
+    return [pb.PredictRequest(request_id=rid, shape=list(x.shape), precision=meta.precision,
+                              dtype=DTYPE, components=[_words(c) for c in parts[r]],
+                              timeout_ms=int(timeout * 1000)) for r in range(n)]
+
+
+def combine(reqs: list, replies: list) -> np.ndarray:
+    """The output from every party's reply to `reqs`: refused (ClientError "mismatch") unless
+    every reply answers the same request and computation with the same shape and precision."""
+    first = replies[0]
+    for r, rep in enumerate(replies):
+        if (rep.request_id != reqs[0].request_id or rep.computation != first.computation
+                or list(rep.shape) != list(first.shape) or rep.precision != first.precision
+                or len(rep.share) != 8 * int(np.prod(rep.shape))):
+            raise ClientError(f"party {r}'s answer does not match party 0's (another "
+                              "computation, shape or precision): refused", "mismatch")
+    shape = tuple(int(d) for d in first.shape)
+    shares = [np.frombuffer(rep.share, dtype="<u8").reshape(shape) for rep in replies]
+    return decode(reconstruct(shares), first.precision)

@@ -224,9 +224,17 @@ x = np.random.default_rng(0).standard_normal((2, 1, 28, 28))
 assert np.allclose(decode(reconstruct(split(encode(x), 3)), 16), x, atol=2**-16)
 with Client({service.conn['endpoints']!r}, {TOKENS['alice']!r}) as c:
     print(json.dumps(c.predict(x).tolist()))
+import asyncio
+from crypten_lite_client import AsyncClient
+async def both():  # asyncio: the two samples as two concurrent requests of one client
+    async with AsyncClient({service.conn['endpoints']!r}, {TOKENS['alice']!r}) as c:
+        return await asyncio.gather(c.predict(x[0]), c.predict(x[1]))
+print(json.dumps([y.tolist() for y in asyncio.run(both())]))
 assert 'torch' not in [m for m in sys.modules if sys.modules[m] is not None and m.startswith('torch')]
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     x = np.random.default_rng(0).standard_normal((2, 1, 28, 28))
-    np.testing.assert_allclose(np.array(json.loads(out.stdout)), torch_answer(x), atol=TOL)
+    sync, concurrent = out.stdout.splitlines()
+    np.testing.assert_allclose(np.array(json.loads(sync)), torch_answer(x), atol=TOL)
+    np.testing.assert_allclose(np.array(json.loads(concurrent)), torch_answer(x), atol=TOL)

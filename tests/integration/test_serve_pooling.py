@@ -55,6 +55,39 @@ def pool_costs():
     return out
 
 
+def lenet_costs():
+    """LeNet (the service's demo weights) on 2 samples: rounds and bytes of one private forward
+    in each pooling setting, and whether it matches torch's forward."""
+    from crypten_lite import nn
+    from crypten_lite.serve.server import build_model
+    c = comm.get()
+    model, shape = build_model("lenet")
+    private = nn.from_pytorch(model if c.rank == 0 else None, (1, *shape), src=0).encrypt(src=0).eval()
+    a = torch.randn(2, *shape, generator=torch.Generator().manual_seed(1))  # test data only
+    x = crypten_lite.cryptensor(a, src=0)
+    with torch.no_grad():
+        want = model(a)
+    out = {}
+    for name, ctx in (("pairwise", fewer_comparisons(False)), ("tree64", fewer_comparisons()),
+                      ("tree32", fewer_comparisons(bits=32))):
+        with no_grad(), ctx:
+            private(x)  # the first run makes the fixed-weight masks
+            c.reset_communication_stats()
+            y = private(x)
+            st = c.get_communication_stats()
+            ok = bool((y.get_plain_text() - want).abs().max() < 1e-2)
+        out[name] = (int(st["rounds"]), int(st["bytes_sent"]), ok)
+    return out
+
+
+def test_lenet_forward_costs(pool2):
+    """The serving forward of LeNet, 2 samples (2 parties): docs/serving.md quotes these."""
+    r = pool2.run(lenet_costs)
+    assert r[0] == r[1]
+    assert r[0] == {"pairwise": (27, 522864, True), "tree64": (45, 269184, True),
+                    "tree32": (39, 190784, True)}
+
+
 def test_fewer_comparisons_match_torch(pool_all):
     for party in pool_all.run(pooled):
         assert all(party.values()), [k for k, ok in party.items() if not ok]
