@@ -10,7 +10,7 @@ Writes JSON lines to --out and prints the markdown table of docs/protocols.md.
 
     timeout 3600 python benchmarks/pairwise_vs_cheetah.py --repeat 1 --out docs/pairwise_vs_cheetah.jsonl
 
---quick (a few minutes): the same comparison on scaled-down workloads (mul 65536, matmul 256,
+--quick (a few minutes): the same comparison on scaled-down workloads (mul 65536, matmul 64,
 relu 16384, softmax [1000,10], LeNet batch 1), each run once to record its offline plan and
 once timed (offline prefetch, then online), SPU on the same sizes; writes
 docs/pairwise_quick.jsonl (replacing it) and prints the table that docs/protocols.md shows:
@@ -81,7 +81,7 @@ def table(rows: list[dict]) -> str:
 
 
 # --quick: crypten_lite workload -> SPU workload (benchmarks/spu_cheetah.py)
-QUICK = {"mul_65536": "mul_65536", "matmul_256": "matmul_256", "relu_16384": "relu_16384",
+QUICK = {"mul_65536": "mul_65536", "matmul_64": "matmul_64", "relu_16384": "relu_16384",
          "softmax_1000x10": "softmax_1000x10", "lenet_b1": None}
 
 
@@ -94,6 +94,10 @@ def _quick_workload(name: str) -> dict:
         a, b = bench._data(1, 65536), bench._data(2, 65536)
         x, y = crypten_lite.cryptensor(a, src=0), crypten_lite.cryptensor(b, src=1)
         return bench._measure(lambda: (bench._reveal_after(lambda: x * y), a * b), plan_name=name)
+    if name == "matmul_64":
+        a, b = bench._data(3, 64, 64), bench._data(4, 64, 64)
+        x, y = crypten_lite.cryptensor(a, src=0), crypten_lite.cryptensor(b, src=1)
+        return bench._measure(lambda: (bench._reveal_after(lambda: x @ y), a @ b), plan_name=name)
     if name == "relu_16384":
         a = bench._data(7, 16384, scale=10)
         x = crypten_lite.cryptensor(a, src=0)

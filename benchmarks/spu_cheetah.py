@@ -39,6 +39,7 @@ WORKLOADS = {
     "softmax_1000x10": (_softmax, [(1000, 10)]),
     # scaled down, for benchmarks/pairwise_vs_cheetah.py --quick
     "mul_65536": (lambda x, y: x * y, [(65_536,), (65_536,)]),
+    "matmul_64": (lambda x, y: x @ y, [(64, 64), (64, 64)]),
     "relu_16384": (_relu, [(16_384,)]),
 }
 
