@@ -135,8 +135,11 @@ class AsyncClient:
                         raise ClientError(f"party {r}: {e.details()}", e.code().name) from None
                     raise e
             replies = [t.result() for t in tasks]
-        finally:
+        finally:  # cancel the halves still running; retrieve every half's error (none is lost)
             for t in tasks:
-                if not t.done():
+                if t.done():
+                    _ = t.cancelled() or t.exception()
+                else:
                     t.cancel()
+                    t.add_done_callback(lambda f: f.cancelled() or f.exception())
         return combine(reqs, replies)
