@@ -168,11 +168,13 @@ class _Pads:
         """[m, 2] uint64 keys -> [bits, m] uint8 pad bits (bits <= 128 per block)."""
         out = []
         for block in range(-(-bits // 128)):
+            take = min(128, bits - 128 * block)
             h = self._hash(keys.view(np.uint8).reshape(-1, 16), 0,
                            (1 << 63) | (use << 16) | block)
-            b = np.unpackbits(h.view(np.uint8).reshape(-1, 16), axis=1, bitorder="little")
-            out.append(b[:, :min(128, bits - 128 * block)].T)
-        return np.concatenate(out, axis=0)
+            b = h.view(np.uint8).reshape(-1, 16)[:, :-(-take // 8)]
+            b = np.unpackbits(b, axis=1, bitorder="little")[:, :take]
+            out.append(np.ascontiguousarray(b.T))
+        return out[0] if len(out) == 1 else np.concatenate(out, axis=0)
 
 
 class CorrelatedOT:

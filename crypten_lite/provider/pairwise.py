@@ -82,6 +82,16 @@ def _bits(words: torch.Tensor) -> np.ndarray:
     return (w >> np.arange(64, dtype=np.uint64)) & np.uint64(1)
 
 
+def _bits8(words: torch.Tensor) -> np.ndarray:
+    """[n] words -> [n * 64] bits as uint8 0/1 (bit j of word i at i * 64 + j)."""
+    return np.unpackbits(_u(words).reshape(-1).view(np.uint8), bitorder="little")
+
+
+def _words8(bits: np.ndarray) -> np.ndarray:
+    """The inverse of _bits8: [n * 64] uint8 bits (bit 0 of each used) -> [n] uint64 words."""
+    return np.packbits(bits & 1, bitorder="little").view(np.uint64)
+
+
 def _words(bits: np.ndarray) -> np.ndarray:
     """[n, 64] bits (only bit 0 of each entry used) -> [n] words."""
     return np.bitwise_or.reduce((bits & np.uint64(1)) << np.arange(64, dtype=np.uint64), axis=-1)
@@ -533,14 +543,14 @@ def _binary_monomials(pv: PairwiseProvider, parts, op, shapes, params):
         crosses: dict[int, torch.Tensor] = {}
         for (top, chooser), members in sorted(groups.items()):
             if (top, chooser) not in keys:
-                mine = _bits(values[top][0]).reshape(-1) if pv.rank == chooser else None
+                mine = _bits8(values[top][0]) if pv.rank == chooser else None
                 keys[(top, chooser)] = pv._ot.random_ot(mine, n * 64, chooser)
             sender = None
             if pv.rank != chooser:
-                sender = np.stack([_bits(x).reshape(-1) for _, x in members])
+                sender = np.stack([_bits8(x) for _, x in members])
             share = pv._ot.transfer(keys[(top, chooser)], sender, len(members))
             for (m, _), bits in zip(members, share):
-                word = _t(_words(bits.astype(np.uint64).reshape(n, 64))).view(shape)
+                word = _t(_words8(bits)).view(shape)
                 crosses[m] = crosses[m] ^ word if m in crosses else word
         for m, x, y, owner in plans:
             value = x & y
