@@ -56,12 +56,12 @@ def party(name: str, folder: str) -> dict:
     sites: list[str] = []
     local, mask = truncation._local, truncation._mask
 
-    def recording_local(x, bits):            # every local truncation goes through _local
+    def recording_local(x, bits, *owned):    # every local truncation goes through _local
         if state["on"]:
             np.save(f"{folder}/{rank}_{state['i']}.npy", x.numpy())
             sites.append(_site())
             state["i"] += 1
-        return local(x, bits)
+        return local(x, bits, *owned)
 
     def recording_mask(items):               # every exact one masks its input in _mask
         if state["on"]:

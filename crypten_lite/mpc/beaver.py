@@ -19,7 +19,7 @@ import torch
 
 from ..provider.correlations import TRIPLE_OPS
 from ..session import current
-from .primitives import open_, open_many
+from .primitives import open_differences
 
 
 def beaver(op: str, x: torch.Tensor, y: torch.Tensor, params: Sequence[int] = ()) -> torch.Tensor:
@@ -28,9 +28,15 @@ def beaver(op: str, x: torch.Tensor, y: torch.Tensor, params: Sequence[int] = ()
     fn = TRIPLE_OPS[op]
     triple = s.provider.get("triple", [x.shape, y.shape], op, params)
     a, b = triple[0], triple[1]
-    e, d = open_many([x - a, y - b])
+    e, d = open_differences([(x, a), (y, b)])
     c = triple.corrected()[2]
     z = fn(e, b, params)  # a fresh tensor: the other terms are added into it in place
+    if op == "mul":  # elementwise: each product accumulated without a temporary
+        z.addcmul_(a, d)
+        z += c
+        if s.rank == 0:
+            z.addcmul_(e, d)
+        return z
     z += fn(a, d, params)
     z += c
     if s.rank == 0:
@@ -43,9 +49,10 @@ def square(x: torch.Tensor) -> torch.Tensor:
     s = current()
     pair = s.provider.get("square", [x.shape])
     a = pair[0]
-    e = open_(x - a)
+    (e,) = open_differences([(x, a)])
     c = pair.corrected()[1]
-    z = c + 2 * e * a
+    z = e * a
+    z.add_(z).add_(c)  # c + 2 e a, in one fresh tensor
     if s.rank == 0:
-        z += e * e
+        z.addcmul_(e, e)
     return z

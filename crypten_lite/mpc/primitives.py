@@ -50,28 +50,66 @@ def open_many(shares: list[torch.Tensor], dst: int | None = None) -> list[torch.
     holds) travel as one flat vector. Either way the message's header carries a digest of
     every value's full shape, compared by every receiver (check_agree).
     """
-    comm = current().comm
     if len(shares) == 1 and shares[0].dim() <= MAX_WIRE_DIMS:
         flat = shares[0]
     else:
         flat = torch.cat([t.reshape(-1) for t in shares]) if len(shares) > 1 else shares[0].reshape(-1)
-    flat = with_tag(flat, shape_tag([t.shape for t in shares]))
+    # torch.cat made a fresh tensor: the sum may go into it.
+    return _open_flat(flat, [t.shape for t in shares], dst, owned=len(shares) > 1)
+
+
+def open_differences(pairs: list[tuple[torch.Tensor, torch.Tensor]],
+                     dst: int | None = None) -> list[torch.Tensor] | None:
+    """open_many([x - m for x, m in pairs]) (same message, same round and bytes) with each
+    difference written straight into the one outgoing message and the sum made in place in
+    it: no temporary per difference, no concatenation, no copy of the received shares."""
+    shapes = [x.shape if x.shape == m.shape else torch.broadcast_shapes(x.shape, m.shape)
+              for x, m in pairs]
+    if len(pairs) == 1 and len(shapes[0]) <= MAX_WIRE_DIMS:
+        x, m = pairs[0]
+        return _open_flat(torch.sub(x, m), shapes, dst, owned=True)
+    flat = torch.empty(sum(math.prod(s) for s in shapes), dtype=torch.result_type(*pairs[0]))
+    offset = 0
+    for (x, m), shape in zip(pairs, shapes):
+        n = math.prod(shape)
+        torch.sub(x, m, out=flat[offset:offset + n].view(shape))
+        offset += n
+    return _open_flat(flat, shapes, dst, owned=True)
+
+
+def _open_flat(flat: torch.Tensor, shapes: list, dst: int | None, owned: bool) -> list[torch.Tensor] | None:
+    """Open `flat` (the values of `shapes`, one after the other, or one value in its own
+    shape); `owned`: flat is this call's own fresh tensor, so the sum is made in it."""
+    comm = current().comm
+    rank = current().rank
+    mine = flat
+    flat = with_tag(flat, shape_tag(shapes))
     if dst is None:
         parts = comm.all_gather(flat)
     else:
         parts = comm.gather(flat, dst)
         if parts is None:
             return None
-    check_agree(flat, parts, "reveal" if len(shares) == 1 else f"opening of {len(shares)} values")
-    total = parts[0].clone()
-    for p in parts[1:]:
+    check_agree(flat, parts, "reveal" if len(shapes) == 1 else f"opening of {len(shapes)} values")
+    others = [p for r, p in enumerate(parts) if r != rank]
+    if owned:
+        total = mine
+    elif others:
+        # A received share is this party's own fresh tensor (every transport delivers a
+        # copy): the sum goes into it (detach: a tensor object without the message's tag).
+        total, others = others[0].detach(), others[1:]
+        total += parts[rank]
+    else:
+        total = mine.clone()
+    for p in others:
         total += p
-    if len(shares) == 1 and flat.shape == shares[0].shape:
+    if len(shapes) == 1 and flat.shape == shapes[0]:
         return [total]
     out, offset = [], 0
-    for t in shares:
-        out.append(total[offset:offset + t.numel()].view(t.shape))
-        offset += t.numel()
+    for shape in shapes:
+        n = math.prod(shape)
+        out.append(total[offset:offset + n].view(shape))
+        offset += n
     return out
 
 

@@ -139,7 +139,7 @@ def mul_trunc(op: str, x: torch.Tensor, y: torch.Tensor, params: Sequence[int], 
     round, truncation fused into the reshare."""
     if is_rss():
         return rss.mul_trunc(op, x, y, params, bits)
-    return truncate(beaver.beaver(op, x, y, params), bits)
+    return truncation.truncate(beaver.beaver(op, x, y, params), bits, owned=True)
 
 
 def square(x: torch.Tensor) -> torch.Tensor:
@@ -153,7 +153,7 @@ def square_trunc(x: torch.Tensor, bits: int) -> torch.Tensor:
     """Shares of x * x / 2^bits (additive: square then truncation; rss: one round)."""
     if is_rss():
         return rss.square_trunc(x, bits)
-    return truncate(beaver.square(x), bits)
+    return truncation.truncate(beaver.square(x), bits, owned=True)
 
 
 def truncate(x: torch.Tensor, bits: int) -> torch.Tensor:

@@ -33,12 +33,13 @@ from .primitives import open_
 BIAS_BITS = 62
 
 
-def truncate(x: torch.Tensor, bits: int) -> torch.Tensor:
-    """Shares of x / 2^bits (rounded down, +-1 ulp)."""
+def truncate(x: torch.Tensor, bits: int, owned: bool = False) -> torch.Tensor:
+    """Shares of x / 2^bits (rounded down, +-1 ulp). `owned`: x is the caller's fresh
+    tensor, used no more (a product's result): local truncation then happens in it."""
     if bits == 0:
         return x
     if is_local():
-        return _local(x, bits)
+        return _local(x, bits, owned)
     return truncate_exact(x, bits)
 
 
@@ -48,8 +49,10 @@ def is_local() -> bool:
     return s.world_size == 2 and s.config.truncation == "local"
 
 
-def _local(x: torch.Tensor, bits: int) -> torch.Tensor:
-    return x >> bits if current().rank == 0 else -((-x) >> bits)
+def _local(x: torch.Tensor, bits: int, owned: bool = False) -> torch.Tensor:
+    if current().rank == 0:
+        return x.bitwise_right_shift_(bits) if owned else x >> bits
+    return x.neg_().bitwise_right_shift_(bits).neg_() if owned else -((-x) >> bits)
 
 
 def _local_many(items):

@@ -38,7 +38,11 @@ class Correlation:
         self._fetch = fetch
 
     def __getitem__(self, j: int) -> torch.Tensor:
-        return self._parts[j]
+        part = self._parts[j]
+        if part is None:
+            raise ProtocolError(f"component {j} of this correlated value is rank 0's correction: "
+                                "read it through corrected()")
+        return part
 
     def corrected(self) -> list[torch.Tensor]:
         """All components, rank 0's correcting ones replaced (waits for the dealer once)."""
@@ -126,7 +130,6 @@ class Provider:
         if self._recording is not None:
             self._record_index[request.counter] = len(self._recording)
             self._recording.append(_relative(spec, self._record_index))
-        parts = correlations.derive(self._key, request.counter, kind, op, shapes, params)
         fetch = None
         if self.rank == CORRECTING_RANK:
             fetch = self._prefetched.pop(request.counter, None)
@@ -134,6 +137,13 @@ class Provider:
                 self.stats["prefetched"] += 1
             else:
                 fetch = self._corrections(request)
+            # The components the corrections replace are never drawn here (as at the dealer).
+            n = len(correlations.component_shapes(kind, op, shapes, params))
+            upto = n - correlations.correction_count(kind, params)
+            parts = correlations.derive(self._key, request.counter, kind, op, shapes, params, upto)
+            parts += [None] * (n - upto)
+        else:
+            parts = correlations.derive(self._key, request.counter, kind, op, shapes, params)
         return Correlation(parts, fetch)
 
     def _next_counter(self, spec: tuple) -> int:
