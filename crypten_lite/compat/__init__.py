@@ -253,21 +253,27 @@ def log(*args, in_order: bool = False, dst=0, **kwargs) -> None:
 # crypten.print calls so far in this process: every party makes the same calls, so the
 # number orders what the parties of run_multiprocess printed as CrypTen shows it.
 PRINT_CALLS = {"count": 0}
+# Called after each crypten.print / log call (run_multiprocess's parties: the call is done here).
+PRINT_HOOKS: list[Callable[[], None]] = []
 
 
 def _print_with(out: Callable, args, in_order: bool, dst, kwargs) -> None:
     PRINT_CALLS["count"] += 1
-    if not is_initialized():
-        out(*args, **kwargs)
-        return
-    c = communicator.get()
-    if in_order:
-        for rank in range(c.get_world_size()):
-            if rank == c.get_rank():
-                out(*args, **kwargs)
-            c.barrier()
-    elif c.get_rank() in (dst if isinstance(dst, (list, tuple, set)) else (dst,)):
-        out(*args, **kwargs)
+    try:
+        if not is_initialized():
+            out(*args, **kwargs)
+            return
+        c = communicator.get()
+        if in_order:
+            for rank in range(c.get_world_size()):
+                if rank == c.get_rank():
+                    out(*args, **kwargs)
+                c.barrier()
+        elif c.get_rank() in (dst if isinstance(dst, (list, tuple, set)) else (dst,)):
+            out(*args, **kwargs)
+    finally:
+        for hook in PRINT_HOOKS:
+            hook()
 
 
 def print_communication_stats() -> None:

@@ -120,3 +120,48 @@ def test_run_multiprocess_from_c_stdin_and_top_level_script(script, expected, ho
                        cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     assert expected in r.stdout
+
+
+STREAM_SCRIPT = """
+import os, sys, time
+import crypten_lite.compat as crypten
+import crypten_lite.compat.mpc as mpc
+crypten.init()
+GO = sys.argv[1]
+
+@mpc.run_multiprocess(world_size=2)
+def wait_for_the_reader():
+    crypten.print("first, while the parties run")
+    deadline = time.monotonic() + 150
+    while not os.path.exists(GO):       # the test creates GO once it has read the line above
+        if time.monotonic() > deadline:
+            raise TimeoutError("the caller did not show what the parties printed while they ran")
+        time.sleep(0.05)
+    crypten.print("second")
+    return 1
+
+print("RESULT", wait_for_the_reader(), flush=True)
+"""
+
+
+def test_run_multiprocess_shows_what_the_parties_print_while_they_run(tmp_path):
+    """The parties block until the caller's stdout has shown their first crypten.print: if the
+    output came only at return, they would give up (a deadline, never a hang) and this fails."""
+    script, go = tmp_path / "stream.py", tmp_path / "go"
+    script.write_text(STREAM_SCRIPT)
+    proc = subprocess.Popen([sys.executable, str(script), str(go)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=_env(), cwd=tmp_path)
+    try:
+        lines = []
+        for line in proc.stdout:  # EOF when the script ends (it ends: every wait has a deadline)
+            lines.append(line)
+            if line.startswith("first, while the parties run"):
+                go.touch()
+        proc.wait(timeout=300)
+        err = proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err[-3000:]
+    assert [ln.strip() for ln in lines] == ["first, while the parties run", "second", "RESULT [1, 1]"], lines
