@@ -163,7 +163,9 @@ def drive(service: Service, model: str, clients: int, seconds: float, sample_sha
                                                / max(1, counts["answered"]), 2)
                                       for k in cpu_after if k in cpu_before and k != "epoch"}
             if cpu_after.get("epoch") == cpu_before.get("epoch") else {},
-            "errors": sorted(set(errors))}
+            "errors": sorted(set(errors)),
+            # the machine's 1-minute load average at the end (the run itself adds about 2)
+            "load_avg": round(os.getloadavg()[0], 1)}
 
 
 async def _drive_aio(service: Service, clients: int, seconds: float, refs, until, record) -> None:
@@ -268,7 +270,8 @@ def plot(rows: list[dict], path: str) -> None:
     series = {}
     for r in rows:
         if r.get("run") == "load" and r["p50_ms"] is not None:
-            series.setdefault((r["model"], r.get("protocol", "additive"), r["tls"]), []).append(r)
+            series.setdefault((r["model"], r.get("protocol", "additive"), r["tls"], _setup(r)),
+                              []).append(r)
     W, H, L, B = 640, 400, 70, 50
     ymax = max((r["p99_ms"] for s in series.values() for r in s), default=1) * 1.1
     xs = sorted({r["clients"] for s in series.values() for r in s}) or [1]
@@ -285,13 +288,15 @@ def plot(rows: list[dict], path: str) -> None:
         v = ymax * k / 4
         out.append(f'<text x="{L-5}" y="{ly(v)+4:.0f}" text-anchor="end">{v:.0f}</text>')
     colors = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"]
-    for i, ((model, protocol, tls), rs) in enumerate(sorted(series.items())):
+    for i, ((model, protocol, tls, setup), rs) in enumerate(sorted(series.items())):
         rs = sorted(rs, key=lambda r: r["clients"])
         for key, dash in (("p50_ms", ""), ("p99_ms", ' stroke-dasharray="5,4"')):
             pts = " ".join(f"{lx(r['clients']):.1f},{ly(r[key]):.1f}" for r in rs)
             out.append(f'<polyline points="{pts}" fill="none" stroke="{colors[i % 6]}" stroke-width="2"{dash}/>')
+            out += [f'<circle cx="{lx(r["clients"]):.1f}" cy="{ly(r[key]):.1f}" r="3" '
+                    f'fill="{colors[i % 6]}"/>' for r in rs]
         out.append(f'<text x="{L+10}" y="{30+16*i}" fill="{colors[i % 6]}">{model} {protocol}'
-                   f'{" TLS" if tls else ""}: p50 solid, p99 dashed</text>')
+                   f'{" TLS" if tls else ""} ({setup}): p50 solid, p99 dashed</text>')
     out.append("</svg>")
     pathlib.Path(path).write_text("\n".join(out) + "\n")
 
@@ -299,13 +304,21 @@ def plot(rows: list[dict], path: str) -> None:
 BEGIN, END = "<!-- serve-figures -->", "<!-- /serve-figures -->"
 
 
+def _setup(r: dict) -> str:
+    """How a row's service pooled and how its clients were driven (rows written before
+    --compare-bits and --driver existed: all-pairs pooling, one thread per client)."""
+    pooling = f"tree pools, {r['compare_bits']}-bit" if "compare_bits" in r else "all-pairs pools"
+    return f"{pooling}, {r.get('driver', 'threads')} clients"
+
+
 def table(rows: list[dict]) -> str:
     """The Markdown table of docs/serving.md (between BEGIN and END) from the JSON rows."""
-    out = [BEGIN, "| run | model | protocol | TLS | clients | predictions/s | p50 ms | p99 ms | "
-                  "mean batch | answered | failed | wrong |", "| --- " * 12 + "|"]
+    out = [BEGIN, "| run | model | protocol | setup | TLS | clients | predictions/s | p50 ms | p99 ms | "
+                  "mean batch | answered | failed | wrong |", "| --- " * 13 + "|"]
     for r in rows:
         extra = f" (restart {r['restart_s']} s)" if r.get("run") == "kill_restart" else ""
         out.append(f"| {r.get('run', 'load')}{extra} | {r['model']} | {r.get('protocol', 'additive')} | "
+                   f"{_setup(r)} | "
                    f"{'yes' if r['tls'] else 'no'} | {r['clients']} | {r['throughput']} | {r['p50_ms']} | "
                    f"{r['p99_ms']} | {r['mean_batch']} | {r['answered']} | {r['failed']} | {r['wrong']} |")
     return "\n".join(out + [END])
