@@ -5,8 +5,10 @@ corrections fetched before, as `crypten-lite bench` does), then profile --profil
 products with cProfile and sort each party's time into: waiting for the peer (the transport:
 the peer's message in flight, and the peer itself being slower), sending (framing and queuing
 the message: the one copy of copy-on-send), PRG (AES-CTR keystream of the shares and the
-triple), packing the opening (torch.cat), truncation, and the Beaver arithmetic with the rest
-of the Python around it. Prints one line per party, milliseconds per product.
+triple), packing the opening (the differences x - a, y - b written into the one message:
+torch.sub, formerly torch.cat), truncation, and the Beaver arithmetic with the rest of the
+Python around it. Prints one line per party, milliseconds per product, with the CPU time of
+the party process and its minor page faults per product (unprofiled runs).
 
     python benchmarks/profile_mul.py [--n 1000000] [--profiled 3]
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import time
 
@@ -32,7 +35,7 @@ CATEGORIES = {
     "wait_for_peer": [("<method 'acquire' of '_thread.lock' objects>", "")],
     "send_framing": [("_send", "grpc_comm.py")],
     "prg": [("keystream_ring", "random.py")],
-    "pack_opening": [("<built-in method torch.cat>", "")],
+    "pack_opening": [("<built-in method torch.cat>", ""), ("<built-in method torch.sub>", "")],
     "truncation": [("truncate", "truncation.py")],
 }
 
@@ -48,13 +51,16 @@ def _party(n: int, profiled: int) -> dict:
     x, y = crypten_lite.cryptensor(a, src=0), crypten_lite.cryptensor(b, src=1)
     with offline.record() as plan:
         x * y
-    online = []
+    online, cpu, faults = [], [], []
     for _ in range(5):
         offline.prefetch(plan)
         c.barrier()
-        start = time.perf_counter()
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        start, cpu_start = time.perf_counter(), time.process_time()
         x * y
         online.append(time.perf_counter() - start)
+        cpu.append(time.process_time() - cpu_start)
+        faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
     profile = cProfile.Profile()
     total = 0.0
     for _ in range(profiled):
@@ -67,6 +73,10 @@ def _party(n: int, profiled: int) -> dict:
         total += time.perf_counter() - start
     stats = pstats.Stats(profile).stats
     out = {"rank": c.rank, "online_ms_median": statistics.median(online) * 1e3,
+           # CPU time of the party process (every thread) and pages first touched, per
+           # product: less sensitive to the machine's load than wall time.
+           "cpu_ms_median": statistics.median(cpu) * 1e3,
+           "minor_page_faults_median": int(statistics.median(faults)),
            "profiled_ms_per_mul": total / profiled * 1e3}
     used = 0.0
     for category, names in CATEGORIES.items():

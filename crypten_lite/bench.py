@@ -667,6 +667,69 @@ def raw_tcp():
             "mb_per_s": len(out) / seconds / 1e6}
 
 
+@workload("reveal_4")
+def reveal_4():
+    """Reveal of 4 shared elements to both parties (one round): the per-round cost that small
+    openings pay (compare raw_tcp_rtt, the wire's round trip)."""
+    a = _data(1, 4)
+    x = crypten_lite.cryptensor(a, src=0)
+    return _measure(lambda: (x.get_plain_text(), a))
+
+
+@workload("mul_4")
+def mul_4():
+    """Product of 4 shared elements (one round, truncation local; the dealer's correction
+    fetched in the offline phase, as for every row): the per-op cost of a small product."""
+    a, b = _data(1, 4), _data(2, 4)
+    x, y = crypten_lite.cryptensor(a, src=0), crypten_lite.cryptensor(b, src=1)
+    return _measure(lambda: (_reveal_after(lambda: x * y), a * b))
+
+
+RTT_SAMPLES = 50
+
+
+@workload("raw_tcp_rtt")
+def raw_tcp_rtt():
+    """The wire's limit for reveal_4: a 64-byte ping-pong between the same two party processes
+    over one plain loopback TCP socket (TCP_NODELAY), median of RTT_SAMPLES round trips."""
+    import socket
+    c = comm.get()
+    listener = None
+    if c.rank == 0:
+        listener = socket.create_server(("127.0.0.1", 0))
+        c.send(torch.tensor([listener.getsockname()[1]]), 1)
+        listener.settimeout(60)
+        sock, _ = listener.accept()
+    else:
+        sock = socket.create_connection(("127.0.0.1", int(c.recv(0)[0])), timeout=60)
+    times = []
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.settimeout(60)
+        ping, got = bytes(64), bytearray(64)
+        c.barrier()
+        for _ in range(RTT_SAMPLES + 1):  # the first is a warm-up
+            start = time.perf_counter()
+            if c.rank == 0:
+                sock.sendall(ping)
+            n = 0
+            while n < 64:
+                k = sock.recv_into(memoryview(got)[n:])
+                if not k:
+                    raise ConnectionError("raw_tcp_rtt: the peer closed its socket early")
+                n += k
+            if c.rank == 1:
+                sock.sendall(ping)
+            times.append(time.perf_counter() - start)
+    finally:
+        sock.close()
+        if listener is not None:
+            listener.close()
+    seconds = statistics.median(times[1:]) if c.rank == 0 else 0.0
+    return {"seconds": seconds, "rounds": 1, "bytes_sent": 64, "bytes_received": 64,
+            "messages": 1, "comm_seconds": seconds, "dealer_bytes": 0, "max_error": 0.0}
+
+
 def bare_grpc_echo(nbytes: int = 16 * 1024 * 1024, repeat: int = 3) -> float:
     """Seconds for a bare gRPC stream to carry `nbytes` to a server and back (median)."""
     from crypten_lite.comm.bare import echo_seconds
@@ -700,7 +763,7 @@ def run(names: list[str], parties: int, provider: str, repeat: int, tls_dir: str
     from .mpc.launcher import inherited_settings
     with PartyPool(parties, provider=provider, timeout=timeout, env=env, protocol=protocol) as pool:
         for name in names:
-            if name in TRANSPORT_ROWS and parties != 2:
+            if name in TRANSPORT_ROWS + LATENCY_ROWS and parties != 2:
                 continue
             samples = []
             try:
@@ -757,11 +820,19 @@ def run(names: list[str], parties: int, provider: str, repeat: int, tls_dir: str
 TRANSPORT_ROWS = ("transport_16MB", "raw_tcp_16MB")
 
 
+# The latency rows: raw_tcp_rtt (a 64-byte round trip on plain TCP) is the limit of reveal_4,
+# and reveal_4 that of mul_4 (a small product is one opening plus local arithmetic).
+LATENCY_ROWS = ("reveal_4", "mul_4", "raw_tcp_rtt")
+
+
 def _with_the_wire(names: list[str]) -> list[str]:
-    """`names`, with raw_tcp_16MB measured right after transport_16MB where it is not named."""
-    if "transport_16MB" in names and "raw_tcp_16MB" not in names:
-        i = names.index("transport_16MB")
-        return names[:i + 1] + ["raw_tcp_16MB"] + names[i + 1:]
+    """`names`, with raw_tcp_16MB measured right after transport_16MB where it is not named
+    (and raw_tcp_rtt after reveal_4 or mul_4, reveal_4 after mul_4)."""
+    for row, limit in (("transport_16MB", "raw_tcp_16MB"), ("mul_4", "reveal_4"),
+                       ("reveal_4", "raw_tcp_rtt")):
+        if row in names and limit not in names:
+            i = names.index(row)
+            names = names[:i + 1] + [limit] + names[i + 1:]
     return names
 
 
@@ -773,6 +844,11 @@ def _against_the_wire(rows: list[dict]) -> None:
             r["gb_per_s"] = r["mb_per_s"] / 1e3
             if raw is not None:
                 r["times_raw_tcp"] = raw["mb_per_s"] / r["mb_per_s"]
+    by_name = {r["workload"]: r for r in rows if "seconds_median" in r}
+    for row, limit, field in (("reveal_4", "raw_tcp_rtt", "times_raw_tcp_rtt"),
+                              ("mul_4", "reveal_4", "times_reveal_4")):
+        if row in by_name and limit in by_name and by_name[limit]["seconds_median"] > 0:
+            by_name[row][field] = by_name[row]["seconds_median"] / by_name[limit]["seconds_median"]
 
 
 def cpu_model() -> str:
@@ -860,4 +936,7 @@ def main(argv: list[str] | None = None) -> int:
         if "gb_per_s" in r:
             ratio = f", {r['times_raw_tcp']:.2f}x raw TCP's time" if "times_raw_tcp" in r else ""
             print(f"{r['workload']}: {r['gb_per_s']:.2f} GB/s per direction{ratio}", file=sys.stderr)
+        for field, limit in (("times_raw_tcp_rtt", "a raw TCP round trip"), ("times_reveal_4", "reveal_4")):
+            if field in r:
+                print(f"{r['workload']}: {r[field]:.2f}x {limit}'s time", file=sys.stderr)
     return 0 if all("error" not in r for r in rows) else 1

@@ -407,8 +407,9 @@ class _PartyServicer(pb_grpc.PartyServicer):
                 self.comm.mailbox.put(src, frame.seq,
                                       _tagged(serde.from_bytes(frame.dtype, shape, frame.data), tag))
                 return
-            # Chunks are copied once, into one buffer of the announced size.
-            partial[frame.seq] = (frame.dtype, (shape, tag), bytearray(nbytes), 0, 0)
+            # Chunks are copied once, into one buffer of the announced size (not zero-filled
+            # first: every byte of it is written by a chunk before it is read).
+            partial[frame.seq] = (frame.dtype, (shape, tag), serde.payload_buffer(nbytes), 0, 0)
         if frame.seq not in partial:
             raise CommunicationError(f"chunk of unknown message {frame.seq}")
         dtype, first_shape, buffer, received, size = partial[frame.seq]
@@ -417,13 +418,13 @@ class _PartyServicer(pb_grpc.PartyServicer):
         n = len(frame.data)
         if size + n > nbytes or (frame.chunk < expected_chunks - 1 and n != CHUNK_BYTES):
             raise CommunicationError(f"message {frame.seq} does not match its shape")
-        buffer[size:size + n] = frame.data
+        buffer.data[size:size + n] = frame.data
         partial[frame.seq] = (dtype, first_shape, buffer, received + 1, size + n)
         if received + 1 == expected_chunks:
             del partial[frame.seq]
             if size + n != nbytes:
                 raise CommunicationError(f"message {frame.seq} is shorter than its shape")
-            self.comm.mailbox.put(src, frame.seq, _tagged(serde.from_bytes(dtype, shape, buffer), tag))
+            self.comm.mailbox.put(src, frame.seq, _tagged(buffer.tensor(dtype, shape), tag))
 
 
 def _tagged(tensor: torch.Tensor, tag: bytes) -> torch.Tensor:

@@ -56,3 +56,25 @@ def from_bytes(dtype: str, shape: tuple[int, ...], data: bytes | bytearray) -> t
         return torch.zeros(shape, dtype=DTYPES[dtype])
     buffer = data if isinstance(data, bytearray) else bytearray(data)
     return torch.frombuffer(buffer, dtype=DTYPES[dtype]).view(shape)
+
+
+class PayloadBuffer:
+    """The receiving buffer of one message sent in chunks: `data`, a writable memoryview of
+    its bytes (uninitialised: the chunks fill every byte), then `tensor()` of it, no copy."""
+
+    def __init__(self, nbytes: int):
+        self._storage = torch.empty(nbytes, dtype=torch.uint8)
+        self.data = memoryview(self._storage.numpy()).cast("B")
+
+    def tensor(self, dtype: str, shape: tuple[int, ...]) -> torch.Tensor:
+        """The received tensor (header validated by check_header, every byte written)."""
+        nbytes = check_header(dtype, shape, len(self.data))
+        if nbytes != len(self.data):
+            raise CommunicationError(f"payload of {len(self.data)} bytes does not match shape {tuple(shape)}")
+        self.data.release()
+        return self._storage.view(DTYPES[dtype]).view(shape)
+
+
+def payload_buffer(nbytes: int) -> PayloadBuffer:
+    """A buffer of `nbytes` for a message that arrives in chunks (see PayloadBuffer)."""
+    return PayloadBuffer(nbytes)

@@ -24,3 +24,21 @@ def test_each_transport_row_gets_its_rate_and_its_ratio_to_raw_tcp():
     alone = [{"workload": "transport_16MB", "mb_per_s": 500.0}]  # raw TCP failed or not run
     bench._against_the_wire(alone)
     assert alone[0]["gb_per_s"] == 0.5 and "times_raw_tcp" not in alone[0]
+
+
+def test_small_ops_bring_their_limits_along():
+    assert bench._with_the_wire(["mul_4", "lenet_b1"]) == ["mul_4", "reveal_4", "raw_tcp_rtt", "lenet_b1"]
+    assert bench._with_the_wire(["reveal_4"]) == ["reveal_4", "raw_tcp_rtt"]
+    assert bench._with_the_wire(["raw_tcp_rtt", "reveal_4"]) == ["raw_tcp_rtt", "reveal_4"]
+    assert set(bench.LATENCY_ROWS) <= set(bench.WORKLOADS)
+
+
+def test_small_ops_get_their_ratio_to_their_limit():
+    rows = [{"workload": "mul_4", "seconds_median": 0.003}, {"workload": "reveal_4", "seconds_median": 0.001},
+            {"workload": "raw_tcp_rtt", "seconds_median": 0.0002}]
+    bench._against_the_wire(rows)
+    assert abs(rows[0]["times_reveal_4"] - 3.0) < 1e-9 and abs(rows[1]["times_raw_tcp_rtt"] - 5.0) < 1e-9
+    assert "times_raw_tcp_rtt" not in rows[0] and "times_reveal_4" not in rows[2]
+    alone = [{"workload": "mul_4", "seconds_median": 0.003}]
+    bench._against_the_wire(alone)
+    assert "times_reveal_4" not in alone[0]
