@@ -246,6 +246,13 @@ class MPCTensor(CrypTensor):
 
     @share.setter
     def share(self, value: torch.Tensor) -> None:
+        from ..mpc.replicated import Replicated
+        held = self._binary if self._binary is not None else self._tensor.share
+        if isinstance(held, Replicated) and not isinstance(value, Replicated):
+            raise TypeError(f"party {current().rank}: under the replicated protocol (cfg.mpc.protocol "
+                            "'replicated', crypten_lite's rss) a party's share is two components "
+                            f"(a Replicated), not one {type(value).__name__}: set a Replicated, or "
+                            "build the tensor with MPCTensor.from_shares")
         if self._binary is not None:
             self._binary = value
         else:

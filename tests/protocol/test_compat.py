@@ -353,3 +353,22 @@ def test_alias_loads_compat_by_name():
     finally:
         for name in [n for n in sys.modules if n == "crypten" or n.startswith("crypten.")]:
             del sys.modules[name]
+
+
+def share_setter_under_rss():
+    crypten.init()
+    x = crypten.cryptensor(torch.tensor([1.0, 2.0]))
+    try:
+        x.share = torch.zeros(2, dtype=torch.long)  # one plain tensor: not a replicated share
+        refused = None
+    except TypeError as e:
+        refused = str(e)
+    x.share = x.share  # a Replicated is taken as it is
+    return refused, x.get_plain_text()
+
+
+def test_share_setter_refuses_one_plain_tensor_under_rss(pool3_rss):
+    for rank, (refused, plain) in enumerate(pool3_rss.run(share_setter_under_rss)):
+        assert refused is not None and f"party {rank}: under the replicated protocol" in refused
+        assert "two components" in refused
+        assert torch.allclose(plain, torch.tensor([1.0, 2.0]), **TOL)  # the tensor is left intact
