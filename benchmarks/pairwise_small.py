@@ -1,6 +1,7 @@
 """Provider pairwise against the dealer on small workloads, offline and online timed apart:
 each party records the run, prefetches the plan (the offline phase: with pairwise the two
-parties make every correlation with homomorphic encryption) and then runs it again (online).
+parties make every correlation with homomorphic encryption and oblivious transfer) and then
+runs it again (online).
 Prints one JSON line per (provider, workload): offline and online seconds (the slower party),
 both parties' offline bytes (pairwise messages) and online bytes, rounds, max error.
 

@@ -1,6 +1,7 @@
 """The markdown tables of docs/protocols.md ("Provider pairwise: measured") from the JSON lines
-that benchmarks/pairwise_small.py and benchmarks/pairwise_vs_cheetah.py wrote
-(docs/pairwise_small.jsonl, docs/pairwise_vs_cheetah.jsonl); tests check the doc against it."""
+that benchmarks/pairwise_small.py and benchmarks/pairwise_vs_cheetah.py (full and --quick) wrote
+(docs/pairwise_small.jsonl, docs/pairwise_vs_cheetah.jsonl, docs/pairwise_quick.jsonl); tests
+check the doc against them."""
 
 from __future__ import annotations
 
@@ -34,7 +35,21 @@ def side_by_side() -> str:
     return "\n".join(out)
 
 
+def quick_table() -> str:
+    """The table of `python benchmarks/pairwise_vs_cheetah.py --quick` (docs/pairwise_quick.jsonl)."""
+    import sys
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+    try:
+        from pairwise_vs_cheetah import quick_table as render
+    finally:
+        sys.path.pop(0)
+    rows = [json.loads(line) for line in (DOCS / "pairwise_quick.jsonl").read_text().splitlines()]
+    return render(rows)
+
+
 if __name__ == "__main__":
     print(small_table())
     print()
     print(side_by_side())
+    print()
+    print(quick_table())

@@ -63,6 +63,7 @@ HELLO, DATA, ACK, ERROR = 1, 2, 3, 4
 _HEADER = struct.Struct("<4sBBQ32s")
 _MAC = 32
 PROGRESS_ENV = "CRYPTEN_LITE_PROGRESS"
+BATCH_ELEMENTS = 1 << 16   # prefetch: small mul triples / squares share ciphertexts up to this
 OT_DESCRIPTION = f"iknp;base=co15-ed25519;kappa={ot.KAPPA};hash=tmmo-aes128;prg=aes256ctr"
 
 
@@ -263,10 +264,75 @@ class PairwiseProvider(Provider):
         self._plan_start = start
         self._drop_prefetched()
         progress = _Progress(len(self._plan), self.stats, self.rank)
+        done = 0
+        for group in self._elementwise_groups():
+            self._make_elementwise(start, group)
+            done += len(group)
+            progress.step(done)
         for i, (kind, op, shapes, params) in enumerate(self._plan):
+            if start + i in self._ready:
+                continue
             self._ready[start + i] = self._make(start + i, kind, op, shapes, params)
-            progress.step(i + 1)
+            done += 1
+            progress.step(done)
         progress.done()
+
+    def _elementwise_groups(self) -> list[list[int]]:
+        """Plan positions of the small elementwise HE correlations (mul triples, squares),
+        in groups of at most BATCH_ELEMENTS elements: each group shares its ciphertexts (one
+        exchange), where one request alone would fill a fraction of a ciphertext's slots."""
+        groups, current, size = [], [], 0
+        for i, (kind, op, shapes, params) in enumerate(self._plan):
+            if not ((kind == "triple" and op == "mul") or kind == "square"):
+                continue
+            n = math.prod(torch.broadcast_shapes(*[tuple(s) for s in shapes]))
+            if n >= BATCH_ELEMENTS // 2:
+                continue                          # fills its own ciphertexts
+            if size + n > BATCH_ELEMENTS and current:
+                groups.append(current)
+                current, size = [], 0
+            current.append(i)
+            size += n
+        if current:
+            groups.append(current)
+        return [g for g in groups if len(g) > 1]
+
+    def _make_elementwise(self, start: int, group: list[int]) -> None:
+        """The cross products of a group of mul triples / squares in one exchange."""
+        entries, firsts, seconds = [], [], []
+        for i in group:
+            kind, op, shapes, params = self._plan[i]
+            correlations.check_request(kind, op, shapes, params, self.world_size,
+                                       self._comm_max_bytes())
+            parts = correlations.derive(self._key, start + i, kind, op, shapes, params)
+            if kind == "triple":
+                a, b = torch.broadcast_tensors(parts[0], parts[1])
+                x, y = (a, b) if self.rank == 0 else (b, a)       # a0 b1 + b0 a1
+            else:
+                a = parts[0]
+                x, y = (a if self.rank == 0 else a * 2), torch.zeros_like(a)   # a0 (2 a1)
+            entries.append((i, kind, params, parts, x.shape))
+            firsts.append(_u(x).reshape(-1))
+            seconds.append(_u(y).reshape(-1))
+        tag = (start + group[0], "elementwise-batch", [start + i for i in group])
+        before = self.stats["pairwise_bytes_sent"] + self.stats["pairwise_bytes_received"]
+        t0 = self.stats["pairwise_seconds"]
+        (cross,) = self._exchange(tag, lambda: [_t(self._engine.elementwise(
+            [np.concatenate(firsts), np.concatenate(seconds)], 129))])
+        offset = 0
+        for i, kind, params, parts, shape in entries:
+            n = math.prod(shape)
+            c = cross[offset:offset + n].view(shape)
+            offset += n
+            if kind == "triple":
+                self._ready[start + i] = [parts[0], parts[1], TRIPLE_OPS["mul"](parts[0], parts[1], params) + c]
+            else:
+                self._ready[start + i] = [parts[0], parts[0] * parts[0] + c]
+        self.stats["pairwise_made"] += len(group)
+        row = self.by_kind.setdefault("elementwise batch", [0, 0, 0.0])
+        row[0] += len(group)
+        row[1] += self.stats["pairwise_bytes_sent"] + self.stats["pairwise_bytes_received"] - before
+        row[2] += self.stats["pairwise_seconds"] - t0
 
     def wait_prefetched(self) -> None:
         """Nothing to wait for: prefetch() returns once every correlation is made."""

@@ -291,3 +291,42 @@ def test_docs_tables_come_from_the_measurements():
     doc = (root / "docs" / "protocols.md").read_text()
     assert pairwise_tables.small_table() in doc
     assert pairwise_tables.side_by_side() in doc
+    assert pairwise_tables.quick_table() in doc
+
+
+def test_prefetch_batches_small_elementwise_correlations():
+    """An offline plan of small mul triples and squares is made in one exchange (shared
+    ciphertexts): each correlation still combines to its relation, and the bytes are far
+    fewer than one exchange per request."""
+    plan = [("triple", "mul", [(5, 3), (3,)], ()), ("square", "", [(7,)], ()),
+            ("triple", "mul", [(40,), (40,)], ()), ("bit", "", [(4,)], ())]
+    comms = _pair()
+    ps = _providers(comms)
+
+    def used(p):
+        return p.stats["pairwise_bytes_sent"] + p.stats["pairwise_bytes_received"]
+
+    def run(p):
+        p.get("triple", [(1,), (1,)], "mul").corrected()      # the public keys go out here
+        before = used(p)
+        p.prefetch(plan[:3])
+        made = used(p) - before
+        p.prefetch(plan)
+        got = [[t.clone() for t in p.get(k, s, op, par).corrected()] for k, op, s, par in plan]
+        return got, made, p.stats["prefetched"]
+    out = _both([lambda p=p: run(p) for p in ps])
+    assert out[0][1] is None and out[1][1] is None, out
+    (g0, batched, pre0), (g1, _, _) = out[0][0], out[1][0]
+    assert pre0 == len(plan)
+    s = [[x + y for x, y in zip(a, b)] for a, b in zip(g0, g1)]
+    assert torch.equal(s[0][2], s[0][0] * s[0][1]) and torch.equal(s[2][2], s[2][0] * s[2][1])
+    assert torch.equal(s[1][1], s[1][0] * s[1][0])
+    assert torch.equal(s[3][1], g0[3][0] ^ g1[3][0])
+    assert ps[0].by_kind["elementwise batch"][0] == 6
+    # the same requests one by one: three HE exchanges instead of one
+    before = used(ps[0])
+    single = _both([lambda p=p: [p.get(k, s, op, par).corrected() for k, op, s, par in plan[:3]]
+                    for p in ps])
+    assert single[0][1] is None
+    alone = used(ps[0]) - before
+    assert batched < 0.5 * alone, (batched, alone)
