@@ -24,14 +24,16 @@ def small_table() -> str:
 
 def side_by_side() -> str:
     rows = [json.loads(line) for line in (DOCS / "pairwise_vs_cheetah.jsonl").read_text().splitlines()]
-    out = ["| system | workload | end to end | of which offline | load |", "|---|---|---|---|---|"]
+    out = ["| system | workload | end to end | of which offline | MB (both parties) | load |",
+           "|---|---|---|---|---|---|"]
     for r in rows:
         if r.get("end_to_end_seconds") is not None:
             e2e = f"{r['end_to_end_seconds']:.2f} s"
         else:
             e2e = f"not finished ({r.get('error')})"
         off = f"{r['offline_seconds']:.2f} s" if r.get("offline_seconds") is not None else "-"
-        out.append(f"| {r['system']} | {r['workload']} | {e2e} | {off} | {r.get('load_average_1min')} |")
+        mb = f"{r['bytes_both_parties'] / 1e6:.1f}" if r.get("bytes_both_parties") else "not reported"
+        out.append(f"| {r['system']} | {r['workload']} | {e2e} | {off} | {mb} | {r.get('load_average_1min')} |")
     return "\n".join(out)
 
 
