@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import threading
 from collections import OrderedDict
 from typing import Callable
@@ -79,6 +80,11 @@ def _absolute(spec: tuple, start: int) -> tuple:
     return spec
 
 
+# Bytes of seeded components a party derives ahead in an offline phase (prefetch), for the
+# plan's first requests: the run's keystream work moves offline, within a bounded memory.
+DERIVE_AHEAD_BYTES = 64 << 20
+
+
 class Provider:
     """Base provider: counters, seeded derivation and the offline plan; subclasses supply
     rank 0's corrections.
@@ -103,6 +109,9 @@ class Provider:
         self._plan_start = 0
         self._prefetched: dict[int, Callable[[], list[torch.Tensor]]] = {}
         self._stream: _Prefetch | None = None  # rank 0, dealer: the prefetched batch's pulls
+        # This party's seeded components of the plan's first requests, derived in the offline
+        # phase (at most DERIVE_AHEAD_BYTES): counter -> components, each used once.
+        self._derived: dict[int, list] = {}
 
     def _corrections(self, request: Request) -> Callable[[], list[torch.Tensor]]:
         raise NotImplementedError
@@ -117,6 +126,7 @@ class Provider:
     def _drop_prefetched(self) -> None:
         """Forget the prefetched corrections not used (and stop pulling them)."""
         self._prefetched = {}
+        self._derived = {}
         if self._stream is not None:
             self._stream.close()
             self._stream = None
@@ -137,14 +147,39 @@ class Provider:
                 self.stats["prefetched"] += 1
             else:
                 fetch = self._corrections(request)
-            # The components the corrections replace are never drawn here (as at the dealer).
-            n = len(correlations.component_shapes(kind, op, shapes, params))
-            upto = n - correlations.correction_count(kind, params)
-            parts = correlations.derive(self._key, request.counter, kind, op, shapes, params, upto)
-            parts += [None] * (n - upto)
-        else:
-            parts = correlations.derive(self._key, request.counter, kind, op, shapes, params)
+        parts = self._derived.pop(request.counter, None)
+        if parts is None:
+            parts = self._derive(request.counter, kind, op, shapes, params)
         return Correlation(parts, fetch)
+
+    def _drawn(self, kind: str, op: str, shapes, params) -> tuple[int, int]:
+        """(components of a request, how many of them this party draws): rank 0 never draws
+        the ones the dealer's corrections replace (nor does the dealer, for rank 0)."""
+        n = len(correlations.component_shapes(kind, op, shapes, params))
+        if self.rank != CORRECTING_RANK:
+            return n, n
+        return n, n - correlations.correction_count(kind, params)
+
+    def _derive(self, counter: int, kind: str, op: str, shapes, params) -> list:
+        """This party's seeded components of request `counter` (None for the corrected ones)."""
+        n, upto = self._drawn(kind, op, shapes, params)
+        parts = correlations.derive(self._key, counter, kind, op, shapes, params, upto)
+        return parts + [None] * (n - upto)
+
+    def _derive_ahead(self) -> None:
+        """Offline phase: derive the seeded components of the plan's first requests now (in
+        plan order, up to DERIVE_AHEAD_BYTES), so that the run only takes them. Requests and
+        counters are those the run makes (a run that leaves the plan drops them unused:
+        _next_counter), and each is taken once, so every component is still used once."""
+        budget = DERIVE_AHEAD_BYTES
+        for i, (kind, op, shapes, params) in enumerate(self._plan):
+            n, upto = self._drawn(kind, op, shapes, params)
+            sizes = correlations.component_shapes(kind, op, shapes, params)[:upto]
+            nbytes = 8 * sum(math.prod(shape) for shape in sizes)
+            if nbytes > budget:
+                return
+            budget -= nbytes
+            self._derived[self._plan_start + i] = self._derive(self._plan_start + i, kind, op, shapes, params)
 
     def _next_counter(self, spec: tuple) -> int:
         """The counter of the next request. Inside the prefetched range, a request that differs
@@ -186,6 +221,7 @@ class Provider:
         self._plan = [_absolute(_spec(*entry), start) for entry in plan]
         self._plan_start = start
         self._drop_prefetched()
+        self._derive_ahead()
         if self.rank != CORRECTING_RANK or not plan:
             return
         requests = [Request(kind, start + i, op, shapes, params)
