@@ -20,6 +20,8 @@ import binascii
 import http.server
 import json
 import pathlib
+import select
+import socket
 import ssl
 import tempfile
 import threading
@@ -31,6 +33,22 @@ STATIC = pathlib.Path(__file__).parent / "static"
 HTTP_STATUS = {"invalid": 400, "unauthenticated": 401, "too_large": 413, "busy": 429,
                "duplicate": 409, "deadline": 504, "unavailable": 503, "cancelled": 499,
                "internal": 500}
+
+
+def _peer_gone(conn) -> bool:
+    """Whether the caller of a pending /predict went away. A browser sends nothing more on the
+    connection while it awaits the answer, so the connection turning readable means its FIN,
+    a reset or (HTTPS) its TLS close_notify; on plain HTTP a peek tells a closed connection
+    (no bytes) from a pipelined request (bytes: still there)."""
+    try:
+        readable, _, _ = select.select([conn], [], [], 0)
+        if not readable:
+            return False
+        if isinstance(conn, ssl.SSLSocket):
+            return True
+        return socket.socket.recv(conn, 1, socket.MSG_PEEK) == b""
+    except (OSError, ValueError):  # reset, or closed under us
+        return True
 
 
 def _request_from_json(body: bytes):
@@ -113,7 +131,9 @@ class WebServer:
                     if client is None:
                         raise ServeError("unauthenticated", "no valid client token (header "
                                                             "'Authorization: Bearer <token>')")
-                    reply = outer.party.predict(client, _request_from_json(body), lambda: False)
+                    conn = self.connection  # a browser that leaves cancels its request
+                    reply = outer.party.predict(client, _request_from_json(body),
+                                                lambda: _peer_gone(conn))
                 except ServeError as e:
                     return self._send(HTTP_STATUS[e.kind], json.dumps(
                         {"error": str(e), "kind": e.kind}).encode())

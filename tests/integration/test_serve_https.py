@@ -9,6 +9,7 @@ import concurrent.futures
 import json
 import socket
 import ssl
+import time
 import urllib.error
 import urllib.request
 
@@ -80,3 +81,36 @@ def test_https_share_endpoints(web_service):
     # plain HTTP gets nothing from a TLS endpoint
     with pytest.raises(Exception):
         _call(urls[0].replace("https://", "http://") + "/healthz", None)
+
+
+def test_browser_that_leaves_cancels_its_request(web_service):
+    """A caller of POST /predict that closes its connection while its request waits (here: its
+    other half never sent, so it would wait for its whole 120 s deadline) is cancelled at once:
+    party 0 counts it under `cancelled`, not `deadline`."""
+    conn = web_service.conn
+    url = conn["web_endpoints"][0]
+    ctx = ssl.create_default_context(cafile=conn["ca"])
+    metrics = lambda: json.loads(_call(url + "/metrics", ctx)[2])  # noqa: E731
+    m = metrics()
+    before, requests, deadlines = m["errors"].get("cancelled", 0), m["requests"], m["errors"].get("deadline", 0)
+    with web_service.client() as c:
+        q = c.requests_for(np.zeros((1, 1, 28, 28)), 120.0)[0]
+    body = json.dumps({"request_id": q.request_id.hex(), "shape": list(q.shape),
+                       "precision": q.precision, "dtype": q.dtype, "timeout_ms": q.timeout_ms,
+                       "components": [base64.b64encode(b).decode() for b in q.components]}).encode()
+    host, port = url.split("//")[1].rsplit(":", 1)
+    raw = socket.create_connection((host, int(port)), timeout=60)
+    tls = ctx.wrap_socket(raw, server_hostname="party0")
+    tls.sendall(b"POST /predict HTTP/1.1\r\nHost: party0\r\nContent-Type: application/json\r\n"
+                + f"Authorization: Bearer {conn['token']}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+                + body)
+    parked = time.monotonic() + 100  # hang guards, not timing assumptions
+    while metrics()["requests"] == requests:  # until party 0 holds the request
+        assert time.monotonic() < parked, metrics()
+        time.sleep(0.2)
+    tls.close()
+    end = time.monotonic() + 100  # well before the request's own 120 s deadline
+    while metrics()["errors"].get("cancelled", 0) == before:
+        assert time.monotonic() < end, metrics()
+        time.sleep(0.2)
+    assert metrics()["errors"].get("deadline", 0) == deadlines
