@@ -32,12 +32,14 @@ import os
 import struct
 import tempfile
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 
 from ..errors import ConfigError, ProtocolError
+from ..random import PRG
 
 N = 8192
 PLAIN_BITS = 30
@@ -45,6 +47,7 @@ MAX_PRIMES = 10
 STAT_BITS = 40
 FLOOD_MULS = 3
 RETURN_PRIMES = 2
+THREADS_ENV = "CRYPTEN_LITE_HE_THREADS"   # evaluator threads (one prime each); default: CPUs, <= 4
 SECURITY = "128-bit classical (HE standard, N=8192, log2 q=218, ternary secret)"
 
 
@@ -311,6 +314,19 @@ def unpack(data: bytes, expected: int, what: str) -> list[bytes]:
 
 
 # ---------------------------------------------------------------------- the engine
+def _threads() -> int:
+    raw = os.environ.get(THREADS_ENV, "")
+    if raw:
+        try:
+            value = int(raw)
+        except ValueError:
+            raise ConfigError(f"{THREADS_ENV}={raw!r} is not a number of threads (e.g. 2)") from None
+        if value < 1:
+            raise ConfigError(f"{THREADS_ENV}={raw!r}: at least 1 thread")
+        return value
+    return max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+
+
 def _blocks(m: int, k: int, n: int, degree: int) -> tuple[int, int, int]:
     """Block sizes (mw, kw, nw) of the coefficient encoding: mw*kw*nw + kw - 1 <= degree
     (no negacyclic wrap), chosen to minimise the ciphertexts and products of one matmul."""
@@ -347,6 +363,8 @@ class CrossEngine:
         self._send, self._recv, self._rand = send, recv, rand
         self._primes: list[_Prime] = []
         self._files = _Files()
+        threads = _threads()
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="he") if threads > 1 else None
 
     # -- keys ------------------------------------------------------------------------
     def _ready(self, count: int) -> list[_Prime]:
@@ -381,13 +399,13 @@ class CrossEngine:
         return self._files.dump(p.encryptor.encrypt_symmetric(p.plain(slots)))
 
     # -- evaluator helpers -----------------------------------------------------------------
-    def _uniform(self, t: int, shape: tuple) -> np.ndarray:
+    def _uniform(self, t: int, shape: tuple, rand: Callable | None = None) -> np.ndarray:
         """Uniform values mod t from 128 random bits each (bias below 2^-97)."""
-        w = self._rand((2,) + tuple(shape))
+        w = (rand or self._rand)((2,) + tuple(shape))
         tt = np.uint64(t)
         return ((w[1] % tt) * np.uint64((1 << 64) % t) + w[0] % tt) % tt
 
-    def _flooded(self, p: _Prime):
+    def _flooded(self, p: _Prime, rand: Callable | None = None):
         """A fresh public-key encryption of zero times FLOOD_MULS uniform plaintexts."""
         s = _sealapi()
         z = s.Ciphertext()
@@ -396,16 +414,16 @@ class CrossEngine:
         ev.transform_to_ntt_inplace(z)
         pid = p.ctx.first_parms_id()
         for _ in range(self.params.flood_muls):
-            pt = p.plain(self._uniform(p.t, (self.params.n,)))
+            pt = p.plain(self._uniform(p.t, (self.params.n,), rand))
             ev.transform_to_ntt_inplace(pt, pid)
             ev.multiply_plain_inplace(z, pt)
         ev.transform_from_ntt_inplace(z)
         return z
 
-    def _finish(self, p: _Prime, acc_ntt, mask_slots: np.ndarray) -> bytes:
+    def _finish(self, p: _Prime, acc_ntt, mask_slots: np.ndarray, rand: Callable | None = None) -> bytes:
         """Leave NTT form, flood, mask every slot/coefficient, switch down, serialize."""
         ev = p.evaluator
-        out = self._flooded(p)
+        out = self._flooded(p, rand)
         if acc_ntt is not None:
             ev.transform_from_ntt_inplace(acc_ntt)
             ev.add_inplace(out, acc_ntt)
@@ -465,30 +483,25 @@ class CrossEngine:
                   for x in terms]
         expected = count * len(terms) * chunks
         if self.rank == 0:
-            cts = []
-            for p in primes:
-                for x in padded:
-                    for row in residues(x, p.t):
-                        cts.append(self._encrypt(p, row))
-            self._send(pack(cts))
+            parts = self._per_prime(lambda i, p, rand: [
+                self._encrypt(p, row) for x in padded for row in residues(x, p.t)], primes)
+            self._send(pack([ct for part in parts for ct in part]))
             back = unpack(self._recv(), count * chunks, "result ciphertexts")
-            res = []
-            for i, p in enumerate(primes):
-                res.append(np.concatenate([self._decrypt_slots(p, back[i * chunks + c])
-                                           for c in range(chunks)])[:n])
+            res = self._per_prime(lambda i, p, rand: np.concatenate(
+                [self._decrypt_slots(p, back[i * chunks + c]) for c in range(chunks)])[:n], primes)
             return crt_mod64(res, tuple(p.t for p in primes))
         got = unpack(self._recv(), expected, "ciphertexts")
         r = self._mask_words((chunks, nd), self.params.mask_bits(bound_bits, parity))
-        out = []
-        i = 0
-        for p in primes:
+
+        def evaluate(i: int, p: _Prime, rand: Callable) -> list[bytes]:
             ev = p.evaluator
             r_t = self._mod_t(r, p.t)
             accs = [None] * chunks
+            k = i * len(terms) * chunks
             for x in padded:
                 for c, row in enumerate(residues(x, p.t)):
-                    ct = self._load_ct(p, got[i])
-                    i += 1
+                    ct = self._load_ct(p, got[k])
+                    k += 1
                     if not row.any():
                         continue
                     pt = p.plain(row)
@@ -498,12 +511,14 @@ class CrossEngine:
                         accs[c] = prod
                     else:
                         ev.add_inplace(accs[c], prod)
+            out = []
             for c in range(chunks):
                 acc = accs[c]
                 if acc is not None:
                     ev.transform_to_ntt_inplace(acc)
-                out.append(self._finish(p, acc, r_t[c]))
-        self._send(pack(out))
+                out.append(self._finish(p, acc, r_t[c], rand))
+            return out
+        self._send(pack([ct for part in self._per_prime(evaluate, primes) for ct in part]))
         with np.errstate(over="ignore"):
             return (np.uint64(0) - r[0]).reshape(-1)[:n]
 
@@ -541,27 +556,29 @@ class CrossEngine:
 
         n_a, n_b, n_out = bsz * mb * kb, bsz * kb * nb, bsz * mb * nb
         if self.rank == 0:
-            cts = []
-            for p in primes:
+            def encrypt(i: int, p: _Prime, rand: Callable) -> list[bytes]:
+                out = []
                 for arr, pos in ((a_blk, pos_a), (b_blk, pos_b)):
                     slots = p.ntt.to_slots(polys(arr, pos, p.t)).reshape(-1, nd)
-                    for row in slots:
-                        cts.append(self._encrypt(p, row))
-            self._send(pack(cts))
+                    out.extend(self._encrypt(p, row) for row in slots)
+                return out
+            self._send(pack([ct for part in self._per_prime(encrypt, primes) for ct in part]))
             back = unpack(self._recv(), count * n_out, "result ciphertexts")
-            res = []
-            for i, p in enumerate(primes):
+
+            def decrypt(i: int, p: _Prime, rand: Callable) -> np.ndarray:
                 slots = np.stack([self._decrypt_slots(p, back[i * n_out + j]) for j in range(n_out)])
                 coeffs = p.ntt.to_coeffs(slots)[:, pos_out]  # [bsz*mb*nb, mw*nw]
                 blk = coeffs.reshape(bsz, mb, nb, mw, nw).transpose(0, 1, 3, 2, 4)
-                res.append(blk.reshape(bsz, mb * mw, nb * nw)[:, :m, :n])
+                return blk.reshape(bsz, mb * mw, nb * nw)[:, :m, :n]
+            res = self._per_prime(decrypt, primes)
             return crt_mod64(res, tuple(p.t for p in primes))
         got = unpack(self._recv(), count * (n_a + n_b), "ciphertexts")
         r = self._mask_words((bsz, mb, nb, mw * nw), self.params.mask_bits(bound_bits))
-        out, i = [], 0
-        for p in primes:
+
+        def evaluate(pi: int, p: _Prime, rand: Callable) -> list[bytes]:
             ev = p.evaluator
             pid = p.ctx.first_parms_id()
+            i = pi * (n_a + n_b)
             cts_a = []
             for j in range(n_a):
                 ct = self._load_ct(p, got[i + j])
@@ -572,7 +589,6 @@ class CrossEngine:
                 ct = self._load_ct(p, got[i + n_a + j])
                 ev.transform_to_ntt_inplace(ct)
                 cts_b.append(ct)
-            i += n_a + n_b
             pa = polys(a_blk, pos_a, p.t).reshape(-1, nd)
             pb = polys(b_blk, pos_b, p.t).reshape(-1, nd)
 
@@ -585,9 +601,10 @@ class CrossEngine:
             pts_a = [ntt_plain(row) for row in pa]
             pts_b = [ntt_plain(row) for row in pb]
             r_t = self._mod_t(r, p.t)  # [bsz, mb, nb, mw*nw]
-            masks = self._uniform(p.t, (bsz, mb, nb, nd))
+            masks = self._uniform(p.t, (bsz, mb, nb, nd), rand)
             masks[..., pos_out] = r_t
             mask_slots = p.ntt.to_slots(masks).reshape(-1, nd)
+            out = []
             for bi in range(bsz):
                 for mi in range(mb):
                     for nj in range(nb):
@@ -604,12 +621,27 @@ class CrossEngine:
                                     acc = prod
                                 else:
                                     ev.add_inplace(acc, prod)
-                        out.append(self._finish(p, acc, mask_slots[(bi * mb + mi) * nb + nj]))
-        self._send(pack(out))
+                        out.append(self._finish(p, acc, mask_slots[(bi * mb + mi) * nb + nj], rand))
+            return out
+        self._send(pack([ct for part in self._per_prime(evaluate, primes) for ct in part]))
         with np.errstate(over="ignore"):
             share = np.uint64(0) - r[0]
         blk = share.reshape(bsz, mb, nb, mw, nw).transpose(0, 1, 3, 2, 4)
         return blk.reshape(bsz, mb * mw, nb * nw)[:, :m, :n]
 
+    def _per_prime(self, job: Callable, primes: list) -> list:
+        """job(i, prime, rand) for every prime, on up to THREADS threads (SEAL releases the
+        GIL; each prime has its own SEAL objects). Each job draws from its own PRG, keyed
+        here from this party's private stream in prime order, so no draw is ever shared."""
+        rands = []
+        for _ in primes:
+            prg = PRG(self._rand((4,)).tobytes())
+            rands.append(lambda shape, prg=prg: prg.draw(tuple(shape)).numpy().view(np.uint64))
+        if self._pool is None or len(primes) == 1:
+            return [job(i, p, rands[i]) for i, p in enumerate(primes)]
+        return list(self._pool.map(lambda i: job(i, primes[i], rands[i]), range(len(primes))))
+
     def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
         self._files.close()
