@@ -330,3 +330,15 @@ def test_prefetch_batches_small_elementwise_correlations():
     assert single[0][1] is None
     alone = used(ps[0]) - before
     assert batched < 0.5 * alone, (batched, alone)
+
+
+def test_he_thread_count_is_checked(monkeypatch):
+    from crypten_lite.errors import ConfigError
+    monkeypatch.setenv(he.THREADS_ENV, "two")
+    with pytest.raises(ConfigError, match="not a number of threads"):
+        he._threads()
+    monkeypatch.setenv(he.THREADS_ENV, "0")
+    with pytest.raises(ConfigError, match="at least 1"):
+        he._threads()
+    monkeypatch.setenv(he.THREADS_ENV, "3")
+    assert he._threads() == 3
