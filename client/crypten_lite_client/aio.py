@@ -24,12 +24,21 @@ class AsyncClient:
     """Predictions from the parties at `endpoints` (rank order), from asyncio code; the
     arguments are those of `Client` (token, CA certificate of the parties, identities)."""
 
-    def __init__(self, endpoints: Sequence[str], token: str | Sequence[str], tls: str | None = None,
-                 identities: Sequence[str] | None = None, timeout: float = 30.0,
-                 max_message_bytes: int = 64 << 20):
+    def __init__(self, endpoints: Sequence[str], token: str | Sequence[str] | None,
+                 tls: str | None = None, identities: Sequence[str] | None = None,
+                 timeout: float = 30.0, max_message_bytes: int = 64 << 20,
+                 cert: tuple[str, str] | None = None):
         self.endpoints = list(endpoints)
         n = len(self.endpoints)
-        self.tokens = [token] * n if isinstance(token, str) else list(token)
+        self.tokens = [token or ""] * n if token is None or isinstance(token, str) else list(token)
+        if cert is not None and not tls:
+            raise ClientError("a client certificate needs tls (the CA file of the parties)", "input")
+        chain = key = None
+        if cert is not None:  # (certificate PEM path, key PEM path): TLS client authentication
+            with open(cert[0], "rb") as f:
+                chain = f.read()
+            with open(cert[1], "rb") as f:
+                key = f.read()
         if len(self.tokens) != n:
             raise ClientError(f"{len(self.tokens)} tokens for {n} endpoints", "input")
         self.timeout = timeout
@@ -43,7 +52,8 @@ class AsyncClient:
         self._channels = []
         for r, ep in enumerate(self.endpoints):
             if root is not None:
-                creds = grpc.ssl_channel_credentials(root_certificates=root)
+                creds = grpc.ssl_channel_credentials(root_certificates=root, private_key=key,
+                                                     certificate_chain=chain)
                 ch = grpc.aio.secure_channel(ep, creds, opts + [("grpc.ssl_target_name_override",
                                                                   identities[r])])
             else:
@@ -63,7 +73,7 @@ class AsyncClient:
         await self.close()
 
     def _md(self, rank: int) -> list[tuple[str, str]]:
-        return [("authorization", f"Bearer {self.tokens[rank]}")]
+        return [("authorization", f"Bearer {self.tokens[rank]}")] if self.tokens[rank] else []
 
     async def info(self, timeout: float = 5.0) -> list:
         """Every party's InfoReply (public metadata, readiness, metrics)."""

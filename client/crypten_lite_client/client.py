@@ -81,18 +81,29 @@ def _words(a: np.ndarray) -> bytes:
 class Client:
     """Predictions from the parties at `endpoints` (rank order).
 
-    `token`: the bearer token the operator issued (one string, or one per party).
+    `token`: the bearer token the operator issued (one string, or one per party; None where
+    the service authenticates clients by certificate). `cert`: (certificate, key) PEM paths
+    of this client's TLS certificate, for a service started with --client-ca.
     `tls`: path of the CA certificate (PEM) that signed the parties' certificates, or None for
     plaintext (local tests only). `identities`: names the parties' certificates carry
     (default party0, party1, ...), checked whatever address is dialed.
     """
 
-    def __init__(self, endpoints: Sequence[str], token: str | Sequence[str], tls: str | None = None,
-                 identities: Sequence[str] | None = None, timeout: float = 30.0,
-                 max_message_bytes: int = 64 << 20):
+    def __init__(self, endpoints: Sequence[str], token: str | Sequence[str] | None,
+                 tls: str | None = None, identities: Sequence[str] | None = None,
+                 timeout: float = 30.0, max_message_bytes: int = 64 << 20,
+                 cert: tuple[str, str] | None = None):
         self.endpoints = list(endpoints)
         n = len(self.endpoints)
-        self.tokens = [token] * n if isinstance(token, str) else list(token)
+        self.tokens = [token or ""] * n if token is None or isinstance(token, str) else list(token)
+        if cert is not None and not tls:
+            raise ClientError("a client certificate needs tls (the CA file of the parties)", "input")
+        chain = key = None
+        if cert is not None:  # (certificate PEM path, key PEM path): TLS client authentication
+            with open(cert[0], "rb") as f:
+                chain = f.read()
+            with open(cert[1], "rb") as f:
+                key = f.read()
         if len(self.tokens) != n:
             raise ClientError(f"{len(self.tokens)} tokens for {n} endpoints", "input")
         self.timeout = timeout
@@ -103,7 +114,8 @@ class Client:
         for r, ep in enumerate(self.endpoints):
             if tls:
                 with open(tls, "rb") as f:
-                    creds = grpc.ssl_channel_credentials(root_certificates=f.read())
+                    creds = grpc.ssl_channel_credentials(root_certificates=f.read(),
+                                                         private_key=key, certificate_chain=chain)
                 ch = grpc.secure_channel(ep, creds, opts + [("grpc.ssl_target_name_override", identities[r])])
             else:
                 ch = grpc.insecure_channel(ep, opts)
@@ -122,7 +134,7 @@ class Client:
         self.close()
 
     def metadata(self, rank: int) -> list[tuple[str, str]]:
-        return [("authorization", f"Bearer {self.tokens[rank]}")]
+        return [("authorization", f"Bearer {self.tokens[rank]}")] if self.tokens[rank] else []
 
     def info(self, timeout: float = 5.0) -> list:
         """Every party's InfoReply (public metadata, readiness, metrics)."""

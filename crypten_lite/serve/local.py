@@ -63,6 +63,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--ports", default="", help="client ports, comma-separated (default: free)")
     p.add_argument("--tls", action="store_true", help="TLS everywhere: parties, dealer, clients")
     p.add_argument("--tls-dir", default="", help="certificates (default: made in STATE_DIR)")
+    p.add_argument("--client-ca", default="",
+                   help="with --tls: CA of client certificates (clients then authenticate by "
+                        "certificate, common name = client id)")
     p.add_argument("--tokens", default="", help="tokens file (default: one client 'local', "
                                                 "its token printed)")
     p.add_argument("--state-dir", default="", help="weight shares, logs, client.json "
@@ -178,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
                        "--prefer", args.prefer, "--compare-bits", str(args.compare_bits)]
                 cmd += ["--weights", args.weights] if args.weights else []
                 cmd += ["--tls"] if args.tls else []
+                cmd += ["--client-ca", os.path.abspath(args.client_ca)] if args.client_ca else []
                 if web_urls:
                     cmd += ["--web", web_urls[r].split("://", 1)[1], "--web-origin", web_urls[0]]
                     cmd += ["--web-page", "--web-config", str(state / "web.json")] if r == 0 else []

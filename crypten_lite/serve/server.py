@@ -141,16 +141,24 @@ class Party:
         except (OSError, ServeError) as e:
             log.error("party %d: cannot read the tokens file: %s", self.rank, e)
 
-    def authenticate(self, token: str) -> str | None:
+    def authenticate(self, token: str, certificate_name: str | None = None) -> str | None:
         """The client id of `token`, or None. The tokens file is re-read when it changes
-        (checked at most once a second): rotation needs no restart."""
+        (checked at most once a second): rotation needs no restart.
+        With client certificates (--client-ca), `certificate_name` is the common name of the
+        certificate the handshake verified: it is the client id (a token is then optional;
+        one sent anyway must name the same client)."""
         with self._tokens_lock:
             now = time.monotonic()
             if now - self._tokens_checked > 1.0:
                 self._tokens_checked = now
                 self._reload_tokens()
             tokens = self._tokens
-        return tokens.get(token_digest(token)) if token else None
+        by_token = tokens.get(token_digest(token)) if token else None
+        if certificate_name is None:
+            return by_token
+        if not CLIENT_ID.fullmatch(certificate_name) or (token and by_token != certificate_name):
+            return None
+        return certificate_name
 
     def info(self):
         return self.pb.InfoReply(party=self.rank, world_size=self.world_size, protocol=self.protocol,
@@ -360,7 +368,12 @@ class Party:
         if self.args.tls:
             from ..comm.tls import load, party_identity
             tls = load(session.config.tls_dir, party_identity(self.rank))
-        rpc = serve_rpc.ServeServer(self.args.listen, self, tls)
+        client_ca = None
+        if self.args.client_ca:
+            if tls is None:
+                raise ConfigError(f"party {self.rank}: --client-ca needs --tls")
+            client_ca = pathlib.Path(self.args.client_ca).read_bytes()
+        rpc = serve_rpc.ServeServer(self.args.listen, self, tls, client_ca=client_ca)
         web = WebServer(self.args.web, self, self.args, tls) if self.args.web else None
         self.ready = True
         if self.args.state_dir:
@@ -410,6 +423,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--listen", required=True, help="client endpoint host:port")
     p.add_argument("--tokens", required=True, help="file of 'client-id:sha256-hex' lines")
     p.add_argument("--state-dir", required=True, help="where this party keeps its weight shares")
+    p.add_argument("--client-ca", default="",
+                   help="with --tls: CA certificate (PEM) of client certificates; every gRPC "
+                        "client must then present one it signed, whose common name is its "
+                        "client id (tokens become optional there; the --web endpoint keeps tokens)")
     p.add_argument("--tls", action="store_true",
                    help="serve clients over TLS with this party's certificate (CRYPTEN_LITE_TLS_DIR)")
     p.add_argument("--max-batch", type=int, default=64, help="samples per MPC batch (and request)")

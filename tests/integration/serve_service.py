@@ -26,8 +26,10 @@ START_TIMEOUT = 600.0  # a hang guard only: a loaded machine may take minutes to
 
 
 class Service:
-    def __init__(self, state_dir: pathlib.Path, *flags: str, tokens: str = ""):
+    def __init__(self, state_dir: pathlib.Path, *flags: str, tokens: str = "",
+                 client_kw: dict | None = None):
         self.state = pathlib.Path(state_dir)
+        self.client_kw = client_kw or {}  # e.g. cert=(pem, key) for a --client-ca service
         cmd = [sys.executable, "-m", "crypten_lite.cli", "serve", "--state-dir", str(self.state), *flags]
         cmd += ["--tokens", tokens] if tokens else []
         env = {k: v for k, v in os.environ.items() if not k.startswith("CRYPTEN_LITE_")}
@@ -56,7 +58,7 @@ class Service:
 
     def client(self, token: str | None = None, **kw) -> Client:
         return Client(self.conn["endpoints"], self.conn["token"] if token is None else token,
-                      tls=self.conn["ca"], **kw)
+                      tls=self.conn["ca"], **{**self.client_kw, **kw})
 
     def party_pids(self) -> list[int]:
         return json.loads((self.state / "pids.json").read_text())["parties"]
