@@ -212,3 +212,9 @@ def test_random_ot_keys_serve_many_transfers_both_ways():
             sent.append((seen[1 - chooser][0], x))
         assert sent[1][0] != sent[3][0]          # same values, fresh pads
         assert keys[chooser].uses == 4
+        # all-zero values: the transfer is still uniform bytes to the chooser
+        seen[1 - chooser].clear()
+        zero = np.zeros((130, m), dtype=np.uint8)
+        _both([lambda r=r: pair[r].transfer(keys[r], None if r == chooser else zero, 130)
+               for r in range(2)])
+        assert _chi2(seen[1 - chooser][0]) < CHI2_255
