@@ -82,7 +82,7 @@ def _absolute(spec: tuple, start: int) -> tuple:
 
 # Bytes of seeded components a party derives ahead in an offline phase (prefetch), for the
 # plan's first requests: the run's keystream work moves offline, within a bounded memory.
-DERIVE_AHEAD_BYTES = 64 << 20
+DERIVE_AHEAD_BYTES = 32 << 20
 
 
 class Provider:
