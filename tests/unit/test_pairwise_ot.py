@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import queue
-import threading
 
 import numpy as np
 import pytest
