@@ -119,6 +119,10 @@ def _children_stop(children: list[subprocess.Popen], grace: float = 10.0) -> Non
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     n = args.n or (3 if args.protocol == "rss" else 2)
+    if args.prefer == "rounds" and args.compare_bits != 64:
+        print("crypten-lite serve: --compare-bits applies to --prefer compute's pooling; drop it "
+              "or use --prefer compute", file=sys.stderr)
+        return 2
     if args.protocol == "rss" and n != 3:
         print("crypten-lite serve: --protocol rss runs exactly 3 parties", file=sys.stderr)
         return 2

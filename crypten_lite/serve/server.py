@@ -461,7 +461,11 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=os.environ.get("CRYPTEN_LITE_LOG", "WARNING"),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    args = parser().parse_args(argv)
+    p = parser()
+    args = p.parse_args(argv)
+    if args.prefer == "rounds" and args.compare_bits != 64:
+        p.error("--compare-bits applies to --prefer compute's pooling; --prefer rounds compares "
+                "on 64 bits: drop --compare-bits or use --prefer compute")
     party = Party(args)
 
     def stop(*_):

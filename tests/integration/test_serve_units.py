@@ -128,3 +128,15 @@ def test_compose_profile_runs_the_party_server():
         assert env["CRYPTEN_LITE_RANK"] == str(r) and env["CRYPTEN_LITE_PROTOCOL"] == "rss"
         assert f"state-party{r}:/state" in svc["volumes"] and svc["restart"] == "on-failure"
     assert len({p["ports"][0] for p in parties}) == 3
+
+
+def test_compare_bits_without_tree_pooling_is_refused(capsys):
+    """--compare-bits only shapes --prefer compute's pooling: with --prefer rounds it is refused,
+    never silently ignored (by the local form and by a party's server alike)."""
+    from crypten_lite.serve import local, server
+    assert local.main(["--prefer", "rounds", "--compare-bits", "32"]) == 2
+    with pytest.raises(SystemExit) as e:
+        server.main(["--listen", "127.0.0.1:1", "--tokens", "t", "--state-dir", "d",
+                     "--prefer", "rounds", "--compare-bits", "32"])
+    assert e.value.code == 2
+    assert "--compare-bits" in capsys.readouterr().err
