@@ -451,8 +451,15 @@ def _read_varint(raw: bytes, i: int) -> tuple[int, int]:
             return value, i
 
 
+# Frames up to this size are parsed and built by protobuf whole (its copy of a small payload
+# costs less than finding the payload's field in Python: about 1 us instead of 30 per frame).
+SMALL_FRAME_BYTES = 1 << 16
+
+
 def _parse_frame(raw: bytes) -> _RawFrame:
     """Frame from the wire: header fields by protobuf, field 8 (data) as a memoryview."""
+    if len(raw) <= SMALL_FRAME_BYTES:
+        return _frame_view(pb.Frame.FromString(raw), None)
     i, start, end = 0, -1, -1
     while i < len(raw):
         key, i = _read_varint(raw, i)
@@ -473,11 +480,16 @@ def _parse_frame(raw: bytes) -> _RawFrame:
         if i > len(raw):
             raise ValueError("truncated field")
     header = pb.Frame.FromString(raw if start < 0 else raw[:start - 1 - _varint_len(end - start)] + raw[end:])
+    return _frame_view(header, memoryview(raw)[start:end] if start >= 0 else memoryview(b""))
+
+
+def _frame_view(header: pb.Frame, data: memoryview | None) -> _RawFrame:
+    """A _RawFrame of `header`'s fields; its payload `data` (default: header.data's)."""
     frame = _RawFrame()
     frame.session, frame.src, frame.seq, frame.dtype = header.session, header.src, header.seq, header.dtype
     frame.shape, frame.chunk, frame.num_chunks = tuple(header.shape), header.chunk, header.num_chunks
     frame.tag = header.tag
-    frame.data = memoryview(raw)[start:end] if start >= 0 else memoryview(b"")
+    frame.data = memoryview(header.data) if data is None else data
     return frame
 
 
@@ -504,8 +516,11 @@ def _frame_bytes(header: pb.Frame, payload: memoryview) -> bytes:
     """A Frame on the wire with one copy of the payload: header fields, then field 8 (data).
 
     The payload (a view of the tensor's memory) is copied once, here, instead of once into a
-    bytes slice and once more by protobuf.
+    bytes slice and once more by protobuf. A small one is copied by protobuf (faster there).
     """
+    if len(payload) <= SMALL_FRAME_BYTES // 2:
+        header.data = bytes(payload)
+        return header.SerializeToString()
     return b"".join((header.SerializeToString(), _DATA_TAG, _varint(len(payload)), payload))
 
 
