@@ -327,26 +327,44 @@ def _threads() -> int:
     return max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
 
 
-def _blocks(m: int, k: int, n: int, degree: int) -> tuple[int, int, int]:
-    """Block sizes (mw, kw, nw) of the coefficient encoding: mw*kw*nw + kw - 1 <= degree
-    (no negacyclic wrap), chosen to minimise the ciphertexts and products of one matmul."""
+def _sizes(x: int) -> set[int]:
+    """Candidate block sizes along a dimension of size x: powers of two and x / j."""
+    return {min(x, 1 << e) for e in range(0, 14)} | {-(-x // j) for j in range(1, 65)}
+
+
+def _blocks_cost(m: int, k: int, n: int, degree: int, joint: bool = True) -> tuple[int, int, int, int]:
+    """(cost, mw, kw, nw): block sizes of the coefficient encoding, mw*kw*nw + kw - 1 <= degree
+    (no negacyclic wrap), chosen to minimise the work of one matmul: `joint`, both operands
+    encrypted by party 0 (A0 B1 + A1 B0 in one set of ciphertexts), else one product with
+    only the left operand encrypted."""
     best = None
-    cands_k = sorted({min(k, 1 << e) for e in range(0, 14)} | {k})
-    cands_n = sorted({min(n, 1 << e) for e in range(0, 14)} | {n})
-    for kw in cands_k:
-        for nw in cands_n:
+    for kw in sorted(_sizes(k)):
+        for nw in sorted(_sizes(n)):
             mw = min(m, (degree - kw + 1) // (kw * nw))
             if mw < 1:
                 continue
             mb, kb, nb = -(-m // mw), -(-k // kw), -(-n // nw)
             # (measured) an encryption costs about 16 pointwise products, a returned
             # ciphertext (flood, mask, switch, serialize) about 30
-            cost = 16 * (mb * kb + kb * nb) + 30 * mb * nb + 2 * mb * nb * kb
+            up = mb * kb + (kb * nb if joint else 0)
+            cost = 16 * up + 30 * mb * nb + (2 if joint else 1) * mb * nb * kb
             if best is None or cost < best[0]:
                 best = (cost, mw, kw, nw)
     if best is None:
         raise ProtocolError(f"pairwise: no coefficient encoding for a [{m},{k}]x[{k},{n}] product")
-    return best[1], best[2], best[3]
+    return best
+
+
+def _blocks(m: int, k: int, n: int, degree: int) -> tuple[int, int, int]:
+    """Block sizes (mw, kw, nw) of the joint encoding (see _blocks_cost)."""
+    return _blocks_cost(m, k, n, degree)[1:]
+
+
+def split_products(m: int, k: int, n: int, degree: int) -> bool:
+    """Whether two one-sided products (A0 B1, then (B0^T A1^T)^T) cost less than the joint
+    encoding of A0 B1 + A1 B0."""
+    one = _blocks_cost(m, k, n, degree, joint=False)[0] + _blocks_cost(n, k, m, degree, joint=False)[0]
+    return one < _blocks_cost(m, k, n, degree)[0]
 
 
 class CrossEngine:
@@ -525,9 +543,18 @@ class CrossEngine:
     # -- matrix products -----------------------------------------------------------------------
     def matmul(self, lhs: np.ndarray, rhs: np.ndarray, bound_bits: int) -> np.ndarray:
         """This party's share of lhs0 @ rhs1 + lhs1 @ rhs0 (uint64 [B, m, n]) for lhs
-        [B, m, k], rhs [B, k, n] (rank 0's and rank 1's own), by coefficient encoding."""
+        [B, m, k], rhs [B, k, n] (rank 0's and rank 1's own), by coefficient encoding: both
+        products in one set of ciphertexts, or as two one-sided products where that costs
+        less (split_products)."""
         bsz, m, k = lhs.shape
         n = rhs.shape[2]
+        if split_products(m, k, n, self.params.n):
+            first = self._product(lhs if self.rank == 0 else rhs, (bsz, m, k, n), bound_bits - 1)
+            mine = rhs if self.rank == 0 else lhs
+            second = self._product(np.ascontiguousarray(mine.transpose(0, 2, 1)), (bsz, n, k, m),
+                                   bound_bits - 1)
+            with np.errstate(over="ignore"):
+                return first + second.transpose(0, 2, 1)
         nd = self.params.n
         mw, kw, nw = _blocks(m, k, n, nd)
         mb, kb, nb = -(-m // mw), -(-k // kw), -(-n // nw)
@@ -621,6 +648,94 @@ class CrossEngine:
                                     acc = prod
                                 else:
                                     ev.add_inplace(acc, prod)
+                        out.append(self._finish(p, acc, mask_slots[(bi * mb + mi) * nb + nj], rand))
+            return out
+        self._send(pack([ct for part in self._per_prime(evaluate, primes) for ct in part]))
+        with np.errstate(over="ignore"):
+            share = np.uint64(0) - r[0]
+        blk = share.reshape(bsz, mb, nb, mw, nw).transpose(0, 1, 3, 2, 4)
+        return blk.reshape(bsz, mb * mw, nb * nw)[:, :m, :n]
+
+    def _product(self, mine: np.ndarray, dims: tuple, bound_bits: int) -> np.ndarray:
+        """This party's share of E @ P (uint64 [B, m, n]): party 0 passes E [B, m, k] (sent
+        encrypted), party 1 passes P [B, k, n] (its plaintext), dims = (B, m, k, n)."""
+        bsz, m, k, n = dims
+        nd = self.params.n
+        _, mw, kw, nw = _blocks_cost(m, k, n, nd, joint=False)
+        mb, kb, nb = -(-m // mw), -(-k // kw), -(-n // nw)
+        count = self.params.primes_for(bound_bits)
+        primes = self._ready(count)
+        if bsz * m * n == 0:
+            return np.zeros((bsz, m, n), dtype=np.uint64)
+        ia, ca = np.meshgrid(np.arange(mw), np.arange(kw), indexing="ij")
+        pos_a = (ia * kw * nw + ca).reshape(-1)
+        cb, jb = np.meshgrid(np.arange(kw), np.arange(nw), indexing="ij")
+        pos_b = (jb * kw + kw - 1 - cb).reshape(-1)
+        io, jo = np.meshgrid(np.arange(mw), np.arange(nw), indexing="ij")
+        pos_out = (io * kw * nw + jo * kw + kw - 1).reshape(-1)
+
+        def polys(blocks: np.ndarray, pos: np.ndarray, t: int) -> np.ndarray:
+            out = np.zeros(blocks.shape[:-1] + (nd,), dtype=np.uint64)
+            out[..., pos] = residues(blocks, t)
+            return out
+
+        n_a, n_out = bsz * mb * kb, bsz * mb * nb
+        if self.rank == 0:
+            a = np.zeros((bsz, mb * mw, kb * kw), dtype=np.uint64)
+            a[:, :m, :k] = mine
+            a_blk = a.reshape(bsz, mb, mw, kb, kw).transpose(0, 1, 3, 2, 4).reshape(bsz, mb, kb, mw * kw)
+
+            def encrypt(i: int, p: _Prime, rand: Callable) -> list[bytes]:
+                slots = p.ntt.to_slots(polys(a_blk, pos_a, p.t)).reshape(-1, nd)
+                return [self._encrypt(p, row) for row in slots]
+            self._send(pack([ct for part in self._per_prime(encrypt, primes) for ct in part]))
+            back = unpack(self._recv(), count * n_out, "result ciphertexts")
+
+            def decrypt(i: int, p: _Prime, rand: Callable) -> np.ndarray:
+                slots = np.stack([self._decrypt_slots(p, back[i * n_out + j]) for j in range(n_out)])
+                coeffs = p.ntt.to_coeffs(slots)[:, pos_out]
+                blk = coeffs.reshape(bsz, mb, nb, mw, nw).transpose(0, 1, 3, 2, 4)
+                return blk.reshape(bsz, mb * mw, nb * nw)[:, :m, :n]
+            return crt_mod64(self._per_prime(decrypt, primes), tuple(p.t for p in primes))
+        b = np.zeros((bsz, kb * kw, nb * nw), dtype=np.uint64)
+        b[:, :k, :n] = mine
+        b_blk = b.reshape(bsz, kb, kw, nb, nw).transpose(0, 1, 3, 2, 4).reshape(bsz, kb, nb, kw * nw)
+        got = unpack(self._recv(), count * n_a, "ciphertexts")
+        r = self._mask_words((bsz, mb, nb, mw * nw), self.params.mask_bits(bound_bits))
+
+        def evaluate(pi: int, p: _Prime, rand: Callable) -> list[bytes]:
+            ev = p.evaluator
+            pid = p.ctx.first_parms_id()
+            cts = []
+            for j in range(n_a):
+                ct = self._load_ct(p, got[pi * n_a + j])
+                ev.transform_to_ntt_inplace(ct)
+                cts.append(ct)
+            pts = []
+            for row in polys(b_blk, pos_b, p.t).reshape(-1, nd):
+                pt = None
+                if row.any():
+                    pt = p.plain_coeffs(row)
+                    ev.transform_to_ntt_inplace(pt, pid)
+                pts.append(pt)
+            masks = self._uniform(p.t, (bsz, mb, nb, nd), rand)
+            masks[..., pos_out] = self._mod_t(r, p.t)
+            mask_slots = p.ntt.to_slots(masks).reshape(-1, nd)
+            out = []
+            for bi in range(bsz):
+                for mi in range(mb):
+                    for nj in range(nb):
+                        acc = None
+                        for kk in range(kb):
+                            pt = pts[(bi * kb + kk) * nb + nj]
+                            if pt is None:
+                                continue
+                            prod = _sealapi().Ciphertext()
+                            ev.multiply_plain(cts[(bi * mb + mi) * kb + kk], pt, prod)
+                            if acc is None:
+                                acc = prod
+                            else:
+                                ev.add_inplace(acc, prod)
                         out.append(self._finish(p, acc, mask_slots[(bi * mb + mi) * nb + nj], rand))
             return out
         self._send(pack([ct for part in self._per_prime(evaluate, primes) for ct in part]))

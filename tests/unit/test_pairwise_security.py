@@ -342,3 +342,20 @@ def test_he_thread_count_is_checked(monkeypatch):
         he._threads()
     monkeypatch.setenv(he.THREADS_ENV, "3")
     assert he._threads() == 3
+
+
+def test_matmul_as_two_one_sided_products(monkeypatch):
+    """The split encoding (A0 B1, then (B0^T A1^T)^T, each with only party 0's operand
+    encrypted), chosen where it costs less (matmul 256: yes; [1,256]x[256,120]: no), forced
+    here on tiny shapes: the triples combine to their relation, batched and not."""
+    assert he.split_products(256, 256, 256, he.N) and not he.split_products(1, 256, 120, he.N)
+    monkeypatch.setattr(he, "split_products", lambda *a: True)
+    comms = _pair()
+    ps = _providers(comms)
+    reqs = [[(3, 5), (5, 2)], [(2, 3, 4), (4, 2)]]
+    out = _both([lambda p=p: [[t.clone() for t in p.get("triple", s, "matmul").corrected()] for s in reqs]
+                 for p in ps])
+    assert out[0][1] is None and out[1][1] is None, out
+    for a, b in zip(out[0][0], out[1][0]):
+        s = [x + y for x, y in zip(a, b)]
+        assert torch.equal(s[2], s[0] @ s[1])
