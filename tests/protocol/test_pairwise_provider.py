@@ -1,10 +1,10 @@
-"""Provider 'pairwise' (two parties, no dealer: lattice HE between the parties): every
+"""Provider 'pairwise' (two parties, no dealer: lattice HE and OT between the parties): every
 correlation kind the provider layer knows satisfies its relation once both parties' shares
 are combined; ops and a small model agree with torch; offline prefetch works; what a party
 receives is fresh and uniform; tampered, replayed or malformed offline messages and
 mismatched parameters are a ProtocolError on both parties.
 
-Small sizes only: every correlation costs homomorphic encryptions (docs/protocols.md)."""
+Small sizes only: every correlation costs homomorphic encryptions or OTs (docs/protocols.md)."""
 
 from __future__ import annotations
 
