@@ -151,7 +151,7 @@ _SHARE_FORMAT = "crypten_lite.compat/share-v1"
 def _to_record(obj):
     if isinstance(obj, MPCTensor):
         return {"format": _SHARE_FORMAT, "share": obj.share.clone(),
-                "precision": obj._tensor.precision, "ptype": obj.ptype.name,
+                "precision": obj._core.precision, "ptype": obj.ptype.name,
                 "requires_grad": obj.requires_grad}
     if isinstance(obj, dict):
         return {k: _to_record(v) for k, v in obj.items()}

@@ -21,8 +21,9 @@ from .. import encoding
 from ..cryptensor import CrypTensor as CoreTensor
 from ..errors import ProtocolError
 from ..mpc import binary as binary_mod
-from ..mpc import circuits, protocol
-from ..session import current
+from ..mpc import circuits, protocol, rss
+from ..mpc.replicated import Replicated
+from ..session import current, is_initialized
 from . import config as config_mod
 
 _REGISTRY: dict[str, type] = {}
@@ -149,7 +150,72 @@ def _max_method() -> str:
 
 # -------------------------------------------------------------------------- MPCTensor
 class MPCTensor(CrypTensor):
-    """CrypTen's MPCTensor: a secret-shared tensor (thin wrapper over crypten_lite.CrypTensor)."""
+    """CrypTen's MPCTensor: a secret-shared tensor (thin wrapper over crypten_lite.CrypTensor).
+
+    Under the replicated protocol (crypten_lite's rss) `share` follows CrypTen's
+    `cfg.mpc.protocol = "replicated"`, where a party's share is ONE additive tensor: the getter
+    gives this party's additive component x_rank (the same tensor on every call while the value
+    is unchanged), and the setter takes one int64 tensor, held as an additive-only share until
+    an op or a reveal needs the tensor; then every party re-replicates it in one round
+    (`_rereplicate`). Setting a share is collective there, as every party's share is.
+    """
+
+    # under rss: (the replicated share, the tensor `share` gave for it, that tensor's version,
+    # the share's component version) -- see `share`
+    _handed = None
+
+    @property
+    def _tensor(self) -> CoreTensor:
+        """The core tensor, its share re-replicated first if it was set to one additive tensor."""
+        self._settle_handed()
+        core = self._core
+        if _pending(core.share):
+            given = core.share
+            core.share = _rereplicate(given, binary=False)
+            self._handed = (core.share, given, given._version, core.share.a._version)
+        return core
+
+    @_tensor.setter
+    def _tensor(self, core: CoreTensor) -> None:
+        self._core = core
+
+    @property
+    def _binary(self):
+        """The XOR-shared words (None for an arithmetic tensor), re-replicated first if set
+        to one tensor under rss."""
+        self._settle_handed()
+        words = self._words
+        if words is not None and _pending(words):
+            self._words = _rereplicate(words, binary=True)
+            self._handed = (self._words, words, words._version, self._words.a._version)
+        return self._words
+
+    @_binary.setter
+    def _binary(self, words) -> None:
+        self._words = words
+
+    def _held(self) -> torch.Tensor:
+        """This party's share as held now (no re-replication): for shapes."""
+        return self._words if self._words is not None else self._core.share
+
+    def _settle_handed(self) -> None:
+        """A tensor that `share` gave out under rss and that was then written into in place
+        becomes this party's share (CrypTen's getter gives the share itself)."""
+        handed = self._handed
+        if handed is None:
+            return
+        held, given, version, held_version = handed
+        if self._held() is not held or held.a._version != held_version:
+            self._handed = None  # the value changed since: `given` is a past share
+        elif given._version != version:
+            self._handed = None
+            self._put_share(given)
+
+    def _put_share(self, value: torch.Tensor) -> None:
+        if self._words is not None:
+            self._words = value
+        else:
+            self._core.share = value
 
     def __init__(self, tensor, ptype=ptype.arithmetic, device=None, *args, src: int = 0,
                  requires_grad: bool = False, precision: int | None = None,
@@ -183,7 +249,8 @@ class MPCTensor(CrypTensor):
         prec = _precision() if precision is None else precision
         out = MPCTensor._from_core(CoreTensor(share, prec, torch.float32))
         if ptype == ptype.binary:
-            out._binary, out._tensor = share, CoreTensor(torch.zeros_like(share), prec, torch.float32)
+            out._binary = share
+            out._tensor = CoreTensor(protocol.public_share(torch.zeros_like(share)), prec, torch.float32)
         return out
 
     def new(self, *args, **kwargs) -> "MPCTensor":
@@ -242,46 +309,59 @@ class MPCTensor(CrypTensor):
 
     @property
     def share(self) -> torch.Tensor:
-        return self._binary if self._binary is not None else self._tensor.share
+        """This party's share. Under rss (CrypTen's "replicated"): this party's additive (or,
+        binary, XOR) component x_rank, the sum (xor) over the parties being the value; the same
+        tensor while the value is unchanged, and exactly the tensor set by the setter."""
+        self._settle_handed()
+        held = self._held()
+        if not isinstance(held, Replicated):
+            return held  # one tensor per party (additive protocol), or set and not yet used
+        handed = self._handed
+        if handed is not None:
+            return handed[1]
+        given = held.a.clone()
+        self._handed = (held, given, given._version, held.a._version)
+        return given
 
     @share.setter
     def share(self, value: torch.Tensor) -> None:
-        from ..mpc.replicated import Replicated
-        held = self._binary if self._binary is not None else self._tensor.share
-        if isinstance(held, Replicated) and not isinstance(value, Replicated):
-            raise TypeError(f"party {current().rank}: under the replicated protocol (cfg.mpc.protocol "
-                            "'replicated', crypten_lite's rss) a party's share is two components "
-                            f"(a Replicated), not one {type(value).__name__}: set a Replicated, or "
-                            "build the tensor with MPCTensor.from_shares")
-        if self._binary is not None:
-            self._binary = value
-        else:
-            self._tensor.share = value
+        """Set this party's share (CrypTen). Under rss `value` is this party's additive (XOR
+        for binary) component, one int64 tensor; every party sets its own, and the next op or
+        reveal re-replicates them in one round. A Replicated is taken as it is."""
+        self._handed = None
+        if not isinstance(value, Replicated) and _rss_session():
+            if not isinstance(value, torch.Tensor) or value.dtype != torch.int64:
+                got = value.dtype if isinstance(value, torch.Tensor) else type(value).__name__
+                raise TypeError(f"party {current().rank}: MPCTensor.share takes this party's share, "
+                                f"an int64 tensor of ring elements (values at fixed-point scale 2^"
+                                f"{self._core.precision}), got {got}; encode with "
+                                "crypten.encoder / MPCTensor(...) or .long() an integer tensor")
+        self._put_share(value)
 
     @property
     def encoder(self):
-        return _Encoder(self._tensor.precision)
+        return _Encoder(self._core.precision)
 
     # ------------------------------------------------------------ autograd state
     @property
     def requires_grad(self) -> bool:
-        return self._tensor.requires_grad
+        return self._core.requires_grad
 
     @requires_grad.setter
     def requires_grad(self, flag: bool) -> None:
-        self._tensor.requires_grad = flag
+        self._core.requires_grad = flag
 
     @property
     def grad(self):
-        g = self._tensor.grad
+        g = self._core.grad
         return None if g is None else wrap(g)
 
     @grad.setter
     def grad(self, value) -> None:
-        self._tensor.grad = None if value is None else unwrap(value)
+        self._core.grad = None if value is None else unwrap(value)
 
     def requires_grad_(self, flag: bool = True) -> "MPCTensor":
-        self._tensor.requires_grad = flag
+        self._core.requires_grad = flag
         return self
 
     def backward(self, grad_input=None, **kwargs) -> None:
@@ -393,7 +473,7 @@ class MPCTensor(CrypTensor):
 
     # ------------------------------------------------------------ forwarding
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name in ("_tensor", "_binary"):
+        if name.startswith("__") or name in ("_tensor", "_binary", "_core", "_words"):
             raise AttributeError(name)
         core = self._arithmetic_core()
         attr = getattr(core, name)
@@ -473,7 +553,7 @@ class MPCTensor(CrypTensor):
         return wrap(out)
 
     def __len__(self) -> int:
-        return len(self.share)
+        return len(self._held())
 
     def __repr__(self) -> str:
         """CrypTen's form: this party's own share (it reveals nothing by itself; each party
@@ -489,17 +569,17 @@ class MPCTensor(CrypTensor):
         return id(self)
 
     def size(self, dim=None):
-        return self.share.shape if dim is None else self.share.shape[dim]
+        return self._held().shape if dim is None else self._held().shape[dim]
 
     @property
     def shape(self) -> torch.Size:
-        return self.share.shape
+        return self._held().shape
 
     def dim(self) -> int:
-        return self.share.dim()
+        return self._held().dim()
 
     def nelement(self) -> int:
-        return self.share.numel()
+        return self._held().numel()
 
     numel = nelement
 
@@ -521,6 +601,40 @@ class _Encoder:
 
     def __eq__(self, other):
         return isinstance(other, _Encoder) and other._scale == self._scale
+
+
+def _rss_session() -> bool:
+    return is_initialized() and protocol.is_rss()
+
+
+def _pending(share: torch.Tensor) -> bool:
+    """Whether `share` is one additive tensor set under rss (not yet re-replicated)."""
+    return not isinstance(share, Replicated) and _rss_session()
+
+
+def _rereplicate(additive: torch.Tensor, binary: bool) -> Replicated:
+    """Replicated shares of the value of which every party holds one additive (binary: XOR)
+    component, as CrypTen's share setter leaves it: the 3-party additive-to-replicated
+    conversion, one round, 8 B per element per party. Party i adds a fresh zero sharing (the
+    pairwise "rss-zero" streams, as every reshare) and sends its component to party i - 1,
+    which then holds two of the three components (uniform to it: the mask hides even a
+    sharing the user made lopsided)."""
+    if additive.dtype != torch.int64:
+        raise TypeError(f"party {current().rank}: a share set under rss must be an int64 tensor, "
+                        f"got {additive.dtype}")
+    if not binary:
+        return rss.reshare(additive)
+    s = current()
+    nxt, prev = (s.rank + 1) % 3, (s.rank + 2) % 3
+    shape = tuple(additive.shape)
+    z = additive ^ s.pair_prg("rss-zero", nxt).draw(shape)
+    z ^= s.pair_prg("rss-zero", prev).draw(shape)
+    got = s.comm.exchange({prev: z}, [nxt])[nxt]
+    if got.shape != z.shape or got.dtype != z.dtype:
+        raise ProtocolError(f"party {s.rank}: re-replicating a binary share of shape {shape} "
+                            f"here, but party {nxt} sent shape {tuple(got.shape)} ({got.dtype}); "
+                            "every party must set its share of the same tensor")
+    return Replicated(z, got, s.rank)
 
 
 def _b2a_words(words: torch.Tensor) -> torch.Tensor:

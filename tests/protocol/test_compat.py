@@ -355,20 +355,91 @@ def test_alias_loads_compat_by_name():
             del sys.modules[name]
 
 
-def share_setter_under_rss():
+def _rss_stats(c) -> dict:
+    got = c.get_communication_stats()
+    return {k: got[k] for k in ("rounds", "bytes_sent")}
+
+
+def share_attr_under_rss():
+    """CrypTen's share getter and setter under its "replicated" protocol (crypten_lite's rss):
+    one additive tensor per party. Test data from fixed generators (the same at every party)."""
+    from crypten_lite import encoding
     crypten.init()
-    x = crypten.cryptensor(torch.tensor([1.0, 2.0]))
+    c = comm.get()
+    rank = c.get_rank()
+    out = {}
+    value = torch.tensor([[1.5, -2.25, 0.125], [3.0, -0.5, 2.0]])
+    x = crypten.cryptensor(value)
+    got = x.share
+    out["getter"] = (type(got) is torch.Tensor, got.dtype, torch.equal(x.share, got), got.clone())
+    # a known additive sharing of `value` (encoded), one component per party
+    gen = torch.Generator().manual_seed(7)
+    r = [torch.randint(-2 ** 62, 2 ** 62, value.shape, generator=gen) for _ in range(2)]
+    comps = r + [encoding.encode(value, 16) - r[0] - r[1]]
+    mine = comps[rank].clone()
+    x.share = mine
+    out["set_is_exact"] = x.share is mine
+    c.reset_communication_stats()
+    out["reveal"] = x.get_plain_text()
+    out["first_reveal_stats"] = _rss_stats(c)  # the re-replication (1 round) and the reveal
+    c.reset_communication_stats()
+    x.get_plain_text()
+    out["second_reveal_stats"] = _rss_stats(c)
+    out["after_use"] = torch.equal(x.share, comps[rank])  # still the share that was set
+    y = crypten.cryptensor(torch.tensor([[0.5, 1.0, -2.0], [1.5, 0.25, -1.0]]), src=2)
+    out["ops"] = ((x * y + x).get_plain_text(), (x - 1).relu().get_plain_text())
+    # writing into the getter's tensor in place sets the share (CrypTen's getter gives the share)
+    x.share.add_(encoding.encode(torch.tensor(1.0), 16) if rank == 1 else 0)
+    out["inplace"] = x.get_plain_text()
+    # garbage shares: the reveal is the sum of what the parties set, nothing else
+    garbage = torch.randint(-2 ** 63, 2 ** 63 - 1, (4,), generator=torch.Generator().manual_seed(100 + rank))
+    z = crypten.cryptensor(torch.zeros(4))
+    z.share = garbage
+    out["garbage"] = (garbage, z.get_plain_text())
+    # binary: XOR components
+    b = crypten.cryptensor(value).to(mpc.binary)
+    bits = [torch.randint(-2 ** 62, 2 ** 62, value.shape, generator=gen) for _ in range(2)]
+    bcomps = bits + [encoding.encode(value, 16) ^ bits[0] ^ bits[1]]
+    b.share = bcomps[rank].clone()
+    out["binary"] = (torch.equal(b.share, bcomps[rank]), b.get_plain_text(),
+                     b.to(mpc.arithmetic).get_plain_text())
     try:
-        x.share = torch.zeros(2, dtype=torch.long)  # one plain tensor: not a replicated share
-        refused = None
+        x.share = torch.zeros(2, 3)  # a float tensor is not a share
+        out["float_refused"] = None
     except TypeError as e:
-        refused = str(e)
-    x.share = x.share  # a Replicated is taken as it is
-    return refused, x.get_plain_text()
+        out["float_refused"] = str(e)
+    f = io.BytesIO()
+    crypten.save(x, f)
+    f.seek(0)
+    loaded = crypten.load(f)
+    out["save_load"] = (torch.equal(loaded.share, x.share), loaded.get_plain_text())
+    return out
 
 
-def test_share_setter_refuses_one_plain_tensor_under_rss(pool3_rss):
-    for rank, (refused, plain) in enumerate(pool3_rss.run(share_setter_under_rss)):
-        assert refused is not None and f"party {rank}: under the replicated protocol" in refused
-        assert "two components" in refused
-        assert torch.allclose(plain, torch.tensor([1.0, 2.0]), **TOL)  # the tensor is left intact
+def test_share_attr_follows_cryptens_replicated_protocol_under_rss(pool3_rss):
+    from crypten_lite import encoding
+    value = torch.tensor([[1.5, -2.25, 0.125], [3.0, -0.5, 2.0]])
+    y = torch.tensor([[0.5, 1.0, -2.0], [1.5, 0.25, -1.0]])
+    outs = pool3_rss.run(share_attr_under_rss)
+    total = sum(o["getter"][3] for o in outs)  # the parties' additive components sum to the value
+    assert torch.equal(encoding.decode(total, 16, torch.float32), value)
+    n = value.numel()
+    for rank, o in enumerate(outs):
+        is_plain, dtype, stable, _ = o["getter"]
+        assert is_plain and dtype == torch.int64 and stable
+        assert o["set_is_exact"] and o["after_use"]
+        assert torch.equal(o["reveal"], value)  # exact: the set sharing is of the encoded value
+        second = o["second_reveal_stats"]
+        assert second["rounds"] == 1
+        assert o["first_reveal_stats"] == {"rounds": 2, "bytes_sent": second["bytes_sent"] + 8 * n}
+        prod, relu = o["ops"]
+        assert torch.allclose(prod, value * y + value, **TOL)
+        assert torch.allclose(relu, (value - 1).relu(), **TOL)
+        assert torch.allclose(o["inplace"], value + 1, **TOL)
+        garbage_sum = sum(p["garbage"][0] for p in outs)
+        assert torch.equal(o["garbage"][1], encoding.decode(garbage_sum, 16, torch.float32))
+        same, plain, arith = o["binary"]
+        assert same and torch.equal(plain, value) and torch.allclose(arith, value, **TOL)
+        assert o["float_refused"] is not None and f"party {rank}" in o["float_refused"]
+        assert "int64" in o["float_refused"]
+        assert o["save_load"][0] and torch.allclose(o["save_load"][1], value + 1, **TOL)
