@@ -131,6 +131,7 @@ class Party:
         self.precision = 16
         self.model_name = args.model
         self._plans: collections.OrderedDict[int, list] = collections.OrderedDict()
+        self._ahead: int | None = None  # the batch size whose corrections are prefetched
 
     # -- the handler (gRPC and HTTP threads) -------------------------------------------
     def _reload_tokens(self) -> None:
@@ -285,10 +286,12 @@ class Party:
         are the leader's public decision."""
         n = int(x.shape[0])
         plan = self._plans.get(n)
+        ahead, self._ahead = self._ahead, None
         with no_grad(), self._pooling():
             if plan is not None:
                 self._plans.move_to_end(n)
-                offline.prefetch(plan, wait=False)
+                if ahead != n:  # else: prefetched after the previous batch (_prefetch_next)
+                    offline.prefetch(plan, wait=False)
                 return private(x)
             with offline.record() as plan:
                 y = private(x)
@@ -296,6 +299,20 @@ class Party:
         while len(self._plans) > MAX_PLANS:
             self._plans.popitem(last=False)
         return y
+
+    def _prefetch_next(self, n: int) -> None:
+        """After a batch of `n` (padded) samples has answered: ask the dealer now for the
+        corrections of a next batch of the same size, so that it prepares them while the next
+        batch forms instead of while the parties wait at its start. A next batch of another
+        size leaves the plan at its first request and fetches as usual (mpc.offline: the
+        prefetched counters are skipped, never reused). Every party calls it at the same point
+        (a collective). Not under rss: there the parties make the pairs themselves, on the
+        critical path either way."""
+        plan = self._plans.get(n)
+        if plan is None or self.protocol == "rss":
+            return
+        offline.prefetch(plan, wait=False)
+        self._ahead = n
 
     def _run_batch(self, private, keys: list[str], tag: str) -> None:
         with self._lock:
@@ -330,6 +347,7 @@ class Party:
                                            computation=f"{tag}:{i}", party=self.rank)
             r.event.set()
         self._running = []
+        self._prefetch_next(int(comps[0].shape[0]))
 
     def _tick(self, comm, scheduler, batch_no: int) -> dict:
         with self._lock:
