@@ -84,8 +84,9 @@ def prefetch(plan: list, wait: bool = True) -> None:
 
 def _release_free_heap() -> None:
     """Hand the heap pages malloc keeps after frees back to the OS (glibc's malloc_trim; a
-    no-op elsewhere). Loading a model (conversion, sharing, the first masked products)
-    otherwise leaves hundreds of MB resident, on top of what the run needs.
+    no-op elsewhere) when they exceed KEEP_FREE_HEAP_BYTES. Loading a model (conversion,
+    sharing, the first masked products) otherwise leaves hundreds of MB resident, on top of
+    what the run needs.
 
     Large blocks keep glibc's own placement (mapped on their own until blocks of a size
     have been freed, then reused from the heap): forcing every block from 1 MiB up to be
@@ -93,7 +94,32 @@ def _release_free_heap() -> None:
     whose pages fault in one by one on first touch, and cost a 10^6-element rss product a
     fifth of its time, to save about 30 MB of a BERT-base run's 3.9 GB peak memory."""
     try:
-        trim = ctypes.CDLL(None).malloc_trim
+        libc = ctypes.CDLL(None)
+        trim = libc.malloc_trim
     except (OSError, AttributeError):
         return
+    free = _free_heap_bytes(libc)
+    if free is not None and free <= KEEP_FREE_HEAP_BYTES:
+        return
     trim(0)
+
+
+# Free heap a prefetch leaves to malloc, for the run to reuse: handing it back too would make
+# the run's first touch of each page a fault (a prefetched 10^6-element product faulted in about
+# 100 MB again, a third of its CPU time). Above it (a model's load), the free heap goes back.
+KEEP_FREE_HEAP_BYTES = 256 << 20
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd",
+                                                     "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+def _free_heap_bytes(libc) -> int | None:
+    """Bytes of free heap malloc holds (glibc 2.33+'s mallinfo2), or None where unknown."""
+    try:
+        info = libc.mallinfo2
+    except AttributeError:
+        return None
+    info.restype = _MallInfo2
+    return int(info().fordblks)
