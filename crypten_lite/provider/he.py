@@ -327,6 +327,24 @@ def _threads() -> int:
     return max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
 
 
+def _ntt_plains(p: "_Prime", rows: np.ndarray, pid, batch: int = 256) -> list:
+    """Plaintexts (NTT form, for multiply_plain) of polynomials given by coefficient rows;
+    None for an all-zero row. The slot values of `batch` rows at a time come from one
+    vectorized NTT."""
+    out: list = []
+    for start in range(0, len(rows), batch):
+        part = rows[start:start + batch]
+        slots = p.ntt.to_slots(part)
+        for row, sl in zip(part, slots):
+            if not row.any():
+                out.append(None)
+                continue
+            pt = p.plain(sl)
+            p.evaluator.transform_to_ntt_inplace(pt, pid)
+            out.append(pt)
+    return out
+
+
 def _sizes(x: int) -> set[int]:
     """Candidate block sizes along a dimension of size x: powers of two and x / j."""
     return {min(x, 1 << e) for e in range(0, 14)} | {-(-x // j) for j in range(1, 65)}
@@ -619,14 +637,8 @@ class CrossEngine:
             pa = polys(a_blk, pos_a, p.t).reshape(-1, nd)
             pb = polys(b_blk, pos_b, p.t).reshape(-1, nd)
 
-            def ntt_plain(row):
-                if not row.any():
-                    return None
-                pt = p.plain_coeffs(row)
-                ev.transform_to_ntt_inplace(pt, pid)
-                return pt
-            pts_a = [ntt_plain(row) for row in pa]
-            pts_b = [ntt_plain(row) for row in pb]
+            pts_a = _ntt_plains(p, pa, pid)
+            pts_b = _ntt_plains(p, pb, pid)
             r_t = self._mod_t(r, p.t)  # [bsz, mb, nb, mw*nw]
             masks = self._uniform(p.t, (bsz, mb, nb, nd), rand)
             masks[..., pos_out] = r_t
@@ -711,13 +723,7 @@ class CrossEngine:
                 ct = self._load_ct(p, got[pi * n_a + j])
                 ev.transform_to_ntt_inplace(ct)
                 cts.append(ct)
-            pts = []
-            for row in polys(b_blk, pos_b, p.t).reshape(-1, nd):
-                pt = None
-                if row.any():
-                    pt = p.plain_coeffs(row)
-                    ev.transform_to_ntt_inplace(pt, pid)
-                pts.append(pt)
+            pts = _ntt_plains(p, polys(b_blk, pos_b, p.t).reshape(-1, nd), pid)
             masks = self._uniform(p.t, (bsz, mb, nb, nd), rand)
             masks[..., pos_out] = self._mod_t(r, p.t)
             mask_slots = p.ntt.to_slots(masks).reshape(-1, nd)
