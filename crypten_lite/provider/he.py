@@ -139,16 +139,28 @@ class _NTT:
         psi_inv = _inv(psi, t)
         n_inv = _inv(n, t)
         self.untwist = np.array([pow(psi_inv, k, t) * n_inv % t for k in range(n)], dtype=np.uint64)
+        self._twist, self._untwist = self._shoup(self.twist), self._shoup(self.untwist)
         self.stages = self._stages(omega, n)
         self.inv_stages = self._stages(_inv(omega, t), n)
 
-    def _stages(self, w: int, n: int) -> list[np.ndarray]:
+    def _stages(self, w: int, n: int) -> list[tuple[np.ndarray, np.ndarray]]:
         out, h = [], 1
         while h < n:
             wh = pow(w, n // (2 * h), self.t)
-            out.append(np.array([pow(wh, j, self.t) for j in range(h)], dtype=np.uint64))
+            out.append(self._shoup(np.array([pow(wh, j, self.t) for j in range(h)], dtype=np.uint64)))
             h *= 2
         return out
+
+    def _shoup(self, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(w, floor(w 2^32 / t)): constants for _mulmod (t < 2^31)."""
+        return w, (w << np.uint64(32)) // np.uint64(self.t)
+
+    def _mulmod(self, a: np.ndarray, w: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+        """a * w mod t for a < t < 2^31 by Shoup's method: q = (a w') >> 32 is floor(a w / t)
+        or one less, so a w - q t is in [0, 2t) (uint64 arithmetic, no division)."""
+        t = np.uint64(self.t)
+        r = a * w[0] - ((a * w[1]) >> np.uint64(32)) * t
+        return np.minimum(r, r - t)             # r - t wraps above 2^63 when r < t
 
     def _cyclic(self, a: np.ndarray, stages) -> np.ndarray:
         t = np.uint64(self.t)
@@ -159,19 +171,20 @@ class _NTT:
         for tw in stages:
             a = a.reshape(*lead, n // (2 * h), 2, h)
             u = a[..., 0, :]
-            v = a[..., 1, :] * tw % t
-            a = np.stack(((u + v) % t, (u + t - v) % t), axis=-2)
+            v = self._mulmod(a[..., 1, :], tw)
+            s, d = u + v, u + t - v
+            a = np.stack((np.minimum(s, s - t), np.minimum(d, d - t)), axis=-2)
             h *= 2
         return a.reshape(*lead, n)
 
     def to_slots(self, coeffs: np.ndarray) -> np.ndarray:
         """Slot values (SEAL's order) of polynomials with the given coefficients (< t)."""
-        vals = self._cyclic(coeffs * self.twist % np.uint64(self.t), self.stages)
+        vals = self._cyclic(self._mulmod(coeffs, self._twist), self.stages)
         return vals[..., self.slot_index]
 
     def to_coeffs(self, slots: np.ndarray) -> np.ndarray:
         vals = slots[..., self.inverse_slot]
-        return self._cyclic(vals, self.inv_stages) * self.untwist % np.uint64(self.t)
+        return self._mulmod(self._cyclic(vals, self.inv_stages), self._untwist)
 
 
 def residues(values: np.ndarray, t: int) -> np.ndarray:

@@ -359,3 +359,20 @@ def test_matmul_as_two_one_sided_products(monkeypatch):
     for a, b in zip(out[0][0], out[1][0]):
         s = [x + y for x, y in zip(a, b)]
         assert torch.equal(s[2], s[0] @ s[1])
+
+
+def test_numpy_ntt_agrees_with_seal_batch_encoding():
+    """The coefficient encoding's slot values (numpy negacyclic NTT with Shoup's modular
+    products): SEAL's BatchEncoder turns them back into exactly the coefficients given, and
+    to_coeffs inverts to_slots, for every plaintext prime's extreme values too."""
+    params = he.default_params()
+    p = he._Prime(params, params.plain_primes[0])
+    prg = np.random.default_rng(7)  # insecure-ok: test inputs, not shares
+    rows = prg.integers(0, p.t, (2, params.n), dtype=np.uint64)
+    rows[1, :4] = [0, 1, p.t - 1, p.t - 2]
+    slots = p.ntt.to_slots(rows)
+    assert np.array_equal(p.ntt.to_coeffs(slots), rows)
+    for row, sl in zip(rows, slots):
+        pt = p.plain(sl)
+        coeffs = np.array([pt.data(i) for i in range(pt.coeff_count())], dtype=np.uint64)
+        assert np.array_equal(np.pad(coeffs, (0, params.n - len(coeffs))), row)
