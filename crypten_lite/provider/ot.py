@@ -313,7 +313,8 @@ class CorrelatedOT:
         """m random OTs (chooser's bits `mine`): the keys, one IKNP extension per CHUNK."""
         self.setup()
         d = chooser
-        parts0, parts1 = [], []
+        empty = np.zeros((0, 2), dtype=np.uint64)
+        parts0, parts1 = [empty], [empty]
         for start in range(0, m, CHUNK):
             size = min(CHUNK, m - start)
             first = self._index[d]
@@ -329,7 +330,6 @@ class CorrelatedOT:
         if self.rank == chooser:
             return OTKeys(chooser, m, (np.concatenate(parts0),), mine.astype(np.uint8) & 1)
         return OTKeys(chooser, m, (np.concatenate(parts0), np.concatenate(parts1)), None)
-
 
     def transfer(self, keys: OTKeys, values: np.ndarray | None, g: int) -> np.ndarray:
         """XOR shares of c_j & x_ij for i < g: the non-chooser passes values [g, m] (bits), the
