@@ -142,9 +142,10 @@ result = unittest.TextTestRunner(stream=sys.stderr, verbosity=1).run(
     unittest.TestSuite(cls(n) for n in public))
 failed = sorted({t.id().rsplit(".", 1)[-1] for t, _ in result.failures + result.errors})
 skipped = sorted({t.id().rsplit(".", 1)[-1] for t, _ in result.skipped})
+errors = {t.id().rsplit(".", 1)[-1]: tb[-1500:] for t, tb in result.failures + result.errors}
 print("RESULT " + json.dumps({"tests_in_file": len(names), "public": len(public),
                               "passed": len(public) - len(failed) - len(skipped), "failed": failed,
-                              "skipped": skipped}))
+                              "skipped": skipped, "errors": errors}))
 '''
 
 # Run in the temporary folder: the named tests of one class, each on its own (--rerun).
@@ -157,7 +158,9 @@ all_names = unittest.TestLoader().getTestCaseNames(cls)
 result = unittest.TextTestRunner(stream=sys.stderr, verbosity=2).run(unittest.TestSuite(cls(n) for n in names))
 failed = sorted({t.id().rsplit(".", 1)[-1] for t, _ in result.failures + result.errors})
 skipped = sorted({t.id().rsplit(".", 1)[-1] for t, _ in result.skipped})
-print("RESULT " + json.dumps({"tests_in_file": len(all_names), "ran": names, "failed": failed, "skipped": skipped}))
+errors = {t.id().rsplit(".", 1)[-1]: tb[-1500:] for t, tb in result.failures + result.errors}
+print("RESULT " + json.dumps({"tests_in_file": len(all_names), "ran": names, "failed": failed, "skipped": skipped,
+                              "errors": errors}))
 '''
 
 VARIANT_CLASSES = '''
@@ -238,6 +241,8 @@ def run(crypten: pathlib.Path, only: list[str], timeout: float) -> list[dict]:
                              "tests_in_file": r["tests_in_file"], "public": r["public"], "first_run": r["passed"],
                              "verified": None, "failed": r["failed"],
                              "seconds": round(time.perf_counter() - start, 1)})
+                if r.get("errors"):  # each failing test's traceback (its end): diagnosable later
+                    rows[-1]["errors"] = r["errors"]
                 if f in EXCLUDED_FILES:
                     rows[-1]["excluded_reason"] = EXCLUDED_FILES[f]
                 else:
@@ -300,7 +305,8 @@ def merge_reruns(path: pathlib.Path, results: list[dict], run_info: dict) -> Non
             row["newly_counted"] = sorted(newly)
             row["excluded"] = {n: EXCLUDED.get(res["file"], {}).get(n, "") for n in sorted(was_excluded - newly)}
         row.setdefault("reruns", []).append({**run_info, "tests": res["ran"], "failed": res["failed"],
-                                             "skipped": res["skipped"]})
+                                             "skipped": res["skipped"],
+                                             **({"errors": res["errors"]} if res.get("errors") else {})})
     _write(path, data)
 
 
@@ -308,6 +314,19 @@ def _write(path: pathlib.Path, data: dict) -> None:
     rows_text = ",\n".join("  " + json.dumps(r) for r in data["rows"])
     head = ",\n".join(f" {json.dumps(k)}: {json.dumps(v)}" for k, v in data.items() if k != "rows")
     path.write_text("{\n" + head + ',\n "rows": [\n' + rows_text + "\n ]\n}\n")
+
+
+def tree_state() -> dict:
+    """The commit and the uncommitted files of the library (crypten_lite/) right now: the
+    classes import the working tree, which other work in the same checkout may be changing
+    (a record names the commit at its start and any file that differed from it)."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    dirty = [ln[3:] for ln in git("status", "--porcelain", "--untracked-files=no", "--", "crypten_lite").splitlines()]
+    return {"commit_at_start": git("rev-parse", "--short", "HEAD") or "unknown", "uncommitted_at_start": dirty}
+
+
+START: dict = {}
 
 
 def run_record(crypten: pathlib.Path, argv: list[str]) -> dict:
@@ -319,7 +338,8 @@ def run_record(crypten: pathlib.Path, argv: list[str]) -> dict:
             "crypten_commit": git("--git-dir", str(crypten if (crypten / "HEAD").exists() else crypten / ".git"),
                                   "rev-parse", "--short", "HEAD", cwd=REPO),
             "date": time.strftime("%Y-%m-%d", time.gmtime()),
-            "machine": f"{os.cpu_count()} cores, 1-minute load average {os.getloadavg()[0]:.1f} at the end"}
+            "machine": f"{os.cpu_count()} cores, 1-minute load average {os.getloadavg()[0]:.1f} at the end",
+            **START}
 
 
 def update(path: pathlib.Path, rows: list[dict], crypten: pathlib.Path, argv: list[str]) -> None:
@@ -332,7 +352,8 @@ def update(path: pathlib.Path, rows: list[dict], crypten: pathlib.Path, argv: li
                 "commit": git("rev-parse", "--short", "HEAD", cwd=REPO),
                 "crypten_commit": git("rev-parse", "--short", "HEAD", cwd=crypten),
                 "date": time.strftime("%Y-%m-%d", time.gmtime()),
-                "machine": f"{os.cpu_count()} cores, 1-minute load average {os.getloadavg()[0]:.1f} at the end"}
+                "machine": f"{os.cpu_count()} cores, 1-minute load average {os.getloadavg()[0]:.1f} at the end",
+                **START}
     data = json.loads(path.read_text())
     old = {(r["file"], r["variant"]): r for r in data["rows"]}
     for r in rows:
@@ -360,6 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=pathlib.Path, default=None,
                         help="update this JSON source (docs/crypten_compat.json) with the rows")
     args = parser.parse_args(argv)
+    START.update(tree_state())
     unknown = [o for o in args.only if o.split(".")[0] not in FILES]
     if unknown:
         parser.error(f"unknown files {unknown}; known: {list(FILES)}")
