@@ -443,3 +443,60 @@ def test_share_attr_follows_cryptens_replicated_protocol_under_rss(pool3_rss):
         assert o["float_refused"] is not None and f"party {rank}" in o["float_refused"]
         assert "int64" in o["float_refused"]
         assert o["save_load"][0] and torch.allclose(o["save_load"][1], value + 1, **TOL)
+
+
+# ---------------------------------------------------------------- BatchNorm modules (CrypTen's flow)
+def _bn_data(size, seed):
+    gen = torch.Generator().manual_seed(seed)  # test data only, the same at every party
+    c = size[1]
+    return (torch.rand(size, generator=gen) * 12 - 6, torch.rand(c, generator=gen) * 2 - 1,
+            torch.rand(c, generator=gen) * 2 - 1)
+
+
+BN_CASES = [("BatchNorm1d", (10, 5, 4)), ("BatchNorm2d", (6, 7, 4, 5)), ("BatchNorm3d", (4, 5, 4, 2, 3))]
+
+
+def batchnorm_modules(seed: int):
+    """CrypTen's test_batchnorm_module flow (its inputs' ranges, smaller batches): modules with
+    set parameters, train and eval, running statistics, and the stateless module."""
+    crypten.init()
+    out = []
+    for name, size in BN_CASES:
+        for training in (True, False):
+            x, w, b = _bn_data(size, seed)
+            model = getattr(crypten.nn.module, name)(size[1])
+            model.set_parameter("weight", w)
+            model.set_parameter("bias", b)
+            model = model.encrypt()
+            model.train(training)
+            enc_x = crypten.cryptensor(x)
+            y = model.forward(enc_x).get_plain_text()
+            stats = [model._buffers[k].get_plain_text() for k in ("running_mean", "running_var")]
+            stateless = crypten.nn.module.BatchNormalization().encrypt()
+            stateless.train(training)
+            got = stateless((enc_x, crypten.cryptensor(w), crypten.cryptensor(b),
+                             crypten.cryptensor(torch.zeros(size[1])), crypten.cryptensor(torch.ones(size[1]))))
+            got = [t.get_plain_text() for t in (got if training else (got,))]
+            out.append((name, training, y, stats, got))
+    return out
+
+
+def test_batchnorm_modules_follow_torch_on_fixed_inputs(pool2):
+    outs = pool2.run(batchnorm_modules, 3)[0]
+    for (name, training, y, stats, stateless), (_, size) in zip(outs, [c for c in BN_CASES for _ in (0, 1)]):
+        x, w, b = _bn_data(size, 3)
+        ref_model = getattr(torch.nn, name)(size[1])
+        with torch.no_grad():
+            ref_model.weight.copy_(w)
+            ref_model.bias.copy_(b)
+        ref_model.train(training)
+        ref = ref_model(x).detach()
+        # far inside CrypTen's tolerance (relative 0.05 or absolute 0.01): 16-bit fixed point
+        assert torch.allclose(y, ref, atol=2e-3, rtol=1e-2), (name, training)
+        assert torch.allclose(stats[0], ref_model.running_mean, atol=2e-3), (name, training)
+        assert torch.allclose(stats[1], ref_model.running_var, atol=2e-3, rtol=1e-2), (name, training)
+        assert len(stateless) == (5 if training else 1)
+        assert torch.allclose(stateless[0], ref, atol=2e-3, rtol=1e-2), (name, training)
+        if training:
+            assert torch.allclose(stateless[1], ref_model.running_mean, atol=2e-3), name
+            assert torch.allclose(stateless[2], ref_model.running_var, atol=2e-3, rtol=1e-2), name
