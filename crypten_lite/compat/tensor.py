@@ -508,14 +508,15 @@ class MPCTensor(CrypTensor):
     def shallow_copy(self) -> "MPCTensor":
         """A new MPCTensor sharing this one's underlying tensor."""
         out = object.__new__(MPCTensor)
-        out._tensor, out._binary = self._tensor, self._binary
+        out._tensor, out._binary = self._core, self._words  # a share set under rss stays as set
         return out
 
     def set(self, value) -> "MPCTensor":
         """Make this tensor hold `value` (an MPCTensor, or a public tensor encrypted from src 0)."""
         if not isinstance(value, MPCTensor):
             value = MPCTensor(value)
-        self._tensor, self._binary = value._tensor, value._binary
+        self._tensor, self._binary = value._core, value._words
+        self._handed = None
         return self
 
     def pad(self, pad, mode: str = "constant", value=0):
