@@ -469,12 +469,15 @@ class CrossEngine:
         ev.transform_from_ntt_inplace(z)
         return z
 
-    def _finish(self, p: _Prime, acc_ntt, mask_slots: np.ndarray, rand: Callable | None = None) -> bytes:
-        """Leave NTT form, flood, mask every slot/coefficient, switch down, serialize."""
+    def _finish(self, p: _Prime, acc_ntt, mask_slots: np.ndarray, rand: Callable | None = None,
+                in_ntt: bool = True) -> bytes:
+        """Leave NTT form (unless `in_ntt` is False), flood, mask every slot/coefficient,
+        switch down, serialize."""
         ev = p.evaluator
         out = self._flooded(p, rand)
         if acc_ntt is not None:
-            ev.transform_from_ntt_inplace(acc_ntt)
+            if in_ntt:
+                ev.transform_from_ntt_inplace(acc_ntt)
             ev.add_inplace(out, acc_ntt)
         ev.add_plain_inplace(out, p.plain(mask_slots))
         while out.coeff_modulus_size() > self.params.return_primes:
@@ -562,10 +565,7 @@ class CrossEngine:
                         ev.add_inplace(accs[c], prod)
             out = []
             for c in range(chunks):
-                acc = accs[c]
-                if acc is not None:
-                    ev.transform_to_ntt_inplace(acc)
-                out.append(self._finish(p, acc, r_t[c], rand))
+                out.append(self._finish(p, accs[c], r_t[c], rand, in_ntt=False))
             return out
         self._send(pack([ct for part in self._per_prime(evaluate, primes) for ct in part]))
         with np.errstate(over="ignore"):
