@@ -883,7 +883,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "else additive")
     parser.add_argument("--provider", choices=("dealer", "pairwise", "tfp"), default="dealer",
                         help="additive protocol's correlated randomness: dealer process (default), "
-                             "pairwise (2 parties, no dealer: homomorphic encryption) or tfp "
+                             "pairwise (2 parties, no dealer: homomorphic encryption and OT) or tfp "
                              "(INSECURE, party 0 deals); ignored under rss")
     parser.add_argument("--tls", action="store_true", help="run with mutual TLS (fresh certificates)")
     parser.add_argument("--only", action="append", choices=sorted(WORKLOADS), metavar="NAME",
