@@ -343,9 +343,11 @@ def main(argv=None) -> int:
     p.add_argument("--max-batch", type=int, default=64)
     p.add_argument("--protocol", choices=("additive", "rss"), default="additive",
                    help="additive: 2 parties + dealer; rss: 3 parties, no dealer")
-    p.add_argument("--compare-bits", type=int, choices=(32, 64), default=32,
-                   help="the service's --compare-bits (32: LeNet's pooled activations stay far "
-                        "below 2^14, where 32-bit comparisons are exact; every answer is checked)")
+    p.add_argument("--compare-bits", type=int, choices=(32, 64), default=64,
+                   help="the service's --compare-bits (default 64, the service's own default: "
+                        "exact for every input; 32 is the opt-in that is exact only while the "
+                        "pooled activations stay below 2^14, as LeNet's do on these inputs: every "
+                        "answer is checked against torch either way)")
     p.add_argument("--max-wait", type=float, default=0.25, help="the service's --max-wait")
     p.add_argument("--driver", choices=("aio", "threads"), default="aio",
                    help="aio: every client an AsyncClient in one event loop (default); threads: "
