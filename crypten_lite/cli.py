@@ -74,6 +74,13 @@ def _launch(args: argparse.Namespace) -> int:
     extra = {}
     if args.tls_dir:
         extra["CRYPTEN_LITE_TLS_DIR"] = os.path.abspath(args.tls_dir)
+    # The pairwise offline progress line: the parties' stderr is a pipe to this launcher, so
+    # they draw it when asked (--progress, CRYPTEN_LITE_PROGRESS) or when ours is a terminal.
+    progress = "1" if args.progress else os.environ.get("CRYPTEN_LITE_PROGRESS", "")
+    if not progress and args.provider == "pairwise" and sys.stderr.isatty():
+        progress = "1"
+    if progress:
+        extra["CRYPTEN_LITE_PROGRESS"] = progress
     party_envs, dealer_env = local_env(args.n, args.provider, timeout=args.timeout, extra=extra,
                                        protocol=protocol)
     passed = {k: v for k, v in inherited_settings().items() if k not in extra}
@@ -447,6 +454,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "dealer; not with --protocol rss")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds any wait may take")
     p.add_argument("--tls-dir", default="", help="certificates from `crypten-lite certs`")
+    p.add_argument("--progress", action="store_true",
+                   help="rank 0 draws the pairwise provider's offline progress line (correlations, "
+                        "MB/s, time left) even when stderr is not a terminal (CRYPTEN_LITE_PROGRESS=1)")
     p.add_argument("script", help="Python script calling crypten_lite.init()")
     p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
     p.set_defaults(fn=_launch)

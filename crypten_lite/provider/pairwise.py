@@ -41,6 +41,7 @@ import math
 import os
 import struct
 import sys
+import threading
 import time
 from typing import Callable
 
@@ -263,19 +264,24 @@ class PairwiseProvider(Provider):
         self._plan = [_absolute(_spec(*entry), start) for entry in plan]
         self._plan_start = start
         self._drop_prefetched()
-        progress = _Progress(len(self._plan), self.stats, self.rank)
-        done = 0
-        for group in self._elementwise_groups():
-            self._make_elementwise(start, group)
-            done += len(group)
-            progress.step(done)
-        for i, (kind, op, shapes, params) in enumerate(self._plan):
-            if start + i in self._ready:
-                continue
-            self._ready[start + i] = self._make(start + i, kind, op, shapes, params)
-            done += 1
-            progress.step(done)
-        progress.done()
+        weights = [_work(shapes) for _, _, shapes, _ in self._plan]
+        progress = _Progress(weights, self.stats, self.rank)
+        done = units = 0
+        try:
+            for group in self._elementwise_groups():
+                self._make_elementwise(start, group)
+                done += len(group)
+                units += sum(weights[i] for i in group)
+                progress.step(done, units)
+            for i, (kind, op, shapes, params) in enumerate(self._plan):
+                if start + i in self._ready:
+                    continue
+                self._ready[start + i] = self._make(start + i, kind, op, shapes, params)
+                done += 1
+                units += weights[i]
+                progress.step(done, units)
+        finally:
+            progress.done()
 
     def _elementwise_groups(self) -> list[list[int]]:
         """Plan positions of the small elementwise HE correlations (mul triples, squares),
@@ -634,33 +640,83 @@ _MAKERS = {
 }
 
 
-class _Progress:
-    """One stderr line for a long offline phase: correlations made, MB/s, time left."""
+def _work(shapes) -> int:
+    """A correlation's share of a plan's work, for the progress line's time left: the
+    elements of its operands (an estimate; the exchanged bytes grow with them)."""
+    return max(1, sum(math.prod(tuple(s)) for s in shapes))
 
-    def __init__(self, total: int, stats: dict, rank: int):
-        self.total = total
+
+def progress_wanted(rank: int) -> bool:
+    """Whether this party draws the offline progress line: rank 0 only (one line per run),
+    when CRYPTEN_LITE_PROGRESS=1 (`crypten-lite launch --progress` sets it) or, unless it is
+    0, when stderr is a terminal."""
+    forced = os.environ.get(PROGRESS_ENV, "")
+    if forced not in ("", "0", "1"):
+        raise ConfigError(f"{PROGRESS_ENV}={forced!r}: use 1 (draw the pairwise offline progress "
+                          "line on stderr), 0 (never) or leave it unset (only on a terminal)")
+    return rank == 0 and (forced == "1" or (forced != "0" and sys.stderr.isatty()))
+
+
+class _Progress:
+    """One stderr line for a long offline phase: correlations made, MB exchanged, MB/s and the
+    time left (from the elements made so far). Redrawn at most once a second, also while one
+    large correlation is being exchanged (a daemon ticker, stopped by done()). It shows counts,
+    byte totals and seconds only, never a value, key or seed, and goes to stderr, not to the
+    logging handlers."""
+
+    TICK = 1.0   # seconds between redraws
+
+    def __init__(self, weights: list[int], stats: dict, rank: int):
+        self.total = len(weights)
+        self.total_units = sum(weights)
         self.stats = stats
         self.start = time.perf_counter()
         self.bytes0 = stats["pairwise_bytes_sent"] + stats["pairwise_bytes_received"]
-        forced = os.environ.get(PROGRESS_ENV, "")
-        self.show = rank == 0 and total > 0 and (forced == "1" or (forced != "0" and sys.stderr.isatty()))
-        self.last = 0.0
+        self.show = self.total > 0 and progress_wanted(rank)
+        self.count = self.units = 0
+        self.drawn = False
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._ticker = None
+        if self.show:
+            self._ticker = threading.Thread(target=self._tick, daemon=True,
+                                            name="crypten-lite-pairwise-progress")
+            self._ticker.start()
 
-    def step(self, done: int) -> None:
+    def _tick(self) -> None:
+        while not self._stop.wait(self.TICK):
+            self._draw()
+
+    def step(self, done: int, units: int) -> None:
+        """`done` correlations of `units` elements made so far."""
         if not self.show:
             return
-        now = time.perf_counter()
-        if now - self.last < 1.0 and done < self.total:
-            return
-        self.last = now
-        elapsed = now - self.start
-        mb = (self.stats["pairwise_bytes_sent"] + self.stats["pairwise_bytes_received"] - self.bytes0) / 1e6
-        left = elapsed / done * (self.total - done) if done else 0.0
-        sys.stderr.write(f"\rpairwise offline: {done}/{self.total} correlations, {mb:.1f} MB, "
-                         f"{mb / max(elapsed, 1e-9):.1f} MB/s, {left:.0f} s left ")
-        sys.stderr.flush()
+        self.count, self.units = done, units
+        if done >= self.total:
+            self._draw()
+
+    def _draw(self) -> None:
+        with self._lock:
+            if self._stop.is_set() and self.count < self.total:
+                return
+            elapsed = time.perf_counter() - self.start
+            mb = (self.stats["pairwise_bytes_sent"] + self.stats["pairwise_bytes_received"]
+                  - self.bytes0) / 1e6
+            left = (f"{elapsed / self.units * (self.total_units - self.units):.0f} s left"
+                    if self.units else "time left unknown")
+            sys.stderr.write(f"\rpairwise offline: {self.count}/{self.total} correlations, "
+                             f"{mb:.1f} MB, {mb / max(elapsed, 1e-9):.1f} MB/s, {left} ")
+            sys.stderr.flush()
+            self.drawn = True
 
     def done(self) -> None:
-        if self.show:
-            sys.stderr.write("\n")
-            sys.stderr.flush()
+        """Stop the ticker and end the line (also when the phase failed)."""
+        if not self.show:
+            return
+        self._stop.set()
+        if self._ticker is not None:
+            self._ticker.join(5.0)
+        with self._lock:
+            if self.drawn:
+                sys.stderr.write("\n")
+                sys.stderr.flush()

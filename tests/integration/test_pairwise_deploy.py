@@ -56,3 +56,32 @@ def test_launch_pairwise_refuses_three_parties(tmp_path):
                           "--provider", "pairwise", str(script)], capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 2 and "exactly 2 parties" in out.stderr
+
+
+PREFETCH = """
+import torch, crypten_lite
+from crypten_lite.mpc import offline
+crypten_lite.init()
+x = crypten_lite.cryptensor(torch.tensor([1.5, -2.0]), src=0)
+y = crypten_lite.cryptensor(torch.tensor([2.0, 4.0]), src=1)
+with offline.record() as plan:
+    (x * y).get_plain_text()
+offline.prefetch(plan)
+print("product", (x * y).get_plain_text().tolist())
+"""
+
+
+def test_launch_progress_flag_draws_rank_0s_offline_line(tmp_path):
+    pytest.importorskip("tenseal")
+    pytest.importorskip("nacl")
+    script = tmp_path / "prefetch.py"
+    script.write_text(PREFETCH)
+    env = {k: v for k, v in os.environ.items() if k != "CRYPTEN_LITE_PROGRESS"}
+    out = subprocess.run([sys.executable, "-m", "crypten_lite.cli", "launch", "-n", "2",
+                          "--provider", "pairwise", "--progress", str(script)],
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.count("product [3.0, -8.0]") == 2, out.stdout
+    lines = [line for line in out.stderr.splitlines() if "pairwise offline:" in line]
+    assert lines and all(line.startswith("[rank 0] ") for line in lines), out.stderr[-2000:]
+    assert "1/1 correlations" in lines[-1] and "MB/s" in lines[-1] and "s left" in lines[-1]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 import threading
 
 import numpy as np
@@ -19,7 +20,7 @@ pytest.importorskip("nacl")
 
 from crypten_lite.comm.inprocess import InProcessCommunicator, InProcessHub  # noqa: E402
 from crypten_lite.config import Config  # noqa: E402
-from crypten_lite.errors import ProtocolError  # noqa: E402
+from crypten_lite.errors import ConfigError, ProtocolError  # noqa: E402
 from crypten_lite.provider import he  # noqa: E402
 from crypten_lite.provider.pairwise import DATA, PairwiseProvider  # noqa: E402
 
@@ -269,14 +270,37 @@ def test_flooding_noise_exceeds_the_product_noise_by_the_statistical_margin():
 def test_progress_line_for_long_offline_phases(monkeypatch, capsys):
     from crypten_lite.provider.pairwise import PROGRESS_ENV, _Progress
     monkeypatch.setenv(PROGRESS_ENV, "1")
+    monkeypatch.setattr(_Progress, "TICK", 3600.0)   # no redraw by time: the test needs none
     stats = {"pairwise_bytes_sent": 0, "pairwise_bytes_received": 0}
-    bar = _Progress(4, stats, rank=0)
+    bar = _Progress([10, 30], stats, rank=0)
     stats["pairwise_bytes_sent"] = 3_000_000
-    bar.step(4)
+    bar.step(1, 10)
+    assert bar.units == 10 and not bar.drawn           # redrawn by the ticker, not per step
+    bar.step(2, 40)
     bar.done()
+    assert not bar._ticker.is_alive()                   # done() stops the ticker
     err = capsys.readouterr().err
-    assert "4/4 correlations" in err and "3.0 MB" in err and "MB/s" in err and "s left" in err
-    assert not _Progress(4, stats, rank=1).show        # one line per run: rank 0's
+    assert "2/2 correlations" in err and "3.0 MB" in err and "MB/s" in err and "0 s left" in err
+    assert err.endswith("\n")
+    other = _Progress([1], stats, rank=1)
+    assert not other.show and other._ticker is None    # one line per run: rank 0's
+    monkeypatch.setenv(PROGRESS_ENV, "0")
+    assert not _Progress([1], stats, rank=0).show
+    monkeypatch.delenv(PROGRESS_ENV)                    # unset: only on a terminal
+    assert _Progress([1], stats, rank=0).show == sys.stderr.isatty()
+    monkeypatch.setenv(PROGRESS_ENV, "yes")
+    with pytest.raises(ConfigError, match="CRYPTEN_LITE_PROGRESS='yes'"):
+        _Progress([1], stats, rank=0)
+
+
+def test_progress_line_on_a_failed_phase_ends_quietly(monkeypatch, capsys):
+    from crypten_lite.provider.pairwise import PROGRESS_ENV, _Progress
+    monkeypatch.setenv(PROGRESS_ENV, "1")
+    monkeypatch.setattr(_Progress, "TICK", 3600.0)   # no redraw by time: the test needs none
+    bar = _Progress([5, 5], {"pairwise_bytes_sent": 0, "pairwise_bytes_received": 0}, rank=0)
+    bar.step(1, 5)
+    bar.done()                                          # the phase raised: nothing drawn yet
+    assert not bar._ticker.is_alive() and capsys.readouterr().err == ""
 
 
 def test_docs_tables_come_from_the_measurements():
@@ -376,3 +400,19 @@ def test_numpy_ntt_agrees_with_seal_batch_encoding():
         pt = p.plain(sl)
         coeffs = np.array([pt.data(i) for i in range(pt.coeff_count())], dtype=np.uint64)
         assert np.array_equal(np.pad(coeffs, (0, params.n - len(coeffs))), row)
+
+
+def test_progress_line_redraws_during_one_long_correlation(monkeypatch, capsys):
+    from crypten_lite.provider.pairwise import PROGRESS_ENV, _Progress
+    monkeypatch.setenv(PROGRESS_ENV, "1")
+    monkeypatch.setattr(_Progress, "TICK", 0.01)
+    stats = {"pairwise_bytes_sent": 0, "pairwise_bytes_received": 2_000_000}
+    bar = _Progress([7], stats, rank=0)
+    deadline = threading.Event()
+    for _ in range(6000):                               # the ticker draws without any step
+        if bar.drawn or deadline.wait(0.01):
+            break
+    bar.done()
+    err = capsys.readouterr().err
+    assert bar.drawn and "0/1 correlations" in err and "time left unknown" in err
+    assert "2.0 MB" not in err                          # bytes counted from the bar's start
