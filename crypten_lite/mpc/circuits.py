@@ -101,11 +101,30 @@ def unpack_bits(words: torch.Tensor, n: int) -> torch.Tensor:
     return unpack_lanes(words, 1, n)
 
 
+def _bit_luts() -> tuple[torch.Tensor, torch.Tensor]:
+    """For every 16-bit value: its 8 odd bits and its 8 even bits, compressed (uint8)."""
+    v = torch.arange(1 << 16, dtype=torch.int64)
+    odd, even = torch.zeros_like(v), torch.zeros_like(v)
+    for i in range(8):
+        even |= ((v >> (2 * i)) & 1) << i
+        odd |= ((v >> (2 * i + 1)) & 1) << i
+    return odd.to(torch.uint8), even.to(torch.uint8)
+
+
+_LUT_ODD, _LUT_EVEN = _bit_luts()
+
+
 def halves(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Odd and even bits of packed groups, each re-packed into full words (half as many)."""
-    hi = compress_even(x >> 1)
-    lo = compress_even(x)
-    return pack_lanes(hi, 32), pack_lanes(lo, 32)
+    """Odd and even bits of packed groups, each re-packed into full words (half as many):
+    pack_lanes(compress_even(x >> 1), 32) and pack_lanes(compress_even(x), 32), computed by
+    a table lookup per 16 bits (8 compressed bits), whose bytes in order are the 32-bit
+    halves of two consecutive words already packed into one word (little-endian): a few
+    times less CPU than the shifts and masks."""
+    x = _pad_last(x, 2)
+    idx = x.contiguous().view(-1).view(torch.uint16).to(torch.int32)
+    shape = (*x.shape[:-1], x.shape[-1] // 2)
+    odd, even = _LUT_ODD.index_select(0, idx), _LUT_EVEN.index_select(0, idx)
+    return odd.view(torch.int64).view(shape), even.view(torch.int64).view(shape)
 
 
 def quarters(x: torch.Tensor, halves_fn=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -469,29 +469,8 @@ def and_reduce_bits(x: Replicated) -> Replicated:
 
 
 # --------------------------------------------------------- carries of a + b (2 roles)
-def _bit_luts() -> tuple[torch.Tensor, torch.Tensor]:
-    """For every 16-bit value: its 8 odd bits and its 8 even bits, compressed (uint8)."""
-    v = torch.arange(1 << 16, dtype=torch.int64)
-    odd, even = torch.zeros_like(v), torch.zeros_like(v)
-    for i in range(8):
-        even |= ((v >> (2 * i)) & 1) << i
-        odd |= ((v >> (2 * i + 1)) & 1) << i
-    return odd.to(torch.uint8), even.to(torch.uint8)
-
-
-_LUT_ODD, _LUT_EVEN = _bit_luts()
-
-
-def _halves(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """circuits.halves (odd and even bits of packed groups, re-packed), faster: a table
-    lookup per 16 bits gives 8 compressed bits, whose bytes in order are the 32-bit halves of
-    two consecutive words already packed into one 64-bit word (little-endian)."""
-    idx = x.reshape(-1).contiguous().view(torch.uint16).to(torch.int32)
-    odd, even = _LUT_ODD.index_select(0, idx), _LUT_EVEN.index_select(0, idx)
-    if x.numel() % 2:
-        pad = torch.zeros(4, dtype=torch.uint8)
-        odd, even = torch.cat([odd, pad]), torch.cat([even, pad])
-    return odd.view(torch.int64), even.view(torch.int64)
+# circuits.halves (a table lookup per 16 bits), under the name this module's circuits use.
+_halves = circuits.halves
 
 
 # The last carry level combines the final four groups in one round (G only): a masked

@@ -162,6 +162,19 @@ def test_compress_even_and_halves(values):
     assert torch.equal(circuits.unpack_lanes(hi, 32, x.numel()), circuits.compress_even(x >> 1))
 
 
+@settings(deadline=None)
+@given(st.lists(INT64, min_size=6, max_size=6), st.integers(1, 3))
+def test_halves_leading_axes(values, rows):
+    """halves (a table lookup) on leading axes, odd and even last axes, a non-contiguous
+    input: each row as the shifts and masks of compress_even and pack_lanes give it."""
+    x = torch.tensor(values * rows, dtype=torch.int64).view(rows, 6)
+    for t in (x, x[:, :5], x[:, :1], x.t()):
+        want_hi = circuits.pack_lanes(circuits.compress_even(t >> 1), 32)
+        want_lo = circuits.pack_lanes(circuits.compress_even(t), 32)
+        hi, lo = circuits.halves(t)
+        assert torch.equal(hi, want_hi) and torch.equal(lo, want_lo)
+
+
 # ------------------------------------------------------------- masked polynomials
 @settings(max_examples=30, deadline=None)
 @given(st.integers(0, 2 ** 31), st.sampled_from([2, 3]), st.booleans())
