@@ -30,11 +30,14 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import hashlib
+import os
 from typing import Iterator
 
 import torch
 
-from ..errors import ProtocolError
+from ..errors import ConfigError, CryptenLiteError, ProtocolError
+from ..provider.store import STORE_ENV
 from ..session import current
 
 
@@ -56,14 +59,35 @@ def record() -> Iterator[list]:
         plan.extend(provider.stop_recording())
 
 
-def prefetch(plan: list, wait: bool = True) -> None:
+def prefetch(plan: list, wait: bool = True, store: str | None = None,
+             key_file: str | None = None) -> None:
     """Fetch the corrections of the next run of `plan` now (collective: every party calls it
     with the same plan; rank 0 asks the dealer, the others note the planned counters).
+
+    Provider "pairwise" with `store` (else CRYPTEN_LITE_OFFLINE_STORE; "" for none): take the
+    plan's correlations from each party's offline store (made by `make_store`; used once)
+    instead of making them; a missing, used, tampered or mismatched store is an error on both
+    parties.
 
     Raises ProtocolError if the parties' plans or counters differ (one all-gather of a
     32-byte digest, offline)."""
     _release_free_heap()
     s = current()
+    store = os.environ.get(STORE_ENV, "") if store is None else store
+    if store:
+        provider = _pairwise(s, "prefetch")
+        error, store_id = None, ""
+        try:
+            store_id = provider.load_store(plan, store, key_file)
+        except CryptenLiteError as e:
+            error = e
+        try:
+            _agree(s, "prefetch", store_id, error)
+        except CryptenLiteError:
+            provider.drop_store()
+            raise
+        _check_plans(s, provider)
+        return
     if s.config.protocol == "rss":
         # No dealer: the parties make the plan's truncation pairs themselves, now.
         from . import rss
@@ -71,6 +95,12 @@ def prefetch(plan: list, wait: bool = True) -> None:
         return
     provider = s.provider
     provider.prefetch(plan)
+    _check_plans(s, provider)
+    if wait:
+        provider.wait_prefetched()
+
+
+def _check_plans(s, provider) -> None:
     mine = torch.frombuffer(bytearray(provider.plan_digest()), dtype=torch.int64).clone()
     digests = s.comm.all_gather(mine)
     differ = [r for r, d in enumerate(digests) if not torch.equal(d, mine)]
@@ -78,8 +108,54 @@ def prefetch(plan: list, wait: bool = True) -> None:
         raise ProtocolError(f"offline.prefetch: party {s.rank}'s plan (or request counter) "
                             f"differs from that of parties {differ}; every party must record "
                             "the same program and call prefetch with its plan at the same point")
-    if wait:
-        provider.wait_prefetched()
+
+
+def make_store(plan: list, store: str, key_file: str | None = None) -> str:
+    """Provider "pairwise": make the correlations of the next run of `plan` now and keep them
+    on each party's own disk (directory `store`, '{rank}' replaced by the rank), encrypted
+    and authenticated under the party's key file (`key_file`, else CRYPTEN_LITE_OFFLINE_KEY;
+    created with mode 0600), for a later session's `prefetch(plan, store=...)` (or
+    CRYPTEN_LITE_OFFLINE_STORE=DIR). Collective. Returns the store id both parties agree on.
+    None of the stored correlations is used in this session. See provider/store.py."""
+    s = current()
+    provider = _pairwise(s, "make_store")
+    prefetch(plan, store="")
+    error, store_id = None, ""
+    try:
+        store_id = provider.save_store(plan, store, key_file)["store_id"]
+    except CryptenLiteError as e:   # tell the peer before raising: no party waits alone
+        error = e
+    _agree(s, "make_store", store_id, error)
+    return store_id
+
+
+def _pairwise(s, what: str):
+    provider = s.provider
+    if s.config.protocol == "rss" or not hasattr(provider, "load_store"):
+        raise ConfigError(f"offline.{what}: an offline store holds the pairwise provider's "
+                          f"correlations; this session's provider is {provider.name!r} (with "
+                          "the dealer, prefetch at the start of the run instead)")
+    return provider
+
+
+def _agree(s, what: str, store_id: str, error: Exception | None) -> None:
+    """All-gather (ok, store id digest); raise on every party if any failed or ids differ."""
+    digest = hashlib.sha256(store_id.encode()).digest() if error is None else bytes(32)
+    mine = torch.frombuffer(bytearray(bytes([error is None]) + bytes(7) + digest),
+                            dtype=torch.int64).clone()
+    gathered = s.comm.all_gather(mine)
+    if error is not None:
+        raise error
+    failed = [r for r, g in enumerate(gathered) if int(g[0]) == 0]
+    if failed:
+        raise ProtocolError(f"offline.{what}: party {s.rank}: party {failed} could not use its "
+                            "offline store (its own error says why); this party's store, if any, "
+                            "was consumed: make a new pair of stores with offline.make_store")
+    if any(not torch.equal(g, mine) for g in gathered):
+        raise ProtocolError(f"offline.{what}: party {s.rank}: the parties' offline stores have "
+                            "different store ids (made in different sessions or for other "
+                            "plans); both stores were consumed: make a new pair with "
+                            "offline.make_store and give each party its own one")
 
 
 def _release_free_heap() -> None:

@@ -52,7 +52,7 @@ import torch.nn.functional as F
 from ..config import Config
 from ..errors import CommunicationError, ConfigError, ProtocolError
 from ..random import PRG, canonical, derive_key, fresh_seed
-from . import correlations, he, ot
+from . import correlations, he, ot, store
 from . import Correlation, Provider, _absolute, _relative, _spec
 from .correlations import TRIPLE_OPS, _conv_params
 
@@ -282,6 +282,57 @@ class PairwiseProvider(Provider):
                 progress.step(done, units)
         finally:
             progress.done()
+
+    # ------------------------------------------------------------------ offline store
+    def _store_header(self, plan: list) -> dict:
+        """The public binding of a store: this party and its peer, the plan's digest."""
+        digest = hashlib.sha256(canonical("pairwise-store-plan/v1", len(plan),
+                                          [[k, o, list(sh), list(p)] for k, o, sh, p in
+                                           (_spec(*e) for e in plan)])).hexdigest()
+        return {"rank": self.rank, "peer": self._peer, "plan": digest,
+                "parties": [f"party{r}" for r in range(2)]}
+
+    def save_store(self, plan: list, directory: str, key_file: str | None = None) -> dict:
+        """After prefetch(plan): write this party's components of the plan to its own store
+        (provider/store.py) and drop them here, so this session never uses them. The store id
+        is derived from this session's pair seed (both parties get the same id, nobody else
+        can). Returns the store's header."""
+        header = self._store_header(plan)
+        header["store_id"] = hashlib.sha256(derive_key(
+            self._comm.pair_seeds[self._peer],
+            f"crypten_lite/v1/pairwise-store/{self._session}/{self._plan_start}")).hexdigest()[:32]
+        entries = [self._ready.pop(self._plan_start + i, None) for i in range(len(self._plan))]
+        self._drop_prefetched()
+        if len(self._plan) != len(plan) or any(e is None for e in entries):
+            raise ProtocolError(f"party {self.rank}: save_store right after prefetch of the same "
+                                "plan: some of its correlations were already used")
+        key = store.load_key(key_file, self.rank, create=True)
+        store.save(store.resolve_dir(directory, self.rank), key, header, entries)
+        return header
+
+    def load_store(self, plan: list, directory: str, key_file: str | None = None) -> str:
+        """Instead of prefetch(plan): claim, read, delete and verify this party's store of the
+        plan; its correlations take the plan's next counters. Returns the store id (the
+        caller compares it with the peer's before any is used)."""
+        start = max(self.counter, self._plan_start + len(self._plan))
+        self.counter = start
+        self._plan = [_absolute(_spec(*entry), start) for entry in plan]
+        self._plan_start = start
+        self._drop_prefetched()
+        expect = self._store_header(plan)
+        key = store.load_key(key_file, self.rank, create=False)
+        header, entries = store.load(store.resolve_dir(directory, self.rank), key, self.rank, expect)
+        if len(entries) != len(plan):
+            raise ProtocolError(f"party {self.rank}: offline store holds {len(entries)} entries "
+                                f"for a plan of {len(plan)}")
+        for i, parts in enumerate(entries):
+            self._ready[start + i] = parts
+        self.stats["stored"] = self.stats.get("stored", 0) + len(entries)
+        return str(header["store_id"])
+
+    def drop_store(self) -> None:
+        """Forget the loaded store's correlations (the peer refused its own)."""
+        self._drop_prefetched()
 
     def _elementwise_groups(self) -> list[list[int]]:
         """Plan positions of the small elementwise HE correlations (mul triples, squares),
