@@ -81,6 +81,11 @@ def _launch(args: argparse.Namespace) -> int:
         progress = "1"
     if progress:
         extra["CRYPTEN_LITE_PROGRESS"] = progress
+    # The pairwise offline store (offline.make_store / prefetch): '{rank}' in the paths keeps
+    # the two local parties' stores and keys apart.
+    for name in ("CRYPTEN_LITE_OFFLINE_STORE", "CRYPTEN_LITE_OFFLINE_KEY"):
+        if os.environ.get(name):
+            extra[name] = os.environ[name]
     party_envs, dealer_env = local_env(args.n, args.provider, timeout=args.timeout, extra=extra,
                                        protocol=protocol)
     passed = {k: v for k, v in inherited_settings().items() if k not in extra}

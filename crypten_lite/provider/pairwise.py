@@ -298,22 +298,24 @@ class PairwiseProvider(Provider):
         is derived from this session's pair seed (both parties get the same id, nobody else
         can). Returns the store's header."""
         header = self._store_header(plan)
-        header["store_id"] = hashlib.sha256(derive_key(
-            self._comm.pair_seeds[self._peer],
-            f"crypten_lite/v1/pairwise-store/{self._session}/{self._plan_start}")).hexdigest()[:32]
+        token = derive_key(self._comm.pair_seeds[self._peer],
+                           f"crypten_lite/v1/pairwise-store/{self._session}/{self._plan_start}")
+        header["store_id"] = hashlib.sha256(b"store-id" + token).hexdigest()[:32]
         entries = [self._ready.pop(self._plan_start + i, None) for i in range(len(self._plan))]
         self._drop_prefetched()
         if len(self._plan) != len(plan) or any(e is None for e in entries):
             raise ProtocolError(f"party {self.rank}: save_store right after prefetch of the same "
                                 "plan: some of its correlations were already used")
         key = store.load_key(key_file, self.rank, create=True)
-        store.save(store.resolve_dir(directory, self.rank), key, header, entries)
+        store.save(store.resolve_dir(directory, self.rank), key, header, entries, token)
         return header
 
     def load_store(self, plan: list, directory: str, key_file: str | None = None) -> str:
         """Instead of prefetch(plan): claim, read, delete and verify this party's store of the
-        plan; its correlations take the plan's next counters. Returns the store id (the
-        caller compares it with the peer's before any is used)."""
+        plan; its correlations take the plan's next counters. Returns the proof that this
+        party holds the store (a hash of the pair's secret store token and this session's id:
+        equal on both parties only if the peer holds the other half of the same store; the
+        caller compares them before any correlation is used)."""
         start = max(self.counter, self._plan_start + len(self._plan))
         self.counter = start
         self._plan = [_absolute(_spec(*entry), start) for entry in plan]
@@ -321,14 +323,16 @@ class PairwiseProvider(Provider):
         self._drop_prefetched()
         expect = self._store_header(plan)
         key = store.load_key(key_file, self.rank, create=False)
-        header, entries = store.load(store.resolve_dir(directory, self.rank), key, self.rank, expect)
+        header, entries, token = store.load(store.resolve_dir(directory, self.rank), key,
+                                            self.rank, expect)
         if len(entries) != len(plan):
             raise ProtocolError(f"party {self.rank}: offline store holds {len(entries)} entries "
                                 f"for a plan of {len(plan)}")
         for i, parts in enumerate(entries):
             self._ready[start + i] = parts
         self.stats["stored"] = self.stats.get("stored", 0) + len(entries)
-        return str(header["store_id"])
+        return hashlib.sha256(canonical("pairwise-store-proof/v1", token.hex(),
+                                        self._session)).hexdigest()
 
     def drop_store(self) -> None:
         """Forget the loaded store's correlations (the peer refused its own)."""

@@ -82,9 +82,12 @@ def _aad(header: dict, index: int) -> bytes:
     return json.dumps({"store": header, "entry": index}, sort_keys=True).encode()
 
 
-def save(directory: str, key: bytes, header: dict, entries: list[list[torch.Tensor]]) -> None:
+def save(directory: str, key: bytes, header: dict, entries: list[list[torch.Tensor]],
+         token: bytes) -> None:
     """Write a new store (the directory must not hold one). `header`: format, store_id, rank,
-    peer, plan digest (public values only)."""
+    peer, plan digest (public values only). `token`: the pair's secret (both parties hold the
+    same; encrypted in the manifest), for proving at load that the peer holds the matching
+    store."""
     header = dict(header, format=FORMAT, entries=len(entries))
     os.makedirs(directory, mode=0o700, exist_ok=True)
     if os.listdir(directory):
@@ -98,9 +101,9 @@ def save(directory: str, key: bytes, header: dict, entries: list[list[torch.Tens
         nonce = fresh_seed()[:12]
         _write(os.path.join(directory, f"entry-{i:06d}.bin"), nonce + aes.encrypt(nonce, plain, _aad(header, i)))
     nonce = fresh_seed()[:12]
-    tag = aes.encrypt(nonce, b"", _aad(header, -1))
+    sealed = aes.encrypt(nonce, token, _aad(header, -1))
     _write(os.path.join(directory, MANIFEST),
-           json.dumps({"header": header, "nonce": nonce.hex(), "tag": tag.hex()}).encode())
+           json.dumps({"header": header, "nonce": nonce.hex(), "sealed": sealed.hex()}).encode())
 
 
 def _write(path: str, data: bytes) -> None:
@@ -111,8 +114,9 @@ def _write(path: str, data: bytes) -> None:
         os.fsync(f.fileno())
 
 
-def load(directory: str, key: bytes, rank: int, expect: dict) -> tuple[dict, list[list[torch.Tensor]]]:
-    """Claim, read, delete and verify a store. Returns (header, entries). `expect`: header
+def load(directory: str, key: bytes, rank: int,
+         expect: dict) -> tuple[dict, list[list[torch.Tensor]], bytes]:
+    """Claim, read, delete and verify a store. Returns (header, entries, pair token). `expect`: header
     fields that must match (rank, peer, plan digest). Raises ConfigError (missing store or
     key) or ProtocolError (used, partial, tampered, another plan or party)."""
     manifest, claimed = os.path.join(directory, MANIFEST), os.path.join(directory, CLAIMED)
@@ -130,7 +134,8 @@ def load(directory: str, key: bytes, rank: int, expect: dict) -> tuple[dict, lis
         doc = json.loads(raw)
         header = doc["header"]
         count = int(header["entries"])
-        AESGCM(key).decrypt(bytes.fromhex(doc["nonce"]), bytes.fromhex(doc["tag"]), _aad(header, -1))
+        token = AESGCM(key).decrypt(bytes.fromhex(doc["nonce"]), bytes.fromhex(doc["sealed"]),
+                                    _aad(header, -1))
     except (ValueError, KeyError, TypeError, InvalidTag):
         raise ProtocolError(f"party {rank}: offline store {directory}: manifest fails its "
                             "authentication (tampered, or another key); make a new store") from None
@@ -171,4 +176,4 @@ def load(directory: str, key: bytes, rank: int, expect: dict) -> tuple[dict, lis
             parts.append(torch.from_numpy(arr.astype(np.int64)))
             offset += size
         entries.append(parts)
-    return header, entries
+    return header, entries, token

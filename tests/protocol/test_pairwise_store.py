@@ -54,7 +54,7 @@ def _use_twice(root: str):
     blobs = b"".join(open(os.path.join(mine, f), "rb").read() for f in files)
     copy = mine + "-copy"
     shutil.copytree(mine, copy)
-    _, entries = S.load(copy, S.load_key(key.replace("{rank}", str(rank)), rank, False), rank, {})
+    _, entries, _ = S.load(copy, S.load_key(key.replace("{rank}", str(rank)), rank, False), rank, {})
     provider = current().provider
     made = provider.stats["pairwise_made"]
     offline.prefetch(plan, store=directory, key_file=key)
