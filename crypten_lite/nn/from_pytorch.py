@@ -391,6 +391,12 @@ class GraphModule(Module):
             raise ProtocolError(f"this model came from party {model_src} (from_pytorch(..., src="
                                 f"{model_src})), which alone holds its weights; call encrypt(src={model_src})")
         super().encrypt(src, precision)
+        if model_src is not None:  # tied weights (from the description: alike on every party)
+            for group in self.__dict__.get("_tied", ()):
+                first = self._get(group[0])
+                for path in group[1:]:  # shared as before (same costs), then one copy kept
+                    owner, leaf = self._path(path, create=False)
+                    owner._parameters[leaf] = first
         object.__setattr__(self, "_architecture_only", False)
         return self
 
@@ -749,10 +755,25 @@ def from_pytorch(model: torch.nn.Module | None, dummy_input, check: bool = True,
             raise UnsupportedError(f"from_pytorch: torch.fx failed ({fx_error}) and torch.export "
                                    f"failed ({export_error}); simplify the model's control flow") \
                 from export_error
+    object.__setattr__(converted, "_tied", _tied_paths(model, converted))
     converted.train(model.training)
     if check and all(isinstance(d, torch.Tensor) for d in _values(dummy)):
         _check(model, converted, dummy, tolerance)
     return converted
+
+
+def _tied_paths(model: torch.nn.Module, converted: "GraphModule") -> list[list[str]]:
+    """Groups of parameter paths that are one tensor in the torch model (tied weights: GPT-2's
+    token embedding and LM head), where the converted model holds equal values at each path.
+    The in-band description carries them, so that encrypt shares one CrypTensor per group
+    (crypten_lite.nn.graph_desc; GraphModule.encrypt)."""
+    own = converted.state_dict()
+    groups: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if isinstance(own.get(name), torch.Tensor):
+            groups.setdefault(id(p), []).append(name)
+    return [g for g in groups.values() if len(g) > 1
+            and all(own[n].shape == own[g[0]].shape and torch.equal(own[n], own[g[0]]) for n in g[1:])]
 
 
 # A dummy input beyond this magnitude (or not finite) is not data: torch.empty's garbage, which

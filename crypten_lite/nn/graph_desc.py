@@ -458,6 +458,8 @@ def describe_graph(model, input_shapes: list) -> bytes:
     body = {"source": model.source, "training": model.training, "inputs": list(model._input_names),
             "input_shapes": input_shapes, "modules": modules, "state": state, "nodes": nodes,
             "out_spec": out_spec, "inference_only": bool(model.__dict__.get("_inference_only", False))}
+    if model.__dict__.get("_tied"):  # tied weights: one shared tensor per group after encrypt
+        body["tied"] = [list(g) for g in model.__dict__["_tied"]]
     return w.encode("graph", body)
 
 
@@ -521,7 +523,34 @@ def rebuild_graph(reader: _Reader, values: dict[str, torch.Tensor] | None = None
         object.__setattr__(out._get(e["path"]), "training", bool(e.get("training")))
     object.__setattr__(out, "_architecture_only", placeholders)
     object.__setattr__(out, "_inference_only", doc.get("inference_only") is True)
+    object.__setattr__(out, "_tied", _tied_groups(doc.get("tied", []), out))
     return out
+
+
+def _tied_groups(groups, out) -> list[list[str]]:
+    """The description's tied-weight groups, each a list of 2+ parameter paths of one shape."""
+    result = []
+    for i, g in enumerate(_list(groups, "tied", MAX_TENSORS)):
+        paths = [_path(p, f"tied {i} path") for p in _list(g, f"tied {i}", MAX_TENSORS)]
+        values = []
+        for p in paths:
+            owner, leaf = out._path(p, create=False) if _has_path(out, p) else (None, None)
+            if owner is None or owner._parameters.get(leaf) is None:
+                raise _fail(f"tied weight {p!r} is not a parameter of the described model")
+            values.append(owner._parameters[leaf])
+        if len(paths) < 2 or len(set(paths)) != len(paths) or \
+                any(tuple(v.shape) != tuple(values[0].shape) for v in values):
+            raise _fail(f"tied group {i} must name 2 or more distinct parameters of one shape")
+        result.append(paths)
+    return result
+
+
+def _has_path(out, path: str) -> bool:
+    try:
+        out._path(path, create=False)
+    except (KeyError, AttributeError):
+        return False
+    return True
 
 
 def _rebuild_nodes(reader: _Reader, out, source: str) -> None:

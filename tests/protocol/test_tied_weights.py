@@ -1,0 +1,95 @@
+"""Tied weights of a model shipped in-band (issue 32, memory): GPT-2's token embedding and LM
+head are one tensor in torch; after encrypt every party holds ONE CrypTensor for both (not two
+copies of a vocabulary-by-hidden share), with the sharing costs of before, and the private
+model still equals torch. A description naming a bad tied group is refused."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import warnings
+
+import pytest
+import torch
+
+import crypten_lite
+from crypten_lite import comm
+from crypten_lite.nn import graph_desc as gd
+
+pytestmark = [pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
+                                 reason="transformers is not installed"),
+              pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning",
+                                         "ignore::FutureWarning")]
+
+HF = (f"{__package__}." if __package__ else "") + "_hf_models"
+OWNER = 0
+TIED = ["transformer.wte.weight", "lm_head.weight"]
+
+
+def _dummy() -> dict:
+    ids = torch.tensor([[3, 7, 11, 2]])
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
+
+def party_tied() -> dict:
+    warnings.simplefilter("ignore")
+    rank = comm.get().rank
+    model = importlib.import_module(HF).build("gpt2") if rank == OWNER else None
+    private = crypten_lite.nn.from_pytorch(model, _dummy(), src=OWNER)
+    before = comm.get().get_communication_stats()
+    private.encrypt(src=OWNER)
+    after = comm.get().get_communication_stats()
+    private.eval()
+    untied = crypten_lite.nn.from_pytorch(model, _dummy(), src=OWNER)
+    object.__setattr__(untied, "_tied", [])  # the same model, its tie dropped: two shares kept
+    start = comm.get().get_communication_stats()
+    untied.encrypt(src=OWNER)
+    end = comm.get().get_communication_stats()
+    wte, head = (private._get(p) for p in TIED)
+    with crypten_lite.no_grad():
+        logits = private(**_dummy())["logits"].get_plain_text()
+    return {"groups": private.__dict__.get("_tied"), "same": wte is head,
+            "sharing": (after["rounds"] - before["rounds"], after["bytes_sent"] - before["bytes_sent"]),
+            "untied_sharing": (end["rounds"] - start["rounds"], end["bytes_sent"] - start["bytes_sent"]),
+            "untied_same": untied._get(TIED[0]) is untied._get(TIED[1]),
+            "n_parameters": len(list(private.parameters())), "logits": logits}
+
+
+def test_tied_embedding_and_head_share_one_crypten(pool2):
+    got = pool2.run(party_tied)
+    model = importlib.import_module(HF).build("gpt2")
+    with torch.no_grad():
+        want = model(**_dummy()).logits
+    n_torch = len(list(model.parameters()))  # torch counts a tied tensor once
+    for g in got:
+        assert g["groups"] == [TIED], g["groups"]
+        assert g["same"]
+        assert g["n_parameters"] == n_torch
+        assert (g["logits"] - want).abs().max() < 0.05
+        # both paths are still shared as before (the tie is kept afterwards): same costs
+        assert g["sharing"] == g["untied_sharing"], g
+        assert not g["untied_same"]
+    assert got[OWNER]["sharing"][1] > 0  # the owner announces every parameter path
+
+
+def _payload(tied) -> bytes:
+    model = importlib.import_module(HF).build("gpt2")
+    converted = crypten_lite.nn.from_pytorch(model, _dummy(), check=False)
+    assert converted.__dict__["_tied"] == [TIED]
+    object.__setattr__(converted, "_tied", tied)
+    return gd.describe_graph(converted, [[1, 4], [1, 4]])
+
+
+@pytest.mark.parametrize("tied,expected", [
+    ([["transformer.wte.weight", "nowhere.weight"]], "is not a parameter"),
+    ([["transformer.wte.weight", "transformer.wpe.weight"]], "of one shape"),
+    ([["transformer.wte.weight"]], "2 or more"),
+])
+def test_bad_tied_group_is_refused(tied, expected):
+    with pytest.raises(gd.DescriptionError, match=expected):
+        gd.rebuild_graph(gd.read(_payload(tied))[1])
+
+
+def test_description_keeps_the_tie():
+    rebuilt = gd.rebuild_graph(gd.read(_payload([TIED]))[1])
+    assert rebuilt.__dict__["_tied"] == [TIED]
