@@ -23,6 +23,7 @@ DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
 }
 NAMES = {v: k for k, v in DTYPES.items()}
+ITEM_BYTES = {k: torch.empty(0, dtype=v).element_size() for k, v in DTYPES.items()}
 MAX_DIMS = 16
 
 
@@ -39,9 +40,9 @@ def check_header(dtype: str, shape: tuple[int, ...], max_bytes: int) -> int:
     """Validate a received header; returns the expected payload length in bytes."""
     if dtype not in DTYPES:
         raise CommunicationError(f"unknown dtype {dtype!r} in message")
-    if len(shape) > MAX_DIMS or any(s < 0 for s in shape):
+    if len(shape) > MAX_DIMS or (shape and min(shape) < 0):
         raise CommunicationError(f"invalid shape {tuple(shape)} in message")
-    nbytes = math.prod(shape) * torch.empty(0, dtype=DTYPES[dtype]).element_size()
+    nbytes = math.prod(shape) * ITEM_BYTES[dtype]
     if nbytes > max_bytes:
         raise CommunicationError(f"message of {nbytes} bytes exceeds the limit of {max_bytes}")
     return nbytes
