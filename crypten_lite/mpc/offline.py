@@ -79,8 +79,8 @@ def prefetch(plan: list, wait: bool = True, store: str | None = None,
         error, store_id = None, ""
         try:
             store_id = provider.load_store(plan, store, key_file)
-        except CryptenLiteError as e:
-            error = e
+        except (CryptenLiteError, OSError, ValueError) as e:
+            error = _store_error(s, store, e)
         try:
             _agree(s, "prefetch", store_id, error)
         except CryptenLiteError:
@@ -123,8 +123,8 @@ def make_store(plan: list, store: str, key_file: str | None = None) -> str:
     error, store_id = None, ""
     try:
         store_id = provider.save_store(plan, store, key_file)["store_id"]
-    except CryptenLiteError as e:   # tell the peer before raising: no party waits alone
-        error = e
+    except (CryptenLiteError, OSError, ValueError) as e:   # tell the peer before raising
+        error = _store_error(s, store, e)
     _agree(s, "make_store", store_id, error)
     return store_id
 
@@ -138,6 +138,13 @@ def _pairwise(s, what: str):
     return provider
 
 
+def _store_error(s, store: str, e: Exception) -> CryptenLiteError:
+    if isinstance(e, CryptenLiteError):
+        return e
+    return ConfigError(f"party {s.rank}: offline store {store!r}: {type(e).__name__}: {e}; check "
+                       "the directory and key file paths and their permissions")
+
+
 def _agree(s, what: str, store_id: str, error: Exception | None) -> None:
     """All-gather (ok, store id digest); raise on every party if any failed or ids differ."""
     digest = hashlib.sha256(store_id.encode()).digest() if error is None else bytes(32)
@@ -148,9 +155,10 @@ def _agree(s, what: str, store_id: str, error: Exception | None) -> None:
         raise error
     failed = [r for r, g in enumerate(gathered) if int(g[0]) == 0]
     if failed:
-        raise ProtocolError(f"offline.{what}: party {s.rank}: party {failed} could not use its "
+        verb = "write" if what == "make_store" else "use"
+        raise ProtocolError(f"offline.{what}: party {s.rank}: party {failed} could not {verb} its "
                             "offline store (its own error says why); this party's store, if any, "
-                            "was consumed: make a new pair of stores with offline.make_store")
+                            "is no longer usable: make a new pair of stores with offline.make_store")
     if any(not torch.equal(g, mine) for g in gathered):
         raise ProtocolError(f"offline.{what}: party {s.rank}: the parties' offline stores have "
                             "different store ids (made in different sessions or for other "

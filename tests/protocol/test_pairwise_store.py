@@ -140,3 +140,27 @@ def test_bad_store_refused_on_both_parties(pw, tmp_path, what, own, peer):
     assert res0.startswith("ProtocolError") and own in res0, res0
     assert res1.startswith("ProtocolError") and peer in res1, res1
     assert ok0 and ok1 and made0 == made1 == 2              # made afresh, never from the store
+
+
+def _make_fails_on_rank_0(root: str):
+    from crypten_lite.errors import CryptenLiteError
+    from crypten_lite.mpc import offline
+    from crypten_lite.session import current
+    x, w, y = _inputs()
+    with offline.record() as plan:
+        _program(x, w, y)
+    rank = current().rank
+    if rank == 0:                                           # an old store in the way
+        os.makedirs(f"{root}/s-0")
+        open(f"{root}/s-0/entry-000000.bin", "wb").write(b"old")
+    try:
+        offline.make_store(plan, f"{root}/s-{{rank}}", key_file=f"{root}/key-{{rank}}")
+        return "accepted"
+    except CryptenLiteError as e:
+        return f"{type(e).__name__}: {e}"
+
+
+def test_make_store_failing_on_one_party_fails_on_both(pw, tmp_path):
+    res0, res1 = pw.run(_make_fails_on_rank_0, str(tmp_path))
+    assert res0.startswith("ConfigError") and "is not empty" in res0, res0
+    assert res1.startswith("ProtocolError") and "could not write its offline store" in res1, res1
