@@ -104,6 +104,16 @@ def save(directory: str, key: bytes, header: dict, entries: list[list[torch.Tens
     sealed = aes.encrypt(nonce, token, _aad(header, -1))
     _write(os.path.join(directory, MANIFEST),
            json.dumps({"header": header, "nonce": nonce.hex(), "sealed": sealed.hex()}).encode())
+    _sync_dir(directory)
+
+
+def _sync_dir(directory: str) -> None:
+    """Make the directory's renames and deletions durable (fsync of the directory)."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _write(path: str, data: bytes) -> None:
@@ -122,6 +132,7 @@ def load(directory: str, key: bytes, rank: int,
     manifest, claimed = os.path.join(directory, MANIFEST), os.path.join(directory, CLAIMED)
     try:
         os.rename(manifest, claimed)          # atomic claim: a second load finds no manifest
+        _sync_dir(directory)                  # durable before anything is used (power loss)
     except FileNotFoundError:
         if os.path.exists(claimed):
             raise ProtocolError(f"party {rank}: offline store {directory} was already used (its "
@@ -148,6 +159,7 @@ def load(directory: str, key: bytes, rank: int,
             os.unlink(path)
         except FileNotFoundError:
             blobs.append(None)
+    _sync_dir(directory)
     if header.get("format") != FORMAT:
         raise ProtocolError(f"party {rank}: offline store {directory} has format "
                             f"{header.get('format')!r}, expected {FORMAT!r}")
