@@ -85,7 +85,7 @@ def test_stored_correlations_give_torch_products_and_are_used_once(pw, tmp_path)
     # Each store holds only its own party's components: together they satisfy the relations,
     # and no tensor of one store appears in the other; on disk they are encrypted.
     assert r0["n"] == r1["n"] == len(r0["entries"]) == 2
-    a, b, c = ([p0 + p1 for p0, p1 in zip(e0, e1)] for e0, e1 in [(r0["entries"][0], r1["entries"][0])]).__next__()
+    a, b, c = [p0 + p1 for p0, p1 in zip(r0["entries"][0], r1["entries"][0])]
     assert torch.equal(c, a.matmul(b))                      # ring arithmetic wraps in int64
     a, b, c = [p0 + p1 for p0, p1 in zip(r0["entries"][1], r1["entries"][1])]
     assert torch.equal(c, a * b)
