@@ -145,20 +145,20 @@ k0 = provider.counter  # the square's counter in the prefetched range
 captured = {}
 if rank == 0:
     square_fix = provider._prefetched[k0]()[0]  # rank 0 holds the square's correction
-    get, open_many = provider.get, beaver.open_many
+    get, open_diffs = provider.get, beaver.open_differences
     def spy_get(kind, shapes, op="", params=()):
         corr = get(kind, shapes, op, params)
         captured.setdefault("triple", (provider.counter - 1, corr))
         return corr
-    def spy_open(tensors):
-        return captured.setdefault("opened", open_many(tensors))
-    provider.get, beaver.open_many = spy_get, spy_open
+    def spy_open(pairs, dst=None):
+        return captured.setdefault("opened", open_diffs(pairs, dst))
+    provider.get, beaver.open_differences = spy_get, spy_open
 z = (x * y).get_plain_text()
 kt = provider.counter - 1
 out["a"] = {"err": float((z - a * b).abs().max()), "k0": k0, "kt": kt,
             "diverged": provider.stats["diverged"]}
 if rank == 0:
-    provider.get, beaver.open_many = get, open_many
+    provider.get, beaver.open_differences = get, open_diffs
     (kt0, triple), (e, d) = captured["triple"], captured["opened"]
     prec = s.config.precision
     # The attack of finding 1: with the square and the triple at one counter over the same
