@@ -1,10 +1,12 @@
 """CPU time of one serving batch: LeNet, batch 64, the private forward of `crypten-lite serve`
-(2 additive parties with the dealer, functions.pooling.fewer_comparisons at --compare-bits,
-the plan recorded once and its corrections prefetched before each forward, as the service
-does). Prints one JSON line per party: CPU ms per forward of the party process (every thread,
-time.process_time), the dealer's CPU ms per forward (its process's user+system time, read
-from /proc by party 0), rounds and bytes; with --profile N, also the top self-time functions
-of N profiled forwards (cProfile). CPU time rather than wall time: the machine is shared.
+(2 additive parties with the dealer, functions.pooling.fewer_comparisons at --bits, the plan
+recorded once and its corrections prefetched before each forward, as the service does).
+Prints one JSON line per party: CPU ms per forward of the party process (every thread,
+time.process_time), at party 0 the dealer's CPU ms per prefetch + forward (its process's
+user+system time from /proc, in clock ticks: 10 ms steps), rounds, bytes and the largest
+error against torch's forward; with --profile N, the top self-time functions of N profiled
+forwards (cProfile on CPU time; --dump DIR keeps the party{rank}.prof files). CPU time, not
+wall time: the machine is shared (its load average is printed beside).
 
     python benchmarks/profile_serve_forward.py [--batch 64] [--runs 5] [--bits 64] [--profile 0]
 """
@@ -20,30 +22,17 @@ import time
 import torch
 
 
-def _dealer_cpu() -> float:
-    """User+system seconds of the dealer process (a child of the pool's parent), or nan."""
-    parent = os.getppid()
-    tick = os.sysconf("SC_CLK_TCK")
+def _dealer_cpu(pid: int) -> float:
+    """User+system seconds of process `pid` (the dealer, every thread) from /proc, or nan."""
     try:
-        for pid in os.listdir("/proc"):
-            if not pid.isdigit():
-                continue
-            try:
-                with open(f"/proc/{pid}/stat") as f:
-                    stat = f.read()
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    cmd = f.read()
-            except OSError:
-                continue
-            fields = stat.rsplit(")", 1)[1].split()
-            if int(fields[1]) == parent and b"dealer" in cmd:
-                return (int(fields[11]) + int(fields[12])) / tick
-    except OSError:
-        pass
-    return float("nan")
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, ValueError):
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _party(batch: int, runs: int, bits: int, profiled: int, top: int, dump: str) -> dict:
+def _party(batch: int, runs: int, bits: int, profiled: int, top: int, dump: str, dealer_pid: int) -> dict:
     import cProfile
     import pstats
 
@@ -67,9 +56,10 @@ def _party(batch: int, runs: int, bits: int, profiled: int, top: int, dump: str)
             private(x)
         cpu, dealer, rounds, sent = [], [], 0, 0
         for _ in range(runs):
+            c.barrier()
+            d0 = _dealer_cpu(dealer_pid) if c.rank == 0 else 0.0   # the prefetch's work too
             offline.prefetch(plan)
             c.barrier()
-            d0 = _dealer_cpu() if c.rank == 0 else 0.0
             c.reset_communication_stats()
             t0 = time.process_time()
             y = private(x)
@@ -78,7 +68,7 @@ def _party(batch: int, runs: int, bits: int, profiled: int, top: int, dump: str)
             rounds, sent = int(st["rounds"]), int(st["bytes_sent"])
             c.barrier()
             if c.rank == 0:
-                dealer.append(_dealer_cpu() - d0)
+                dealer.append(_dealer_cpu(dealer_pid) - d0)
         err = float((y.get_plain_text() - want).abs().max())
         out = {"rank": c.rank, "batch": batch, "bits": bits,
                "cpu_ms_median": round(statistics.median(cpu) * 1e3, 1),
@@ -115,7 +105,8 @@ def main() -> int:
     p.add_argument("--dump", default="", help="folder for party{rank}.prof (cProfile files)")
     args = p.parse_args()
     with PartyPool(2, timeout=600) as pool:
-        rows = pool.run(_party, args.batch, args.runs, args.bits, args.profile, args.top, args.dump)
+        rows = pool.run(_party, args.batch, args.runs, args.bits, args.profile, args.top, args.dump,
+                        pool._procs[0].pid)  # the dealer: started first
     for row in rows:
         top = row.pop("top_self", None)
         row["load_average_1min"] = round(os.getloadavg()[0], 1)
