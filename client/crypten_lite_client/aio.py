@@ -17,7 +17,7 @@ import numpy as np
 
 from ._proto import serve_pb2 as pb
 from ._proto import serve_pb2_grpc as pb_grpc
-from .client import RETRY, ClientError, build_requests, combine
+from .client import RETRY, ClientError, build_requests, combine, open_channels
 
 
 class AsyncClient:
@@ -28,37 +28,9 @@ class AsyncClient:
                  tls: str | None = None, identities: Sequence[str] | None = None,
                  timeout: float = 30.0, max_message_bytes: int = 64 << 20,
                  cert: tuple[str, str] | None = None):
-        self.endpoints = list(endpoints)
-        n = len(self.endpoints)
-        self.tokens = [token or ""] * n if token is None or isinstance(token, str) else list(token)
-        if cert is not None and not tls:
-            raise ClientError("a client certificate needs tls (the CA file of the parties)", "input")
-        chain = key = None
-        if cert is not None:  # (certificate PEM path, key PEM path): TLS client authentication
-            with open(cert[0], "rb") as f:
-                chain = f.read()
-            with open(cert[1], "rb") as f:
-                key = f.read()
-        if len(self.tokens) != n:
-            raise ClientError(f"{len(self.tokens)} tokens for {n} endpoints", "input")
         self.timeout = timeout
-        identities = list(identities or [f"party{r}" for r in range(n)])
-        opts = [("grpc.max_receive_message_length", max_message_bytes),
-                ("grpc.max_send_message_length", max_message_bytes)]
-        root = None
-        if tls:
-            with open(tls, "rb") as f:
-                root = f.read()
-        self._channels = []
-        for r, ep in enumerate(self.endpoints):
-            if root is not None:
-                creds = grpc.ssl_channel_credentials(root_certificates=root, private_key=key,
-                                                     certificate_chain=chain)
-                ch = grpc.aio.secure_channel(ep, creds, opts + [("grpc.ssl_target_name_override",
-                                                                  identities[r])])
-            else:
-                ch = grpc.aio.insecure_channel(ep, opts)
-            self._channels.append(ch)
+        self.endpoints, self.tokens, self._channels = open_channels(
+            grpc.aio, endpoints, token, tls, identities, max_message_bytes, cert)
         self._stubs = [pb_grpc.ServeStub(ch) for ch in self._channels]
         self._meta = None
 

@@ -27,6 +27,44 @@ DTYPE = "ring64"
 RETRY = ("UNAVAILABLE", "CANCELLED", "mismatch")
 
 
+def open_channels(api, endpoints: Sequence[str], token: str | Sequence[str] | None,
+                  tls: str | None, identities: Sequence[str] | None, max_message_bytes: int,
+                  cert: tuple[str, str] | None) -> tuple[list[str], list[str], list]:
+    """The endpoints, one token per party and one channel per party, for `Client` (api: grpc)
+    and `AsyncClient` (api: grpc.aio): TLS with the parties' CA (`tls`), the names their
+    certificates must carry (`identities`, default party0, party1, ...) and, with `cert`
+    (certificate PEM path, key PEM path), this client's certificate."""
+    endpoints = list(endpoints)
+    n = len(endpoints)
+    tokens = [token or ""] * n if token is None or isinstance(token, str) else list(token)
+    if cert is not None and not tls:
+        raise ClientError("a client certificate needs tls (the CA file of the parties)", "input")
+    if len(tokens) != n:
+        raise ClientError(f"{len(tokens)} tokens for {n} endpoints", "input")
+    chain = key = root = None
+    if cert is not None:  # TLS client authentication
+        with open(cert[0], "rb") as f:
+            chain = f.read()
+        with open(cert[1], "rb") as f:
+            key = f.read()
+    if tls:
+        with open(tls, "rb") as f:
+            root = f.read()
+    names = list(identities or [f"party{r}" for r in range(n)])
+    opts = [("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_send_message_length", max_message_bytes)]
+    channels = []
+    for r, ep in enumerate(endpoints):
+        if root is not None:
+            creds = grpc.ssl_channel_credentials(root_certificates=root, private_key=key,
+                                                 certificate_chain=chain)
+            channels.append(api.secure_channel(
+                ep, creds, opts + [("grpc.ssl_target_name_override", names[r])]))
+        else:
+            channels.append(api.insecure_channel(ep, opts))
+    return endpoints, tokens, channels
+
+
 class ClientError(Exception):
     """A prediction that failed; `code` is the gRPC status name (or "mismatch" / "input")."""
 
@@ -93,33 +131,9 @@ class Client:
                  tls: str | None = None, identities: Sequence[str] | None = None,
                  timeout: float = 30.0, max_message_bytes: int = 64 << 20,
                  cert: tuple[str, str] | None = None):
-        self.endpoints = list(endpoints)
-        n = len(self.endpoints)
-        self.tokens = [token or ""] * n if token is None or isinstance(token, str) else list(token)
-        if cert is not None and not tls:
-            raise ClientError("a client certificate needs tls (the CA file of the parties)", "input")
-        chain = key = None
-        if cert is not None:  # (certificate PEM path, key PEM path): TLS client authentication
-            with open(cert[0], "rb") as f:
-                chain = f.read()
-            with open(cert[1], "rb") as f:
-                key = f.read()
-        if len(self.tokens) != n:
-            raise ClientError(f"{len(self.tokens)} tokens for {n} endpoints", "input")
         self.timeout = timeout
-        identities = list(identities or [f"party{r}" for r in range(n)])
-        opts = [("grpc.max_receive_message_length", max_message_bytes),
-                ("grpc.max_send_message_length", max_message_bytes)]
-        self._channels = []
-        for r, ep in enumerate(self.endpoints):
-            if tls:
-                with open(tls, "rb") as f:
-                    creds = grpc.ssl_channel_credentials(root_certificates=f.read(),
-                                                         private_key=key, certificate_chain=chain)
-                ch = grpc.secure_channel(ep, creds, opts + [("grpc.ssl_target_name_override", identities[r])])
-            else:
-                ch = grpc.insecure_channel(ep, opts)
-            self._channels.append(ch)
+        self.endpoints, self.tokens, self._channels = open_channels(
+            grpc, endpoints, token, tls, identities, max_message_bytes, cert)
         self._stubs = [pb_grpc.ServeStub(ch) for ch in self._channels]
         self._meta: list | None = None
 
