@@ -628,6 +628,19 @@ def transport():
 
 
 @workload("raw_tcp_16MB")
+def _loopback_tcp_pair(c):
+    """A plain loopback TCP connection between parties 0 and 1 (the port travels through the
+    session, untimed): (socket, listener or None); the caller closes both."""
+    import socket
+    if c.rank == 0:
+        listener = socket.create_server(("127.0.0.1", 0))
+        c.send(torch.tensor([listener.getsockname()[1]]), 1)
+        listener.settimeout(60)
+        sock, _ = listener.accept()
+        return sock, listener
+    return socket.create_connection(("127.0.0.1", int(c.recv(0)[0])), timeout=60), None
+
+
 def raw_tcp():
     """The wire's limit for transport_16MB: the same two party processes exchange the same
     16 MB over one plain loopback TCP socket (no gRPC, no TLS, no framing: sendall from the
@@ -638,14 +651,7 @@ def raw_tcp():
     c = comm.get()
     t = torch.zeros(2 * 1024 * 1024, dtype=torch.int64)
     got = torch.empty_like(t)
-    listener = None
-    if c.rank == 0:
-        listener = socket.create_server(("127.0.0.1", 0))
-        c.send(torch.tensor([listener.getsockname()[1]]), 1)
-        listener.settimeout(60)
-        sock, _ = listener.accept()
-    else:
-        sock = socket.create_connection(("127.0.0.1", int(c.recv(0)[0])), timeout=60)
+    sock, listener = _loopback_tcp_pair(c)
     try:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.settimeout(60)
@@ -698,14 +704,7 @@ def raw_tcp_rtt():
     over one plain loopback TCP socket (TCP_NODELAY), median of RTT_SAMPLES round trips."""
     import socket
     c = comm.get()
-    listener = None
-    if c.rank == 0:
-        listener = socket.create_server(("127.0.0.1", 0))
-        c.send(torch.tensor([listener.getsockname()[1]]), 1)
-        listener.settimeout(60)
-        sock, _ = listener.accept()
-    else:
-        sock = socket.create_connection(("127.0.0.1", int(c.recv(0)[0])), timeout=60)
+    sock, listener = _loopback_tcp_pair(c)
     times = []
     try:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
