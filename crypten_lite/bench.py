@@ -627,7 +627,6 @@ def transport():
             "mb_per_s": t.numel() * 8 / seconds / 1e6}
 
 
-@workload("raw_tcp_16MB")
 def _loopback_tcp_pair(c):
     """A plain loopback TCP connection between parties 0 and 1 (the port travels through the
     session, untimed): (socket, listener or None); the caller closes both."""
@@ -641,6 +640,7 @@ def _loopback_tcp_pair(c):
     return socket.create_connection(("127.0.0.1", int(c.recv(0)[0])), timeout=60), None
 
 
+@workload("raw_tcp_16MB")
 def raw_tcp():
     """The wire's limit for transport_16MB: the same two party processes exchange the same
     16 MB over one plain loopback TCP socket (no gRPC, no TLS, no framing: sendall from the
