@@ -23,6 +23,7 @@ import hashlib
 import hmac
 import os
 import struct
+import threading
 from typing import Sequence
 
 import torch
@@ -65,7 +66,7 @@ _zeros = bytes(0)
 _AES, _CTR = algorithms.AES, modes.CTR  # looked up once (the modules' attribute hooks are slow)
 
 
-def keystream_ring(seed: bytes | algorithms.AES, nonce: bytes, shape: tuple[int, ...], numel: int) -> torch.Tensor:
+def keystream_ring(seed: "bytes | algorithms.AES | _CtrContext", nonce: bytes, shape: tuple[int, ...], numel: int) -> torch.Tensor:
     """int64 tensor of `shape` holding the AES-256-CTR keystream under `seed` from block
     `nonce` (the bytes random_bytes returns), written by the cipher straight into the
     tensor's memory: no intermediate bytes object, no copy."""
@@ -80,13 +81,34 @@ def keystream_ring(seed: bytes | algorithms.AES, nonce: bytes, shape: tuple[int,
     else:
         plain = bytes(n)
     out = torch.empty(numel + 2, dtype=torch.int64)  # update_into needs 15 spare bytes
-    algorithm = seed if isinstance(seed, _AES) else _AES(seed)
-    encryptor = Cipher(algorithm, _CTR(nonce + b"\x00" * 4)).encryptor()
-    written = encryptor.update_into(plain, memoryview(out.numpy()).cast("B"))
-    encryptor.finalize()
+    if isinstance(seed, _CtrContext):
+        written = seed.keystream_into(nonce, plain, memoryview(out.numpy()).cast("B"))
+    else:
+        algorithm = seed if isinstance(seed, _AES) else _AES(seed)
+        encryptor = Cipher(algorithm, _CTR(nonce + b"\x00" * 4)).encryptor()
+        written = encryptor.update_into(plain, memoryview(out.numpy()).cast("B"))
+        encryptor.finalize()
     if written != n:
         raise RuntimeError(f"AES-CTR wrote {written} bytes, expected {n}")
-    return out[:numel].view(shape)
+    return out.resize_(numel).view(shape)
+
+
+class _CtrContext:
+    """One AES-256-CTR context of a key, moved to each draw's starting block by
+    `reset_nonce` (cryptography's API for a key used at non-sequential nonces): the same
+    keystream as a fresh context per draw, without building one (Cipher + encryptor cost
+    ~10 us, more than the keystream of a small draw). A lock makes reset + update atomic."""
+
+    __slots__ = ("_ctx", "_lock")
+
+    def __init__(self, key: bytes):
+        self._ctx = Cipher(_AES(key), _CTR(bytes(16))).encryptor()
+        self._lock = threading.Lock()
+
+    def keystream_into(self, nonce: bytes, plain, buf) -> int:
+        with self._lock:
+            self._ctx.reset_nonce(nonce + b"\x00" * 4)
+            return self._ctx.update_into(plain, buf)
 
 
 class PRG:
@@ -102,7 +124,7 @@ class PRG:
         self._seed = seed
         self._domain = domain
         self.counter = 0
-        self._algorithm = None  # AES under the seed, made at the first draw
+        self._algorithm = None  # the AES-CTR context of the seed, made at the first draw
 
     def __repr__(self) -> str:  # never show the seed
         return f"PRG(domain={self._domain}, counter={self.counter})"
@@ -123,7 +145,7 @@ class PRG:
             numel *= s
         nonce = struct.pack("<IQ", self._domain if domain is None else domain, counter)
         if self._algorithm is None:
-            self._algorithm = _AES(self._seed)
+            self._algorithm = _CtrContext(self._seed)
         return keystream_ring(self._algorithm, nonce, shape, numel)
 
 
