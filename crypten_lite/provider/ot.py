@@ -38,7 +38,7 @@ from ..errors import ConfigError, ProtocolError
 from ..random import random_bytes
 
 KAPPA = 128                      # base OTs per direction (computational security parameter)
-CHUNK = 1 << 19                  # OTs per message pair (bounds memory: 128 x CHUNK bits)
+CHUNK = 1 << 19                  # default OTs per extension (bounds memory: 128 x CHUNK bits)
 _FIXED_KEY = hashlib.sha256(b"crypten_lite/v1/ot-tccr-fixed-key").digest()[:16]  # public
 _POINT = 32
 
@@ -182,12 +182,16 @@ class CorrelatedOT:
 
     `send(data)` / `recv()` move one message to / from the peer (framed and authenticated by
     the caller); `rand(n)` returns n bytes from this party's private PRG. Direction d is the
-    one where rank d chooses (is the OT receiver).
+    one where rank d chooses (is the OT receiver). `chunk`: OTs per IKNP extension (a
+    multiple of 8; both parties must pass the same), which bounds its working set.
     """
 
     def __init__(self, rank: int, send: Callable[[bytes], None], recv: Callable[[], bytes],
-                 rand: Callable[[int], bytes]):
+                 rand: Callable[[int], bytes], chunk: int = CHUNK):
+        if chunk < 8 or chunk % 8:
+            raise ConfigError(f"pairwise OT: chunk {chunk} is not a positive multiple of 8")
         self.rank = rank
+        self.chunk = chunk
         self._send, self._recv, self._rand = send, recv, rand
         self._ready = False
         self._pairs: list[tuple[bytes, bytes]] = []   # as receiver (direction == rank)
@@ -263,8 +267,8 @@ class CorrelatedOT:
         self.setup()
         flat = np.ascontiguousarray(mine, dtype=np.uint64).reshape(-1)
         out = np.empty(flat.size, dtype=np.uint64)
-        for start in range(0, flat.size, CHUNK):
-            part = flat[start:start + CHUNK]
+        for start in range(0, flat.size, self.chunk):
+            part = flat[start:start + self.chunk]
             if self.rank == chooser:
                 out[start:start + part.size] = self._receive(part, width)
             else:
@@ -315,8 +319,8 @@ class CorrelatedOT:
         d = chooser
         empty = np.zeros((0, 2), dtype=np.uint64)
         parts0, parts1 = [empty], [empty]
-        for start in range(0, m, CHUNK):
-            size = min(CHUNK, m - start)
+        for start in range(0, m, self.chunk):
+            size = min(self.chunk, m - start)
             first = self._index[d]
             self._index[d] += size
             if self.rank == chooser:

@@ -65,6 +65,10 @@ _HEADER = struct.Struct("<4sBBQ32s")
 _MAC = 32
 PROGRESS_ENV = "CRYPTEN_LITE_PROGRESS"
 BATCH_ELEMENTS = 1 << 16   # prefetch: small mul triples / squares share ciphertexts up to this
+CHUNK_ENV = "CRYPTEN_LITE_PAIRWISE_CHUNK_MB"
+CHUNK_MB = 128             # default working set of one offline exchange (CHUNK_ENV overrides)
+_CT_UP, _CT_BACK = 432 << 10, 214 << 10   # bytes of a fresh / a returned ciphertext (N = 8192)
+_OT_BYTES = 256            # working set of one OT in an IKNP extension (matrices, hashes)
 OT_DESCRIPTION = f"iknp;base=co15-ed25519;kappa={ot.KAPPA};hash=tmmo-aes128;prg=aes256ctr"
 
 
@@ -129,11 +133,14 @@ class PairwiseProvider(Provider):
         self.stats.update({"pairwise_bytes_sent": 0, "pairwise_bytes_received": 0,
                            "pairwise_seconds": 0.0, "pairwise_made": 0})
         self.params = self._parameters()
+        self._chunk = chunk_bytes()
+        self._progress: _Progress | None = None
         self._handshake(config)
         self._engine = he.CrossEngine(config.rank, self.params, self._send_data,
                                       self._recv_data, self._rand)
         self._ot_prg = PRG(derive_key(self._seed, "crypten_lite/v1/pairwise-ot"))
-        self._ot = ot.CorrelatedOT(config.rank, self._send_data, self._recv_data, self._rand_bytes)
+        self._ot = ot.CorrelatedOT(config.rank, self._send_data, self._recv_data, self._rand_bytes,
+                                   chunk=max(8, self._chunk // _OT_BYTES // 8 * 8))
 
     # ------------------------------------------------------------------ channel
     def _frame(self, kind: int, payload: bytes) -> bytes:
@@ -226,7 +233,8 @@ class PairwiseProvider(Provider):
 
     def _handshake(self, config: Config) -> None:
         """Both parties send their parameters and refuse a mismatch (ProtocolError on both)."""
-        hello = f"{self.params.describe()};security={he.SECURITY};ot={OT_DESCRIPTION}"
+        hello = (f"{self.params.describe()};security={he.SECURITY};ot={OT_DESCRIPTION};"
+                 f"chunk={self._chunk}")
         self._tag = hashlib.sha256(b"pairwise-hello/v1").digest()
         self._send(HELLO, hello.encode())
         got = self._recv(HELLO).decode(errors="replace")
@@ -235,7 +243,8 @@ class PairwiseProvider(Provider):
             raise ProtocolError(
                 f"party {self.rank}: provider 'pairwise' parameters differ between the parties "
                 f"(this party: {hello}; party {self._peer}: {got[:300]}); "
-                "install the same crypten_lite and TenSEAL versions on both")
+                f"install the same crypten_lite and TenSEAL versions on both, with the same "
+                f"{CHUNK_ENV} (or neither set)")
 
     # ------------------------------------------------------------------ requests
     def get(self, kind: str, shapes, op: str = "", params=()) -> Correlation:
@@ -266,6 +275,7 @@ class PairwiseProvider(Provider):
         self._drop_prefetched()
         weights = [_work(shapes) for _, _, shapes, _ in self._plan]
         progress = _Progress(weights, self.stats, self.rank)
+        self._progress = progress
         done = units = 0
         try:
             for group in self._elementwise_groups():
@@ -276,11 +286,13 @@ class PairwiseProvider(Provider):
             for i, (kind, op, shapes, params) in enumerate(self._plan):
                 if start + i in self._ready:
                     continue
+                progress.current = weights[i]
                 self._ready[start + i] = self._make(start + i, kind, op, shapes, params)
                 done += 1
                 units += weights[i]
                 progress.step(done, units)
         finally:
+            self._progress = None
             progress.done()
 
     # ------------------------------------------------------------------ offline store
@@ -411,7 +423,7 @@ class PairwiseProvider(Provider):
         before = (self.stats["pairwise_bytes_sent"] + self.stats["pairwise_bytes_received"],
                   self.stats["pairwise_seconds"])
         out = self._exchange((counter, kind, op, [list(s) for s in shapes], list(params)),
-                             lambda: maker(self, parts, op, shapes, params))
+                             lambda: self._chunked(maker, kind, parts, op, shapes, params))
         self.stats["pairwise_made"] += 1
         row = self.by_kind.setdefault(f"{kind}/{op}" if op else kind, [0, 0, 0.0])
         row[0] += 1
@@ -419,14 +431,102 @@ class PairwiseProvider(Provider):
         row[2] += self.stats["pairwise_seconds"] - before[1]
         return out
 
+    # ------------------------------------------------------------------ bounded working set
+    def set_chunk_bytes(self, nbytes: int) -> None:
+        """Change the working-set budget of the offline exchanges (default: chunk_bytes()).
+        Both parties must call it with the same value at the same point of the program (as
+        with every collective); the slices follow from it, so a mismatch is a ProtocolError."""
+        if nbytes < 1:
+            raise ConfigError(f"party {self.rank}: pairwise chunk budget {nbytes} bytes: use at least 1")
+        self._chunk = int(nbytes)
+        self._ot.chunk = max(8, self._chunk // _OT_BYTES // 8 * 8)
+
+    def _within(self, fraction: float) -> None:
+        """Progress inside one large correlation (the progress line keeps counting)."""
+        if self._progress is not None:
+            self._progress.within(fraction)
+
+    def _chunked(self, maker: Callable, kind: str, parts, op: str, shapes, params) -> list[torch.Tensor]:
+        """Make an elementwise OT correlation in slices of at most `self._chunk` bytes of
+        working set (_ELEMENT_BYTES): each slice is the same correlation on fewer elements,
+        its messages streamed in this request's exchange. Both parties slice alike (from the
+        public shapes and the chunk size both announced in the handshake)."""
+        per = _ELEMENT_BYTES.get(kind)
+        n = parts[0].numel() if parts else 0
+        if per is None or any(p.numel() != n for p in parts):
+            return maker(self, parts, op, shapes, params)
+        step = max(1, self._chunk // per(params))
+        if n <= step:
+            return maker(self, parts, op, shapes, params)
+        flat = [p.reshape(-1) for p in parts]
+        pieces = []
+        for s in range(0, n, step):
+            sub = [p[s:s + step] for p in flat]
+            size = sub[0].numel()
+            pieces.append(maker(self, sub, op, [(size,)] * len(shapes), params))
+            self._within((s + size) / n)
+        shape = tuple(shapes[0])
+        return [torch.cat([piece[i] for piece in pieces]).view(shape) for i in range(len(pieces[0]))]
+
+    def _he_elements(self, terms: int, bound_bits: int) -> int:
+        """Elements per elementwise HE exchange within the chunk budget (whole ciphertexts)."""
+        nd = self.params.n
+        per_block = self.params.primes_for(bound_bits) * (terms * _CT_UP + _CT_BACK)
+        return nd * max(1, self._chunk // per_block)
+
+    def _he_matmul_bytes(self, bsz: int, m: int, k: int, n: int, bound_bits: int) -> int:
+        """Ciphertext bytes (both ways) of one engine.matmul call (he.py's block choice)."""
+        nd = self.params.n
+        primes = self.params.primes_for(bound_bits)
+
+        def one(m_: int, n_: int, joint: bool) -> int:
+            _, mw, kw, nw = he._blocks_cost(m_, k, n_, nd, joint=joint)
+            mb, kb, nb = -(-m_ // mw), -(-k // kw), -(-n_ // nw)
+            return (mb * kb + (kb * nb if joint else 0)) * _CT_UP + mb * nb * _CT_BACK
+        if he.split_products(m, k, n, nd):
+            per = one(m, n, False) + one(n, m, False)
+        else:
+            per = one(m, n, True)
+        return bsz * primes * per
+
+    def _matmul(self, lhs: np.ndarray, rhs: np.ndarray, bound_bits: int) -> np.ndarray:
+        """engine.matmul in pieces of at most `self._chunk` ciphertext bytes: halved along
+        the batch, then the larger of the output's dimensions (the same on both parties)."""
+        bsz, m, k = lhs.shape
+        n = rhs.shape[2]
+        if max(bsz, m, n) == 1 or self._he_matmul_bytes(bsz, m, k, n, bound_bits) <= self._chunk:
+            return self._engine.matmul(np.ascontiguousarray(lhs), np.ascontiguousarray(rhs),
+                                       bound_bits)
+        if bsz > 1:
+            h = bsz // 2
+            return np.concatenate([self._matmul(lhs[:h], rhs[:h], bound_bits),
+                                   self._matmul(lhs[h:], rhs[h:], bound_bits)], axis=0)
+        if n >= m:
+            h = n // 2
+            return np.concatenate([self._matmul(lhs, rhs[:, :, :h], bound_bits),
+                                   self._matmul(lhs, rhs[:, :, h:], bound_bits)], axis=2)
+        h = m // 2
+        return np.concatenate([self._matmul(lhs[:, :h], rhs, bound_bits),
+                               self._matmul(lhs[:, h:], rhs, bound_bits)], axis=1)
+
     def _comm_max_bytes(self) -> int:
         config = getattr(self._comm, "config", None)
         return int(getattr(config, "max_message_bytes", 1 << 31))
 
     # ------------------------------------------------------------------ cross products
     def elementwise(self, terms: list[torch.Tensor], bound_bits: int) -> torch.Tensor:
-        """Share of Sum_j x0_j * x1_j (flattened, int64 mod 2^64)."""
-        return _t(self._engine.elementwise([_u(t).reshape(-1) for t in terms], bound_bits))
+        """Share of Sum_j x0_j * x1_j (flattened, int64 mod 2^64), in exchanges of at most
+        the chunk budget's ciphertexts."""
+        flat = [_u(t).reshape(-1) for t in terms]
+        n = flat[0].size
+        step = self._he_elements(len(flat), bound_bits)
+        if n <= step:
+            return _t(self._engine.elementwise(flat, bound_bits))
+        out = np.empty(n, dtype=np.uint64)
+        for s in range(0, n, step):
+            out[s:s + step] = self._engine.elementwise([f[s:s + step] for f in flat], bound_bits)
+            self._within(min(n, s + step) / n)
+        return _t(out)
 
     def cross_and(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
         """XOR shares of x0 & y1 ^ x1 & y0 for bits (uint64 0/1 arrays of one shape): rank 0
@@ -471,7 +571,7 @@ def _cross_matmul(pv: PairwiseProvider, a, b, p):
     m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
     lhs = _u(a.expand(*batch, m, k)).reshape(-1, m, k)
     rhs = _u(b.expand(*batch, k, n)).reshape(-1, k, n)
-    out = _t(pv._engine.matmul(lhs, rhs, 129 + _log2(k))).view(*batch, m, n)
+    out = _t(pv._matmul(lhs, rhs, 129 + _log2(k))).view(*batch, m, n)
     if squeeze_a:
         out = out.squeeze(-2)
     if squeeze_b:
@@ -508,7 +608,7 @@ def _cross_conv(pv: PairwiseProvider, a, b, p, op: str):
     kdim = cg * kh * kw
     cols = cols.view(bsz, groups, kdim, L).permute(1, 2, 0, 3).reshape(groups, kdim, bsz * L)
     wm = w.reshape(groups, cout // groups, kdim)
-    out = _t(pv._engine.matmul(_u(wm), _u(cols), 129 + _log2(kdim)))  # [g, cout/g, B*L]
+    out = _t(pv._matmul(_u(wm), _u(cols), 129 + _log2(kdim)))  # [g, cout/g, B*L]
     out = out.view(groups, cout // groups, bsz, L).permute(2, 0, 1, 3).reshape(bsz, cout, L)
     shape = correlations.triple_shape(op, tuple(a.shape), tuple(b.shape), p)
     return out.reshape(shape)
@@ -523,7 +623,7 @@ def _cross_conv_transpose(pv: PairwiseProvider, a, b, p):
     cig = cin // groups
     lhs = b.reshape(groups, cig, cog * kh * kw).transpose(1, 2)        # [g, cog*kh*kw, cig]
     rhs = a.reshape(bsz, groups, cig, h * wd).permute(1, 2, 0, 3).reshape(groups, cig, bsz * h * wd)
-    cols = _t(pv._engine.matmul(_u(lhs), _u(rhs), 129 + _log2(cig)))   # [g, cog*kh*kw, B*L]
+    cols = _t(pv._matmul(_u(lhs), _u(rhs), 129 + _log2(cig)))   # [g, cog*kh*kw, B*L]
     cols = cols.view(groups, cog * kh * kw, bsz, h * wd).permute(2, 0, 1, 3)
     cols = cols.reshape(bsz, cout * kh * kw, h * wd)
     idx = _unfold_index(cout, (hout, wout), (kh, kw), tuple(dilation), tuple(padding), tuple(stride))
@@ -695,6 +795,39 @@ _MAKERS = {
 }
 
 
+def _monomial_bytes(params) -> int:
+    """binary_monomials' working set per element: the random-OT keys of every (top mask,
+    chooser) (64 OTs, up to 32 bytes each, twice while they are joined), the transfers' pads
+    and the subsets' words."""
+    k, _, subsets = correlations._split_monomial_params(params)
+    return 64 * 64 * 2 * max(1, k - 1) + 64 * 4 * (len(subsets) + (1 << min(k, 8))) + 16 * k
+
+
+# working set per element of the elementwise OT kinds (bytes; _chunked slices by it)
+_ELEMENT_BYTES: dict[str, Callable] = {
+    "binary_triple": lambda params: 6144,     # 2 x 64 bits as words, shares, OT outputs
+    "trunc": lambda params: 4096,             # 64 bits as words, their products, the sums
+    "trunc_exact": lambda params: 4096,
+    "binary_monomials": _monomial_bytes,
+}
+
+
+def chunk_bytes() -> int:
+    """The working-set budget of one offline exchange (CRYPTEN_LITE_PAIRWISE_CHUNK_MB, in MB,
+    default CHUNK_MB): large correlations are made in slices that fit it. Both parties must
+    use the same value (the handshake refuses a mismatch)."""
+    raw = os.environ.get(CHUNK_ENV, "")
+    if raw == "":
+        return CHUNK_MB << 20
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{CHUNK_ENV}={raw!r} is not a number of MB (e.g. 128)") from None
+    if not value > 0 or value > 1 << 20:
+        raise ConfigError(f"{CHUNK_ENV}={raw!r}: use a positive number of MB (e.g. 128)")
+    return max(1, int(value * (1 << 20)))
+
+
 def _work(shapes) -> int:
     """A correlation's share of a plan's work, for the progress line's time left: the
     elements of its operands (an estimate; the exchanged bytes grow with them)."""
@@ -729,6 +862,8 @@ class _Progress:
         self.bytes0 = stats["pairwise_bytes_sent"] + stats["pairwise_bytes_received"]
         self.show = self.total > 0 and progress_wanted(rank)
         self.count = self.units = 0
+        self.inside = 0.0      # fraction of the current correlation (`current` units) made
+        self.current = 0
         self.drawn = False
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -746,9 +881,13 @@ class _Progress:
         """`done` correlations of `units` elements made so far."""
         if not self.show:
             return
-        self.count, self.units = done, units
+        self.count, self.units, self.inside = done, units, 0.0
         if done >= self.total:
             self._draw()
+
+    def within(self, fraction: float) -> None:
+        """`fraction` of the correlation being made now is done (a large one, in slices)."""
+        self.inside = fraction
 
     def _draw(self) -> None:
         with self._lock:
@@ -757,8 +896,9 @@ class _Progress:
             elapsed = time.perf_counter() - self.start
             mb = (self.stats["pairwise_bytes_sent"] + self.stats["pairwise_bytes_received"]
                   - self.bytes0) / 1e6
-            left = (f"{elapsed / self.units * (self.total_units - self.units):.0f} s left"
-                    if self.units else "time left unknown")
+            units = self.units + self.inside * self.current
+            left = (f"{elapsed / units * (self.total_units - units):.0f} s left"
+                    if units else "time left unknown")
             sys.stderr.write(f"\rpairwise offline: {self.count}/{self.total} correlations, "
                              f"{mb:.1f} MB, {mb / max(elapsed, 1e-9):.1f} MB/s, {left} ")
             sys.stderr.flush()
