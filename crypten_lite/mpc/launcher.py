@@ -194,6 +194,8 @@ def _worker(env: dict[str, str], tasks, results) -> None:
     rank = int(env["CRYPTEN_LITE_RANK"])
     try:
         crypten_lite.init()
+        from crypten_lite.mpc.offline import tune_malloc
+        tune_malloc()
     except BaseException:
         results.put((rank, False, traceback.format_exc()))
         return

@@ -166,6 +166,38 @@ def _agree(s, what: str, store_id: str, error: Exception | None) -> None:
                             "offline.make_store and give each party its own one")
 
 
+# glibc mallopt parameters, and the values a party process fixes (tune_malloc).
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+# Blocks from this size up are mapped on their own and unmapped when freed (glibc's largest
+# dynamic value): a model's big tensors go back to the OS as soon as they are freed.
+MMAP_THRESHOLD_BYTES = 32 << 20
+# Free memory at the top of a heap that malloc keeps instead of handing back at each free.
+TRIM_THRESHOLD_BYTES = 128 << 20
+_malloc_tuned = False
+
+
+def tune_malloc() -> None:
+    """Fix glibc's trim and mmap thresholds for this party process (once; a no-op elsewhere).
+
+    glibc adapts both by itself: the trim threshold becomes twice the largest block freed
+    so far (at most 64 MiB), so a product of 10^6 elements, whose temporaries (the opening
+    message, the received shares, the result: about 40 MB) are freed together at its end,
+    handed its pages back to the OS at every product and faulted them in again, page by
+    page, in the next one (about 10,000 minor faults per product, a fifth of its CPU time).
+    Fixed values keep up to TRIM_THRESHOLD_BYTES of free heap for the next operation and map
+    blocks of MMAP_THRESHOLD_BYTES and up on their own, as glibc's own maximum does."""
+    global _malloc_tuned
+    if _malloc_tuned:
+        return
+    _malloc_tuned = True
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return
+    mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
+    mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES)
+
+
 def _release_free_heap() -> None:
     """Hand the heap pages malloc keeps after frees back to the OS (glibc's malloc_trim; a
     no-op elsewhere) when they exceed KEEP_FREE_HEAP_BYTES. Loading a model (conversion,
@@ -182,6 +214,7 @@ def _release_free_heap() -> None:
         trim = libc.malloc_trim
     except (OSError, AttributeError):
         return
+    tune_malloc()
     free = _free_heap_bytes(libc)
     if free is not None and free <= KEEP_FREE_HEAP_BYTES:
         return
