@@ -28,7 +28,7 @@ import sys
 
 # crypten_lite workload -> SPU workload (benchmarks/spu_cheetah.py), None: not measured there
 WORKLOADS = {"mul_1M": "mul_1M", "matmul_256": "matmul_256", "relu_1M": "relu_1M",
-             "softmax_1000x10": "softmax_1000x10", "lenet_b1": None, "lenet_b64": None,
+             "softmax_1000x10": "softmax_1000x10", "lenet_b1": "lenet_b1", "lenet_b64": "lenet_b64",
              "bert_base_layer_seq128": None}
 
 
@@ -82,7 +82,7 @@ def table(rows: list[dict]) -> str:
 
 # --quick: crypten_lite workload -> SPU workload (benchmarks/spu_cheetah.py)
 QUICK = {"mul_65536": "mul_65536", "matmul_64": "matmul_64", "relu_16384": "relu_16384",
-         "softmax_1000x10": "softmax_1000x10", "lenet_b1": None}
+         "softmax_1000x10": "softmax_1000x10", "lenet_b1": "lenet_b1"}
 
 
 def _quick_workload(name: str) -> dict:

@@ -32,11 +32,41 @@ def _softmax(x):
     return jax.nn.softmax(x, axis=-1)
 
 
+def _pool2(y):
+    """2x2 max pooling, stride 2 (as the maximum of four strided views)."""
+    return jnp.maximum(jnp.maximum(y[:, :, 0::2, 0::2], y[:, :, 0::2, 1::2]),
+                       jnp.maximum(y[:, :, 1::2, 0::2], y[:, :, 1::2, 1::2]))
+
+
+def _lenet(x, w1, b1, w2, b2, w3, b3, w4, b4, w5, b5):
+    """crypten_lite.models.lenet's forward (conv 1->6 k5, relu, pool, conv 6->16 k5, relu,
+    pool, 256->120->84->10 with relus): the image and every weight secret."""
+    dn = ("NCHW", "OIHW", "NCHW")
+    y = jax.lax.conv_general_dilated(x, w1, (1, 1), "VALID", dimension_numbers=dn)
+    y = _pool2(jnp.maximum(y + b1[None, :, None, None], 0))
+    y = jax.lax.conv_general_dilated(y, w2, (1, 1), "VALID", dimension_numbers=dn)
+    y = _pool2(jnp.maximum(y + b2[None, :, None, None], 0)).reshape(x.shape[0], -1)
+    y = jnp.maximum(y @ w3.T + b3, 0)
+    y = jnp.maximum(y @ w4.T + b4, 0)
+    return y @ w5.T + b5
+
+
+def _lenet_shapes(batch: int) -> list[tuple]:
+    return [(batch, 1, 28, 28), (6, 1, 5, 5), (6,), (16, 6, 5, 5), (16,), (120, 256), (120,),
+            (84, 120), (84,), (10, 84), (10,)]
+
+
+# weights drawn N(0, 1/fan_in) (the image N(0, 1)), as a trained model's are in scale
+_LENET_SCALES = [1.0, 0.2, 0.2, 150 ** -0.5, 0.1, 256 ** -0.5, 0.1, 120 ** -0.5, 0.1, 84 ** -0.5, 0.1]
+
+
 WORKLOADS = {
     "mul_1M": (lambda x, y: x * y, [(1_000_000,), (1_000_000,)]),
     "matmul_256": (lambda x, y: x @ y, [(256, 256), (256, 256)]),
     "relu_1M": (_relu, [(1_000_000,)]),
     "softmax_1000x10": (_softmax, [(1000, 10)]),
+    "lenet_b1": (_lenet, _lenet_shapes(1), _LENET_SCALES),
+    "lenet_b64": (_lenet, _lenet_shapes(64), _LENET_SCALES),
     # scaled down, for benchmarks/pairwise_vs_cheetah.py --quick
     "mul_65536": (lambda x, y: x * y, [(65_536,), (65_536,)]),
     "matmul_64": (lambda x, y: x @ y, [(64, 64), (64, 64)]),
@@ -45,9 +75,10 @@ WORKLOADS = {
 
 
 def run(name: str) -> dict:
-    fn, shapes = WORKLOADS[name]
+    fn, shapes, *scales = WORKLOADS[name]
+    scales = scales[0] if scales else [1.0] * len(shapes)
     rng = np.random.default_rng(0)  # benchmark inputs only
-    args = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    args = [(rng.standard_normal(s) * c).astype(np.float32) for s, c in zip(shapes, scales)]
     config = libspu.RuntimeConfig(protocol=libspu.ProtocolKind.CHEETAH, field=libspu.FieldType.FM64)
     io = spu.Io(2, config)
     executable, _ = spu_fe.compile(spu_fe.Kind.JAX, fn, args, {}, [f"in{i}" for i in range(len(args))],

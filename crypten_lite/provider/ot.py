@@ -335,6 +335,21 @@ class CorrelatedOT:
             return OTKeys(chooser, m, (np.concatenate(parts0),), mine.astype(np.uint8) & 1)
         return OTKeys(chooser, m, (np.concatenate(parts0), np.concatenate(parts1)), None)
 
+    def random_ots(self, mines: list | None, sizes: list[int], chooser: int) -> list[OTKeys]:
+        """Several sets of random OTs with one chooser in one IKNP extension (per chunk): the
+        chooser passes its bits of each set (`mines`), the other None; one OTKeys per set."""
+        if not sizes:
+            return []
+        mine = np.concatenate(mines) if self.rank == chooser else None
+        whole = self.random_ot(mine, sum(sizes), chooser)
+        out, start = [], 0
+        for size in sizes:
+            keys = tuple(k[start:start + size] for k in whole.keys)
+            choice = None if whole.choice is None else whole.choice[start:start + size]
+            out.append(OTKeys(chooser, size, keys, choice))
+            start += size
+        return out
+
     def transfer(self, keys: OTKeys, values: np.ndarray | None, g: int) -> np.ndarray:
         """XOR shares of c_j & x_ij for i < g: the non-chooser passes values [g, m] (bits), the
         chooser None. One message (g bits per OT) from the non-chooser; returns [g, m] uint8."""

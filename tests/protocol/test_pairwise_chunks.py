@@ -27,7 +27,7 @@ def pw():
     return get_pool(2, provider="pairwise")
 
 
-OT_BUDGET = 20_000          # bytes: a few elements per slice, 72 OTs per IKNP extension
+OT_BUDGET = 20_000          # bytes: one to a few elements per slice, 72 OTs per IKNP extension
 HE_BUDGET = 8 << 20         # bytes: one ciphertext per prime per elementwise exchange
 OT_REQUESTS = [
     ("bit", "", [(300,)], ()),
