@@ -1,0 +1,38 @@
+"""The small-message latency scripts behind docs/ARCHITECTURE.md's "Small-message latency"
+section still run and print what the section quotes (tiny runs: figures are not checked,
+only that every pattern and every stage is measured and that nothing is left running)."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import re
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def test_grpc_floor_measures_each_pattern():
+    patterns = ["tcp_exchange", "push_pair_exchange", "subscribe_pair_exchange"]
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "grpc_floor.py"), "--samples", "5",
+                          "--only", ",".join(patterns)],
+                         capture_output=True, text=True, timeout=300, check=True).stdout
+    rows = dict(re.findall(r"^(\w+)\s+median\s+([0-9.]+) us", out, re.M))
+    assert set(rows) == {"tcp", *patterns}, out
+    assert all(float(v) > 0 for v in rows.values()), out
+
+
+def test_grpc_floor_refuses_an_unknown_pattern():
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "grpc_floor.py"), "--only", "carrier_pigeon"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "carrier_pigeon" in done.stderr
+
+
+def test_profile_reveal_times_every_stage():
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "profile_reveal.py"), "--n", "5",
+                          "--ops", "reveal"],
+                         capture_output=True, text=True, timeout=600, check=True).stdout
+    row = json.loads(out.strip().splitlines()[-1])
+    assert row["op"] == "reveal_4" and row["median_us"] > 0
+    assert list(row["stage_us_median"]) == ["send", "queued", "dequeued", "accepted", "put", "woken", "done"]
