@@ -278,8 +278,10 @@ class PairwiseProvider(Provider):
         self._progress = progress
         done = units = 0
         try:
-            for group in self._elementwise_groups():
-                self._make_elementwise(start, group)
+            batches = [(self._make_elementwise, g) for g in self._elementwise_groups()]
+            batches += [(self._make_ot_batch, g) for g in self._ot_groups()]
+            for make, group in batches:
+                make(start, group)
                 done += len(group)
                 units += sum(weights[i] for i in group)
                 progress.step(done, units)
@@ -406,6 +408,63 @@ class PairwiseProvider(Provider):
         row[0] += len(group)
         row[1] += self.stats["pairwise_bytes_sent"] + self.stats["pairwise_bytes_received"] - before
         row[2] += self.stats["pairwise_seconds"] - t0
+
+    def _ot_groups(self) -> list[list[int]]:
+        """Plan positions of small elementwise OT correlations (_ELEMENT_BYTES' kinds) with
+        the same kind and parameters, in groups of at most half the chunk budget: each group
+        is made as one correlation over the concatenated elements (one exchange), where each
+        alone would pay a request's fixed round trips (LeNet's small comparisons)."""
+        open_: dict[tuple, list] = {}
+        groups = []
+        for i, (kind, op, shapes, params) in enumerate(self._plan):
+            per = _ELEMENT_BYTES.get(kind)
+            if per is None:
+                continue
+            n = math.prod(tuple(shapes[0]))
+            if any(math.prod(tuple(s)) != n for s in shapes):
+                continue
+            size = n * per(params)
+            if size > self._chunk // 4:
+                continue                          # large enough to be made alone
+            key = (kind, tuple(params), len(shapes))
+            current = open_.setdefault(key, [[], 0])
+            if current[1] + size > self._chunk // 2 and current[0]:
+                groups.append(current[0])
+                current = open_[key] = [[], 0]
+            current[0].append(i)
+            current[1] += size
+        groups += [g for g, _ in open_.values()]
+        return sorted((g for g in groups if len(g) > 1), key=lambda g: g[0])
+
+    def _make_ot_batch(self, start: int, group: list[int]) -> None:
+        """A group of small OT correlations of one kind and parameters as one correlation
+        over their concatenated elements (each request keeps its own derived components)."""
+        kind, op, shapes, params = self._plan[group[0]]
+        entries = []
+        for i in group:
+            _, _, shapes_i, _ = self._plan[i]
+            correlations.check_request(kind, op, shapes_i, params, self.world_size,
+                                       self._comm_max_bytes())
+            entries.append((i, tuple(shapes_i[0]),
+                            correlations.derive(self._key, start + i, kind, op, shapes_i, params)))
+        joined = [torch.cat([parts[j].reshape(-1) for _, _, parts in entries])
+                  for j in range(len(entries[0][2]))]
+        total = joined[0].numel()
+        tag = (start + group[0], "ot-batch", kind, list(params), [start + i for i in group])
+        before = (self.stats["pairwise_bytes_sent"] + self.stats["pairwise_bytes_received"],
+                  self.stats["pairwise_seconds"])
+        out = self._exchange(tag, lambda: self._chunked(_MAKERS[kind], kind, joined, op,
+                                                        [(total,)] * len(shapes), params))
+        offset = 0
+        for i, shape, _ in entries:
+            n = math.prod(shape)
+            self._ready[start + i] = [o[offset:offset + n].reshape(shape).clone() for o in out]
+            offset += n
+        self.stats["pairwise_made"] += len(group)
+        row = self.by_kind.setdefault(f"{kind} batch", [0, 0, 0.0])
+        row[0] += len(group)
+        row[1] += self.stats["pairwise_bytes_sent"] + self.stats["pairwise_bytes_received"] - before[0]
+        row[2] += self.stats["pairwise_seconds"] - before[1]
 
     def wait_prefetched(self) -> None:
         """Nothing to wait for: prefetch() returns once every correlation is made."""

@@ -104,3 +104,35 @@ def test_sliced_offline_phase_keeps_online_rounds_and_bytes(pw):
         assert (rounds, sent) == (rounds_d, sent_d)
         assert err <= 1e-2 and err_d <= 1e-2
         assert messages > messages_d
+
+
+MONOMIALS = C.monomial_params([-1, -1, 0], [0b011, 0b111, 0b101])
+SMALL_PLAN = [
+    ("trunc", "", [(5,)], (16,)),
+    ("binary_monomials", "", [(3,)], MONOMIALS),
+    ("trunc", "", [(2, 4)], (16,)),
+    ("binary_monomials", "", [(4,)], MONOMIALS),
+    ("trunc", "", [(3,)], (12,)),
+]
+
+
+def _small_plan(prefetch: bool):
+    """SMALL_PLAN's correlations, prefetched (small ones of one kind and parameters batched
+    into one exchange) or made on demand; and the offline messages they took."""
+    from crypten_lite.session import current
+    p = current().provider
+    before, used = p._seq_out, p.stats["prefetched"]
+    if prefetch:
+        p.prefetch(SMALL_PLAN)
+    out = [[t.clone() for t in p.get(k, s, op, par).corrected()] for k, op, s, par in SMALL_PLAN]
+    return out, p._seq_out - before, p.stats["prefetched"] - used
+
+
+def test_small_ot_correlations_are_batched_in_prefetch(pw):
+    (r0, batched, used), (r1, _, _) = pw.run(_small_plan, True)
+    assert used == len(SMALL_PLAN)
+    for (kind, op, shapes, params), a, b in zip(SMALL_PLAN, r0, r1):
+        _check(kind, op, params, a, b)
+        assert a[0].shape == b[0].shape == shapes[0]
+    (_, alone, used), _ = pw.run(_small_plan, False)
+    assert used == 0 and batched < alone, (batched, alone)
