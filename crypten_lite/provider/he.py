@@ -8,21 +8,25 @@ X + R, where X is the exact integer sum of cross products and R is uniform in
 [0, 2^max(bound + STAT_BITS, 64)): statistically within 2^-STAT_BITS of R whatever X is.
 Its share is (X + R) mod 2^64 (uniform); the evaluator's is -R mod 2^64.
 
-Parameters (docs/protocols.md, "Pairwise provider"): ring degree N = 8192 and SEAL's default
-coefficient modulus for 128-bit classical security (218 bits, the HE standard's bound for
-N = 8192 with a ternary secret), plaintext moduli t_i: 30-bit primes = 1 mod 2N, as many as
-the exact integer needs (Sum log2 t_i >= bound + STAT_BITS + 1).
+Parameters (docs/protocols.md, "Pairwise provider"): ring degree N = 8192 and a coefficient
+modulus of 218 bits in all (the HE standard's bound for 128-bit classical security at
+N = 8192 with a ternary secret): four 50-bit data primes and an 18-bit special prime (which
+only key generation uses: nothing is ever key-switched); plaintext moduli t_i: 60-bit primes
+= 1 mod 2N, as many as the exact integer needs (Sum log2 t_i >= bound + STAT_BITS + 1).
 
-Encodings: *batched* (SIMD slots, elementwise products) and *coefficient* (Cheetah-style
-polynomial encoding of matrix blocks: one plaintext-ciphertext product gives a block of
-inner products). Slot values are computed from coefficients by a negacyclic NTT in numpy,
-so SEAL's BatchEncoder can place any polynomial (no per-coefficient Python loop).
+Encodings: *batched* (SIMD slots, elementwise products, SEAL's BatchEncoder) and
+*coefficient* (Cheetah-style polynomial encoding of matrix blocks: one plaintext-ciphertext
+product gives a block of inner products). Coefficient plaintexts are written straight into
+SEAL's (uncompressed) serialization format and loaded: no NTT in Python, no per-coefficient
+call.
 
 Circuit privacy: every returned ciphertext is the evaluation plus a fresh public-key
-encryption of zero multiplied by FLOOD_MULS fresh uniform plaintexts, whose noise exceeds
-the evaluation's by far more than 2^STAT_BITS (measured: tests/unit/test_pairwise_security.py),
-then every coefficient of the result that is not an output is masked uniformly mod t_i,
-and the ciphertext is switched down to RETURN_PRIMES coefficient primes.
+encryption of zero (re-randomises c1 and c0) plus a ciphertext (e, 0) whose e is uniform in
+[-2^F, 2^F) per coefficient, F = log2(a bound on the evaluation's noise) + STAT_BITS +
+log2 N (noise flooding: each coefficient's noise is within 2^-(STAT_BITS + log2 N) of e's
+distribution whatever the evaluator's operand; tests/unit/test_pairwise_security.py measures
+it with SEAL's noise budget). Every coefficient of the result that is not an output is
+masked uniformly mod t_i, and the ciphertext is switched down to RETURN_PRIMES primes.
 """
 
 from __future__ import annotations
@@ -42,13 +46,16 @@ from ..errors import ConfigError, ProtocolError
 from ..random import PRG
 
 N = 8192
-PLAIN_BITS = 30
-MAX_PRIMES = 10
+PLAIN_BITS = 60
+MAX_PRIMES = 5
+DATA_BITS = (50, 50, 50, 50)   # the ciphertexts' modulus (200 bits)
+SPECIAL_BITS = 18              # key level only: 218 bits in all
 STAT_BITS = 40
-FLOOD_MULS = 3
+FRESH_NOISE = 21               # |e| of a fresh encryption: SEAL's 6 sigma (19.2) + the rounding of q m / t
 RETURN_PRIMES = 2
-THREADS_ENV = "CRYPTEN_LITE_HE_THREADS"   # evaluator threads (one prime each); default: CPUs, <= 4
-SECURITY = "128-bit classical (HE standard, N=8192, log2 q=218, ternary secret)"
+MAX_NOISE_TERMS = 1 << 19      # products x nonzero plaintext coefficients summed in one output
+THREADS_ENV = "CRYPTEN_LITE_HE_THREADS"   # threads (one prime each); default: CPUs, >= 3, <= 4
+SECURITY = "128-bit classical (HE standard, N=8192, log2 q=218 = 4x50 + 18, ternary secret)"
 
 
 def _sealapi():
@@ -68,13 +75,18 @@ class HEParams:
     coeff_moduli: tuple[int, ...]
     plain_primes: tuple[int, ...]
     stat_bits: int = STAT_BITS
-    flood_muls: int = FLOOD_MULS
     return_primes: int = RETURN_PRIMES
 
     def describe(self) -> str:
         return (f"bfv;n={self.n};q={','.join(map(str, self.coeff_moduli))};"
                 f"t={','.join(map(str, self.plain_primes))};stat={self.stat_bits};"
-                f"flood={self.flood_muls};ret={self.return_primes}")
+                f"flood=c0-uniform;ret={self.return_primes}")
+
+    def flood_bits(self, noise_bound: int) -> int:
+        """F: the flood e is uniform in [-2^F, 2^F) per coefficient, for an evaluation whose
+        noise is below noise_bound in every coefficient: a shift by d < 2^(F - stat - log2 N)
+        moves e's distribution by d / 2^(F + 1) per coefficient, 2^-(stat + 1) over all N."""
+        return noise_bound.bit_length() + self.stat_bits + (self.n - 1).bit_length()
 
     def mask_bits(self, bound_bits: int, parity: bool = False) -> int:
         """R is uniform in [0, 2^mask_bits): at least stat_bits above X's bound (X + R is
@@ -96,7 +108,7 @@ class HEParams:
 
 def default_params() -> HEParams:
     s = _sealapi()
-    coeff = tuple(m.value() for m in s.CoeffModulus.BFVDefault(N, s.SEC_LEVEL_TYPE.TC128))
+    coeff = tuple(m.value() for m in s.CoeffModulus.Create(N, list(DATA_BITS) + [SPECIAL_BITS]))
     plain = tuple(m.value() for m in s.PlainModulus.Batching(N, [PLAIN_BITS] * MAX_PRIMES))
     return HEParams(N, coeff, plain)
 
@@ -106,85 +118,40 @@ def _inv(a: int, m: int) -> int:
     return pow(a, -1, m)
 
 
-def _bitrev(n: int) -> np.ndarray:
-    bits = n.bit_length() - 1
-    idx = np.arange(n)
-    rev = np.zeros(n, dtype=np.int64)
-    for b in range(bits):
-        rev |= ((idx >> b) & 1) << (bits - 1 - b)
-    return rev
+_M32 = np.uint64(0xFFFFFFFF)
+_S32 = np.uint64(32)
 
 
-class _NTT:
-    """Negacyclic NTT mod a prime t = 1 mod 2N, in SEAL's slot order (vectorized numpy)."""
+def _mulhi(a: np.ndarray, b: np.ndarray | np.uint64) -> np.ndarray:
+    """floor(a * b / 2^64) for uint64 a, b (four 32-bit partial products)."""
+    a0, a1 = a & _M32, a >> _S32
+    b0, b1 = b & _M32, b >> _S32
+    mid1, mid2 = a1 * b0, a0 * b1
+    carry = (((a0 * b0) >> _S32) + (mid1 & _M32) + (mid2 & _M32)) >> _S32
+    return a1 * b1 + (mid1 >> _S32) + (mid2 >> _S32) + carry
 
-    def __init__(self, t: int, slot_roots: np.ndarray):
-        self.t = t
-        n = len(slot_roots)
-        psi = int(slot_roots[0])
-        omega = psi * psi % t
-        # slot s holds the evaluation at slot_roots[s] = psi^(2 j_s + 1)
-        where = {}
-        x = psi
-        for j in range(n):
-            where[x] = j
-            x = x * omega % t
-        try:
-            self.slot_index = np.array([where[int(r)] for r in slot_roots], dtype=np.int64)
-        except KeyError as e:  # pragma: no cover - SEAL's batching is negacyclic
-            raise ProtocolError("pairwise: unexpected batching roots") from e
-        self.inverse_slot = np.argsort(self.slot_index)
-        self.rev = _bitrev(n)
-        self.twist = np.array([pow(psi, k, t) for k in range(n)], dtype=np.uint64)
-        psi_inv = _inv(psi, t)
-        n_inv = _inv(n, t)
-        self.untwist = np.array([pow(psi_inv, k, t) * n_inv % t for k in range(n)], dtype=np.uint64)
-        self._twist, self._untwist = self._shoup(self.twist), self._shoup(self.untwist)
-        self.stages = self._stages(omega, n)
-        self.inv_stages = self._stages(_inv(omega, t), n)
 
-    def _stages(self, w: int, n: int) -> list[tuple[np.ndarray, np.ndarray]]:
-        out, h = [], 1
-        while h < n:
-            wh = pow(w, n // (2 * h), self.t)
-            out.append(self._shoup(np.array([pow(wh, j, self.t) for j in range(h)], dtype=np.uint64)))
-            h *= 2
-        return out
+def mulmod_const(a: np.ndarray, c: int, m: int) -> np.ndarray:
+    """a * c mod m for uint64 a < m and a constant c < m < 2^62, by Shoup's method:
+    q = floor(a floor(c 2^64 / m) / 2^64) is floor(a c / m) or one less, so a c - q m is in
+    [0, 2m) (computed mod 2^64, no division)."""
+    mm = np.uint64(m)
+    with np.errstate(over="ignore"):
+        r = a * np.uint64(c) - _mulhi(a, np.uint64((c << 64) // m)) * mm
+    return np.where(r >= mm, r - mm, r)
 
-    def _shoup(self, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(w, floor(w 2^32 / t)): constants for _mulmod (t < 2^31)."""
-        return w, (w << np.uint64(32)) // np.uint64(self.t)
 
-    def _mulmod(self, a: np.ndarray, w: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
-        """a * w mod t for a < t < 2^31 by Shoup's method: q = (a w') >> 32 is floor(a w / t)
-        or one less, so a w - q t is in [0, 2t) (uint64 arithmetic, no division)."""
-        t = np.uint64(self.t)
-        r = a * w[0] - ((a * w[1]) >> np.uint64(32)) * t
-        return np.minimum(r, r - t)             # r - t wraps above 2^63 when r < t
-
-    def _cyclic(self, a: np.ndarray, stages) -> np.ndarray:
-        t = np.uint64(self.t)
-        lead = a.shape[:-1]
-        n = a.shape[-1]
-        a = a[..., self.rev]
-        h = 1
-        for tw in stages:
-            a = a.reshape(*lead, n // (2 * h), 2, h)
-            u = a[..., 0, :]
-            v = self._mulmod(a[..., 1, :], tw)
-            s, d = u + v, u + t - v
-            a = np.stack((np.minimum(s, s - t), np.minimum(d, d - t)), axis=-2)
-            h *= 2
-        return a.reshape(*lead, n)
-
-    def to_slots(self, coeffs: np.ndarray) -> np.ndarray:
-        """Slot values (SEAL's order) of polynomials with the given coefficients (< t)."""
-        vals = self._cyclic(self._mulmod(coeffs, self._twist), self.stages)
-        return vals[..., self.slot_index]
-
-    def to_coeffs(self, slots: np.ndarray) -> np.ndarray:
-        vals = slots[..., self.inverse_slot]
-        return self._mulmod(self._cyclic(vals, self.inv_stages), self._untwist)
+def words_mod(words: list[np.ndarray], m: int) -> np.ndarray:
+    """Sum_i words[i] 2^(64 i) mod m (m < 2^62), elementwise."""
+    mm = np.uint64(m)
+    out = np.zeros(words[0].shape, dtype=np.uint64)
+    radix = 1
+    for w in words:
+        term = mulmod_const(w % mm, radix % m, m) if radix % m != 1 else w % mm
+        out = out + term
+        out = np.where(out >= mm, out - mm, out)
+        radix = (radix << 64) % m
+    return out
 
 
 def residues(values: np.ndarray, t: int) -> np.ndarray:
@@ -193,15 +160,16 @@ def residues(values: np.ndarray, t: int) -> np.ndarray:
 
 
 def crt_mod64(res: list[np.ndarray], primes: tuple[int, ...]) -> np.ndarray:
-    """The integer with residues `res` mod `primes` (each < 2^31), reduced mod 2^64
+    """The integer with residues `res` mod `primes` (each < 2^62), reduced mod 2^64
     (Garner's mixed radix; exact as long as the integer is below the product of primes)."""
     digits: list[np.ndarray] = []
     for i, (r, t) in enumerate(zip(res, primes)):
         tt = np.uint64(t)
         v = r.astype(np.uint64) % tt
         for j in range(i):
-            inv = np.uint64(_inv(primes[j] % t, t))
-            v = (v + tt - digits[j] % tt) % tt * inv % tt
+            d = digits[j] % tt
+            v = np.where(v >= d, v - d, v + tt - d)
+            v = mulmod_const(v, _inv(primes[j] % t, t), t)
         digits.append(v)
     out = np.zeros(res[0].shape, dtype=np.uint64)
     radix = 1
@@ -267,12 +235,38 @@ def _unlink(path: str) -> None:
         pass
 
 
+_VERSION: bytes | None = None
+
+
+def _seal_header(total: int) -> bytes:
+    """SEAL's 16-byte serialization header (magic, header size, SEAL's version as a saved
+    object carries it, no compression, total size)."""
+    global _VERSION
+    if _VERSION is None:
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "v.bin")
+            _sealapi().Plaintext("1").save(path)
+            with open(path, "rb") as f:
+                _VERSION = f.read(5)[3:5]
+    return struct.pack("<HB", 0xA15E, 16) + _VERSION + struct.pack("<BHQ", 0, 0, total)
+
+
+def _seal_object(body: bytes) -> bytes:
+    return _seal_header(16 + len(body)) + body
+
+
+def _seal_array(values: np.ndarray) -> bytes:
+    """A DynArray<uint64> as SEAL serializes it (uncompressed)."""
+    return _seal_object(struct.pack("<Q", values.size) + values.astype("<u8", copy=False).tobytes())
+
+
 class _Prime:
-    """One plaintext prime's SEAL context, encoder and NTT."""
+    """One plaintext prime's SEAL context, encoder and evaluator."""
 
     def __init__(self, params: HEParams, t: int):
         s = _sealapi()
         self.t = t
+        self.n = params.n
         parms = s.EncryptionParameters(s.SCHEME_TYPE.BFV)
         parms.set_poly_modulus_degree(params.n)
         parms.set_coeff_modulus([s.Modulus(q) for q in params.coeff_moduli])
@@ -281,10 +275,10 @@ class _Prime:
         if not self.ctx.parameters_set():
             raise ConfigError(f"pairwise: SEAL refuses the parameters: "
                               f"{self.ctx.parameters_error_message()}")
+        self.data_moduli = params.coeff_moduli[:-1]       # the last one is the special prime
+        self.pid = self.ctx.first_parms_id()
         self.encoder = s.BatchEncoder(self.ctx)
         self.evaluator = s.Evaluator(self.ctx)
-        x = s.Plaintext("1x^1")
-        self.ntt = _NTT(t, np.array(self.encoder.decode_uint64(x), dtype=np.uint64))
         self.encryptor = None
         self.decryptor = None
         self.secret_key = None
@@ -294,11 +288,28 @@ class _Prime:
         self.encoder.encode(slots.tolist(), pt)
         return pt
 
-    def plain_coeffs(self, coeffs: np.ndarray):
-        return self.plain(self.ntt.to_slots(coeffs))
+    def plain_bytes(self, coeffs: np.ndarray) -> bytes:
+        """A coefficient-form plaintext (coefficients < t) in SEAL's serialization format."""
+        return _seal_object(struct.pack("<4QQd", 0, 0, 0, 0, coeffs.size, 1.0) + _seal_array(coeffs))
+
+    def noise_bytes(self, residues_: np.ndarray) -> bytes:
+        """The ciphertext (e, 0) at the data level, coefficient form; residues_ [L, N] are e
+        mod each data prime."""
+        body = (struct.pack("<4Q", *self.pid) + b"\x00"
+                + struct.pack("<QQQdQ", 2, self.n, residues_.shape[0], 1.0, 1)
+                + _seal_array(np.concatenate([residues_.reshape(-1),
+                                              np.zeros(residues_.size, dtype=np.uint64)])))
+        return _seal_object(body)
 
     def slots_of(self, pt) -> np.ndarray:
         return np.array(self.encoder.decode_uint64(pt), dtype=np.uint64)
+
+    @staticmethod
+    def coeffs_of(pt, positions: list[int]) -> np.ndarray:
+        """The plaintext's coefficients at `positions` (ascending; 0 past its coeff_count)."""
+        count = pt.coeff_count()
+        return np.fromiter((pt.data(i) if i < count else 0 for i in positions),
+                           dtype=np.uint64, count=len(positions))
 
 
 def pack(chunks: list[bytes]) -> bytes:
@@ -337,24 +348,22 @@ def _threads() -> int:
         if value < 1:
             raise ConfigError(f"{THREADS_ENV}={raw!r}: at least 1 thread")
         return value
-    return max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return min(4, max(cpus, 3))      # a product's 3 primes at once (no prime waits for a thread)
 
 
-def _ntt_plains(p: "_Prime", rows: np.ndarray, pid, batch: int = 256) -> list:
-    """Plaintexts (NTT form, for multiply_plain) of polynomials given by coefficient rows;
-    None for an all-zero row. The slot values of `batch` rows at a time come from one
-    vectorized NTT."""
+def _ntt_plains(p: "_Prime", files: "_Files", rows: np.ndarray) -> list:
+    """Plaintexts (NTT form, for multiply_plain) of polynomials given by coefficient rows
+    (< t); None for an all-zero row."""
+    s = _sealapi()
     out: list = []
-    for start in range(0, len(rows), batch):
-        part = rows[start:start + batch]
-        slots = p.ntt.to_slots(part)
-        for row, sl in zip(part, slots):
-            if not row.any():
-                out.append(None)
-                continue
-            pt = p.plain(sl)
-            p.evaluator.transform_to_ntt_inplace(pt, pid)
-            out.append(pt)
+    for row in rows:
+        if not row.any():
+            out.append(None)
+            continue
+        pt = files.load(s.Plaintext, p.ctx, p.plain_bytes(row), "plaintext")
+        p.evaluator.transform_to_ntt_inplace(pt, p.pid)
+        out.append(pt)
     return out
 
 
@@ -375,10 +384,15 @@ def _blocks_cost(m: int, k: int, n: int, degree: int, joint: bool = True) -> tup
             if mw < 1:
                 continue
             mb, kb, nb = -(-m // mw), -(-k // kw), -(-n // nw)
-            # (measured) an encryption costs about 16 pointwise products, a returned
-            # ciphertext (flood, mask, switch, serialize) about 30
+            if (2 * kb * max(mw * kw, kw * nw) if joint else kb * kw * nw) > MAX_NOISE_TERMS:
+                continue              # the flooding would not fit the noise budget
+            # measured (CPU, in halves of one plaintext product and addition): a ciphertext
+            # sent up (encrypt, load, NTT, 236 KB moved) about 42, one returned (re-randomise,
+            # flood, mask, switch, serialize, move, decrypt) about 68, a plaintext (load,
+            # NTT) about 7
             up = mb * kb + (kb * nb if joint else 0)
-            cost = 16 * up + 30 * mb * nb + (2 if joint else 1) * mb * nb * kb
+            plains = kb * nb + (mb * kb if joint else 0)
+            cost = 42 * up + 68 * mb * nb + 7 * plains + 2 * (2 if joint else 1) * mb * nb * kb
             if best is None or cost < best[0]:
                 best = (cost, mw, kw, nw)
     if best is None:
@@ -442,44 +456,79 @@ class CrossEngine:
         self._primes.extend(fresh)
         return self._primes[:count]
 
-    def _encrypt(self, p: _Prime, slots: np.ndarray) -> bytes:
-        """Symmetric encryption under the owner's key, serialized with its random half
-        replaced by a seed (SEAL's seeded ciphertexts: half the bytes)."""
-        return self._files.dump(p.encryptor.encrypt_symmetric(p.plain(slots)))
+    def _encrypt(self, p: _Prime, pt) -> bytes:
+        """Symmetric encryption of a plaintext under the owner's key, serialized with its
+        random half replaced by a seed (SEAL's seeded ciphertexts: half the bytes)."""
+        return self._files.dump(p.encryptor.encrypt_symmetric(pt))
+
+    def _plain_coeffs(self, p: _Prime, coeffs: np.ndarray):
+        return self._files.load(_sealapi().Plaintext, p.ctx, p.plain_bytes(coeffs), "plaintext")
 
     # -- evaluator helpers -----------------------------------------------------------------
     def _uniform(self, t: int, shape: tuple, rand: Callable | None = None) -> np.ndarray:
-        """Uniform values mod t from 128 random bits each (bias below 2^-97)."""
+        """Uniform values mod t from 128 random bits each (bias below 2^-67)."""
         w = (rand or self._rand)((2,) + tuple(shape))
-        tt = np.uint64(t)
-        return ((w[1] % tt) * np.uint64((1 << 64) % t) + w[0] % tt) % tt
+        return words_mod([w[0], w[1]], t)
 
-    def _flooded(self, p: _Prime, rand: Callable | None = None):
-        """A fresh public-key encryption of zero times FLOOD_MULS uniform plaintexts."""
+    def noise_bound(self, t: int, products: int, nonzero: int) -> int:
+        """A bound on every coefficient of the evaluation's noise: `products` plaintext
+        products summed, each of a fresh encryption (|e| <= FRESH_NOISE) and a plaintext of
+        at most `nonzero` coefficients, each |c| <= t (SEAL lifts them to (-t/2, t/2]), plus
+        the mask's rounding."""
+        return FRESH_NOISE * products * nonzero * t + 1
+
+    def _room(self, p: _Prime, flood_bits: int, noise_bound: int) -> None:
+        """Refuse a flood that would make the returned ciphertext decrypt wrongly: the noise
+        (flood + evaluation + the public-key encryption's, below 2^20) must stay under
+        q / 2t at the data level and after each switch (which adds at most (1 + N) / 2)."""
+        q = math.prod(p.data_moduli)
+        noise = (1 << flood_bits) + noise_bound + (1 << 20)
+        level = list(p.data_moduli)
+        while True:
+            if 2 * p.t * noise >= q:
+                raise ProtocolError(f"pairwise: a product of {noise_bound.bit_length()}-bit "
+                                    f"noise leaves no room for {flood_bits}-bit flooding at "
+                                    f"{len(level)} primes; split the operation into smaller ones")
+            if len(level) <= self.params.return_primes:
+                return
+            last = level.pop()
+            q //= last
+            noise = noise // last + 1 + (1 + self.params.n) // 2
+
+    def _flooded(self, p: _Prime, noise_bound: int, rand: Callable | None = None):
+        """A fresh public-key encryption of zero (re-randomises the returned ciphertext)
+        plus (e, 0), e uniform in [-2^F, 2^F) per coefficient, F = flood_bits(noise_bound)."""
         s = _sealapi()
+        bits = self.params.flood_bits(noise_bound)
+        self._room(p, bits, noise_bound)
         z = s.Ciphertext()
         p.encryptor.encrypt_zero(z)
-        ev = p.evaluator
-        ev.transform_to_ntt_inplace(z)
-        pid = p.ctx.first_parms_id()
-        for _ in range(self.params.flood_muls):
-            pt = p.plain(self._uniform(p.t, (self.params.n,), rand))
-            ev.transform_to_ntt_inplace(pt, pid)
-            ev.multiply_plain_inplace(z, pt)
-        ev.transform_from_ntt_inplace(z)
+        nd = self.params.n
+        words = -(-(bits + 1) // 64)
+        w = (rand or self._rand)((words, nd))
+        top = bits + 1 - 64 * (words - 1)
+        if top < 64:
+            w[-1] &= np.uint64((1 << top) - 1)
+        res = np.empty((len(p.data_moduli), nd), dtype=np.uint64)
+        for j, q in enumerate(p.data_moduli):
+            r = words_mod([w[i] for i in range(words)], q)
+            shift = np.uint64((1 << bits) % q)               # e = w - 2^F
+            res[j] = np.where(r >= shift, r - shift, r + np.uint64(q) - shift)
+        noise = self._files.load(s.Ciphertext, p.ctx, p.noise_bytes(res), "flooding term")
+        p.evaluator.add_inplace(z, noise)
         return z
 
-    def _finish(self, p: _Prime, acc_ntt, mask_slots: np.ndarray, rand: Callable | None = None,
+    def _finish(self, p: _Prime, acc_ntt, mask_pt, noise_bound: int, rand: Callable | None = None,
                 in_ntt: bool = True) -> bytes:
-        """Leave NTT form (unless `in_ntt` is False), flood, mask every slot/coefficient,
-        switch down, serialize."""
+        """Leave NTT form (unless `in_ntt` is False), flood, mask every slot/coefficient
+        (mask_pt), switch down, serialize."""
         ev = p.evaluator
-        out = self._flooded(p, rand)
+        out = self._flooded(p, noise_bound, rand)
         if acc_ntt is not None:
             if in_ntt:
                 ev.transform_from_ntt_inplace(acc_ntt)
             ev.add_inplace(out, acc_ntt)
-        ev.add_plain_inplace(out, p.plain(mask_slots))
+        ev.add_plain_inplace(out, mask_pt)
         while out.coeff_modulus_size() > self.params.return_primes:
             ev.mod_switch_to_next_inplace(out)
         return self._files.dump(out)
@@ -490,14 +539,17 @@ class CrossEngine:
             raise ProtocolError("pairwise: a ciphertext from the peer has the wrong form")
         return ct
 
-    def _decrypt_slots(self, p: _Prime, data: bytes) -> np.ndarray:
+    def _decrypt(self, p: _Prime, data: bytes):
         s = _sealapi()
         ct = self._files.load(s.Ciphertext, p.ctx, data, "ciphertext")
         if ct.size() != 2 or ct.is_ntt_form() or ct.coeff_modulus_size() != self.params.return_primes:
             raise ProtocolError("pairwise: a returned ciphertext has the wrong form")
         pt = s.Plaintext()
         p.decryptor.decrypt(ct, pt)
-        return p.slots_of(pt)
+        return pt
+
+    def _decrypt_slots(self, p: _Prime, data: bytes) -> np.ndarray:
+        return p.slots_of(self._decrypt(p, data))
 
     def _mask_words(self, shape: tuple, bits: int) -> list[np.ndarray]:
         """R uniform in [0, 2^bits) as 64-bit words (least significant first)."""
@@ -510,13 +562,7 @@ class CrossEngine:
 
     @staticmethod
     def _mod_t(words: list[np.ndarray], t: int) -> np.ndarray:
-        tt = np.uint64(t)
-        out = np.zeros(words[0].shape, dtype=np.uint64)
-        radix = 1
-        for w in words:
-            out = (out + (w % tt) * np.uint64(radix % t)) % tt
-            radix = radix * (1 << 64) % t
-        return out
+        return words_mod(words, t)
 
     # -- elementwise ---------------------------------------------------------------------
     def elementwise(self, terms: list[np.ndarray], bound_bits: int, parity: bool = False) -> np.ndarray:
@@ -536,7 +582,7 @@ class CrossEngine:
         expected = count * len(terms) * chunks
         if self.rank == 0:
             parts = self._per_prime(lambda i, p, rand: [
-                self._encrypt(p, row) for x in padded for row in residues(x, p.t)], primes)
+                self._encrypt(p, p.plain(row)) for x in padded for row in residues(x, p.t)], primes)
             self._send(pack([ct for part in parts for ct in part]))
             back = unpack(self._recv(), count * chunks, "result ciphertexts")
             res = self._per_prime(lambda i, p, rand: np.concatenate(
@@ -548,6 +594,7 @@ class CrossEngine:
         def evaluate(i: int, p: _Prime, rand: Callable) -> list[bytes]:
             ev = p.evaluator
             r_t = self._mod_t(r, p.t)
+            bound = self.noise_bound(p.t, len(terms), nd)
             accs = [None] * chunks
             k = i * len(terms) * chunks
             for x in padded:
@@ -565,7 +612,7 @@ class CrossEngine:
                         ev.add_inplace(accs[c], prod)
             out = []
             for c in range(chunks):
-                out.append(self._finish(p, accs[c], r_t[c], rand, in_ntt=False))
+                out.append(self._finish(p, accs[c], p.plain(r_t[c]), bound, rand, in_ntt=False))
             return out
         self._send(pack([ct for part in self._per_prime(evaluate, primes) for ct in part]))
         with np.errstate(over="ignore"):
@@ -617,15 +664,16 @@ class CrossEngine:
             def encrypt(i: int, p: _Prime, rand: Callable) -> list[bytes]:
                 out = []
                 for arr, pos in ((a_blk, pos_a), (b_blk, pos_b)):
-                    slots = p.ntt.to_slots(polys(arr, pos, p.t)).reshape(-1, nd)
-                    out.extend(self._encrypt(p, row) for row in slots)
+                    rows = polys(arr, pos, p.t).reshape(-1, nd)
+                    out.extend(self._encrypt(p, self._plain_coeffs(p, row)) for row in rows)
                 return out
             self._send(pack([ct for part in self._per_prime(encrypt, primes) for ct in part]))
             back = unpack(self._recv(), count * n_out, "result ciphertexts")
 
             def decrypt(i: int, p: _Prime, rand: Callable) -> np.ndarray:
-                slots = np.stack([self._decrypt_slots(p, back[i * n_out + j]) for j in range(n_out)])
-                coeffs = p.ntt.to_coeffs(slots)[:, pos_out]  # [bsz*mb*nb, mw*nw]
+                where = pos_out.tolist()
+                coeffs = np.stack([p.coeffs_of(self._decrypt(p, back[i * n_out + j]), where)
+                                   for j in range(n_out)])  # [bsz*mb*nb, mw*nw]
                 blk = coeffs.reshape(bsz, mb, nb, mw, nw).transpose(0, 1, 3, 2, 4)
                 return blk.reshape(bsz, mb * mw, nb * nw)[:, :m, :n]
             res = self._per_prime(decrypt, primes)
@@ -635,7 +683,6 @@ class CrossEngine:
 
         def evaluate(pi: int, p: _Prime, rand: Callable) -> list[bytes]:
             ev = p.evaluator
-            pid = p.ctx.first_parms_id()
             i = pi * (n_a + n_b)
             cts_a = []
             for j in range(n_a):
@@ -650,12 +697,13 @@ class CrossEngine:
             pa = polys(a_blk, pos_a, p.t).reshape(-1, nd)
             pb = polys(b_blk, pos_b, p.t).reshape(-1, nd)
 
-            pts_a = _ntt_plains(p, pa, pid)
-            pts_b = _ntt_plains(p, pb, pid)
+            pts_a = _ntt_plains(p, self._files, pa)
+            pts_b = _ntt_plains(p, self._files, pb)
+            bound = self.noise_bound(p.t, 2 * kb, max(mw * kw, kw * nw))
             r_t = self._mod_t(r, p.t)  # [bsz, mb, nb, mw*nw]
             masks = self._uniform(p.t, (bsz, mb, nb, nd), rand)
             masks[..., pos_out] = r_t
-            mask_slots = p.ntt.to_slots(masks).reshape(-1, nd)
+            masks = masks.reshape(-1, nd)
             out = []
             for bi in range(bsz):
                 for mi in range(mb):
@@ -673,7 +721,8 @@ class CrossEngine:
                                     acc = prod
                                 else:
                                     ev.add_inplace(acc, prod)
-                        out.append(self._finish(p, acc, mask_slots[(bi * mb + mi) * nb + nj], rand))
+                        mask = self._plain_coeffs(p, masks[(bi * mb + mi) * nb + nj])
+                        out.append(self._finish(p, acc, mask, bound, rand))
             return out
         self._send(pack([ct for part in self._per_prime(evaluate, primes) for ct in part]))
         with np.errstate(over="ignore"):
@@ -711,14 +760,15 @@ class CrossEngine:
             a_blk = a.reshape(bsz, mb, mw, kb, kw).transpose(0, 1, 3, 2, 4).reshape(bsz, mb, kb, mw * kw)
 
             def encrypt(i: int, p: _Prime, rand: Callable) -> list[bytes]:
-                slots = p.ntt.to_slots(polys(a_blk, pos_a, p.t)).reshape(-1, nd)
-                return [self._encrypt(p, row) for row in slots]
+                rows = polys(a_blk, pos_a, p.t).reshape(-1, nd)
+                return [self._encrypt(p, self._plain_coeffs(p, row)) for row in rows]
             self._send(pack([ct for part in self._per_prime(encrypt, primes) for ct in part]))
             back = unpack(self._recv(), count * n_out, "result ciphertexts")
 
             def decrypt(i: int, p: _Prime, rand: Callable) -> np.ndarray:
-                slots = np.stack([self._decrypt_slots(p, back[i * n_out + j]) for j in range(n_out)])
-                coeffs = p.ntt.to_coeffs(slots)[:, pos_out]
+                where = pos_out.tolist()
+                coeffs = np.stack([p.coeffs_of(self._decrypt(p, back[i * n_out + j]), where)
+                                   for j in range(n_out)])
                 blk = coeffs.reshape(bsz, mb, nb, mw, nw).transpose(0, 1, 3, 2, 4)
                 return blk.reshape(bsz, mb * mw, nb * nw)[:, :m, :n]
             return crt_mod64(self._per_prime(decrypt, primes), tuple(p.t for p in primes))
@@ -730,16 +780,16 @@ class CrossEngine:
 
         def evaluate(pi: int, p: _Prime, rand: Callable) -> list[bytes]:
             ev = p.evaluator
-            pid = p.ctx.first_parms_id()
             cts = []
             for j in range(n_a):
                 ct = self._load_ct(p, got[pi * n_a + j])
                 ev.transform_to_ntt_inplace(ct)
                 cts.append(ct)
-            pts = _ntt_plains(p, polys(b_blk, pos_b, p.t).reshape(-1, nd), pid)
+            pts = _ntt_plains(p, self._files, polys(b_blk, pos_b, p.t).reshape(-1, nd))
+            bound = self.noise_bound(p.t, kb, kw * nw)
             masks = self._uniform(p.t, (bsz, mb, nb, nd), rand)
             masks[..., pos_out] = self._mod_t(r, p.t)
-            mask_slots = p.ntt.to_slots(masks).reshape(-1, nd)
+            masks = masks.reshape(-1, nd)
             out = []
             for bi in range(bsz):
                 for mi in range(mb):
@@ -755,7 +805,8 @@ class CrossEngine:
                                 acc = prod
                             else:
                                 ev.add_inplace(acc, prod)
-                        out.append(self._finish(p, acc, mask_slots[(bi * mb + mi) * nb + nj], rand))
+                        mask = self._plain_coeffs(p, masks[(bi * mb + mi) * nb + nj])
+                        out.append(self._finish(p, acc, mask, bound, rand))
             return out
         self._send(pack([ct for part in self._per_prime(evaluate, primes) for ct in part]))
         with np.errstate(over="ignore"):

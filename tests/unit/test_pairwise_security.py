@@ -7,6 +7,7 @@ Correctness over real gRPC: tests/protocol/test_pairwise_provider.py."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import sys
 import threading
@@ -226,12 +227,7 @@ def test_pairwise_needs_exactly_two_parties():
         Config(rank=0, world_size=3, provider="pairwise")
 
 
-def test_flooding_noise_exceeds_the_product_noise_by_the_statistical_margin():
-    """Circuit privacy's premise, measured with SEAL's noise budget on worst-case operands
-    (every slot a full-size plaintext): the flooding term's noise is at least
-    2^(STAT_BITS + log2 N) times the product's (so every coefficient's noise is within
-    2^-STAT_BITS of the flood's distribution, union over N coefficients), and the ciphertext
-    as returned (switched down to RETURN_PRIMES primes) still decrypts with room to spare."""
+def _flood_setup():
     import tenseal.sealapi as s
     params = he.default_params()
     from crypten_lite.random import PRG
@@ -244,27 +240,55 @@ def test_flooding_noise_exceeds_the_product_noise_by_the_statistical_margin():
     pk = s.PublicKey()
     gen.create_public_key(pk)
     p.encryptor = s.Encryptor(p.ctx, pk)
-    enc = s.Encryptor(p.ctx, sk)
-    dec = s.Decryptor(p.ctx, sk)
-    full = evaluator._uniform(p.t, (params.n,))
-    acc = None
-    for _ in range(64):                      # 64 summed products: a matmul's inner blocks
+    return s, params, evaluator, p, s.Encryptor(p.ctx, sk), s.Decryptor(p.ctx, sk)
+
+
+def test_flooding_noise_exceeds_the_product_noise_by_the_statistical_margin():
+    """Circuit privacy's premise, measured with SEAL's noise budget on worst-case operands
+    (every slot a full-size plaintext, the elementwise triple's two products): the flood
+    (uniform in [-2^F, 2^F) on c0, F from the engine's own noise bound) is at least
+    2^(STAT_BITS + log2 N) times the products' noise (every coefficient's noise within
+    2^-STAT_BITS of the flood's distribution, union over N coefficients), and the ciphertext
+    as returned (masked, switched down to RETURN_PRIMES primes) still decrypts to X + R."""
+    s, params, evaluator, p, enc, dec = _flood_setup()
+    acc, want = None, np.zeros(params.n, dtype=object)
+    for _ in range(2):
+        x = evaluator._uniform(p.t, (params.n,))
+        y = evaluator._uniform(p.t, (params.n,))
+        want = (want + x.astype(object) * y.astype(object)) % p.t
         ct = s.Ciphertext()
-        enc.encrypt_symmetric(p.plain(evaluator._uniform(p.t, (params.n,))), ct)
+        enc.encrypt_symmetric(p.plain(x), ct)
         prod = s.Ciphertext()
-        p.evaluator.multiply_plain(ct, p.plain(full), prod)
-        if acc is None:
-            acc = prod
-        else:
-            p.evaluator.add_inplace(acc, prod)
+        p.evaluator.multiply_plain(ct, p.plain(y), prod)
+        acc = prod if acc is None else (p.evaluator.add_inplace(acc, prod) or acc)
     product_budget = dec.invariant_noise_budget(acc)
-    flood = evaluator._flooded(p)
+    flood = evaluator._flooded(p, evaluator.noise_bound(p.t, 2, params.n))
     flood_budget = dec.invariant_noise_budget(flood)
     assert product_budget - flood_budget >= params.stat_bits + 13, (product_budget, flood_budget)
-    p.evaluator.add_inplace(acc, flood)
-    while acc.coeff_modulus_size() > params.return_primes:
-        p.evaluator.mod_switch_to_next_inplace(acc)
-    assert dec.invariant_noise_budget(acc) >= 16
+    mask = evaluator._uniform(p.t, (params.n,))
+    returned = evaluator._finish(p, acc, p.plain(mask), evaluator.noise_bound(p.t, 2, params.n),
+                                 in_ntt=False)
+    back = he._Files().load(s.Ciphertext, p.ctx, returned, "test")
+    assert back.coeff_modulus_size() == params.return_primes
+    assert dec.invariant_noise_budget(back) >= 1
+    pt = s.Plaintext()
+    dec.decrypt(back, pt)
+    assert np.array_equal(p.slots_of(pt).astype(object), (want + mask.astype(object)) % p.t)
+
+
+def test_flooding_that_cannot_fit_is_refused():
+    """A noise bound whose flood would leave no room for decryption is a ProtocolError
+    naming what to do, never a wrong result; the block chooser never produces one."""
+    s, params, evaluator, p, enc, dec = _flood_setup()
+    with pytest.raises(ProtocolError, match="split the operation"):
+        evaluator._flooded(p, evaluator.noise_bound(p.t, 1 << 12, params.n))
+    for dims in ((1, 768, 3072), (128, 3072, 768), (4096, 4096, 1)):
+        for joint in (True, False):
+            _, mw, kw, nw = he._blocks_cost(*dims, params.n, joint=joint)
+            kb = -(-dims[1] // kw)
+            terms = 2 * kb * max(mw * kw, kw * nw) if joint else kb * kw * nw
+            evaluator._room(p, params.flood_bits(evaluator.noise_bound(p.t, 1, terms)),
+                            evaluator.noise_bound(p.t, 1, terms))
 
 
 def test_progress_line_for_long_offline_phases(monkeypatch, capsys):
@@ -385,21 +409,33 @@ def test_matmul_as_two_one_sided_products(monkeypatch):
         assert torch.equal(s[2], s[0] @ s[1])
 
 
-def test_numpy_ntt_agrees_with_seal_batch_encoding():
-    """The coefficient encoding's slot values (numpy negacyclic NTT with Shoup's modular
-    products): SEAL's BatchEncoder turns them back into exactly the coefficients given, and
-    to_coeffs inverts to_slots, for every plaintext prime's extreme values too."""
+def test_coefficient_plaintexts_and_modular_arithmetic_are_exact():
+    """Coefficient plaintexts written in SEAL's serialization format load with exactly the
+    coefficients given (extreme values too), and the numpy modular helpers (Shoup products,
+    multi-word reduction, Garner's CRT) agree with Python's integers for 60-bit primes."""
+    import random
     params = he.default_params()
     p = he._Prime(params, params.plain_primes[0])
-    prg = np.random.default_rng(7)  # insecure-ok: test inputs, not shares
-    rows = prg.integers(0, p.t, (2, params.n), dtype=np.uint64)
-    rows[1, :4] = [0, 1, p.t - 1, p.t - 2]
-    slots = p.ntt.to_slots(rows)
-    assert np.array_equal(p.ntt.to_coeffs(slots), rows)
-    for row, sl in zip(rows, slots):
-        pt = p.plain(sl)
-        coeffs = np.array([pt.data(i) for i in range(pt.coeff_count())], dtype=np.uint64)
-        assert np.array_equal(np.pad(coeffs, (0, params.n - len(coeffs))), row)
+    files = he._Files()
+    rng = np.random.default_rng(7)  # insecure-ok: test inputs, not shares
+    row = rng.integers(0, p.t, params.n, dtype=np.uint64)
+    row[:4] = [0, 1, p.t - 1, p.t - 2]
+    import tenseal.sealapi as s
+    pt = files.load(s.Plaintext, p.ctx, p.plain_bytes(row), "test")
+    assert np.array_equal(p.coeffs_of(pt, list(range(params.n))), row)
+    with pytest.raises(ProtocolError, match="malformed plaintext"):   # SEAL checks c < t
+        bad = row.copy()
+        bad[5] = p.t
+        files.load(s.Plaintext, p.ctx, p.plain_bytes(bad), "plaintext")
+    r = random.Random(3)  # insecure-ok: test inputs
+    primes = params.plain_primes[:3]
+    vals = [r.getrandbits(179) for _ in range(300)] + [0, 1, math.prod(primes) - 1]
+    res = [np.array([v % t for v in vals], dtype=np.uint64) for t in primes]
+    assert [int(x) for x in he.crt_mod64(res, primes)] == [v % (1 << 64) for v in vals]
+    words = [np.array([(v >> (64 * i)) & ((1 << 64) - 1) for v in vals], dtype=np.uint64)
+             for i in range(3)]
+    for m in primes + params.coeff_moduli:
+        assert [int(x) for x in he.words_mod(words, m)] == [v % m for v in vals]
 
 
 def test_progress_line_redraws_during_one_long_correlation(monkeypatch, capsys):
