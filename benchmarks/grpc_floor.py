@@ -55,6 +55,11 @@ import grpc.experimental  # noqa: E402
 
 PAYLOAD = bytes(64)
 OPTIONS = [("grpc.so_reuseport", 0)]
+# --option KEY=VALUE (both processes, every channel and server): e.g. grpc.http2.bdp_probe=0,
+# grpc.optimization_target=latency. Passed to the child through the environment.
+for _item in filter(None, os.environ.get("GRPC_FLOOR_OPTIONS", "").split(";")):
+    _key, _, _value = _item.partition("=")
+    OPTIONS.append((_key, int(_value) if _value.lstrip("-").isdigit() else _value))
 PATTERNS = ("tcp", "bidi_sync", "unary_sync", "unary_stream_single", "push_pair", "aio_bidi",
             "tcp_exchange", "push_pair_exchange", "push_pair_direct_exchange",
             "subscribe_pair_exchange")
@@ -361,10 +366,19 @@ def main() -> None:
     parser.add_argument("--only", default=",".join(PATTERNS), help="comma-separated patterns")
     parser.add_argument("--switch-interval", type=float, default=0.0,
                         help="sys.setswitchinterval in both processes (seconds; 0: Python's 0.005)")
+    parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                        help="a gRPC channel/server argument for every pattern (repeatable)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--peer-port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.option and not args.child:  # re-run with the options in the environment (module level)
+        env = dict(os.environ, GRPC_FLOOR_OPTIONS=";".join(args.option))
+        argv = [a for a in sys.argv[1:]]
+        while "--option" in argv:
+            i = argv.index("--option")
+            del argv[i:i + 2]
+        raise SystemExit(subprocess.call([sys.executable, __file__, *argv], env=env))
     if args.switch_interval:
         sys.setswitchinterval(args.switch_interval)
         os.environ["GRPC_FLOOR_SWITCH_INTERVAL"] = str(args.switch_interval)
@@ -380,7 +394,7 @@ def main() -> None:
     strategy = os.environ.get("GRPC_POLL_STRATEGY", "")
     print(f"# 64-byte round trips, {args.samples} each; load {os.getloadavg()[0]:.2f}, "
           f"grpc {grpc.__version__}, switch interval {sys.getswitchinterval()} s, "
-          f"GRPC_POLL_STRATEGY={strategy!r}")
+          f"GRPC_POLL_STRATEGY={strategy!r}, options {OPTIONS}")
     base = None
     for pattern in patterns:
         times = sorted(run(pattern, args.samples))

@@ -17,7 +17,8 @@ transport's own functions from outside (the library is not changed):
   done      the reveal (or product) returned on the receiver
 
 Prints the median of every stage's duration (microseconds) over both directions, and the
-median of the whole op. With the library running inline sends (no queue), `dequeued` is
+median of the whole op; first, the CPU time of crypten_lite's own transport code per message
+(framing and queuing; parsing, checking, mailbox), measured alone in one thread. With the library running inline sends (no queue), `dequeued` is
 the same instant as `queued`.
 
     python benchmarks/profile_reveal.py [--n 300]
@@ -151,11 +152,45 @@ def _breakdown(rows: list[dict]) -> dict:
     return {name: round(statistics.median(v), 1) for name, v in out.items()}
 
 
+def cpu_per_message(n: int = 20000) -> dict:
+    """CPU microseconds (process time) of crypten_lite's own Python per message of 4 int64 elements, one thread,
+    no gRPC: framing and queuing it (_Outbox.send), then parsing the frame (_parse_frame),
+    checking it into the mailbox (_PartyServicer._accept) and taking it out (Mailbox.take)."""
+    import timeit
+    import types
+
+    import torch
+    from crypten_lite.comm import grpc_comm
+    from crypten_lite.comm.communicator import with_tag
+    from crypten_lite.comm.mailbox import Mailbox
+    session = "0123456789abcdef"
+    tensor = with_tag(torch.arange(4), bytes(16))
+    outbox = grpc_comm._Outbox.__new__(grpc_comm._Outbox)  # no stream: its queue is a list
+    outbox.seq, outbox.failed, outbox.peer = 0, "", 1
+    sent: list = []
+    outbox.queue = types.SimpleNamespace(put=sent.append)
+    send = timeit.Timer(lambda: outbox.send(session, 0, tensor), timer=time.process_time).timeit(n) / n
+    raw = sent[0][0]
+    comm = types.SimpleNamespace(config=types.SimpleNamespace(session=session, max_message_bytes=1 << 30),
+                                 mailbox=Mailbox(1, 2, 10.0))
+    servicer = grpc_comm._PartyServicer(comm)
+    seq = iter(range(n))
+
+    def receive():
+        frame = grpc_comm._parse_frame(raw)
+        frame.seq = next(seq)
+        servicer._accept(0, frame, {})
+        comm.mailbox.take(0)
+    received = timeit.Timer(receive, timer=time.process_time).timeit(n) / n
+    return {"send_us": round(send * 1e6, 1), "receive_us": round(received * 1e6, 1)}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=300)
     parser.add_argument("--ops", default="reveal,mul")
     args = parser.parse_args()
+    print(json.dumps({"cpu_per_message": cpu_per_message(), "load_average_1min": round(os.getloadavg()[0], 2)}))
     for op in args.ops.split(","):
         with PartyPool(2, timeout=120) as pool:  # a fresh pool per op: the wrappers stay single
             rows = pool.run(_party, args.n, op)
