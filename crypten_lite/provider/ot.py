@@ -155,6 +155,10 @@ class OTKeys:
     def __init__(self, chooser: int, m: int, keys: tuple, choice: np.ndarray | None):
         self.chooser, self.m, self.keys, self.choice = chooser, m, keys, choice
         self.uses = 0
+        # after CorrelatedOT.prepare: packed pad rows [bits, m/8] (chooser: (pad, choice
+        # bits packed); other: (pad0, pad0 ^ pad1)), the rows used so far and the rows made
+        self.rows: tuple | None = None
+        self.offset = self.bits = 0
 
 
 class _Pads:
@@ -350,9 +354,61 @@ class CorrelatedOT:
             start += size
         return out
 
+    def prepare(self, keys: OTKeys, bits: int) -> None:
+        """Turn m random-OT keys into `bits` one-time pad bits per OT, packed as rows
+        [bits, m/8] (row i: bit i of every OT's pads, OT j at byte j/8, bit j%8): the first
+        128 are the random-OT keys' own bits (the random OT's outputs), further blocks come
+        from the keys under the tweakable hash (domain bits 63 and 62: no other hash shares
+        them). The keys are dropped; transfer_packed then hands out each row once."""
+        if keys.keys is None or keys.uses:
+            raise ProtocolError("pairwise OT: these random-OT keys were already used")
+        if keys.m % 8 or bits < 1:
+            raise ProtocolError(f"pairwise OT: packed pads need a multiple of 8 OTs and at least "
+                                f"one bit (got {keys.m} OTs, {bits} bits)")
+        rows = []
+        for k in keys.keys:
+            blocks = []
+            for b in range(-(-bits // 128)):
+                src = k if b == 0 else self._hash(k.view(np.uint8).reshape(-1, 16), 0,
+                                                  (1 << 63) | (1 << 62) | b)
+                blocks.append(transpose(np.ascontiguousarray(src).view(np.uint8).reshape(keys.m, 16)))
+            rows.append(np.concatenate(blocks)[:bits].copy())
+        if self.rank == keys.chooser:
+            keys.rows = (rows[0], np.packbits(keys.choice, bitorder="little"))
+        else:
+            keys.rows = (rows[0], rows[0] ^ rows[1])
+        keys.keys, keys.choice, keys.offset, keys.bits = None, None, 0, bits
+
+    def transfer_packed(self, keys: OTKeys, values: np.ndarray | None, g: int) -> np.ndarray:
+        """XOR shares of c_j & x_ij for i < g on packed bits, from prepared pads (each pad row
+        used once): the non-chooser passes values [g, m/8] (bit j of row i at byte j/8, bit
+        j%8), the chooser None. One message (g bits per OT) from the non-chooser: pad0 ^ pad1
+        ^ x; returns [g, m/8] uint8 (the non-chooser pad0, the chooser pad_c ^ c & y)."""
+        if keys.rows is None:
+            raise ProtocolError("pairwise OT: transfer_packed needs prepared pads (prepare)")
+        start = keys.offset
+        if start + g > keys.bits:
+            raise ProtocolError(f"pairwise OT: {g} more pad rows asked for, {keys.bits - start} "
+                                "left (pads are never reused)")
+        keys.offset += g
+        nb = keys.m // 8
+        first, second = keys.rows
+        if self.rank == keys.chooser:
+            data = self._recv()
+            if len(data) != g * nb:
+                raise ProtocolError(f"pairwise OT: expected {g * nb} bytes of transfer, got {len(data)}")
+            y = np.frombuffer(data, dtype=np.uint8).reshape(g, nb)
+            return first[start:start + g] ^ (y & second)
+        if values.shape != (g, nb):
+            raise ProtocolError(f"pairwise OT: transfer of {values.shape} values, expected {(g, nb)}")
+        self._send((second[start:start + g] ^ values).tobytes())
+        return first[start:start + g].copy()
+
     def transfer(self, keys: OTKeys, values: np.ndarray | None, g: int) -> np.ndarray:
         """XOR shares of c_j & x_ij for i < g: the non-chooser passes values [g, m] (bits), the
         chooser None. One message (g bits per OT) from the non-chooser; returns [g, m] uint8."""
+        if keys.keys is None:
+            raise ProtocolError("pairwise OT: these random-OT keys were turned into packed pads")
         use = keys.uses
         keys.uses += 1
         if self.rank == keys.chooser:

@@ -811,7 +811,7 @@ def _binary_monomials(pv: PairwiseProvider, parts, op, shapes, params):
     # which (top, chooser) sets of random OTs the layers use (owners are public): all of
     # them made up front, one IKNP extension per chooser
     owner = {1 << j: o for j, o in enumerate(owners)}
-    sets: set[tuple[int, int]] = set()
+    sets: dict[tuple[int, int], int] = {}       # (top, chooser) -> transfers (pad bits) it serves
     for m in sorted(needed, key=lambda v: (bin(v).count("1"), v)):
         top = 1 << (m.bit_length() - 1)
         ox, oy = owner[m & ~top], owner[top]
@@ -819,15 +819,16 @@ def _binary_monomials(pv: PairwiseProvider, parts, op, shapes, params):
             owner[m] = ox
             continue
         if ox != 1 and oy != 0:
-            sets.add((top, 1))
+            sets[(top, 1)] = sets.get((top, 1), 0) + 1
         if ox != 0 and oy != 1:
-            sets.add((top, 0))
+            sets[(top, 0)] = sets.get((top, 0), 0) + 1
         owner[m] = -1
     keys: dict[tuple[int, int], object] = {}     # (top, chooser) -> OTKeys
     for chooser in (0, 1):
         tops = sorted(t for t, c in sets if c == chooser)
         mines = [_bits8(values[t][0]) for t in tops] if pv.rank == chooser else None
         for t, got in zip(tops, pv._ot.random_ots(mines, [n * 64] * len(tops), chooser)):
+            pv._ot.prepare(got, sets[(t, chooser)])    # one pad bit per OT and cross term
             keys[(t, chooser)] = got
     for degree in range(2, k + 1):
         layer = sorted(m for m in needed if bin(m).count("1") == degree)
@@ -849,11 +850,11 @@ def _binary_monomials(pv: PairwiseProvider, parts, op, shapes, params):
         crosses: dict[int, torch.Tensor] = {}
         for (top, chooser), members in sorted(groups.items()):
             sender = None
-            if pv.rank != chooser:
-                sender = np.stack([_bits8(x) for _, x in members])
-            share = pv._ot.transfer(keys[(top, chooser)], sender, len(members))
+            if pv.rank != chooser:   # x's words as bytes are its bits packed (OT i*64 + j: bit j of word i)
+                sender = np.stack([_u(x).reshape(-1).view(np.uint8) for _, x in members])
+            share = pv._ot.transfer_packed(keys[(top, chooser)], sender, len(members))
             for (m, _), bits in zip(members, share):
-                word = _t(_words8(bits)).view(shape)
+                word = _t(bits.view(np.uint64)).view(shape)
                 crosses[m] = crosses[m] ^ word if m in crosses else word
         for m, x, y, owner in plans:
             value = x & y

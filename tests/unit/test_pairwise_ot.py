@@ -217,3 +217,36 @@ def test_random_ot_keys_serve_many_transfers_both_ways():
         _both([lambda r=r: pair[r].transfer(keys[r], None if r == chooser else zero, 130)
                for r in range(2)])
         assert _chi2(seen[1 - chooser][0]) < CHI2_255
+
+
+def test_prepared_pads_serve_packed_transfers_each_row_once():
+    """Random OTs turned into packed pad rows (prepare: the keys' own 128 bits, then hashed
+    blocks: 200 rows here), handed out by transfer_packed in uses of 1, 70 and 129 rows: XOR
+    shares of c & x on packed bits; a row is never handed out twice (asking past the prepared
+    rows is a ProtocolError), and all-zero values still send uniform bytes."""
+    seen = {0: [], 1: []}
+    pair = _ots(lambda r, data: seen[r].append(data))
+    m = 1024
+    c = np.frombuffer(os.urandom(m), dtype=np.uint8) & 1
+    cp = np.packbits(c, bitorder="little")
+    for chooser in (0, 1):
+        keys = _both([lambda r=r: pair[r].random_ot(c if r == chooser else None, m, chooser)
+                      for r in range(2)])
+        keys = [k[0] for k in keys]
+        for r in range(2):
+            pair[r].prepare(keys[r], 200)
+        for g in (1, 70):
+            x = np.frombuffer(os.urandom(g * m // 8), dtype=np.uint8).reshape(g, m // 8)
+            got = _both([lambda r=r: pair[r].transfer_packed(keys[r], None if r == chooser else x, g)
+                         for r in range(2)])
+            assert np.array_equal(got[0][0] ^ got[1][0], x & cp), (chooser, g)
+        seen[1 - chooser].clear()
+        zero = np.zeros((129, m // 8), dtype=np.uint8)
+        got = _both([lambda r=r: pair[r].transfer_packed(keys[r], None if r == chooser else zero, 129)
+                     for r in range(2)])
+        assert np.array_equal(got[0][0] ^ got[1][0], zero)
+        assert _chi2(seen[1 - chooser][0]) < CHI2_255
+        with pytest.raises(ProtocolError, match="never reused"):
+            pair[1 - chooser].transfer_packed(keys[1 - chooser], zero[:1], 1)
+        with pytest.raises(ProtocolError, match="packed pads"):
+            pair[chooser].transfer(keys[chooser], None, 1)
