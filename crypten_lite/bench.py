@@ -452,6 +452,10 @@ def _decode_step_run(kind: str, seq: int):
         # party 1 tells party 0 whether its tokens are torch's (a bench check, not a protocol step)
         theirs = comm.get().broadcast(got if rank == 1 else None, 1)
         ok = bool(torch.equal(theirs, want)) if rank == 0 else None
+        # The step graph is exported and torch's tokens computed: party 0's torch model (its
+        # plaintext float32 weights) is freed, so that the peak counts what a decode step holds.
+        gen.release_torch_model()
+        model = out = cache = torch_step = None  # noqa: F841
         _LOADED[key] = (gen, state, torch_s, ok)
     gen, state, torch_s, ok = _LOADED[key]
 

@@ -22,7 +22,10 @@ shares change (training, load_state_dict, an in-place update) gets a NEW mask be
 next product: the cache keeps the share tensor it masked and that tensor's version counter
 (torch bumps it at every in-place change; every party runs the same program, so they decide
 alike), never opening W' - B with an old B. Memory: D per weight layout (one more copy of
-the weight's shares; B only until D is opened).
+the weight's shares; B only until D is opened). A weight used as itself and transposed (GPT-2's
+tied token embedding, one_hot @ W, and LM head, x @ W^T) keeps ONE mask: once W's own layout
+is masked, x @ W^T is the weight_triple of op "linear" (C_k = A_k B^T) under that mask, with
+W's share and D (dealer and TFP; 309 MB fewer per party for GPT-2 small).
 
 Only under the additive protocol with 2+ parties and a provider (the dealer or TFP).
 """
@@ -74,11 +77,36 @@ def _mask_for(owner, key: str, w: torch.Tensor) -> _Mask:
     return m
 
 
+# Providers whose weight_triple serves op "linear" (the pairwise provider's HE cross terms
+# know mul, matmul and the convolutions only: there a transposed layout keeps its own mask).
+LINEAR_PROVIDERS = ("dealer", "tfp")
+
+
+def _base_layout(op: str, w: torch.Tensor, owner, key: str) -> torch.Tensor | None:
+    """The weight's own (untransposed) share when `w` is its transpose (layout "t") and
+    that own layout already has a mask with D opened, as GPT-2's tied LM head after the token
+    embedding: op(x, W^T) is then the "linear" product of x and W under W's mask, and no second
+    mask (and no second D, as large as the weight) is drawn. None otherwise."""
+    if op != "matmul" or key != "t" or w.dim() != 2:  # "t": the parameter's own .t()
+        return None
+    m = owner.__dict__.get("_fixed_masks", {}).get("")
+    if m is None or m.d is None or current().provider.name not in LINEAR_PROVIDERS:
+        return None
+    src = owner.share
+    if m.source is not src or m.version != src._version or src.dim() != 2 or \
+            m.shape != tuple(src.shape) or tuple(w.shape) != tuple(src.shape[::-1]):
+        return None
+    return src
+
+
 def product(op: str, x: torch.Tensor, w: torch.Tensor, params: Sequence[int], owner,
             key: str = "") -> torch.Tensor:
     """Shares of op(x, w) for the fixed weight share `w` of `owner` (a CrypTensor whose
     weight it is; `key` names the layout, e.g. "t" for a Linear's transposed weight)."""
     s = current()
+    base = _base_layout(op, w, owner, key)
+    if base is not None:  # the weight's own layout is masked already: its mask serves W^T too
+        op, w, key = "linear", base, key[:-1]
     fn = TRIPLE_OPS[op]
     m = _mask_for(owner, key, w)
     triple = s.provider.get("weight_triple", [tuple(x.shape), tuple(w.shape)], op,

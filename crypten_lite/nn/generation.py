@@ -144,10 +144,22 @@ class PrivateGenerator:
         self._graphs: dict[tuple, Any] = {}
         self.costs: dict[str, Any] = {}
         self.vocab_size: int | None = None
+        self._released = False  # release_torch_model() was called
 
     # -------------------------------------------------------------- graphs
     def _torch_model(self):
         return self.model.__dict__.get("_torch_model")
+
+    def release_torch_model(self) -> None:
+        """Drop the converted model's reference to the owner's torch model (every party may
+        call it; only the model owner holds one). The torch model is only needed to export a
+        graph for a new (prompt length, max_new_tokens); the graphs already exported keep
+        running on the shared weights. The owner's plaintext copy of the weights (GPT-2
+        small: 475 MiB in float32) is freed once the caller drops its own reference too. A
+        later start() that needs a new graph then fails on every party, naming this call."""
+        for graph in (self.model, *self._graphs.values()):  # each exported graph keeps its module
+            graph.__dict__.pop("_torch_model", None)
+        self._released = True
 
     def _vocab(self) -> int:
         """The model owner's vocabulary size, broadcast (a model it cannot run is refused here,
@@ -190,7 +202,17 @@ class PrivateGenerator:
         dummy = (ids, mask, positions)
         if past:  # (layers, batch, kv heads, P, head dim) -> per-layer k, v of (batch, heads, P, dim)
             dummy = (ids, mask, positions) + tuple(torch.zeros(past[1:]) for _ in range(2 * past[0]))
-        module = _step_module(self._torch_model()) if rank == self.src else None
+        torch_model = self._torch_model()
+        if rank == self.src and torch_model is None and self._released:
+            try:  # from_pytorch tells the other parties that no graph comes (no hang)
+                from_pytorch(None, dummy, src=self.src)
+            except UnsupportedError:
+                pass
+            raise UnsupportedError(
+                f"nn.generate: party {rank} released its torch model (release_torch_model), but a "
+                f"{kind} graph for {length} positions was not exported before; keep the torch model "
+                "until every prompt length and max_new_tokens has been started once")
+        module = _step_module(torch_model) if rank == self.src else None
         graph = from_pytorch(module, dummy, src=self.src)
         _share_weights(graph, self.model)
         graph.eval()

@@ -270,6 +270,9 @@ TRIPLE_OPS: dict[str, Callable[[torch.Tensor, torch.Tensor, Sequence[int]], torc
     "conv2d": _ring_op("conv2d", lambda a, b, p: F.conv2d(a, b, **_conv_params(p, 2))),
     "conv_transpose2d": _ring_op("conv_transpose2d", _conv_transpose2d),
 }
+# a @ b^T (F.linear's product): a weight used in both layouts, as GPT-2's tied token embedding
+# and LM head, keeps one fixed mask for both (mpc/fixed.py). By matmul on b's transposed view.
+TRIPLE_OPS["linear"] = lambda a, b, p: TRIPLE_OPS["matmul"](a, b.transpose(-1, -2), p)
 
 # Number of seeded components per kind (domain 0..n-1) and of corrections sent to rank 0.
 COMPONENTS = {"triple": 3, "square": 2, "bit": 2, "binary_triple": 3, "trunc": 3}
@@ -530,7 +533,7 @@ EXTRA_KINDS: dict[str, _Kind] = {
 
 # Number of integer parameters of each triple op: conv1d (stride, padding, dilation, groups),
 # conv2d the same per spatial axis, conv_transpose2d with output_padding too.
-TRIPLE_PARAMS = {"mul": 0, "matmul": 0, "conv1d": 4, "conv2d": 7, "conv_transpose2d": 9}
+TRIPLE_PARAMS = {"mul": 0, "matmul": 0, "linear": 0, "conv1d": 4, "conv2d": 7, "conv_transpose2d": 9}
 # Lower bound of each conv parameter, in the order of TRIPLE_PARAMS (stride and dilation >= 1,
 # padding and output_padding >= 0, groups >= 1).
 _CONV_LOWER = {"conv1d": (1, 0, 1, 1), "conv2d": (1, 1, 0, 0, 1, 1, 1),

@@ -166,3 +166,45 @@ def test_bad_prompt_refused(pool2):
     errors = pool2.run(party_bad_prompt)
     assert "the prompt must be a LongTensor of shape (1, length), got (3,)" in errors[DATA], errors
     assert errors[MODEL_OWNER].startswith("ProtocolError") and "party 1 refused" in errors[MODEL_OWNER], errors
+
+
+def party_release() -> dict:
+    """release_torch_model: the owner's torch model (and its weights) freed, the exported
+    graphs still run; a prompt length never started before is refused on every party."""
+    import gc
+    import weakref
+
+    from crypten_lite.errors import CryptenLiteError
+
+    warnings.simplefilter("ignore")
+    rank = crypten_lite.get_rank()
+    model = importlib.import_module(HF).build("gpt2") if rank == MODEL_OWNER else None
+    refs = [weakref.ref(model), weakref.ref(model.transformer.wte.weight)] if model is not None else []
+    private = crypten_lite.nn.from_pytorch(model, {"input_ids": torch.zeros(1, 3, dtype=torch.long)},
+                                           src=MODEL_OWNER)
+    private.encrypt(src=MODEL_OWNER)
+    private.eval()
+    gen = crypten_lite.nn.PrivateGenerator(private, owner=DATA)
+    prompt = _prompt()[:, :3]
+    first = gen.generate(prompt if rank == DATA else None, 2)
+    gen.release_torch_model()
+    del model
+    gc.collect()
+    freed = all(r() is None for r in refs)
+    again = gen.generate(prompt if rank == DATA else None, 2)  # the same graphs: no torch model needed
+    try:
+        gen.generate(_prompt()[:, :4] if rank == DATA else None, 2)
+        error = "no error"
+    except CryptenLiteError as e:
+        error = f"{type(e).__name__}: {e}"
+    return {"freed": freed, "same": first is None or torch.equal(first, again), "error": error}
+
+
+@needs_transformers
+def test_release_torch_model(pool2):
+    got = pool2.run(party_release)
+    assert got[MODEL_OWNER]["freed"], "the owner's torch model or its weights are still referenced"
+    assert got[DATA]["same"]
+    assert got[MODEL_OWNER]["error"].startswith("UnsupportedError") and \
+        "release_torch_model" in got[MODEL_OWNER]["error"], got
+    assert got[DATA]["error"].startswith("ProtocolError") and "party 0" in got[DATA]["error"], got
