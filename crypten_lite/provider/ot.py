@@ -112,13 +112,22 @@ _M1, _M2, _M3 = (np.uint64(0x00AA00AA00AA00AA), np.uint64(0x0000CCCC0000CCCC),
                  np.uint64(0x00000000F0F0F0F0))
 
 
+_TILE = 4096   # transpose: byte columns per tile
+
+
 def transpose(rows: np.ndarray) -> np.ndarray:
     """[128, m/8] bytes (row i = bit i of every OT) -> [m, 16] bytes (row j = OT j's 128 bits).
 
     Each 8x8 bit block is one uint64 (byte a = row 8I + a, bit b = column 8J + b), transposed
     in place by three masked delta swaps (Hacker's Delight 7-3), all blocks at once; the
-    blocks themselves move by two byte-level numpy transposes."""
+    blocks themselves move by two byte-level numpy transposes, TILE columns at a time (the
+    tiles stay in cache: about twice as fast as one pass over a long matrix)."""
     k, nb = rows.shape
+    if nb > _TILE:
+        out = np.empty((nb * 8, k // 8), dtype=np.uint8)
+        for s in range(0, nb, _TILE):
+            out[s * 8:min(nb, s + _TILE) * 8] = transpose(rows[:, s:s + _TILE])
+        return out
     x = np.ascontiguousarray(rows.reshape(k // 8, 8, nb).transpose(0, 2, 1))
     x = x.view(np.uint64).reshape(k // 8, nb)
     for shift, mask in ((7, _M1), (14, _M2), (28, _M3)):
@@ -371,7 +380,9 @@ class CorrelatedOT:
             for b in range(-(-bits // 128)):
                 src = k if b == 0 else self._hash(k.view(np.uint8).reshape(-1, 16), 0,
                                                   (1 << 63) | (1 << 62) | b)
-                blocks.append(transpose(np.ascontiguousarray(src).view(np.uint8).reshape(keys.m, 16)))
+                take = -(-min(128, bits - 128 * b) // 8)    # only the key bytes that are used
+                cols = np.ascontiguousarray(src).view(np.uint8).reshape(keys.m, 16)[:, :take]
+                blocks.append(transpose(np.ascontiguousarray(cols)))
             rows.append(np.concatenate(blocks)[:bits].copy())
         if self.rank == keys.chooser:
             keys.rows = (rows[0], np.packbits(keys.choice, bitorder="little"))

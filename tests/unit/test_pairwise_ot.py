@@ -250,3 +250,15 @@ def test_prepared_pads_serve_packed_transfers_each_row_once():
             pair[1 - chooser].transfer_packed(keys[1 - chooser], zero[:1], 1)
         with pytest.raises(ProtocolError, match="packed pads"):
             pair[chooser].transfer(keys[chooser], None, 1)
+
+
+def test_transpose_is_the_bit_matrix_transpose_in_tiles():
+    """ot.transpose against numpy's unpack/transpose/pack, on a matrix wider than one tile
+    (the tiled path) and on key bytes (the direction prepare uses)."""
+    def reference(rows):
+        bits = np.unpackbits(rows, axis=1, bitorder="little")
+        return np.packbits(np.ascontiguousarray(bits.T), axis=1, bitorder="little")
+    wide = np.frombuffer(os.urandom(128 * (ot._TILE + 24)), dtype=np.uint8).reshape(128, -1)
+    assert np.array_equal(ot.transpose(wide), reference(wide))
+    keys = np.frombuffer(os.urandom(4096 * 2), dtype=np.uint8).reshape(4096, 2)
+    assert np.array_equal(ot.transpose(keys), reference(keys))
