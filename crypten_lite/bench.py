@@ -392,7 +392,15 @@ def _hf_run(kind: str, seq: int = 0, vocab: int = 0, image: int = 0, last_only: 
         return logits, (want if want is not None else logits)
     result = _measure(run)
     result["torch_seconds"] = torch_s
+    result["memory_floor_bytes"] = _memory_floor(private)
     return result
+
+
+def _memory_floor(private) -> int:
+    """A private model's memory floor per party: its weight shares and the fixed-weight masks'
+    D (mpc/fixed.py), 8 bytes each per parameter (a tied tensor counted once); the
+    activations come on top (a few MB for these rows)."""
+    return 16 * sum(p.numel() for p in private.parameters())
 
 
 def _select(logits, last_only: bool):
@@ -466,6 +474,7 @@ def _decode_step_run(kind: str, seq: int):
         return value, value
     result = _measure(run)
     result["torch_seconds"] = torch_s
+    result["memory_floor_bytes"] = _memory_floor(gen.model)
     if rank == 0 and not ok:
         result["max_error"] = float("inf")  # the private tokens differ from torch's greedy ones
     return result
@@ -810,6 +819,10 @@ def run(names: list[str], parties: int, provider: str, repeat: int, tls_dir: str
             if "torch_seconds" in first[0]:  # the plaintext forward, same run, same process
                 row["torch_seconds"] = statistics.median(max(r["torch_seconds"] for r in s) for s in samples)
                 row["ratio_to_torch"] = row["seconds_median"] / max(row["torch_seconds"], 1e-9)
+            if "memory_floor_bytes" in first[0]:  # a private model's floor (_memory_floor)
+                floor = first[0]["memory_floor_bytes"] / 2**20
+                row["memory_floor_mb"] = round(floor, 1)
+                row["peak_over_floor"] = [round(p / floor, 2) for p in row["peak_memory_mb_per_party"]]
             if name == "transport_16MB":
                 row["mb_per_s"] = statistics.median(min(r["mb_per_s"] for r in s) for s in samples)
                 bare = bare_grpc_echo()
@@ -943,6 +956,10 @@ def main(argv: list[str] | None = None) -> int:
         if "gb_per_s" in r:
             ratio = f", {r['times_raw_tcp']:.2f}x raw TCP's time" if "times_raw_tcp" in r else ""
             print(f"{r['workload']}: {r['gb_per_s']:.2f} GB/s per direction{ratio}", file=sys.stderr)
+        if "peak_over_floor" in r:
+            print(f"{r['workload']}: peak {r['peak_memory_mb_per_party']} MB per party = "
+                  f"{r['peak_over_floor']}x its floor of {r['memory_floor_mb']} MB (weight shares and "
+                  "fixed-weight masks, 16 B per parameter)", file=sys.stderr)
         for field, limit in (("times_raw_tcp_rtt", "a raw TCP round trip"), ("times_reveal_4", "reveal_4")):
             if field in r:
                 print(f"{r['workload']}: {r[field]:.2f}x {limit}'s time", file=sys.stderr)
