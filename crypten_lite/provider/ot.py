@@ -35,7 +35,6 @@ import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from ..errors import ConfigError, ProtocolError
-from ..random import random_bytes
 
 KAPPA = 128                      # base OTs per direction (computational security parameter)
 CHUNK = 1 << 19                  # default OTs per extension (bounds memory: 128 x CHUNK bits)
@@ -211,7 +210,8 @@ class CorrelatedOT:
         self._keys: list[bytes] = []                  # as sender: k_i^{Delta_i}
         self._delta_bits = np.zeros(KAPPA, dtype=np.uint8)
         self._delta = np.zeros(16, dtype=np.uint8)
-        self._calls = [0, 0]                          # PRG nonces per direction
+        self._calls = [0, 0]                          # extensions per direction
+        self._streams: dict[tuple, object] = {}       # (direction, base-OT key) -> AES-CTR
         self._index = [0, 0]                          # hash tweaks per direction
         self._hash = _Hash()
         self._pads = _Pads()
@@ -235,7 +235,15 @@ class CorrelatedOT:
 
     # -- IKNP -------------------------------------------------------------------------------
     def _prg(self, key: bytes, d: int, call: int, nbytes: int) -> np.ndarray:
-        return np.frombuffer(random_bytes(key, struct.pack("<IQ", d, call), nbytes), dtype=np.uint8)
+        """The next `nbytes` of the AES-256-CTR keystream of base-OT key `key` in direction d:
+        one stream per key, read on in every extension (`call` keeps the two parties' reads
+        in step: each call reads every stream of its direction once), so no cipher context is
+        made per extension and no keystream block is read twice."""
+        stream = self._streams.get((d, key))
+        if stream is None:
+            stream = self._streams[(d, key)] = Cipher(
+                algorithms.AES(key), modes.CTR(struct.pack("<I", d) + bytes(12))).encryptor()
+        return np.frombuffer(stream.update(bytes(nbytes)), dtype=np.uint8)
 
     def _extend_receiver(self, choices: np.ndarray) -> np.ndarray:
         """Receiver's side of m OTs: sends U, returns T [m, 16] (T_j = Q_j xor c_j Delta)."""
