@@ -26,6 +26,9 @@ the min / 90th percentile. Patterns:
   the other's messages with one server-streaming call read by its main thread with
   ``SingleThreadedUnaryStream`` (no channel thread: the reader polls), and the server's
   handler yields the messages its main thread queues. An exchange, as above.
+- ``unary_future_exchange``: each message is one unary call started without waiting
+  (``.future``: the calling thread starts it, no request-iterator thread), received by the
+  peer's unary handler (a pool thread) and handed to its main thread through a queue.
 - ``push_pair_direct_exchange``: as push_pair_exchange, but the measuring process's main
   thread reads its server's request iterator itself (the handler thread hands the iterator
   over and parks): one thread hand-off less on the receiving side.
@@ -39,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import concurrent.futures
 import os
 import queue
@@ -62,7 +66,7 @@ for _item in filter(None, os.environ.get("GRPC_FLOOR_OPTIONS", "").split(";")):
     OPTIONS.append((_key, int(_value) if _value.lstrip("-").isdigit() else _value))
 PATTERNS = ("tcp", "bidi_sync", "unary_sync", "unary_stream_single", "push_pair", "aio_bidi",
             "tcp_exchange", "push_pair_exchange", "push_pair_direct_exchange",
-            "subscribe_pair_exchange")
+            "subscribe_pair_exchange", "unary_future_exchange")
 _ident = lambda b: b  # noqa: E731  (bytes travel as they are: no protobuf)
 
 
@@ -125,6 +129,9 @@ def _child(pattern: str, port: int, peer_port: int) -> None:
     def unary(req, context):
         if pattern == "unary_stream_single":
             replies.put(req)
+        if pattern == "unary_future_exchange":
+            inbox.put(req)
+            return b""
         return req
 
     def subscribe(req, context):
@@ -171,6 +178,18 @@ def _child(pattern: str, port: int, peer_port: int) -> None:
                 out.put(item)
         out.put(None)
         call.result(timeout=10)
+        return
+    if pattern == "unary_future_exchange":
+        channel = grpc.insecure_channel(f"127.0.0.1:{peer_port}", OPTIONS)
+        grpc.channel_ready_future(channel).result(timeout=30)
+        send = channel.unary_unary("/floor.Echo/Unary", _ident, _ident)
+        calls: collections.deque = collections.deque(maxlen=64)  # a dropped future is cancelled
+        while True:
+            calls.append(send.future(PAYLOAD, timeout=30))
+            item = inbox.get(timeout=60)
+            if not item:  # the parent's last call: empty
+                break
+        server.stop(1).wait(5)
         return
     if pattern == "subscribe_pair_exchange":
         channel = grpc.insecure_channel(f"127.0.0.1:{peer_port}", OPTIONS + [
@@ -253,6 +272,28 @@ def _measure(pattern: str, samples: int, port: int, own_port: int) -> list[float
                 ping(PAYLOAD, timeout=30)
                 next(replies)
             return _timed(rt, samples)
+        if pattern == "unary_future_exchange":
+            server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=8), options=OPTIONS)
+            inbox: queue.SimpleQueue = queue.SimpleQueue()
+
+            def unary(req, context):
+                inbox.put(req)
+                return b""
+            server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("floor.Echo", {
+                "Unary": grpc.unary_unary_rpc_method_handler(unary, _ident, _ident)}),))
+            server.add_insecure_port(f"127.0.0.1:{own_port}")
+            server.start()
+            send = channel.unary_unary("/floor.Echo/Unary", _ident, _ident)
+            calls: collections.deque = collections.deque(maxlen=64)  # a dropped future is cancelled
+
+            def rt():
+                calls.append(send.future(PAYLOAD, timeout=30))
+                inbox.get(timeout=30)
+            try:
+                return _timed(rt, samples)
+            finally:
+                send(b"", timeout=30)
+                server.stop(1).wait(5)
         if pattern == "subscribe_pair_exchange":
             server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=8), options=OPTIONS)
             out = queue.SimpleQueue()
