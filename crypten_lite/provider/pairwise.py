@@ -133,7 +133,7 @@ class PairwiseProvider(Provider):
         self.stats.update({"pairwise_bytes_sent": 0, "pairwise_bytes_received": 0,
                            "pairwise_seconds": 0.0, "pairwise_made": 0})
         self.params = self._parameters()
-        self._chunk = chunk_bytes()
+        self._chunk = self._chunk_budget()
         self._progress: _Progress | None = None
         self._handshake(config)
         self._engine = he.CrossEngine(config.rank, self.params, self._send_data,
@@ -230,6 +230,10 @@ class PairwiseProvider(Provider):
     def _parameters(self) -> he.HEParams:
         """The HE parameters this party proposes (the handshake refuses a mismatch)."""
         return he.default_params()
+
+    def _chunk_budget(self) -> int:
+        """The working-set budget this party proposes (the handshake refuses a mismatch)."""
+        return chunk_bytes()
 
     def _handshake(self, config: Config) -> None:
         """Both parties send their parameters and refuse a mismatch (ProtocolError on both)."""
