@@ -53,6 +53,7 @@ SPECIAL_BITS = 18              # key level only: 218 bits in all
 STAT_BITS = 40
 FRESH_NOISE = 21               # |e| of a fresh encryption: SEAL's 6 sigma (19.2) + the rounding of q m / t
 RETURN_PRIMES = 2
+CT_BYTES = 236 << 10           # a ciphertext as sent, up (seeded, 4 primes) or back (2 primes)
 MAX_NOISE_TERMS = 1 << 19      # products x nonzero plaintext coefficients summed in one output
 THREADS_ENV = "CRYPTEN_LITE_HE_THREADS"   # threads (one prime each); default: CPUs, >= 3, <= 4
 SECURITY = "128-bit classical (HE standard, N=8192, log2 q=218 = 4x50 + 18, ternary secret)"
@@ -386,13 +387,15 @@ def _blocks_cost(m: int, k: int, n: int, degree: int, joint: bool = True) -> tup
             mb, kb, nb = -(-m // mw), -(-k // kw), -(-n // nw)
             if (2 * kb * max(mw * kw, kw * nw) if joint else kb * kw * nw) > MAX_NOISE_TERMS:
                 continue              # the flooding would not fit the noise budget
-            # measured (CPU, in halves of one plaintext product and addition): a ciphertext
-            # sent up (encrypt, load, NTT, 236 KB moved) about 42, one returned (re-randomise,
-            # flood, mask, switch, serialize, move, decrypt) about 68, a plaintext (load,
-            # NTT) about 7
+            # in halves of one plaintext product and addition (0.32 ms CPU): a plaintext
+            # (load, lift, NTT) 7; a ciphertext sent up (encrypt, load, NTT: 4.8 ms) and one
+            # returned (re-randomise, flood, mask, switch, serialize, decrypt: 8.9 ms) are
+            # weighted 4x their CPU (120, 180): each is also CT_BYTES on the wire and in the
+            # exchange's working set, which provider/pairwise.py bounds by slicing the
+            # product (measured on matmul 256: 2 slices instead of 8, 235 MB instead of 783)
             up = mb * kb + (kb * nb if joint else 0)
             plains = kb * nb + (mb * kb if joint else 0)
-            cost = 42 * up + 68 * mb * nb + 7 * plains + 2 * (2 if joint else 1) * mb * nb * kb
+            cost = 120 * up + 180 * mb * nb + 7 * plains + 2 * (2 if joint else 1) * mb * nb * kb
             if best is None or cost < best[0]:
                 best = (cost, mw, kw, nw)
     if best is None:

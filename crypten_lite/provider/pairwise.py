@@ -67,7 +67,7 @@ PROGRESS_ENV = "CRYPTEN_LITE_PROGRESS"
 BATCH_ELEMENTS = 1 << 16   # prefetch: small mul triples / squares share ciphertexts up to this
 CHUNK_ENV = "CRYPTEN_LITE_PAIRWISE_CHUNK_MB"
 CHUNK_MB = 128             # default working set of one offline exchange (CHUNK_ENV overrides)
-_CT_UP, _CT_BACK = 432 << 10, 214 << 10   # bytes of a fresh / a returned ciphertext (N = 8192)
+_CT_UP, _CT_BACK = he.CT_BYTES, he.CT_BYTES   # bytes of a sent / a returned ciphertext
 _OT_BYTES = 256            # working set of one OT in an IKNP extension (matrices, hashes)
 OT_DESCRIPTION = f"iknp;base=co15-ed25519;kappa={ot.KAPPA};hash=tmmo-aes128;prg=aes256ctr"
 
