@@ -30,6 +30,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 
 import crypten_lite
@@ -39,12 +40,16 @@ from crypten_lite.mpc.launcher import PartyPool
 STAGES = ("call", "send", "queued", "dequeued", "accepted", "put", "woken", "done")
 
 
-def _party(n: int, op: str) -> dict:
+def _party(n: int, op: str, switch_interval: float = 0.0) -> dict:
+    import sys
+
     import torch
     from crypten_lite.comm import grpc_comm
     from crypten_lite.comm.communicator import Communicator
     from crypten_lite.mpc import offline
     c = comm.get()
+    if switch_interval:
+        sys.setswitchinterval(switch_interval)
     clock = time.perf_counter
     # stage -> {message seq: time}; a message is known by its sequence number on both sides
     log: dict[str, dict[int, float]] = {s: {} for s in STAGES}
@@ -189,15 +194,18 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=300)
     parser.add_argument("--ops", default="reveal,mul")
+    parser.add_argument("--switch-interval", type=float, default=0.0,
+                        help="sys.setswitchinterval in the party processes (0: Python's 0.005 s)")
     args = parser.parse_args()
     print(json.dumps({"cpu_per_message": cpu_per_message(), "load_average_1min": round(os.getloadavg()[0], 2)}))
     for op in args.ops.split(","):
         with PartyPool(2, timeout=120) as pool:  # a fresh pool per op: the wrappers stay single
-            rows = pool.run(_party, args.n, op)
+            rows = pool.run(_party, args.n, op, args.switch_interval)
             stages = _breakdown(rows)
             total = statistics.median(rows[0]["total"] + rows[1]["total"]) * 1e6
             print(json.dumps({"op": f"{op}_4", "median_us": round(total, 1),
                               "stage_us_median": stages, "n": args.n,
+                              "switch_interval": args.switch_interval or sys.getswitchinterval(),
                               "load_average_1min": round(os.getloadavg()[0], 2)}))
     return 0
 
