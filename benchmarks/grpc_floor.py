@@ -44,6 +44,7 @@ import argparse
 import asyncio
 import collections
 import concurrent.futures
+import json
 import os
 import queue
 import socket
@@ -409,6 +410,8 @@ def main() -> None:
                         help="sys.setswitchinterval in both processes (seconds; 0: Python's 0.005)")
     parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                         help="a gRPC channel/server argument for every pattern (repeatable)")
+    parser.add_argument("--json", metavar="PATH",
+                        help="also write the run as JSON (docs/grpc_floor.json feeds docs/ARCHITECTURE.md)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--peer-port", type=int, help=argparse.SUPPRESS)
@@ -437,6 +440,7 @@ def main() -> None:
           f"grpc {grpc.__version__}, switch interval {sys.getswitchinterval()} s, "
           f"GRPC_POLL_STRATEGY={strategy!r}, options {OPTIONS}")
     base = None
+    rows = []
     for pattern in patterns:
         times = sorted(run(pattern, args.samples))
         median = statistics.median(times)
@@ -444,6 +448,17 @@ def main() -> None:
         p90 = times[int(0.9 * (len(times) - 1))]
         print(f"{pattern:26s} median {median * 1e6:8.1f} us  {median / base:5.1f}x tcp  "
               f"min {times[0] * 1e6:7.1f}  p90 {p90 * 1e6:8.1f}", flush=True)
+        rows.append({"pattern": pattern, "median_us": round(median * 1e6, 1),
+                     "ratio_to_tcp": round(median / base, 2), "min_us": round(times[0] * 1e6, 1),
+                     "p90_us": round(p90 * 1e6, 1)})
+    if args.json:
+        record = {"command": "python benchmarks/grpc_floor.py " + " ".join(sys.argv[1:]),
+                  "date": time.strftime("%Y-%m-%d"), "samples": args.samples, "grpc": grpc.__version__,
+                  "load_average_1min": round(os.getloadavg()[0], 2), "cpus": os.cpu_count(),
+                  "options": OPTIONS, "poll_strategy": strategy, "patterns": rows}
+        with open(args.json, "w") as f:
+            json.dump(record, f, indent=1)
+            f.write("\n")
 
 
 if __name__ == "__main__":

@@ -196,17 +196,28 @@ def main() -> int:
     parser.add_argument("--ops", default="reveal,mul")
     parser.add_argument("--switch-interval", type=float, default=0.0,
                         help="sys.setswitchinterval in the party processes (0: Python's 0.005 s)")
+    parser.add_argument("--json", metavar="PATH",
+                        help="also write the run as JSON (docs/reveal_profile.json feeds docs/ARCHITECTURE.md)")
     args = parser.parse_args()
-    print(json.dumps({"cpu_per_message": cpu_per_message(), "load_average_1min": round(os.getloadavg()[0], 2)}))
+    head = {"cpu_per_message": cpu_per_message(), "load_average_1min": round(os.getloadavg()[0], 2)}
+    print(json.dumps(head))
+    record = {"command": "python benchmarks/profile_reveal.py " + " ".join(sys.argv[1:]),
+              "date": time.strftime("%Y-%m-%d"), "cpus": os.cpu_count(), **head, "ops": []}
     for op in args.ops.split(","):
         with PartyPool(2, timeout=120) as pool:  # a fresh pool per op: the wrappers stay single
             rows = pool.run(_party, args.n, op, args.switch_interval)
             stages = _breakdown(rows)
             total = statistics.median(rows[0]["total"] + rows[1]["total"]) * 1e6
-            print(json.dumps({"op": f"{op}_4", "median_us": round(total, 1),
-                              "stage_us_median": stages, "n": args.n,
-                              "switch_interval": args.switch_interval or sys.getswitchinterval(),
-                              "load_average_1min": round(os.getloadavg()[0], 2)}))
+            row = {"op": f"{op}_4", "median_us": round(total, 1),
+                   "stage_us_median": stages, "n": args.n,
+                   "switch_interval": args.switch_interval or sys.getswitchinterval(),
+                   "load_average_1min": round(os.getloadavg()[0], 2)}
+            print(json.dumps(row))
+            record["ops"].append(row)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(record, f, indent=1)
+            f.write("\n")
     return 0
 
 

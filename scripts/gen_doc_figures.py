@@ -333,6 +333,9 @@ def load_sources() -> dict:
     out["end_to_end"] = load_end_to_end()
     out["ring_gemm"] = [json.loads(line) for line in RING_GEMM.read_text().splitlines() if line.strip()] \
         if RING_GEMM.exists() else []
+    for name in ("grpc_floor", "reveal_profile"):  # benchmarks/grpc_floor.py, profile_reveal.py --json
+        path = ROOT / "docs" / f"{name}.json"
+        out[name] = json.loads(path.read_text()) if path.exists() else None
     return out
 
 
@@ -382,6 +385,67 @@ def architecture_ring_gemm(costs: dict, bench: dict, sources: dict) -> str:
                      f"load average {max(r['load_average_1min'] for r in rows)})")
     return "\n".join(lines) + "\n\n" + para(
         "(Medians of 3, `python benchmarks/limb_matmul.py --json docs/ring_gemm.jsonl`; " + "; ".join(notes) + ".)")
+
+
+# What each pattern of benchmarks/grpc_floor.py is (its module docstring says more).
+GRPC_PATTERNS = {
+    "tcp": "plain socket, TCP_NODELAY: the wire",
+    "tcp_exchange": "both send, then both receive: a reveal's shape",
+    "bidi_sync": "one bidirectional stream, queue-fed",
+    "unary_sync": "one unary call per round trip",
+    "unary_stream_single": "replies on `SingleThreadedUnaryStream`, pings unary",
+    "push_pair": "crypten_lite's pattern: a client stream each way, handler thread -> queue",
+    "aio_bidi": "grpc.aio, one event loop per process, no other thread",
+    "push_pair_exchange": "crypten_lite's pattern in a reveal's shape, none of its code",
+    "push_pair_direct_exchange": "as above, the main thread reads the server's request iterator",
+    "subscribe_pair_exchange": "each side subscribes to the other, read with `SingleThreadedUnaryStream`",
+    "unary_future_exchange": "one unary call per message, not awaited",
+}
+REVEAL_STAGES = {
+    "send": "op above the transport before sending (shares, packing; Beaver's differences for mul)",
+    "queued": "framing and queuing the message (`_Outbox.send`)",
+    "dequeued": "hand-off to gRPC's request-iterator thread",
+    "accepted": "gRPC: sender's core, loopback, receiver's core and completion-queue thread, handler thread woken",
+    "put": "checks, tensor and mailbox (`_PartyServicer._accept`)",
+    "woken": "main thread woken from the mailbox",
+    "done": "op above the transport after receiving (sum, decode; Beaver's recombination, truncation)",
+}
+
+
+def architecture_grpc_floor(costs: dict, bench: dict, sources: dict) -> str:
+    """docs/ARCHITECTURE.md: the 64-byte round trip of each gRPC Python pattern against raw TCP
+    (docs/grpc_floor.json, written by benchmarks/grpc_floor.py --json)."""
+    run = sources["grpc_floor"]
+    if run is None:
+        return "(not measured yet: `python benchmarks/grpc_floor.py --json docs/grpc_floor.json`)\n"
+    lines = ["| pattern | median us | x raw TCP | min us | p90 us |", "| --- | --- | --- | --- | --- |"]
+    for r in run["patterns"]:
+        what = GRPC_PATTERNS.get(r["pattern"], "")
+        lines.append(f"| `{r['pattern']}`{' (' + what + ')' if what else ''} | {r['median_us']:.1f} | "
+                     f"{r['ratio_to_tcp']:.1f} | {r['min_us']:.1f} | {r['p90_us']:.1f} |")
+    return "\n".join(lines) + "\n\n" + para(
+        f"(`{run['command'].strip()}`, {run['date']}, {run['samples']} round trips per pattern, grpc "
+        f"{run['grpc']}, {run['cpus']} CPUs, 1-minute load average {run['load_average_1min']}.)")
+
+
+def architecture_reveal_stages(costs: dict, bench: dict, sources: dict) -> str:
+    """docs/ARCHITECTURE.md: the median of each stage of a small opening between two real
+    parties (docs/reveal_profile.json, written by benchmarks/profile_reveal.py --json)."""
+    run = sources["reveal_profile"]
+    if run is None:
+        return "(not measured yet: `python benchmarks/profile_reveal.py --json docs/reveal_profile.json`)\n"
+    ops = run["ops"]
+    lines = ["| stage | " + " | ".join(o["op"] for o in ops) + " |", "| --- |" + " --- |" * len(ops)]
+    for stage, what in REVEAL_STAGES.items():
+        lines.append(f"| {what} | " + " | ".join(f"{o['stage_us_median'].get(stage, 0):.0f}" for o in ops) + " |")
+    lines.append("| whole op, median | " + " | ".join(f"{o['median_us']:.0f}" for o in ops) + " |")
+    cpu = run["cpu_per_message"]
+    return "\n".join(lines) + "\n\n" + para(
+        f"(Microseconds, medians over both directions; `{run['command'].strip()}`, {run['date']}, "
+        f"{run['cpus']} CPUs, 1-minute load average "
+        f"{max([run['load_average_1min']] + [o['load_average_1min'] for o in ops])}. crypten_lite's own "
+        f"transport code, CPU time alone in one thread: {cpu['send_us']} us to frame and queue a message, "
+        f"{cpu['receive_us']} us to parse, check and deliver it.)")
 
 
 def load_end_to_end() -> dict[tuple[str, str, bool], dict]:
@@ -1042,6 +1106,8 @@ RENDERERS: dict[str, Callable[[dict, dict, dict], str]] = {
     "protocols-aby3": protocols_aby3,
     "protocols-end-to-end": protocols_end_to_end,
     "architecture-ring-gemm": architecture_ring_gemm,
+    "architecture-grpc-floor": architecture_grpc_floor,
+    "architecture-reveal-stages": architecture_reveal_stages,
     "training-steps": training_steps,
     "training-examples": training_examples,
     "readme-bench": readme_bench,
