@@ -42,3 +42,22 @@ def test_different_chunk_budgets_are_refused_at_the_handshake():
         err = out[r][1]
         assert isinstance(err, ProtocolError) and "parameters differ" in str(err), out[r]
         assert pairwise.CHUNK_ENV in str(err)
+
+
+def test_progress_line_counts_inside_a_sliced_correlation(monkeypatch, capsys):
+    """One large correlation made in slices: the line's time left comes from the slices made
+    (without them it would stay 'time left unknown' until the correlation ends)."""
+    monkeypatch.setenv(pairwise.PROGRESS_ENV, "1")
+    monkeypatch.setattr(pairwise._Progress, "TICK", 3600.0)
+    stats = {"pairwise_bytes_sent": 0, "pairwise_bytes_received": 0}
+    bar = pairwise._Progress([40], stats, rank=0)
+    bar.current = 40
+    bar._draw()
+    assert "time left unknown" in capsys.readouterr().err
+    bar.within(0.5)
+    bar._draw()
+    assert "0/1 correlations" in (err := capsys.readouterr().err) and " s left" in err
+    assert "unknown" not in err
+    bar.step(1, 40)
+    bar.done()
+    assert bar.inside == 0.0
