@@ -1,33 +1,47 @@
-"""Why provider pairwise keeps 30-bit plaintext primes: SEAL's invariant noise budgets (bits)
-of BFV at N = 8192, q = 218 bits (the HE standard's 128-bit bound) for several plaintext prime
-sizes, measured on worst-case operands (64 summed products of full-size plaintexts, as in a
-matmul's inner blocks), the flooding term (a public-key encryption of zero times `flood`
-uniform plaintexts), and the budget left after switching to two primes.
+"""Why provider pairwise uses 60-bit plaintext primes over a 4 x 50-bit data modulus: SEAL's
+invariant noise budgets (bits) of BFV at N = 8192, total coefficient modulus 218 bits (the HE
+standard's 128-bit bound), measured for several plaintext prime sizes and two ways of
+spending the 218 bits, on the elementwise triple's worst case (two products of fresh
+encryptions and full-size plaintexts, every slot uniform mod t).
 
-Circuit privacy needs the flood's noise 2^(40 + 13) above the product's (margin >= 53 bits:
-40 statistical bits, union over N = 2^13 coefficients) AND a positive budget left after the
-switch (decryption stays correct). One JSON line per (prime bits, flood multiplications):
+The flood is the engine's own (provider/he.py): a public-key encryption of zero plus (e, 0),
+e uniform in [-2^F, 2^F) per coefficient, F = log2(the engine's noise bound) + 40 + 13.
+Circuit privacy needs the flood's noise 2^(40 + 13) above the products' (margin >= 53 bits:
+40 statistical bits, union over N = 2^13 coefficients); correctness needs a positive budget
+after the switch to two primes, and the decryption equal to the product plus the mask.
+`primes_mul` / `primes_matmul256`: plaintext primes a mul triple (X < 2^129) / a matmul 256
+one-sided product (X < 2^137) needs with this prime size (fewer primes: fewer ciphertexts).
+One JSON line per (coefficient modulus, prime bits):
 
     python benchmarks/pairwise_noise.py > docs/pairwise_noise.jsonl
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
 import numpy as np
 
+from crypten_lite.errors import ProtocolError
 from crypten_lite.provider import he
 from crypten_lite.random import PRG
 
+MODULI = {"4x50+18": list(he.DATA_BITS) + [he.SPECIAL_BITS],
+          "seal-default-43,43,44,44+44": None}
 
-def measure(bits: int, flood: int, products: int = 64) -> dict:
+
+def measure(modulus: str, bits: int) -> dict:
     import tenseal.sealapi as s
     n = he.N
-    coeff = tuple(m.value() for m in s.CoeffModulus.BFVDefault(n, s.SEC_LEVEL_TYPE.TC128))
-    t = s.PlainModulus.Batching(n, [bits])[0].value()
-    params = he.HEParams(n, coeff, (t,), flood_muls=flood, return_primes=2)
+    if MODULI[modulus] is None:
+        coeff = tuple(m.value() for m in s.CoeffModulus.BFVDefault(n, s.SEC_LEVEL_TYPE.TC128))
+    else:
+        coeff = tuple(m.value() for m in s.CoeffModulus.Create(n, MODULI[modulus]))
+    plain = tuple(m.value() for m in s.PlainModulus.Batching(n, [bits] * 8))
+    params = dataclasses.replace(he.default_params(), coeff_moduli=coeff, plain_primes=plain)
+    t = plain[0]
     prg = PRG(os.urandom(32))
     evaluator = he.CrossEngine(1, params, lambda d: None, lambda: b"",
                                lambda shape: prg.draw(tuple(shape)).numpy().view(np.uint64))
@@ -38,35 +52,64 @@ def measure(bits: int, flood: int, products: int = 64) -> dict:
     gen.create_public_key(pk)
     p.encryptor = s.Encryptor(p.ctx, pk)
     enc, dec = s.Encryptor(p.ctx, sk), s.Decryptor(p.ctx, sk)
-    fresh = s.Ciphertext()
-    enc.encrypt_symmetric(p.plain(evaluator._uniform(t, (n,))), fresh)
-    acc = None
-    for _ in range(products):
+    acc, want = None, np.zeros(n, dtype=object)
+    for _ in range(2):
+        x, y = evaluator._uniform(t, (n,)), evaluator._uniform(t, (n,))
+        want = (want + x.astype(object) * y.astype(object)) % t
         ct = s.Ciphertext()
-        enc.encrypt_symmetric(p.plain(evaluator._uniform(t, (n,))), ct)
+        enc.encrypt_symmetric(p.plain(x), ct)
         prod = s.Ciphertext()
-        p.evaluator.multiply_plain(ct, p.plain(evaluator._uniform(t, (n,))), prod)
+        p.evaluator.multiply_plain(ct, p.plain(y), prod)
         if acc is None:
             acc = prod
         else:
             p.evaluator.add_inplace(acc, prod)
-    product = dec.invariant_noise_budget(acc)
-    flooded = evaluator._flooded(p)
-    flood_budget = dec.invariant_noise_budget(flooded)
-    p.evaluator.add_inplace(acc, flooded)
-    while acc.coeff_modulus_size() > 2:
-        p.evaluator.mod_switch_to_next_inplace(acc)
-    left = dec.invariant_noise_budget(acc)
-    margin = product - flood_budget
-    return {"plain_bits": bits, "flood_muls": flood, "products": products,
-            "fresh_budget": dec.invariant_noise_budget(fresh), "product_budget": product,
-            "flood_budget": flood_budget, "margin": margin, "budget_after_switch": left,
-            "usable": margin >= 53 and left > 0}
+    row = {"modulus": modulus, "data_bits": round(sum(np.log2(float(q)) for q in coeff[:-1]), 1),
+           "plain_bits": bits, "primes_mul": params.primes_for(129),
+           "primes_matmul256": params.primes_for(137),
+           "product_budget": dec.invariant_noise_budget(acc)}
+    bound = evaluator.noise_bound(t, 2, n)
+    row["flood_bits"] = params.flood_bits(bound)
+    try:
+        flood = evaluator._flooded(p, bound)
+    except ProtocolError as e:
+        row.update(usable=False, why=str(e))
+        return row
+    row["flood_budget"] = dec.invariant_noise_budget(flood)
+    row["margin"] = row["product_budget"] - row["flood_budget"]
+    mask = evaluator._uniform(t, (n,))
+    back = he._Files().load(s.Ciphertext, p.ctx,
+                            evaluator._finish(p, acc, p.plain(mask), bound, in_ntt=False), "ct")
+    row["budget_after_switch"] = dec.invariant_noise_budget(back)
+    pt = s.Plaintext()
+    dec.decrypt(back, pt)
+    row["decrypts_exactly"] = bool(np.array_equal(p.slots_of(pt).astype(object),
+                                                  (want + mask.astype(object)) % t))
+    row["usable"] = (row["margin"] >= 53 and row["budget_after_switch"] > 0
+                     and row["decrypts_exactly"])
+    return row
+
+
+def noise_table(path: str | None = None) -> str:
+    """The table docs/protocols.md shows, from docs/pairwise_noise.jsonl (a test checks it)."""
+    path = path or os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "docs",
+                                "pairwise_noise.jsonl")
+    with open(path) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    out = ["| data modulus | data bits | plain bits | primes (mul, matmul 256) | flood F | margin "
+           "| budget after switch | usable |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        usable = "yes" if r["usable"] else ("no: " + ("the flood does not fit" if "why" in r else "too little"))
+        out.append(f"| {r['modulus']} | {r['data_bits']} | {r['plain_bits']} | {r['primes_mul']}, "
+                   f"{r['primes_matmul256']} | {r['flood_bits']} | {r.get('margin', '-')} | "
+                   f"{r.get('budget_after_switch', '-')} | {usable} |")
+    return "\n".join(out)
 
 
 def main() -> None:
-    for bits, flood in ((30, 3), (36, 2), (36, 3), (40, 2), (40, 3), (45, 2), (45, 3), (50, 1), (59, 1)):
-        print(json.dumps(measure(bits, flood)), flush=True)
+    for modulus in MODULI:
+        for bits in (30, 40, 50, 60):
+            print(json.dumps(measure(modulus, bits)), flush=True)
 
 
 if __name__ == "__main__":

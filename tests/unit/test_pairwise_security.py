@@ -342,6 +342,23 @@ def test_docs_tables_come_from_the_measurements():
     assert pairwise_tables.quick_table() in doc
 
 
+def test_noise_table_in_the_docs_comes_from_the_measurements():
+    """docs/protocols.md's plaintext-prime table is benchmarks/pairwise_noise.py's rendering of
+    docs/pairwise_noise.jsonl, and the row of the parameters in use is usable."""
+    import pathlib
+    root = pathlib.Path(__file__).resolve().parents[2]
+    sys.path.insert(0, str(root / "benchmarks"))
+    try:
+        import pairwise_noise
+    finally:
+        sys.path.pop(0)
+    assert pairwise_noise.noise_table() in (root / "docs" / "protocols.md").read_text()
+    import json
+    rows = [json.loads(line) for line in (root / "docs" / "pairwise_noise.jsonl").read_text().splitlines()]
+    ours = [r for r in rows if r["modulus"] == "4x50+18" and r["plain_bits"] == he.PLAIN_BITS]
+    assert len(ours) == 1 and ours[0]["usable"] and ours[0]["margin"] >= he.STAT_BITS + 13
+
+
 def test_prefetch_batches_small_elementwise_correlations():
     """An offline plan of small mul triples and squares is made in one exchange (shared
     ciphertexts): each correlation still combines to its relation, and the bytes are far
