@@ -278,6 +278,7 @@ class _Prime:
                               f"{self.ctx.parameters_error_message()}")
         self.data_moduli = params.coeff_moduli[:-1]       # the last one is the special prime
         self.pid = self.ctx.first_parms_id()
+        self._noise_template: bytes | None = None
         self.encoder = s.BatchEncoder(self.ctx)
         self.evaluator = s.Evaluator(self.ctx)
         self.encryptor = None
@@ -293,14 +294,19 @@ class _Prime:
         """A coefficient-form plaintext (coefficients < t) in SEAL's serialization format."""
         return _seal_object(struct.pack("<4QQd", 0, 0, 0, 0, coeffs.size, 1.0) + _seal_array(coeffs))
 
-    def noise_bytes(self, residues_: np.ndarray) -> bytes:
+    def noise_bytes(self, residues_: np.ndarray) -> bytearray:
         """The ciphertext (e, 0) at the data level, coefficient form; residues_ [L, N] are e
-        mod each data prime."""
-        body = (struct.pack("<4Q", *self.pid) + b"\x00"
-                + struct.pack("<QQQdQ", 2, self.n, residues_.shape[0], 1.0, 1)
-                + _seal_array(np.concatenate([residues_.reshape(-1),
-                                              np.zeros(residues_.size, dtype=np.uint64)])))
-        return _seal_object(body)
+        mod each data prime (written into a copy of a serialized all-zero ciphertext)."""
+        if self._noise_template is None:
+            zeros = np.zeros(2 * residues_.size, dtype=np.uint64)
+            body = (struct.pack("<4Q", *self.pid) + b"\x00"
+                    + struct.pack("<QQQdQ", 2, self.n, residues_.shape[0], 1.0, 1)
+                    + _seal_array(zeros))
+            self._noise_template = _seal_object(body)
+        buf = bytearray(self._noise_template)
+        start = len(buf) - 16 * residues_.size          # c0 then c1, 8 bytes a coefficient
+        np.frombuffer(buf, dtype="<u8", count=residues_.size, offset=start)[:] = residues_.reshape(-1)
+        return buf
 
     def slots_of(self, pt) -> np.ndarray:
         return np.array(self.encoder.decode_uint64(pt), dtype=np.uint64)
