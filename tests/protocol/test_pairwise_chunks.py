@@ -28,7 +28,7 @@ def pw():
 
 
 OT_BUDGET = 20_000          # bytes: one to a few elements per slice, 72 OTs per IKNP extension
-HE_BUDGET = 8 << 20         # bytes: one ciphertext per prime per elementwise exchange
+HE_BUDGET = 1               # bytes: the least HE slices (one ciphertext per prime, one output)
 OT_REQUESTS = [
     ("bit", "", [(300,)], ()),
     ("binary_triple", "", [(40,)], ()),
@@ -39,7 +39,7 @@ OT_REQUESTS = [
 ]
 HE_REQUESTS = [
     ("triple", "mul", [(9000,), (9000,)], ()),
-    ("triple", "matmul", [(2, 3, 4), (4, 2)], ()),
+    ("triple", "matmul", [(2, 2, 3), (3, 2)], ()),
 ]
 
 
