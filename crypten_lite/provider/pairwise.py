@@ -30,6 +30,11 @@ seed both parties agreed in the transport's handshake, so a tampered, replayed o
 misplaced message is a ProtocolError on both parties (the detecting party tells the other).
 Every exchange ends with an acknowledgement, so no offline message is ever left for the
 online protocol to read.
+
+Working set: a correlation larger than the chunk budget (CRYPTEN_LITE_PAIRWISE_CHUNK_MB,
+announced in the handshake) is made in slices streamed over its request's messages
+(_chunked, elementwise / _matmul); prefetch makes small OT correlations of one kind and
+parameters as one (_ot_groups), as it does small HE products (_elementwise_groups).
 """
 
 from __future__ import annotations
