@@ -36,7 +36,6 @@ import os
 import struct
 import tempfile
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
 
@@ -55,7 +54,6 @@ FRESH_NOISE = 21               # |e| of a fresh encryption: SEAL's 6 sigma (19.2
 RETURN_PRIMES = 2
 CT_BYTES = 236 << 10           # a ciphertext as sent, up (seeded, 4 primes) or back (2 primes)
 MAX_NOISE_TERMS = 1 << 19      # products x nonzero plaintext coefficients summed in one output
-THREADS_ENV = "CRYPTEN_LITE_HE_THREADS"   # threads (one prime each); default: CPUs, >= 3, <= 4
 SECURITY = "128-bit classical (HE standard, N=8192, log2 q=218 = 4x50 + 18, ternary secret)"
 
 
@@ -345,20 +343,6 @@ def unpack(data: bytes, expected: int, what: str) -> list[bytes]:
 
 
 # ---------------------------------------------------------------------- the engine
-def _threads() -> int:
-    raw = os.environ.get(THREADS_ENV, "")
-    if raw:
-        try:
-            value = int(raw)
-        except ValueError:
-            raise ConfigError(f"{THREADS_ENV}={raw!r} is not a number of threads (e.g. 2)") from None
-        if value < 1:
-            raise ConfigError(f"{THREADS_ENV}={raw!r}: at least 1 thread")
-        return value
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return min(4, max(cpus, 3))      # a product's 3 primes at once (no prime waits for a thread)
-
-
 def _ntt_plains(p: "_Prime", files: "_Files", rows: np.ndarray) -> list:
     """Plaintexts (NTT form, for multiply_plain) of polynomials given by coefficient rows
     (< t); None for an all-zero row."""
@@ -435,8 +419,6 @@ class CrossEngine:
         self._send, self._recv, self._rand = send, recv, rand
         self._primes: list[_Prime] = []
         self._files = _Files()
-        threads = _threads()
-        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="he") if threads > 1 else None
 
     # -- keys ------------------------------------------------------------------------
     def _ready(self, count: int) -> list[_Prime]:
@@ -588,24 +570,21 @@ class CrossEngine:
             return np.zeros(0, dtype=np.uint64)
         padded = [np.pad(x.reshape(-1).astype(np.uint64), (0, chunks * nd - n)).reshape(chunks, nd)
                   for x in terms]
-        expected = count * len(terms) * chunks
         if self.rank == 0:
-            parts = self._per_prime(lambda i, p, rand: [
-                self._encrypt(p, p.plain(row)) for x in padded for row in residues(x, p.t)], primes)
-            self._send(pack([ct for part in parts for ct in part]))
-            back = unpack(self._recv(), count * chunks, "result ciphertexts")
-            res = self._per_prime(lambda i, p, rand: np.concatenate(
-                [self._decrypt_slots(p, back[i * chunks + c]) for c in range(chunks)])[:n], primes)
+            res = self._owner_rounds(
+                primes, lambda i, p, rand: [self._encrypt(p, p.plain(row))
+                                            for x in padded for row in residues(x, p.t)],
+                chunks, lambda i, p, back: np.concatenate(
+                    [self._decrypt_slots(p, back[c]) for c in range(chunks)])[:n])
             return crt_mod64(res, tuple(p.t for p in primes))
-        got = unpack(self._recv(), expected, "ciphertexts")
         r = self._mask_words((chunks, nd), self.params.mask_bits(bound_bits, parity))
 
-        def evaluate(i: int, p: _Prime, rand: Callable) -> list[bytes]:
+        def evaluate(i: int, p: _Prime, rand: Callable, got: list[bytes]) -> list[bytes]:
             ev = p.evaluator
             r_t = self._mod_t(r, p.t)
             bound = self.noise_bound(p.t, len(terms), nd)
             accs = [None] * chunks
-            k = i * len(terms) * chunks
+            k = 0
             for x in padded:
                 for c, row in enumerate(residues(x, p.t)):
                     ct = self._load_ct(p, got[k])
@@ -623,7 +602,7 @@ class CrossEngine:
             for c in range(chunks):
                 out.append(self._finish(p, accs[c], p.plain(r_t[c]), bound, rand, in_ntt=False))
             return out
-        self._send(pack([ct for part in self._per_prime(evaluate, primes) for ct in part]))
+        self._evaluator_rounds(primes, len(terms) * chunks, evaluate)
         with np.errstate(over="ignore"):
             return (np.uint64(0) - r[0]).reshape(-1)[:n]
 
@@ -676,23 +655,20 @@ class CrossEngine:
                     rows = polys(arr, pos, p.t).reshape(-1, nd)
                     out.extend(self._encrypt(p, self._plain_coeffs(p, row)) for row in rows)
                 return out
-            self._send(pack([ct for part in self._per_prime(encrypt, primes) for ct in part]))
-            back = unpack(self._recv(), count * n_out, "result ciphertexts")
 
-            def decrypt(i: int, p: _Prime, rand: Callable) -> np.ndarray:
+            def decrypt(i: int, p: _Prime, back: list[bytes]) -> np.ndarray:
                 where = pos_out.tolist()
-                coeffs = np.stack([p.coeffs_of(self._decrypt(p, back[i * n_out + j]), where)
+                coeffs = np.stack([p.coeffs_of(self._decrypt(p, back[j]), where)
                                    for j in range(n_out)])  # [bsz*mb*nb, mw*nw]
                 blk = coeffs.reshape(bsz, mb, nb, mw, nw).transpose(0, 1, 3, 2, 4)
                 return blk.reshape(bsz, mb * mw, nb * nw)[:, :m, :n]
-            res = self._per_prime(decrypt, primes)
+            res = self._owner_rounds(primes, encrypt, n_out, decrypt)
             return crt_mod64(res, tuple(p.t for p in primes))
-        got = unpack(self._recv(), count * (n_a + n_b), "ciphertexts")
         r = self._mask_words((bsz, mb, nb, mw * nw), self.params.mask_bits(bound_bits))
 
-        def evaluate(pi: int, p: _Prime, rand: Callable) -> list[bytes]:
+        def evaluate(pi: int, p: _Prime, rand: Callable, got: list[bytes]) -> list[bytes]:
             ev = p.evaluator
-            i = pi * (n_a + n_b)
+            i = 0
             cts_a = []
             for j in range(n_a):
                 ct = self._load_ct(p, got[i + j])
@@ -733,7 +709,7 @@ class CrossEngine:
                         mask = self._plain_coeffs(p, masks[(bi * mb + mi) * nb + nj])
                         out.append(self._finish(p, acc, mask, bound, rand))
             return out
-        self._send(pack([ct for part in self._per_prime(evaluate, primes) for ct in part]))
+        self._evaluator_rounds(primes, n_a + n_b, evaluate)
         with np.errstate(over="ignore"):
             share = np.uint64(0) - r[0]
         blk = share.reshape(bsz, mb, nb, mw, nw).transpose(0, 1, 3, 2, 4)
@@ -771,27 +747,25 @@ class CrossEngine:
             def encrypt(i: int, p: _Prime, rand: Callable) -> list[bytes]:
                 rows = polys(a_blk, pos_a, p.t).reshape(-1, nd)
                 return [self._encrypt(p, self._plain_coeffs(p, row)) for row in rows]
-            self._send(pack([ct for part in self._per_prime(encrypt, primes) for ct in part]))
-            back = unpack(self._recv(), count * n_out, "result ciphertexts")
 
-            def decrypt(i: int, p: _Prime, rand: Callable) -> np.ndarray:
+            def decrypt(i: int, p: _Prime, back: list[bytes]) -> np.ndarray:
                 where = pos_out.tolist()
-                coeffs = np.stack([p.coeffs_of(self._decrypt(p, back[i * n_out + j]), where)
+                coeffs = np.stack([p.coeffs_of(self._decrypt(p, back[j]), where)
                                    for j in range(n_out)])
                 blk = coeffs.reshape(bsz, mb, nb, mw, nw).transpose(0, 1, 3, 2, 4)
                 return blk.reshape(bsz, mb * mw, nb * nw)[:, :m, :n]
-            return crt_mod64(self._per_prime(decrypt, primes), tuple(p.t for p in primes))
+            return crt_mod64(self._owner_rounds(primes, encrypt, n_out, decrypt),
+                             tuple(p.t for p in primes))
         b = np.zeros((bsz, kb * kw, nb * nw), dtype=np.uint64)
         b[:, :k, :n] = mine
         b_blk = b.reshape(bsz, kb, kw, nb, nw).transpose(0, 1, 3, 2, 4).reshape(bsz, kb, nb, kw * nw)
-        got = unpack(self._recv(), count * n_a, "ciphertexts")
         r = self._mask_words((bsz, mb, nb, mw * nw), self.params.mask_bits(bound_bits))
 
-        def evaluate(pi: int, p: _Prime, rand: Callable) -> list[bytes]:
+        def evaluate(pi: int, p: _Prime, rand: Callable, got: list[bytes]) -> list[bytes]:
             ev = p.evaluator
             cts = []
             for j in range(n_a):
-                ct = self._load_ct(p, got[pi * n_a + j])
+                ct = self._load_ct(p, got[j])
                 ev.transform_to_ntt_inplace(ct)
                 cts.append(ct)
             pts = _ntt_plains(p, self._files, polys(b_blk, pos_b, p.t).reshape(-1, nd))
@@ -817,25 +791,40 @@ class CrossEngine:
                         mask = self._plain_coeffs(p, masks[(bi * mb + mi) * nb + nj])
                         out.append(self._finish(p, acc, mask, bound, rand))
             return out
-        self._send(pack([ct for part in self._per_prime(evaluate, primes) for ct in part]))
+        self._evaluator_rounds(primes, n_a, evaluate)
         with np.errstate(over="ignore"):
             share = np.uint64(0) - r[0]
         blk = share.reshape(bsz, mb, nb, mw, nw).transpose(0, 1, 3, 2, 4)
         return blk.reshape(bsz, mb * mw, nb * nw)[:, :m, :n]
 
-    def _per_prime(self, job: Callable, primes: list) -> list:
-        """job(i, prime, rand) for every prime, on up to THREADS threads (SEAL releases the
-        GIL; each prime has its own SEAL objects). Each job draws from its own PRG, keyed
-        here from this party's private stream in prime order, so no draw is ever shared."""
+    def _prime_rands(self, primes: list) -> list[Callable]:
+        """One PRG per prime's job, keyed here from this party's private stream in prime
+        order, so no draw is ever shared."""
         rands = []
         for _ in primes:
             prg = PRG(self._rand((4,)).tobytes())
             rands.append(lambda shape, prg=prg: prg.draw(tuple(shape)).numpy().view(np.uint64))
-        if self._pool is None or len(primes) == 1:
-            return [job(i, p, rands[i]) for i, p in enumerate(primes)]
-        return list(self._pool.map(lambda i: job(i, primes[i], rands[i]), range(len(primes))))
+        return rands
+
+    def _owner_rounds(self, primes: list, encrypt: Callable, per_back: int,
+                      decrypt: Callable) -> list:
+        """Rank 0, pipelined with the peer: one message per prime, sent as soon as its
+        ciphertexts are made (the peer evaluates prime i while this party encrypts prime
+        i + 1), then each prime's `per_back` results decrypted as they come back. SEAL through
+        sealapi holds the GIL, so threads would not run two primes at once; the two
+        processes do."""
+        rands = self._prime_rands(primes)
+        for i, p in enumerate(primes):
+            self._send(pack(encrypt(i, p, rands[i])))
+        return [decrypt(i, p, unpack(self._recv(), per_back, "result ciphertexts"))
+                for i, p in enumerate(primes)]
+
+    def _evaluator_rounds(self, primes: list, per_got: int, evaluate: Callable) -> None:
+        """Rank 1: for each prime, receive its `per_got` ciphertexts, evaluate, send back."""
+        rands = self._prime_rands(primes)
+        for i, p in enumerate(primes):
+            got = unpack(self._recv(), per_got, "ciphertexts")
+            self._send(pack(evaluate(i, p, rands[i], got)))
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=False)
         self._files.close()

@@ -397,16 +397,41 @@ def test_prefetch_batches_small_elementwise_correlations():
     assert batched < 0.5 * alone, (batched, alone)
 
 
-def test_he_thread_count_is_checked(monkeypatch):
-    from crypten_lite.errors import ConfigError
-    monkeypatch.setenv(he.THREADS_ENV, "two")
-    with pytest.raises(ConfigError, match="not a number of threads"):
-        he._threads()
-    monkeypatch.setenv(he.THREADS_ENV, "0")
-    with pytest.raises(ConfigError, match="at least 1"):
-        he._threads()
-    monkeypatch.setenv(he.THREADS_ENV, "3")
-    assert he._threads() == 3
+def test_he_exchange_is_pipelined_one_message_per_prime():
+    """SEAL through sealapi holds the GIL, so the engine overlaps the two processes instead of
+    threads: rank 0 sends each prime's ciphertexts as soon as they are made (rank 1
+    evaluates prime i while rank 0 encrypts prime i + 1), one message per prime each way;
+    the shares still combine to the exact product."""
+    import queue
+    from crypten_lite.random import PRG
+    params = he.default_params()
+    boxes, sent, out = [queue.Queue(), queue.Queue()], [[], []], [None, None]
+
+    def party(r, x):
+        prg = PRG(os.urandom(32))
+
+        def send(d):
+            sent[r].append(len(d))
+            boxes[1 - r].put(d)
+        eng = he.CrossEngine(r, params, send, lambda: boxes[r].get(timeout=120),
+                             lambda shape: prg.draw(tuple(shape)).numpy().view(np.uint64))
+        try:
+            out[r] = eng.elementwise([x], 128)
+        finally:
+            eng.close()
+    rng = np.random.default_rng(5)  # insecure-ok: test inputs
+    xs = [rng.integers(0, 2 ** 63, 100, dtype=np.uint64) for _ in range(2)]
+    threads = [threading.Thread(target=party, args=(r, xs[r])) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+        assert not t.is_alive(), "a party hung"
+    primes = params.primes_for(128)
+    assert primes == 3
+    assert len(sent[0]) == 1 + primes and len(sent[1]) == primes   # public keys, then per prime
+    with np.errstate(over="ignore"):
+        assert np.array_equal(out[0] + out[1], xs[0] * xs[1])
 
 
 def test_matmul_as_two_one_sided_products(monkeypatch):
