@@ -36,6 +36,7 @@ import os
 import struct
 import tempfile
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
 
@@ -52,6 +53,7 @@ SPECIAL_BITS = 18              # key level only: 218 bits in all
 STAT_BITS = 40
 FRESH_NOISE = 21               # |e| of a fresh encryption: SEAL's 6 sigma (19.2) + the rounding of q m / t
 RETURN_PRIMES = 2
+THREADS_ENV = "CRYPTEN_LITE_HE_THREADS"   # threads (one prime each); default: CPUs, >= 3, <= 4
 CT_BYTES = 236 << 10           # a ciphertext as sent, up (seeded, 4 primes) or back (2 primes)
 MAX_NOISE_TERMS = 1 << 19      # products x nonzero plaintext coefficients summed in one output
 SECURITY = "128-bit classical (HE standard, N=8192, log2 q=218 = 4x50 + 18, ternary secret)"
@@ -343,6 +345,20 @@ def unpack(data: bytes, expected: int, what: str) -> list[bytes]:
 
 
 # ---------------------------------------------------------------------- the engine
+def _threads() -> int:
+    raw = os.environ.get(THREADS_ENV, "")
+    if raw:
+        try:
+            value = int(raw)
+        except ValueError:
+            raise ConfigError(f"{THREADS_ENV}={raw!r} is not a number of threads (e.g. 2)") from None
+        if value < 1:
+            raise ConfigError(f"{THREADS_ENV}={raw!r}: at least 1 thread")
+        return value
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return min(4, max(cpus, 3))      # a product's 3 primes at once (no prime waits for a thread)
+
+
 def _ntt_plains(p: "_Prime", files: "_Files", rows: np.ndarray) -> list:
     """Plaintexts (NTT form, for multiply_plain) of polynomials given by coefficient rows
     (< t); None for an all-zero row."""
@@ -419,6 +435,8 @@ class CrossEngine:
         self._send, self._recv, self._rand = send, recv, rand
         self._primes: list[_Prime] = []
         self._files = _Files()
+        threads = _threads()
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="he") if threads > 1 else None
 
     # -- keys ------------------------------------------------------------------------
     def _ready(self, count: int) -> list[_Prime]:
@@ -806,25 +824,46 @@ class CrossEngine:
             rands.append(lambda shape, prg=prg: prg.draw(tuple(shape)).numpy().view(np.uint64))
         return rands
 
+    def _run(self, job: Callable, *args):
+        """job(*args) on the pool (a future) or now (a finished future's stand-in)."""
+        if self._pool is not None:
+            return self._pool.submit(job, *args)
+        return _Done(job(*args))
+
     def _owner_rounds(self, primes: list, encrypt: Callable, per_back: int,
                       decrypt: Callable) -> list:
-        """Rank 0, pipelined with the peer: one message per prime, sent as soon as its
-        ciphertexts are made (the peer evaluates prime i while this party encrypts prime
-        i + 1), then each prime's `per_back` results decrypted as they come back. SEAL through
-        sealapi holds the GIL, so threads would not run two primes at once; the two
-        processes do."""
+        """Rank 0: each prime's ciphertexts made on its own thread (SEAL releases the GIL)
+        and sent as one message as soon as they are ready (the peer starts on prime 0 while
+        the others are still encrypted), then each prime's `per_back` results decrypted on
+        the pool as they come back."""
         rands = self._prime_rands(primes)
-        for i, p in enumerate(primes):
-            self._send(pack(encrypt(i, p, rands[i])))
-        return [decrypt(i, p, unpack(self._recv(), per_back, "result ciphertexts"))
-                for i, p in enumerate(primes)]
+        made = [self._run(encrypt, i, p, rands[i]) for i, p in enumerate(primes)]
+        for f in made:
+            self._send(pack(f.result()))
+        opened = [self._run(decrypt, i, p, unpack(self._recv(), per_back, "result ciphertexts"))
+                  for i, p in enumerate(primes)]
+        return [f.result() for f in opened]
 
     def _evaluator_rounds(self, primes: list, per_got: int, evaluate: Callable) -> None:
-        """Rank 1: for each prime, receive its `per_got` ciphertexts, evaluate, send back."""
+        """Rank 1: each prime's `per_got` ciphertexts evaluated on the pool as soon as they
+        arrive; the results sent back in prime order."""
         rands = self._prime_rands(primes)
-        for i, p in enumerate(primes):
-            got = unpack(self._recv(), per_got, "ciphertexts")
-            self._send(pack(evaluate(i, p, rands[i], got)))
+        jobs = [self._run(evaluate, i, p, rands[i], unpack(self._recv(), per_got, "ciphertexts"))
+                for i, p in enumerate(primes)]
+        for f in jobs:
+            self._send(pack(f.result()))
 
     def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
         self._files.close()
+
+
+class _Done:
+    """A finished job's result, shaped like a future (no pool: one thread)."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def result(self):
+        return self.value

@@ -397,11 +397,22 @@ def test_prefetch_batches_small_elementwise_correlations():
     assert batched < 0.5 * alone, (batched, alone)
 
 
+def test_he_thread_count_is_checked(monkeypatch):
+    from crypten_lite.errors import ConfigError
+    monkeypatch.setenv(he.THREADS_ENV, "two")
+    with pytest.raises(ConfigError, match="not a number of threads"):
+        he._threads()
+    monkeypatch.setenv(he.THREADS_ENV, "0")
+    with pytest.raises(ConfigError, match="at least 1"):
+        he._threads()
+    monkeypatch.setenv(he.THREADS_ENV, "3")
+    assert he._threads() == 3
+
+
 def test_he_exchange_is_pipelined_one_message_per_prime():
-    """SEAL through sealapi holds the GIL, so the engine overlaps the two processes instead of
-    threads: rank 0 sends each prime's ciphertexts as soon as they are made (rank 1
-    evaluates prime i while rank 0 encrypts prime i + 1), one message per prime each way;
-    the shares still combine to the exact product."""
+    """Rank 0 sends each prime's ciphertexts as soon as they are made (rank 1 starts on
+    prime 0 while the others are encrypted), one message per prime each way; the shares
+    still combine to the exact product."""
     import queue
     from crypten_lite.random import PRG
     params = he.default_params()
