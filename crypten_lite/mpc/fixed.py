@@ -113,8 +113,11 @@ def product(op: str, x: torch.Tensor, w: torch.Tensor, params: Sequence[int], ow
                             (m.counter, *params))
     a = triple[0]
     if m.d is None:
-        e, m.d = open_many([x - a, w - m.b])
-        m.b = None  # from now on [W] stands for [B] + D (module docstring, step 2)
+        e, d = open_many([x - a, w - m.b])
+        # D kept in its own storage: a view would keep the whole opened message (E too) alive
+        # as long as the model (BERT-base: 107 MB more per party)
+        m.d, m.b = d.clone(), None  # from now on [W] stands for [B] + D (module docstring, step 2)
+        del d
     else:
         (e,) = open_many([x - a])
     c = triple.corrected()[1]
