@@ -185,7 +185,9 @@ def tune_malloc() -> None:
     handed its pages back to the OS at every product and faulted them in again, page by
     page, in the next one (about 10,000 minor faults per product, a fifth of its CPU time).
     Fixed values keep up to TRIM_THRESHOLD_BYTES of free heap for the next operation and map
-    blocks of MMAP_THRESHOLD_BYTES and up on their own, as glibc's own maximum does."""
+    blocks of MMAP_THRESHOLD_BYTES and up on their own, as glibc's own maximum does. Where
+    glibc's environment variables set either (MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_),
+    they are kept."""
     global _malloc_tuned
     if _malloc_tuned:
         return
@@ -194,8 +196,11 @@ def tune_malloc() -> None:
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):
         return
-    mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
-    mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES)
+    # glibc's own environment settings (MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_) win
+    if "MALLOC_MMAP_THRESHOLD_" not in os.environ:
+        mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
+    if "MALLOC_TRIM_THRESHOLD_" not in os.environ:
+        mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES)
 
 
 def _release_free_heap() -> None:
