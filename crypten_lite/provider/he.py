@@ -832,8 +832,10 @@ class CrossEngine:
 
     def _owner_rounds(self, primes: list, encrypt: Callable, per_back: int,
                       decrypt: Callable) -> list:
-        """Rank 0: each prime's ciphertexts made on its own thread (SEAL releases the GIL)
-        and sent as one message as soon as they are ready (the peer starts on prime 0 while
+        """Rank 0: each prime's ciphertexts made on its own thread (TenSEAL's bindings hold
+        the GIL inside each SEAL call, so the threads overlap the numpy, file and
+        serialization work between calls: measured on matmul 256, 3 threads 25.5 s against
+        1 thread 30.7 s) and sent as one message as soon as they are ready (the peer starts on prime 0 while
         the others are still encrypted), then each prime's `per_back` results decrypted on
         the pool as they come back."""
         rands = self._prime_rands(primes)
