@@ -30,13 +30,13 @@ def beaver(op: str, x: torch.Tensor, y: torch.Tensor, params: Sequence[int] = ()
     a, b = triple[0], triple[1]
     e, d = open_differences([(x, a), (y, b)])
     c = triple.corrected()[2]
-    z = fn(e, b, params)  # a fresh tensor: the other terms are added into it in place
-    if op == "mul":  # elementwise: each product accumulated without a temporary
+    if op == "mul":  # elementwise: c + e b made fresh in one pass, the other products added in place
+        z = torch.addcmul(c, e, b)
         z.addcmul_(a, d)
-        z += c
         if s.rank == 0:
             z.addcmul_(e, d)
         return z
+    z = fn(e, b, params)  # a fresh tensor: the other terms are added into it in place
     z += fn(a, d, params)
     z += c
     if s.rank == 0:
