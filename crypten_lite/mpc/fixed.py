@@ -77,9 +77,9 @@ def _mask_for(owner, key: str, w: torch.Tensor) -> _Mask:
     return m
 
 
-# Providers whose weight_triple serves op "linear" (the pairwise provider's HE cross terms
-# know mul, matmul and the convolutions only: there a transposed layout keeps its own mask).
-LINEAR_PROVIDERS = ("dealer", "tfp")
+# A transposed layout reuses its weight's mask (the "linear" product) when True; tests turn it
+# off to compare against a second mask of the transposed layout.
+SHARE_TRANSPOSED_MASK = True
 
 
 def _base_layout(op: str, w: torch.Tensor, owner, key: str) -> torch.Tensor | None:
@@ -87,10 +87,10 @@ def _base_layout(op: str, w: torch.Tensor, owner, key: str) -> torch.Tensor | No
     that own layout already has a mask with D opened, as GPT-2's tied LM head after the token
     embedding: op(x, W^T) is then the "linear" product of x and W under W's mask, and no second
     mask (and no second D, as large as the weight) is drawn. None otherwise."""
-    if op != "matmul" or key != "t" or w.dim() != 2:  # "t": the parameter's own .t()
+    if not SHARE_TRANSPOSED_MASK or op != "matmul" or key != "t" or w.dim() != 2:  # "t": .t()
         return None
     m = owner.__dict__.get("_fixed_masks", {}).get("")
-    if m is None or m.d is None or current().provider.name not in LINEAR_PROVIDERS:
+    if m is None or m.d is None:
         return None
     src = owner.share
     if m.source is not src or m.version != src._version or src.dim() != 2 or \

@@ -704,6 +704,8 @@ def _cross_conv_transpose(pv: PairwiseProvider, a, b, p):
 _CROSS = {
     "mul": _cross_mul,
     "matmul": _cross_matmul,
+    # a @ b^T (a weight used in both layouts, as GPT-2's tied embedding): matmul on b's transpose
+    "linear": lambda pv, a, b, p: _cross_matmul(pv, a, b.transpose(-1, -2), p),
     "conv1d": lambda pv, a, b, p: _cross_conv(pv, a, b, p, "conv1d"),
     "conv2d": lambda pv, a, b, p: _cross_conv(pv, a, b, p, "conv2d"),
     "conv_transpose2d": _cross_conv_transpose,

@@ -35,6 +35,7 @@ REQUESTS = [
     ("triple", "mul", [(2, 3), (3,)], ()),
     ("triple", "matmul", [(3, 5), (5, 2)], ()),
     ("triple", "matmul", [(2, 3, 4), (4, 2)], ()),
+    ("triple", "linear", [(3, 5), (2, 5)], ()),  # a @ b^T: a tied weight's transposed layout
     ("triple", "conv2d", [(2, 2, 5, 5), (3, 2, 3, 3)], CONV2D),
     ("triple", "conv2d", [(1, 4, 5, 4), (4, 2, 2, 3)], CONV2D_G),
     ("triple", "conv1d", [(2, 3, 7), (2, 3, 3)], CONV1D),

@@ -66,12 +66,12 @@ def party_tied() -> dict:
     two = crypten_lite.nn.from_pytorch(model, _dummy(), src=OWNER)
     two.encrypt(src=OWNER)
     two.eval()
-    linear_providers, fixed.LINEAR_PROVIDERS = fixed.LINEAR_PROVIDERS, ()
+    fixed.SHARE_TRANSPOSED_MASK = False
     try:
         two_logits, two_first = forward(two)
         two_second = forward(two)[1]
     finally:
-        fixed.LINEAR_PROVIDERS = linear_providers
+        fixed.SHARE_TRANSPOSED_MASK = True
     return {"groups": private.__dict__.get("_tied"), "same": wte is head,
             "sharing": (after["rounds"] - before["rounds"], after["bytes_sent"] - before["bytes_sent"]),
             "untied_sharing": (end["rounds"] - start["rounds"], end["bytes_sent"] - start["bytes_sent"]),
