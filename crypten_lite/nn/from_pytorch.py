@@ -430,7 +430,12 @@ class GraphModule(Module):
         env: dict[torch.fx.Node, Any] = {}
         feed = iter(inputs)
         fusion = self._fusion()
+        last_uses = self._last_uses()
         for node in self.graph.nodes:
+            # values no later node reads are dropped (an activation lives until its last use,
+            # not to the end of the forward: BERT-base's held about 280 MB per party)
+            for done in last_uses.get(node, ()):
+                env.pop(done, None)
             op = node.op
             role = fusion.get(node)
             if role == "skip":  # a ReLU folded into the neighbouring max pool
@@ -455,7 +460,30 @@ class GraphModule(Module):
                 env[node] = self._get(node.target)(*args, **kwargs)
             else:
                 env[node] = self._impl[node](*args, **kwargs)
+            del args, kwargs
         raise UnsupportedError("converted graph has no output node")
+
+    def _last_uses(self) -> dict:
+        """For each node, the earlier nodes whose values it is the last to read (dropped from
+        the forward's environment before it runs: its own arguments are fetched first)."""
+        plan = self.__dict__.get("_last_use_plan")
+        if plan is not None and plan[0] is self.graph:
+            return plan[1]
+        last: dict = {}
+        for node in self.graph.nodes:
+            last[node] = node  # a value nothing reads goes at once
+            for used in node.all_input_nodes:
+                last[used] = node
+        # a value is dropped once the node after its last reader starts
+        nodes = list(self.graph.nodes)
+        after = dict(zip(nodes, nodes[1:]))
+        drops: dict = {}
+        for used, reader in last.items():
+            nxt = after.get(reader)
+            if nxt is not None:
+                drops.setdefault(nxt, []).append(used)
+        object.__setattr__(self, "_last_use_plan", (self.graph, drops))
+        return drops
 
     def extra_repr(self) -> str:
         return f"source={self.source}"
