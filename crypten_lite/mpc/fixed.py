@@ -39,6 +39,7 @@ import torch
 
 from ..provider.correlations import TRIPLE_OPS
 from ..session import current
+from .offline import own_mapping
 from .primitives import open_many
 
 
@@ -116,7 +117,8 @@ def product(op: str, x: torch.Tensor, w: torch.Tensor, params: Sequence[int], ow
         e, d = open_many([x - a, w - m.b])
         # D kept in its own storage: a view would keep the whole opened message (E too) alive
         # as long as the model (BERT-base: 107 MB more per party)
-        m.d, m.b = d.clone(), None  # from now on [W] stands for [B] + D (module docstring, step 2)
+        # (a mapping of its own: offline.own_mapping says why)
+        m.d, m.b = own_mapping(d), None  # from now on [W] stands for [B] + D (module docstring, step 2)
         del d
     else:
         (e,) = open_many([x - a])

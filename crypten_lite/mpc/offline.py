@@ -245,3 +245,89 @@ def _free_heap_bytes(libc) -> int | None:
         return None
     info.restype = _MallInfo2
     return int(info().fordblks)
+
+
+# Tensors from this size up that a party keeps for a model's life (weight shares, fixed masks'
+# D) get a mapping of their own (own_mapping).
+OWN_MAPPING_BYTES = 1 << 20
+
+
+def own_mapping(t: torch.Tensor) -> torch.Tensor:
+    """A copy of `t` in an anonymous memory mapping of its own, for a tensor kept as long as
+    the model (same shape, dtype and values; contiguous; never sharing t's storage). Below
+    OWN_MAPPING_BYTES, or off the CPU, a plain copy.
+
+    A BERT-base weight (768 x 768 or 768 x 3072 int64: 4.7-19 MB) is below glibc's mmap
+    threshold (MMAP_THRESHOLD_BYTES), so the weights' shares and masks sat in the heap between
+    the blocks that loading freed; every operation's temporaries then reused those holes all
+    over the heap, whose pages stayed resident (malloc gives back only the heap's top). In
+    mappings of their own the weights leave the heap to the temporaries, whose free space
+    gathers at its top and goes back to the OS."""
+    import mmap
+
+    nbytes = t.numel() * t.element_size()
+    if nbytes < OWN_MAPPING_BYTES or t.device.type != "cpu" or type(t) is not torch.Tensor:
+        return t.clone(memory_format=torch.contiguous_format)
+    buf = mmap.mmap(-1, nbytes)
+    out = torch.frombuffer(buf, dtype=t.dtype, count=t.numel()).view(t.shape)
+    out.copy_(t)
+    return out
+
+
+# Resident memory a model's forward may gain between two operations before the free heap
+# pages are handed back (trim_heap_growth); HEAP_TRIM_ENV sets it in MiB, 0 turns trimming off.
+HEAP_TRIM_ENV = "CRYPTEN_LITE_HEAP_TRIM_MB"
+HEAP_GROWTH_TRIM_MB = 256
+_trim_state = {"base": None, "libc": None, "page": 4096, "step": None}
+
+
+def _trim_step() -> int:
+    raw = os.environ.get(HEAP_TRIM_ENV, str(HEAP_GROWTH_TRIM_MB))
+    try:
+        mb = int(raw)
+        if mb < 0:
+            raise ValueError
+    except ValueError:
+        raise ConfigError(f"{HEAP_TRIM_ENV}={raw!r}: expected a whole number of MiB (0 turns "
+                          "the forward's heap trimming off)") from None
+    return mb << 20
+
+
+def trim_heap_growth() -> None:
+    """Between two operations of a private model's forward: when this process's resident
+    memory has grown by HEAP_GROWTH_TRIM_MB (HEAP_TRIM_ENV) since the last trim, hand the heap's free
+    pages back to the OS (glibc malloc_trim, which also frees whole pages inside the heap).
+
+    An operation's temporaries are freed at its end, but malloc places the next ones in
+    other free holes, so over a forward the pages of every hole of the heap became resident
+    (BERT-base: about 1 GB of free heap per party above its live memory). Trimming only on
+    growth bounds that to about HEAP_GROWTH_TRIM_MB plus one operation's temporaries,
+    while a forward that does not grow pays one read of /proc/self/statm per operation.
+    A no-op where glibc or /proc is missing."""
+    st = _trim_state
+    if st["step"] is None:
+        st["step"] = _trim_step()
+    if not st["step"]:
+        return
+    if st["libc"] is None:
+        try:
+            st["libc"] = ctypes.CDLL(None).malloc_trim
+            st["page"] = os.sysconf("SC_PAGE_SIZE")
+        except (OSError, AttributeError, ValueError):
+            st["libc"] = False
+    if st["libc"] is False:
+        return
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            resident = int(f.read().split()[1]) * st["page"]
+    except (OSError, ValueError, IndexError):
+        st["libc"] = False
+        return
+    if st["base"] is None or resident < st["base"]:
+        st["base"] = resident
+        return
+    if resident - st["base"] < st["step"]:
+        return
+    st["libc"](0)
+    with open("/proc/self/statm", "rb") as f:
+        st["base"] = int(f.read().split()[1]) * st["page"]

@@ -41,6 +41,7 @@ import torch.nn.functional as TF
 
 from ..cryptensor import CrypTensor
 from ..errors import UnsupportedError
+from ..mpc.offline import trim_heap_growth
 from . import functional as F
 from . import layers as L
 from . import vision_ops as _vision_ops
@@ -431,11 +432,14 @@ class GraphModule(Module):
         feed = iter(inputs)
         fusion = self._fusion()
         last_uses = self._last_uses()
+        private = self._encrypted
         for node in self.graph.nodes:
             # values no later node reads are dropped (an activation lives until its last use,
             # not to the end of the forward: BERT-base's held about 280 MB per party)
             for done in last_uses.get(node, ()):
                 env.pop(done, None)
+            if private:
+                trim_heap_growth()  # free heap pages that the last operation left resident
             op = node.op
             role = fusion.get(node)
             if role == "skip":  # a ReLU folded into the neighbouring max pool

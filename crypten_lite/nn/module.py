@@ -16,10 +16,16 @@ import torch
 
 from ..cryptensor import CrypTensor
 from ..errors import ProtocolError, UnsupportedError
+from ..mpc.offline import own_mapping
 
 def _share(value: torch.Tensor, src: int, requires_grad: bool, precision: int | None) -> CrypTensor:
     # Only `src` contributes its values; the other parties' values serve the shape check alone.
     out = CrypTensor.from_plain(value.detach(), src=src, precision=precision)
+    share = out.share
+    if type(share) is torch.Tensor and share.device.type == "cpu":
+        # kept as long as the model: a large share in a mapping of its own, off the heap that
+        # the operations' temporaries reuse (crypten_lite.mpc.offline.own_mapping)
+        out.share = own_mapping(share)
     out.requires_grad = requires_grad
     return out
 

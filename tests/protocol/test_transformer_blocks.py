@@ -274,3 +274,42 @@ def party_small_rows_norms():
 def test_norms_of_small_rows_stay_accurate(pool_all):
     r = pool_all.run(party_small_rows_norms)[0]
     assert r["rms_err"] <= 2e-3 and r["ln_err"] <= 2e-3, r
+
+
+def party_weights_in_own_mappings():
+    from crypten_lite import nn
+    from crypten_lite.mpc.offline import OWN_MAPPING_BYTES
+    c = comm.get()
+    torch.manual_seed(0)  # test model, not cryptographic
+    lin = torch.nn.Linear(512, 256)                   # 1 MiB of int64 shares: its own mapping
+    model = nn.from_pytorch(torch.nn.Sequential(lin), torch.zeros(1, 512))
+    model.encrypt(src=0)
+    model.eval()
+    weight, bias = sorted(model.parameters(), key=lambda p: -p.dim())
+    t = torch.randn(2, 512, generator=torch.Generator().manual_seed(5))
+    x = crypten_lite.cryptensor(t if c.rank == 1 else None, src=1)
+    out = {"errs": [], "costs": []}
+    for _ in range(2):
+        y, cost = cost_pair(lambda: model(x))
+        out["costs"].append(cost)
+        out["errs"].append((y.get_plain_text() - lin(t)).abs().max().item())
+    masks = [m for m in weight.__dict__["_fixed_masks"].values() if m.d is not None]
+    d = masks[0].d
+    out["masks"] = len(masks)
+    out["weight_bytes"] = weight.share.numel() * 8
+    # page-aligned: a mapping of its own (malloc's blocks, mapped or not, start past a header)
+    out["weight_mapped"] = weight.share.data_ptr() % 4096 == 0
+    out["d_mapped"] = d.data_ptr() % 4096 == 0 and d.numel() == weight.share.numel()
+    out["bias_small"] = bias.share.numel() * 8 < OWN_MAPPING_BYTES
+    return out
+
+
+def test_large_weights_and_masks_live_in_their_own_mappings(pool2):
+    """A large weight's share and its mask's D are kept in mappings of their own, off the heap
+    the operations' temporaries reuse (offline.own_mapping); results and costs unchanged."""
+    for r in pool2.run(party_weights_in_own_mappings):
+        assert max(r["errs"]) <= 1e-3, r["errs"]
+        first, second = r["costs"]
+        assert first == (1, 8 * (2 * 512 + 512 * 256)) and second == (1, 8 * 2 * 512)
+        assert r["weight_bytes"] == 1 << 20 and r["weight_mapped"] and r["d_mapped"] and r["masks"] == 1
+        assert r["bias_small"]

@@ -381,3 +381,41 @@ def test_forward_drops_each_value_after_its_last_use():
     assert most_alive[0] == 1, most_alive[0]
     del got
     assert all(ref() is None for ref in made)
+
+
+def test_own_mapping_copies_into_a_mapping_of_its_own():
+    from crypten_lite.mpc.offline import OWN_MAPPING_BYTES, own_mapping
+    big = torch.arange(OWN_MAPPING_BYTES // 8, dtype=torch.int64).view(-1, 256).t()  # not contiguous
+    got = own_mapping(big)
+    assert torch.equal(got, big) and got.is_contiguous() and got.dtype == torch.int64
+    assert got.data_ptr() % 4096 == 0 and got.untyped_storage().data_ptr() != big.untyped_storage().data_ptr()
+    got[0, 0] = -1  # writable, and a copy
+    assert big[0, 0] == 0
+    small = torch.arange(10)
+    copy = own_mapping(small)
+    assert torch.equal(copy, small) and copy.data_ptr() != small.data_ptr()
+
+
+def test_trim_heap_growth_trims_on_growth_only(monkeypatch):
+    from crypten_lite.errors import ConfigError
+    from crypten_lite.mpc import offline
+    calls = []
+    monkeypatch.setattr(offline, "_trim_state", {"base": None, "libc": lambda pad: calls.append(pad),
+                                                 "page": os.sysconf("SC_PAGE_SIZE"), "step": 16 << 20})
+    offline.trim_heap_growth()                      # first call: the baseline
+    offline.trim_heap_growth()
+    assert calls == []                              # no growth: nothing handed back
+    grown = torch.ones(64 << 17, dtype=torch.float64)  # 64 MiB, every page touched
+    offline.trim_heap_growth()
+    assert calls == [0]                             # grown by more than the step: one trim
+    offline.trim_heap_growth()
+    assert calls == [0]                             # the base moved up: no second trim
+    del grown
+    monkeypatch.setenv(offline.HEAP_TRIM_ENV, "0")
+    monkeypatch.setattr(offline, "_trim_state", {"base": None, "libc": lambda pad: calls.append(pad),
+                                                 "page": 4096, "step": None})
+    offline.trim_heap_growth()
+    assert offline._trim_state["step"] == 0 and offline._trim_state["base"] is None  # off
+    monkeypatch.setenv(offline.HEAP_TRIM_ENV, "lots")
+    with pytest.raises(ConfigError, match="CRYPTEN_LITE_HEAP_TRIM_MB='lots'"):
+        offline._trim_step()
