@@ -435,7 +435,7 @@ class GraphModule(Module):
         private = self._encrypted
         for node in self.graph.nodes:
             # values no later node reads are dropped (an activation lives until its last use,
-            # not to the end of the forward: BERT-base's held about 280 MB per party)
+            # not to the end of the forward: BERT-base seq 128's peak fell about 100 MB per party)
             for done in last_uses.get(node, ()):
                 env.pop(done, None)
             if private:

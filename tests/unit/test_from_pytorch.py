@@ -344,8 +344,8 @@ def test_public_op_of_a_hostile_description_is_refused_before_allocating():
 
 def test_forward_drops_each_value_after_its_last_use():
     """The converted forward keeps an intermediate only until the last node reading it (a
-    private model's activations otherwise stayed to the end of the forward: about 280 MB per
-    party for BERT-base at seq 128); outputs unchanged."""
+    private model's activations otherwise stayed to the end of the forward: BERT-base seq
+    128's peak was about 100 MB higher per party); outputs unchanged."""
     import weakref
 
     class Chain(nn.Module):
