@@ -52,17 +52,24 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workload", choices=["lenet_b1", "lenet_b64", "relu"], default="lenet_b1")
     parser.add_argument("--n", type=int, default=65536, help="relu: elements")
+    parser.add_argument("--out", help="append the lines to this file (docs/pairwise_breakdown.jsonl feeds "
+                        "docs/protocols.md's table: benchmarks/pairwise_tables.py)")
     args = parser.parse_args()
     from crypten_lite.mpc import PartyPool
     with PartyPool(2, provider="pairwise", timeout=1800) as pool:
         got = pool.run(_run, args.workload, args.n)[0]
     name = args.workload if args.workload != "relu" else f"relu_{args.n}"
     load = round(os.getloadavg()[0], 1)
-    for kind, (count, nbytes, seconds) in sorted(got["by_kind"].items(), key=lambda kv: -kv[1][2]):
-        print(json.dumps({"workload": name, "kind": kind, "correlations": count,
-                          "mb_both_ways": round(nbytes / 1e6, 1), "seconds": round(seconds, 2)}))
-    print(json.dumps({"workload": name, "kind": "total (prefetch)", "seconds": round(got["seconds"], 2),
-                      "load_average_1min": load}))
+    lines = [{"workload": name, "kind": kind, "correlations": count, "mb_both_ways": round(nbytes / 1e6, 1),
+              "seconds": round(seconds, 2)}
+             for kind, (count, nbytes, seconds) in sorted(got["by_kind"].items(), key=lambda kv: -kv[1][2])]
+    lines.append({"workload": name, "kind": "total (prefetch)", "seconds": round(got["seconds"], 2),
+                  "load_average_1min": load, "date": time.strftime("%Y-%m-%d")})
+    for line in lines:
+        print(json.dumps(line))
+    if args.out:
+        with open(args.out, "a") as f:
+            f.writelines(json.dumps(line) + "\n" for line in lines)
 
 
 if __name__ == "__main__":

@@ -37,6 +37,30 @@ def side_by_side() -> str:
     return "\n".join(out)
 
 
+def breakdown_table() -> str:
+    """Where the offline phase goes, per correlation kind (docs/pairwise_breakdown.jsonl, from
+    `python benchmarks/pairwise_breakdown.py --workload W --out docs/pairwise_breakdown.jsonl`;
+    the last run of each workload)."""
+    runs: dict[str, list[dict]] = {}
+    current: list[dict] = []
+    for line in (DOCS / "pairwise_breakdown.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        current.append(row)
+        if row["kind"] == "total (prefetch)":
+            runs[row["workload"]], current = current, []
+    out = ["| workload | correlation kind (op) | correlations | MB both ways | seconds |",
+           "|---|---|---|---|---|"]
+    for workload, rows in runs.items():
+        for r in rows:
+            if r["kind"] == "total (prefetch)":
+                out.append(f"| {workload} | whole prefetch (load {r['load_average_1min']}, {r['date']}) | | | "
+                           f"{r['seconds']:.2f} |")
+            else:
+                out.append(f"| {workload} | {r['kind']} | {r['correlations']} | {r['mb_both_ways']:.1f} | "
+                           f"{r['seconds']:.2f} |")
+    return "\n".join(out)
+
+
 def quick_table() -> str:
     """The table of `python benchmarks/pairwise_vs_cheetah.py --quick` (docs/pairwise_quick.jsonl)."""
     import sys
@@ -55,3 +79,5 @@ if __name__ == "__main__":
     print(side_by_side())
     print()
     print(quick_table())
+    print()
+    print(breakdown_table())

@@ -340,6 +340,7 @@ def test_docs_tables_come_from_the_measurements():
     assert pairwise_tables.small_table() in doc
     assert pairwise_tables.side_by_side() in doc
     assert pairwise_tables.quick_table() in doc
+    assert pairwise_tables.breakdown_table() in doc
 
 
 def test_noise_table_in_the_docs_comes_from_the_measurements():
