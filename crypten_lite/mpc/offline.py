@@ -320,8 +320,7 @@ def trim_heap_growth() -> None:
     if st["libc"] is False:
         return
     try:
-        with open("/proc/self/statm", "rb") as f:
-            resident = int(f.read().split()[1]) * st["page"]
+        resident = _resident_bytes(st["page"])
     except (OSError, ValueError, IndexError):
         st["libc"] = False
         return
@@ -331,5 +330,10 @@ def trim_heap_growth() -> None:
     if resident - st["base"] < st["step"]:
         return
     st["libc"](0)
+    st["base"] = _resident_bytes(st["page"])
+
+
+def _resident_bytes(page: int) -> int:
+    """This process's resident memory in bytes (/proc/self/statm's second field)."""
     with open("/proc/self/statm", "rb") as f:
-        st["base"] = int(f.read().split()[1]) * st["page"]
+        return int(f.read().split()[1]) * page

@@ -399,18 +399,24 @@ def test_own_mapping_copies_into_a_mapping_of_its_own():
 def test_trim_heap_growth_trims_on_growth_only(monkeypatch):
     from crypten_lite.errors import ConfigError
     from crypten_lite.mpc import offline
+    page = os.sysconf("SC_PAGE_SIZE")
+    assert offline._resident_bytes(page) > 0 and offline._resident_bytes(page) % page == 0
+    # the resident sizes the trim sees, fed in (the test process's own memory moves with
+    # whatever else runs in it): baseline, no growth, +64 MiB, what the trim left, the same
+    mib = 1 << 20
+    seen = iter([500 * mib, 500 * mib, 564 * mib, 520 * mib, 530 * mib])
+    monkeypatch.setattr(offline, "_resident_bytes", lambda page: next(seen))
     calls = []
     monkeypatch.setattr(offline, "_trim_state", {"base": None, "libc": lambda pad: calls.append(pad),
-                                                 "page": os.sysconf("SC_PAGE_SIZE"), "step": 16 << 20})
+                                                 "page": page, "step": 16 << 20})
     offline.trim_heap_growth()                      # first call: the baseline
     offline.trim_heap_growth()
     assert calls == []                              # no growth: nothing handed back
-    grown = torch.ones(64 << 17, dtype=torch.float64)  # 64 MiB, every page touched
     offline.trim_heap_growth()
     assert calls == [0]                             # grown by more than the step: one trim
+    assert offline._trim_state["base"] == 520 * mib  # the base is what the trim left
     offline.trim_heap_growth()
-    assert calls == [0]                             # the base moved up: no second trim
-    del grown
+    assert calls == [0]                             # grown by less than the step: no second trim
     monkeypatch.setenv(offline.HEAP_TRIM_ENV, "0")
     monkeypatch.setattr(offline, "_trim_state", {"base": None, "libc": lambda pad: calls.append(pad),
                                                  "page": 4096, "step": None})
