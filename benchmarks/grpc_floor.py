@@ -77,6 +77,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _serve(port: int, handlers: dict) -> grpc.Server:
+    """A started gRPC server on 127.0.0.1:port with the service floor.Echo's `handlers`."""
+    server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=8), options=OPTIONS)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("floor.Echo", handlers),))
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    server.start()
+    return server
+
+
 def _timed(round_trip, samples: int) -> list[float]:
     for _ in range(20):  # warm-up
         round_trip()
@@ -274,16 +283,12 @@ def _measure(pattern: str, samples: int, port: int, own_port: int) -> list[float
                 next(replies)
             return _timed(rt, samples)
         if pattern == "unary_future_exchange":
-            server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=8), options=OPTIONS)
             inbox: queue.SimpleQueue = queue.SimpleQueue()
 
             def unary(req, context):
                 inbox.put(req)
                 return b""
-            server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("floor.Echo", {
-                "Unary": grpc.unary_unary_rpc_method_handler(unary, _ident, _ident)}),))
-            server.add_insecure_port(f"127.0.0.1:{own_port}")
-            server.start()
+            server = _serve(own_port, {"Unary": grpc.unary_unary_rpc_method_handler(unary, _ident, _ident)})
             send = channel.unary_unary("/floor.Echo/Unary", _ident, _ident)
             calls: collections.deque = collections.deque(maxlen=64)  # a dropped future is cancelled
 
@@ -296,15 +301,11 @@ def _measure(pattern: str, samples: int, port: int, own_port: int) -> list[float
                 send(b"", timeout=30)
                 server.stop(1).wait(5)
         if pattern == "subscribe_pair_exchange":
-            server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=8), options=OPTIONS)
             out = queue.SimpleQueue()
 
             def subscribe(req, context):
                 yield from iter(out.get, None)
-            server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("floor.Echo", {
-                "Subscribe": grpc.unary_stream_rpc_method_handler(subscribe, _ident, _ident)}),))
-            server.add_insecure_port(f"127.0.0.1:{own_port}")
-            server.start()
+            server = _serve(own_port, {"Subscribe": grpc.unary_stream_rpc_method_handler(subscribe, _ident, _ident)})
             single = grpc.insecure_channel(target, OPTIONS + [
                 (grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1)])
             incoming = single.unary_stream("/floor.Echo/Subscribe", _ident, _ident)(b"", timeout=600)
