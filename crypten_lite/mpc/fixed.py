@@ -25,7 +25,7 @@ alike), never opening W' - B with an old B. Memory: D per weight layout (one mor
 the weight's shares; B only until D is opened). A weight used as itself and transposed (GPT-2's
 tied token embedding, one_hot @ W, and LM head, x @ W^T) keeps ONE mask: once W's own layout
 is masked, x @ W^T is the weight_triple of op "linear" (C_k = A_k B^T) under that mask, with
-W's share and D (dealer and TFP; 309 MB fewer per party for GPT-2 small).
+W's share and D (every provider serves "linear"; 309 MB fewer per party for GPT-2 small).
 
 Only under the additive protocol with 2+ parties and a provider (the dealer or TFP).
 """

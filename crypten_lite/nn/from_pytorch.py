@@ -29,8 +29,8 @@ batch_norm node) follow the converted module's `train()` / `eval()`. A functiona
 
 from __future__ import annotations
 
-import gc
 import builtins
+import gc
 import math
 import operator
 from typing import Any, Callable
