@@ -17,7 +17,7 @@ import numpy as np
 
 from ._proto import serve_pb2 as pb
 from ._proto import serve_pb2_grpc as pb_grpc
-from .client import RETRY, ClientError, build_requests, combine, open_channels
+from .client import ClientError, Retry, as_batch, build_requests, combine, one_service, open_channels
 
 
 class AsyncClient:
@@ -70,37 +70,21 @@ class AsyncClient:
 
     async def _metadata_of_service(self):
         if self._meta is None:
-            infos = await self.wait_ready(self.timeout)
-            keys = {(i.world_size, i.protocol, tuple(i.sample_shape), i.precision, i.model)
-                    for i in infos}
-            if len(keys) != 1 or infos[0].world_size != len(self.endpoints):
-                raise ClientError(f"the parties describe different services or another number "
-                                  f"of parties: {sorted(keys)}", "mismatch")
-            self._meta = infos[0]
+            self._meta = one_service(await self.wait_ready(self.timeout), len(self.endpoints))
         return self._meta
 
     async def predict(self, x, timeout: float | None = None) -> np.ndarray:
         """The model's output on `x` (a sample, or a batch first): as Client.predict."""
-        timeout = self.timeout if timeout is None else timeout
+        retry = Retry(self.timeout if timeout is None else timeout)
         meta = await self._metadata_of_service()
-        x = np.asarray(x, dtype=np.float64)
-        single = x.shape == tuple(meta.sample_shape)
-        if single:
-            x = x[None]
-        end = time.monotonic() + timeout
-        delay = 0.05
+        x, single = as_batch(x, meta)
         while True:
-            left = end - time.monotonic()
-            if left <= 0:
-                raise ClientError(f"no answer within {timeout} s", "DEADLINE_EXCEEDED")
+            left = retry.left()
             try:
                 out = await self._once(meta, x, left)
                 return out[0] if single else out
             except ClientError as e:
-                if e.code not in RETRY or time.monotonic() + delay >= end:
-                    raise
-            await asyncio.sleep(delay)
-            delay = min(1.0, delay * 2)
+                await asyncio.sleep(retry.pause_after(e))
 
     async def _once(self, meta, x: np.ndarray, timeout: float) -> np.ndarray:
         reqs = build_requests(meta, x, len(self.endpoints), timeout)

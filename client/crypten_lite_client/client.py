@@ -171,12 +171,7 @@ class Client:
 
     def _metadata_of_service(self):
         if self._meta is None:
-            infos = self.wait_ready(self.timeout)
-            keys = {(i.world_size, i.protocol, tuple(i.sample_shape), i.precision, i.model) for i in infos}
-            if len(keys) != 1 or infos[0].world_size != len(self.endpoints):
-                raise ClientError(f"the parties describe different services or another number "
-                                  f"of parties: {sorted(keys)}", "mismatch")
-            self._meta = infos[0]
+            self._meta = one_service(self.wait_ready(self.timeout), len(self.endpoints))
         return self._meta
 
     def requests_for(self, x: np.ndarray, timeout: float) -> list:
@@ -189,26 +184,15 @@ class Client:
         Retries transparently (fresh shares and request id) while a party is unavailable,
         within `timeout` seconds; any other failure raises ClientError with the party's
         message. Answers whose shapes or computation tags differ are refused, never summed."""
-        timeout = self.timeout if timeout is None else timeout
-        meta = self._metadata_of_service()
-        x = np.asarray(x, dtype=np.float64)
-        single = x.shape == tuple(meta.sample_shape)
-        if single:
-            x = x[None]
-        end = time.monotonic() + timeout
-        delay = 0.05
+        retry = Retry(self.timeout if timeout is None else timeout)
+        x, single = as_batch(x, self._metadata_of_service())
         while True:
-            left = end - time.monotonic()
-            if left <= 0:
-                raise ClientError(f"no answer within {timeout} s", "DEADLINE_EXCEEDED")
+            left = retry.left()
             try:
                 out = self._once(x, left)
                 return out[0] if single else out
             except ClientError as e:
-                if e.code not in RETRY or time.monotonic() + delay >= end:
-                    raise
-            time.sleep(delay)
-            delay = min(1.0, delay * 2)
+                time.sleep(retry.pause_after(e))
 
     def _once(self, x: np.ndarray, timeout: float) -> np.ndarray:
         reqs = self.requests_for(x, timeout)
@@ -235,6 +219,48 @@ class Client:
                         g.cancel()
                     raise ClientError(f"party {r}: {e.details()}", e.code().name) from None
         return combine(reqs, replies)
+
+
+def one_service(infos: list, n: int):
+    """The ServiceInfo every one of the `n` parties describes alike (ClientError 'mismatch' if
+    they describe different services or another number of parties)."""
+    keys = {(i.world_size, i.protocol, tuple(i.sample_shape), i.precision, i.model) for i in infos}
+    if len(keys) != 1 or infos[0].world_size != n:
+        raise ClientError(f"the parties describe different services or another number "
+                          f"of parties: {sorted(keys)}", "mismatch")
+    return infos[0]
+
+
+def as_batch(x, meta) -> tuple[np.ndarray, bool]:
+    """`x` as a float64 batch, and whether it was one sample of the service's sample shape."""
+    x = np.asarray(x, dtype=np.float64)
+    single = x.shape == tuple(meta.sample_shape)
+    return (x[None] if single else x), single
+
+
+class Retry:
+    """The retry schedule of one predict call within `timeout` seconds: attempts while a party is
+    unavailable (codes in RETRY), with pauses from 50 ms doubling up to 1 s."""
+
+    def __init__(self, timeout: float):
+        self.timeout = timeout
+        self.end = time.monotonic() + timeout
+        self.delay = 0.05
+
+    def left(self) -> float:
+        """Seconds left for the next attempt (ClientError DEADLINE_EXCEEDED when none are)."""
+        left = self.end - time.monotonic()
+        if left <= 0:
+            raise ClientError(f"no answer within {self.timeout} s", "DEADLINE_EXCEEDED")
+        return left
+
+    def pause_after(self, e: "ClientError") -> float:
+        """The pause before the next attempt after `e`, or `e` raised again when it is not worth
+        retrying (another code, or the pause would pass the deadline)."""
+        if e.code not in RETRY or time.monotonic() + self.delay >= self.end:
+            raise e
+        delay, self.delay = self.delay, min(1.0, self.delay * 2)
+        return delay
 
 
 def build_requests(meta, x: np.ndarray, n: int, timeout: float) -> list:
