@@ -194,9 +194,9 @@ def _worker(env: dict[str, str], tasks, results) -> None:
     import crypten_lite
     rank = int(env["CRYPTEN_LITE_RANK"])
     try:
-        crypten_lite.init()
         from crypten_lite.mpc.offline import tune_malloc
-        tune_malloc()
+        tune_malloc()  # before init: the transport's threads then share the main heap
+        crypten_lite.init()
     except BaseException:
         results.put((rank, False, traceback.format_exc()))
         return

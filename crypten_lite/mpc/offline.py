@@ -167,7 +167,7 @@ def _agree(s, what: str, store_id: str, error: Exception | None) -> None:
 
 
 # glibc mallopt parameters, and the values a party process fixes (tune_malloc).
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -3, -8
 # Blocks from this size up are mapped on their own and unmapped when freed (glibc's largest
 # dynamic value): a model's big tensors go back to the OS as soon as they are freed.
 MMAP_THRESHOLD_BYTES = 32 << 20
@@ -187,7 +187,14 @@ def tune_malloc() -> None:
     Fixed values keep up to TRIM_THRESHOLD_BYTES of free heap for the next operation and map
     blocks of MMAP_THRESHOLD_BYTES and up on their own, as glibc's own maximum does. Where
     glibc's environment variables set either (MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_),
-    they are kept."""
+    they are kept.
+
+    Threads started from here on share the main heap (M_ARENA_MAX 1, unless MALLOC_ARENA_MAX
+    is set): the thread that receives a peer's message allocates the tensor it assembles it
+    in, and in a thread's own arena that memory was faulted in again at almost every product
+    of 10^6 elements (about 4,000 minor faults, 16 MB, a tenth of the product's CPU time;
+    benchmarks/profile_mul_stages.py counts them per thread). Call it before the transport
+    starts its threads (the launcher does)."""
     global _malloc_tuned
     if _malloc_tuned:
         return
@@ -201,6 +208,8 @@ def tune_malloc() -> None:
         mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
     if "MALLOC_TRIM_THRESHOLD_" not in os.environ:
         mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES)
+    if "MALLOC_ARENA_MAX" not in os.environ:
+        mallopt(_M_ARENA_MAX, 1)
 
 
 def _release_free_heap() -> None:

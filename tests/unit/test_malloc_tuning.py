@@ -56,3 +56,47 @@ def test_tuned_process_reuses_freed_heap():
     assert sum(later) < first, (first, later)
     untuned_first, *untuned_later = _faults("untuned")
     assert sum(untuned_later) > untuned_first, "glibc's defaults changed: the check above proves nothing"
+
+
+THREAD_SCRIPT = r"""
+import json, queue, resource, sys, threading, torch
+if sys.argv[1] == "tuned":
+    from crypten_lite.mpc.offline import tune_malloc
+    tune_malloc()
+handed, freed, faults = queue.SimpleQueue(), queue.SimpleQueue(), []
+def receiver():  # as the transport's receiving thread: assembles a message, hands it over
+    for _ in range(8):
+        before = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+        buffer = torch.empty(16 << 20, dtype=torch.uint8)
+        buffer.fill_(1)
+        faults.append(resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - before)
+        handed.put(buffer)
+        del buffer
+        freed.get()
+thread = threading.Thread(target=receiver)  # started after tune_malloc, as the launcher does
+thread.start()
+for _ in range(8):  # the main thread computes with the message, then frees it
+    buffer = handed.get()
+    result = torch.empty(1_000_000, dtype=torch.int64).fill_(2)
+    del buffer, result
+    freed.put(None)
+thread.join()
+print(json.dumps(faults))
+"""
+
+
+def _thread_faults(mode: str) -> list[int]:
+    out = subprocess.run([sys.executable, "-c", THREAD_SCRIPT, mode], capture_output=True, text=True,
+                         timeout=120, check=True)
+    return json.loads(out.stdout)
+
+
+@pytest.mark.skipif(not _glibc(), reason="malloc tuning is glibc's mallopt")
+def test_receiving_thread_reuses_freed_heap():
+    # A 16 MB message assembled on another thread and freed on the main one: in the thread's
+    # own arena (glibc's default) its 4,096 pages fault in again at most rounds; with the
+    # threads sharing the main heap (tune_malloc's M_ARENA_MAX 1) they are reused.
+    refaulted = lambda faults: sum(f > 1000 for f in faults[2:])  # noqa: E731
+    tuned, untuned = _thread_faults("tuned"), _thread_faults("untuned")
+    assert refaulted(tuned) <= 1, tuned
+    assert refaulted(untuned) >= 3, ("glibc's defaults changed: the check above proves nothing", untuned)
