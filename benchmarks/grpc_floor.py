@@ -2,6 +2,8 @@
 
     python benchmarks/grpc_floor.py                 # every pattern, 300 round trips each
     python benchmarks/grpc_floor.py --samples 1000 --only tcp,push_pair
+    python benchmarks/grpc_floor.py --throughput [--repeat 10 --chunk-mb 1,4,16 --streams 1,2]
+                                                    # 16 MiB each way (benchmarks/grpc_throughput.py)
 
 Each pattern runs between this process and a child process it launches (loopback, plaintext:
 the bench's latency rows run without TLS too). It prints one line per pattern: the median
@@ -404,6 +406,10 @@ def run(pattern: str, samples: int) -> list[float]:
 
 
 def main() -> None:
+    if "--throughput" in sys.argv[1:]:  # the throughput floor: 16 MiB each way (grpc_throughput.py)
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import grpc_throughput
+        raise SystemExit(grpc_throughput.main([a for a in sys.argv[1:] if a != "--throughput"]))
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--samples", type=int, default=300, help="round trips per pattern")
     parser.add_argument("--only", default=",".join(PATTERNS), help="comma-separated patterns")

@@ -333,7 +333,8 @@ def load_sources() -> dict:
     out["end_to_end"] = load_end_to_end()
     out["ring_gemm"] = [json.loads(line) for line in RING_GEMM.read_text().splitlines() if line.strip()] \
         if RING_GEMM.exists() else []
-    for name in ("grpc_floor", "reveal_profile"):  # benchmarks/grpc_floor.py, profile_reveal.py --json
+    # benchmarks/grpc_floor.py, profile_reveal.py, profile_mul_stages.py, grpc_throughput.py --json
+    for name in ("grpc_floor", "reveal_profile", "mul_profile", "grpc_throughput"):
         path = ROOT / "docs" / f"{name}.json"
         out[name] = json.loads(path.read_text()) if path.exists() else None
     return out
@@ -446,6 +447,61 @@ def architecture_reveal_stages(costs: dict, bench: dict, sources: dict) -> str:
         f"{max([run['load_average_1min']] + [o['load_average_1min'] for o in ops])}. crypten_lite's own "
         f"transport code, CPU time alone in one thread: {cpu['send_us']} us to frame and queue a message, "
         f"{cpu['receive_us']} us to parse, check and deliver it.)")
+
+
+# Each stage of benchmarks/profile_mul_stages.py (its module docstring says more).
+MUL_STAGES = {
+    "triple": "the prefetched triple handed over (`provider.get`)",
+    "encode": "x - a and y - b written into the one message",
+    "send": "framing and queuing its 4 chunks (`_Outbox.send`: the copy-on-send copy)",
+    "wait": "main thread waits for the peer's message (`Mailbox.take`)",
+    "sum": "check, and the opening's sum in place",
+    "recombine": "Beaver: c + e b + a d (+ e d on rank 0), `addcmul` in place",
+    "truncate": "local truncation in place",
+    "total": "whole product",
+    "peer_send_to_first_chunk": "wire: peer starts queuing -> its first chunk in this party's handler",
+    "peer_send_done_to_last_chunk": "wire: peer done queuing -> its last chunk in this party's tensor",
+    "handler": "receiving thread: checks and the copy of each chunk into the tensor",
+    "faults_main": "minor page faults, main thread (count)",
+    "faults_chunk": "minor page faults, receiving thread (count)",
+}
+
+
+def architecture_mul_stages(costs: dict, bench: dict, sources: dict) -> str:
+    """docs/ARCHITECTURE.md: the median of each stage of mul 1M on both parties
+    (docs/mul_profile.json, written by benchmarks/profile_mul_stages.py --json)."""
+    run = sources["mul_profile"]
+    if run is None:
+        return "(not measured yet: `python benchmarks/profile_mul_stages.py --json docs/mul_profile.json`)\n"
+    parties = run["parties"]
+    lines = ["| stage | " + " | ".join(f"party {p['rank']}" for p in parties) + " |",
+             "| --- |" + " --- |" * len(parties)]
+    for stage, what in MUL_STAGES.items():
+        fmt = (lambda v: f"{v:.0f}") if stage.startswith("faults") else (lambda v: f"{v:.2f}")
+        lines.append(f"| {what} | " + " | ".join(fmt(p[stage]) for p in parties) + " |")
+    return "\n".join(lines) + "\n\n" + para(
+        f"(Milliseconds unless counted, medians over {parties[0]['products']} products of {run['n']:,} "
+        f"elements; `{run['command'].strip()}`, {run['date']}, commit {run['commit']}, {run['cpus']} CPUs, "
+        f"torch threads {parties[0]['torch_threads']}, 1-minute load average "
+        f"{' -> '.join(str(v) for v in run['load_average_1min'])}.)")
+
+
+def architecture_grpc_throughput(costs: dict, bench: dict, sources: dict) -> str:
+    """docs/ARCHITECTURE.md: 16 MiB each way over gRPC Python against raw TCP, same run
+    (docs/grpc_throughput.json, written by benchmarks/grpc_throughput.py --json)."""
+    run = sources["grpc_throughput"]
+    if run is None:
+        return "(not measured yet: `python benchmarks/grpc_throughput.py --json docs/grpc_throughput.json`)\n"
+    lines = ["| pattern | chunk MiB | streams | median ms | GB/s per direction | x raw TCP |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for r in run["patterns"]:
+        chunk = "-" if r["pattern"] == "tcp" else f"{r['chunk_mib']:g}"
+        lines.append(f"| `{r['pattern']}` | {chunk} | {r['streams']} | {r['median_ms']:.1f} | "
+                     f"{r['gb_per_s']:.2f} | {r['ratio_to_tcp']:.2f} |")
+    return "\n".join(lines) + "\n\n" + para(
+        f"(`{run['command'].strip()}`, {run['date']}, {run['repeat']} exchanges per pattern, round "
+        f"robin, grpc {run['grpc']}, {run['cpus']} CPUs, 1-minute load average "
+        f"{' -> '.join(str(v) for v in run['load_average_1min'])}.)")
 
 
 def load_end_to_end() -> dict[tuple[str, str, bool], dict]:
@@ -1108,6 +1164,8 @@ RENDERERS: dict[str, Callable[[dict, dict, dict], str]] = {
     "architecture-ring-gemm": architecture_ring_gemm,
     "architecture-grpc-floor": architecture_grpc_floor,
     "architecture-reveal-stages": architecture_reveal_stages,
+    "architecture-mul-stages": architecture_mul_stages,
+    "architecture-grpc-throughput": architecture_grpc_throughput,
     "training-steps": training_steps,
     "training-examples": training_examples,
     "readme-bench": readme_bench,
