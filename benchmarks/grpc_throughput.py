@@ -48,6 +48,11 @@ import grpc  # noqa: E402
 NBYTES = 16 * 1024 * 1024
 OPTIONS = [("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", 64 << 20),
            ("grpc.max_send_message_length", 64 << 20)]
+# --option KEY=VALUE (both processes, every channel and server), e.g. grpc.http2.max_frame_size=
+# 16777215: passed to the child through the environment.
+for _item in filter(None, os.environ.get("GRPC_THROUGHPUT_OPTIONS", "").split(";")):
+    _key, _, _value = _item.partition("=")
+    OPTIONS.append((_key, int(_value) if _value.lstrip("-").isdigit() else _value))
 _ident = lambda b: b  # noqa: E731  (bytes travel as they are: no protobuf)
 
 
@@ -187,8 +192,9 @@ class _Run:
         if self.control.recv(1) != b"r":
             raise RuntimeError(f"{pattern}: the child did not start")
 
-    def exchange(self) -> float:
-        start = time.perf_counter()
+    def exchange(self) -> tuple[float, float]:
+        """Seconds of one exchange, and this process's CPU seconds (every thread) in it."""
+        start, cpu = time.perf_counter(), time.process_time()
         self.control.sendall(b"g")
         if self.data is not None:
             sender = threading.Thread(target=self.data.sendall, args=(self.peer.payload,))
@@ -201,7 +207,7 @@ class _Run:
                 raise TimeoutError("no message from the child within 60 s")
         if self.control.recv(1) != b"d":
             raise RuntimeError("the child failed")
-        return time.perf_counter() - start
+        return time.perf_counter() - start, time.process_time() - cpu
 
     def close(self) -> None:
         self.control.close()
@@ -222,6 +228,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunk-mb", default="4", help="comma-separated chunk sizes in MiB")
     parser.add_argument("--streams", default="1", help="comma-separated numbers of client streams")
     parser.add_argument("--patterns", default="grpc,grpc_nocopy", help="gRPC patterns (tcp always runs)")
+    parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                        help="a gRPC channel/server argument for every gRPC pattern (repeatable)")
     parser.add_argument("--json", metavar="PATH", help="also write the run as JSON")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--chunk", type=int, help=argparse.SUPPRESS)
@@ -230,6 +238,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--peer-port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--control-port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.option:
+        os.environ["GRPC_THROUGHPUT_OPTIONS"] = ";".join(args.option)
+        for item in args.option:
+            key, _, value = item.partition("=")
+            OPTIONS.append((key, int(value) if value.lstrip("-").isdigit() else value))
     if args.child:
         _child(args.child, args.chunk, args.stream_count, args.port, args.peer_port, args.control_port)
         return 0
@@ -242,6 +255,7 @@ def main(argv: list[str] | None = None) -> int:
                 configs.append((pattern, int(float(mb) * (1 << 20)), int(k)))
     runs = [_Run(*c) for c in configs]
     times: dict[int, list[float]] = {i: [] for i in range(len(runs))}
+    cpus: dict[int, list[float]] = {i: [] for i in range(len(runs))}
     loads = [os.getloadavg()[0]]
     try:
         for _ in range(2):  # warm-up
@@ -249,7 +263,9 @@ def main(argv: list[str] | None = None) -> int:
                 run.exchange()
         for _ in range(args.repeat):
             for i, run in enumerate(runs):
-                times[i].append(run.exchange())
+                seconds, cpu = run.exchange()
+                times[i].append(seconds)
+                cpus[i].append(cpu)
         loads.append(os.getloadavg()[0])
     finally:
         for run in runs:
@@ -262,16 +278,18 @@ def main(argv: list[str] | None = None) -> int:
         median = statistics.median(times[i])
         row = {"pattern": pattern, "chunk_mib": chunk / (1 << 20), "streams": streams,
                "median_ms": round(median * 1e3, 2), "min_ms": round(min(times[i]) * 1e3, 2),
-               "gb_per_s": round(NBYTES / median / 1e9, 2), "ratio_to_tcp": round(median / base, 2)}
+               "gb_per_s": round(NBYTES / median / 1e9, 2), "ratio_to_tcp": round(median / base, 2),
+               # this process's CPU time per exchange, every thread (less sensitive to load)
+               "cpu_ms": round(statistics.median(cpus[i]) * 1e3, 2)}
         rows.append(row)
         print(f"{pattern:12s} chunk {row['chunk_mib']:5.2f} MiB  streams {streams}  median "
               f"{row['median_ms']:7.2f} ms  min {row['min_ms']:7.2f}  {row['gb_per_s']:5.2f} GB/s  "
-              f"{row['ratio_to_tcp']:4.2f}x tcp", flush=True)
+              f"{row['ratio_to_tcp']:4.2f}x tcp  cpu {row['cpu_ms']:6.2f} ms", flush=True)
     if args.json:
         record = {"command": "python benchmarks/grpc_throughput.py " + " ".join(argv or sys.argv[1:]),
                   "date": time.strftime("%Y-%m-%d"), "repeat": args.repeat, "grpc": grpc.__version__,
                   "load_average_1min": [round(v, 2) for v in loads], "cpus": os.cpu_count(),
-                  "patterns": rows}
+                  "options": OPTIONS, "patterns": rows}
         with open(args.json, "w") as f:
             json.dump(record, f, indent=1)
             f.write("\n")

@@ -492,15 +492,16 @@ def architecture_grpc_throughput(costs: dict, bench: dict, sources: dict) -> str
     run = sources["grpc_throughput"]
     if run is None:
         return "(not measured yet: `python benchmarks/grpc_throughput.py --json docs/grpc_throughput.json`)\n"
-    lines = ["| pattern | chunk MiB | streams | median ms | GB/s per direction | x raw TCP |",
-             "| --- | --- | --- | --- | --- | --- |"]
+    lines = ["| pattern | chunk MiB | streams | median ms | GB/s per direction | x raw TCP | CPU ms |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
     for r in run["patterns"]:
         chunk = "-" if r["pattern"] == "tcp" else f"{r['chunk_mib']:g}"
         lines.append(f"| `{r['pattern']}` | {chunk} | {r['streams']} | {r['median_ms']:.1f} | "
-                     f"{r['gb_per_s']:.2f} | {r['ratio_to_tcp']:.2f} |")
+                     f"{r['gb_per_s']:.2f} | {r['ratio_to_tcp']:.2f} | {r.get('cpu_ms', float('nan')):.1f} |")
     return "\n".join(lines) + "\n\n" + para(
         f"(`{run['command'].strip()}`, {run['date']}, {run['repeat']} exchanges per pattern, round "
-        f"robin, grpc {run['grpc']}, {run['cpus']} CPUs, 1-minute load average "
+        f"robin; CPU ms: the measuring process's CPU time per exchange, every thread, less "
+        f"sensitive to the load than the wall time; grpc {run['grpc']}, {run['cpus']} CPUs, 1-minute load average "
         f"{' -> '.join(str(v) for v in run['load_average_1min'])}.)")
 
 
