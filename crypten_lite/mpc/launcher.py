@@ -70,7 +70,7 @@ def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
 INHERITED = ("CRYPTEN_LITE_PRECISION", "CRYPTEN_LITE_TRUNCATION", "CRYPTEN_LITE_MAX_MESSAGE_BYTES",
              "CRYPTEN_LITE_MAX_MODEL_BYTES",
              "CRYPTEN_LITE_CONFIG", "CRYPTEN_LITE_TLS_DIR", "CRYPTEN_LITE_RING_GEMM",
-             "CRYPTEN_LITE_HEAP_TRIM_MB")
+             "CRYPTEN_LITE_HEAP_TRIM_MB", "CRYPTEN_LITE_PAIRWISE_OT")
 
 
 def inherited_settings() -> dict[str, str]:

@@ -38,6 +38,8 @@ from ..errors import ConfigError, ProtocolError
 
 KAPPA = 128                      # base OTs per direction (computational security parameter)
 CHUNK = 1 << 19                  # default OTs per extension (bounds memory: 128 x CHUNK bits)
+MODES = ("ferret", "iknp")       # ferret: silent COTs (provider/ferret.py) for large extensions
+SILENT_MIN = 1 << 15             # mode ferret: extensions of at least this many OTs are silent
 _FIXED_KEY = hashlib.sha256(b"crypten_lite/v1/ot-tccr-fixed-key").digest()[:16]  # public
 _POINT = 32
 
@@ -207,9 +209,13 @@ class CorrelatedOT:
     """
 
     def __init__(self, rank: int, send: Callable[[bytes], None], recv: Callable[[], bytes],
-                 rand: Callable[[int], bytes], chunk: int = CHUNK):
+                 rand: Callable[[int], bytes], chunk: int = CHUNK, mode: str = "ferret"):
         if chunk < 8 or chunk % 8:
             raise ConfigError(f"pairwise OT: chunk {chunk} is not a positive multiple of 8")
+        if mode not in MODES:
+            raise ConfigError(f"pairwise OT: mode {mode!r} is not one of {', '.join(MODES)}")
+        self.mode = mode
+        self._silent: list = [None, None]             # per direction: ferret.SilentCOT
         self.rank = rank
         self.chunk = chunk
         self._send, self._recv, self._rand = send, recv, rand
@@ -254,7 +260,41 @@ class CorrelatedOT:
         return np.frombuffer(stream.update(bytes(nbytes)), dtype=np.uint8)
 
     def _extend_receiver(self, choices: np.ndarray) -> np.ndarray:
-        """Receiver's side of m OTs: sends U, returns T [m, 16] (T_j = Q_j xor c_j Delta)."""
+        """Receiver's side of m OTs: returns T [m, 16] with T_j = Q_j xor c_j Delta. From
+        SILENT_MIN OTs on (mode 'ferret') a silent COT (provider/ferret.py) derandomized by
+        one bit per OT (c xor its random bit, uniform), else an IKNP extension."""
+        m = choices.size
+        if not self._silent_for(m):
+            return self._iknp_receiver(choices)
+        bits, t = self._silent_pool(self.rank).take(m)
+        flip = (choices.astype(np.uint8) & 1) ^ bits
+        self._send(np.packbits(flip, bitorder="little").tobytes())
+        return t
+
+    def _extend_sender(self, m: int) -> np.ndarray:
+        """Sender's side of m OTs: returns Q [m, 16] (the other side of _extend_receiver)."""
+        if not self._silent_for(m):
+            return self._iknp_sender(m)
+        q = self._silent_pool(1 - self.rank).take(m)
+        data = self._recv()
+        if len(data) != -(-m // 8):
+            raise ProtocolError(f"pairwise OT: expected {-(-m // 8)} bytes of choice-bit flips "
+                                f"for {m} silent OTs, got {len(data)}")
+        flip = np.unpackbits(np.frombuffer(data, dtype=np.uint8), bitorder="little")[:m]
+        q ^= flip[:, None] * self._delta[None, :]
+        return q
+
+    def _silent_for(self, m: int) -> bool:
+        return self.mode == "ferret" and m >= SILENT_MIN
+
+    def _silent_pool(self, d: int):
+        if self._silent[d] is None:
+            from .ferret import SilentCOT
+            self._silent[d] = SilentCOT(self, d)
+        return self._silent[d]
+
+    def _iknp_receiver(self, choices: np.ndarray) -> np.ndarray:
+        """IKNP receiver's side of m OTs: sends U, returns T [m, 16] (T_j = Q_j xor c_j Delta)."""
         d, call = self.rank, self._calls[self.rank]
         self._calls[d] += 1
         m = choices.size
@@ -268,8 +308,8 @@ class CorrelatedOT:
         self._send(u.tobytes())
         return transpose(t)[:m]
 
-    def _extend_sender(self, m: int) -> np.ndarray:
-        """Sender's side of m OTs: receives U, returns Q [m, 16]."""
+    def _iknp_sender(self, m: int) -> np.ndarray:
+        """IKNP sender's side of m OTs: receives U, returns Q [m, 16]."""
         d = 1 - self.rank
         call = self._calls[d]
         self._calls[d] += 1

@@ -73,6 +73,24 @@ CHUNK_MB = 128             # default working set of one offline exchange (CHUNK_
 _CT_UP, _CT_BACK = he.CT_BYTES, he.CT_BYTES   # bytes of a sent / a returned ciphertext
 _OT_BYTES = 256            # working set of one OT in an IKNP extension (matrices, hashes)
 OT_DESCRIPTION = f"iknp;base=co15-ed25519;kappa={ot.KAPPA};hash=tmmo-aes128;prg=aes256ctr"
+OT_ENV = "CRYPTEN_LITE_PAIRWISE_OT"   # ferret (default: silent OT for large extensions) or iknp
+
+
+def ot_mode() -> str:
+    """The OT extension this party proposes (CRYPTEN_LITE_PAIRWISE_OT; the handshake refuses
+    a mismatch): 'ferret' (silent COTs from SILENT_MIN OTs up, provider/ferret.py) or 'iknp'."""
+    mode = os.environ.get(OT_ENV, "") or "ferret"
+    if mode not in ot.MODES:
+        raise ConfigError(f"{OT_ENV}={mode!r}: use one of {', '.join(ot.MODES)} (default ferret)")
+    return mode
+
+
+def ot_description(mode: str) -> str:
+    """The OT parameters both parties must share (compared in the handshake)."""
+    if mode == "iknp":
+        return OT_DESCRIPTION
+    from . import ferret
+    return f"{OT_DESCRIPTION};{ferret.DESCRIPTION};silent_min={ot.SILENT_MIN}"
 
 
 def _u(t: torch.Tensor) -> np.ndarray:
@@ -137,13 +155,14 @@ class PairwiseProvider(Provider):
                            "pairwise_seconds": 0.0, "pairwise_made": 0})
         self.params = self._parameters()
         self._chunk = self._chunk_budget()
+        self._ot_mode = ot_mode()
         self._progress: _Progress | None = None
         self._handshake(config)
         self._engine = he.CrossEngine(config.rank, self.params, self._send_data,
                                       self._recv_data, self._rand)
         self._ot_prg = PRG(derive_key(self._seed, "crypten_lite/v1/pairwise-ot"))
         self._ot = ot.CorrelatedOT(config.rank, self._send_data, self._recv_data, self._rand_bytes,
-                                   chunk=max(8, self._chunk // _OT_BYTES // 8 * 8))
+                                   chunk=max(8, self._chunk // _OT_BYTES // 8 * 8), mode=self._ot_mode)
 
     # ------------------------------------------------------------------ channel
     def _frame(self, kind: int, payload: bytes) -> bytes:
@@ -240,7 +259,7 @@ class PairwiseProvider(Provider):
 
     def _handshake(self, config: Config) -> None:
         """Both parties send their parameters and refuse a mismatch (ProtocolError on both)."""
-        hello = (f"{self.params.describe()};security={he.SECURITY};ot={OT_DESCRIPTION};"
+        hello = (f"{self.params.describe()};security={he.SECURITY};ot={ot_description(self._ot_mode)};"
                  f"chunk={self._chunk}")
         self._tag = hashlib.sha256(b"pairwise-hello/v1").digest()
         self._send(HELLO, hello.encode())
@@ -251,7 +270,7 @@ class PairwiseProvider(Provider):
                 f"party {self.rank}: provider 'pairwise' parameters differ between the parties "
                 f"(this party: {hello}; party {self._peer}: {got[:300]}); "
                 f"install the same crypten_lite and TenSEAL versions on both, with the same "
-                f"{CHUNK_ENV} (or neither set)")
+                f"{CHUNK_ENV} and {OT_ENV} (or neither set)")
 
     # ------------------------------------------------------------------ requests
     def get(self, kind: str, shapes, op: str = "", params=()) -> Correlation:
