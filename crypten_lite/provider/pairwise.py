@@ -155,7 +155,7 @@ class PairwiseProvider(Provider):
                            "pairwise_seconds": 0.0, "pairwise_made": 0})
         self.params = self._parameters()
         self._chunk = self._chunk_budget()
-        self._ot_mode = ot_mode()
+        self._ot_mode = self._ot_choice()
         self._progress: _Progress | None = None
         self._handshake(config)
         self._engine = he.CrossEngine(config.rank, self.params, self._send_data,
@@ -252,6 +252,10 @@ class PairwiseProvider(Provider):
     def _parameters(self) -> he.HEParams:
         """The HE parameters this party proposes (the handshake refuses a mismatch)."""
         return he.default_params()
+
+    def _ot_choice(self) -> str:
+        """The OT extension this party proposes (the handshake refuses a mismatch)."""
+        return ot_mode()
 
     def _chunk_budget(self) -> int:
         """The working-set budget this party proposes (the handshake refuses a mismatch)."""

@@ -1,0 +1,158 @@
+"""Provider 'pairwise', its silent correlated OT (crypten_lite/provider/ferret.py): the COTs
+satisfy M = K ^ b*Delta across an iteration boundary (bootstrapped from the previous
+iteration's reserve), the OT products and random-OT transfers built on them are exact, what
+each party receives (GGM level messages, choice-bit flips) is uniform and fresh while Delta,
+the choice bits and the COT values stay off the wire, a malformed silent-OT message is a
+ProtocolError, and parties proposing different OT extensions are refused at the handshake."""
+
+from __future__ import annotations
+
+import os
+import queue
+
+import numpy as np
+import pytest
+
+pytest.importorskip("tenseal")
+pytest.importorskip("nacl")
+
+from crypten_lite.config import Config  # noqa: E402
+from crypten_lite.errors import ConfigError, ProtocolError  # noqa: E402
+from crypten_lite.provider import ferret, ot  # noqa: E402
+from crypten_lite.provider.pairwise import PairwiseProvider  # noqa: E402
+from tests.unit.test_pairwise_ot import CHI2_255, _chi2  # noqa: E402
+from tests.unit.test_pairwise_security import _both, _pair  # noqa: E402
+
+
+def _ots(spy=None, tamper=None):
+    """Two CorrelatedOT objects (mode ferret) over queues; spy(rank, data) sees every
+    message, tamper(rank, data) may replace it."""
+    boxes = [queue.Queue(), queue.Queue()]
+
+    def make(r):
+        def send(data):
+            if spy is not None:
+                spy(r, data)
+            boxes[1 - r].put(tamper(r, data) if tamper is not None else data)
+        return ot.CorrelatedOT(r, send, lambda: boxes[r].get(timeout=60), os.urandom, mode="ferret")
+    pair = [make(0), make(1)]
+    got = _both([p.setup for p in pair])
+    assert got[0][1] is None and got[1][1] is None, got
+    return pair
+
+
+def _take(pair, direction, m):
+    got = _both([lambda r=r: pair[r]._silent_pool(direction).take(m) for r in range(2)])
+    assert got[0][1] is None and got[1][1] is None, got
+    receiver = got[direction][0]
+    return receiver[0], receiver[1], got[1 - direction][0]
+
+
+def test_silent_cots_hold_across_an_iteration_boundary():
+    pair = _ots()
+    for direction in (0, 1):
+        delta = pair[1 - direction]._delta
+        seen = []
+        for m in (1000, ferret.N):          # the second take crosses into the next iteration
+            bits, mine, theirs = _take(pair, direction, m)
+            assert np.array_equal(mine, theirs ^ (bits[:, None] * delta[None, :]))
+            assert abs(bits.mean() - 0.5) < 6 * 0.5 / m ** 0.5, bits.mean()   # 6 sigma
+            seen.append(mine[:64].tobytes())
+        pool = pair[direction]._silent_pool(direction)
+        assert pool._iteration == 2 and pool.produced >= ferret.N + 1000
+        assert seen[0] != seen[1]
+
+
+def test_silent_ot_products_and_transfers_are_exact(monkeypatch):
+    monkeypatch.setattr(ot, "SILENT_MIN", 8)          # small sizes through the silent path
+    pair = _ots()
+    n = 1237
+    bits = np.frombuffer(os.urandom(8 * n), dtype=np.uint64) & np.uint64(1)
+    x = np.frombuffer(os.urandom(8 * n), dtype=np.uint64)
+    for chooser in (0, 1):
+        for width in (64, 1):
+            got = _both([lambda r=r: pair[r].product(bits if r == chooser else x, chooser, width)
+                         for r in range(2)])
+            s0, s1 = got[0][0], got[1][0]
+            with np.errstate(over="ignore"):
+                if width == 64:
+                    assert np.array_equal(s0 + s1, bits * x)
+                else:
+                    assert np.array_equal(s0 ^ s1, bits & x & np.uint64(1))
+        # random OTs with the chooser's own bits, then packed transfers
+        m = 1024
+        c = (np.frombuffer(os.urandom(m), dtype=np.uint8) & 1).copy()
+        keys = _both([lambda r=r: pair[r].random_ot(c if r == chooser else None, m, chooser)
+                      for r in range(2)])
+        keys = [k[0] for k in keys]
+        _both([lambda r=r: pair[r].prepare(keys[r], 3) for r in range(2)])
+        vals = np.frombuffer(os.urandom(3 * m // 8), dtype=np.uint8).reshape(3, m // 8)
+        got = _both([lambda r=r: pair[r].transfer_packed(keys[r], None if r == chooser else vals, 3)
+                     for r in range(2)])
+        want = vals & np.packbits(c, bitorder="little")[None, :]
+        assert np.array_equal(got[0][0] ^ got[1][0], want)
+    assert pair[0]._silent[0] is not None and pair[0]._silent[1] is not None
+
+
+def test_silent_ot_wire_is_uniform_and_carries_no_secret(monkeypatch):
+    """Every choice bit 1 (fixed): the receiver's flips and the sender's level messages are
+    uniform bytes and fresh; Delta, the choice bits and no COT value appear on the wire."""
+    monkeypatch.setattr(ot, "SILENT_MIN", 8)
+    wire = {0: [], 1: []}
+    pair = _ots(spy=lambda r, d: wire[r].append(bytes(d)))
+    for r in (0, 1):
+        wire[r].clear()
+    m = 1 << 16
+    ones = np.ones(m, dtype=np.uint8)
+    flips = []
+    for _ in range(2):
+        got = _both([lambda: pair[0].random_ot(None, m, 1), lambda: pair[1].random_ot(ones, m, 1)])
+        assert got[0][1] is None and got[1][1] is None, got
+        flips.append(wire[1][-1])
+    assert flips[0] != flips[1] and len(flips[0]) == m // 8
+    assert _chi2(b"".join(flips)) < CHI2_255
+    levels = [d for d in wire[0]]                   # the sender's GGM level messages
+    assert levels and _chi2(b"".join(levels)) < CHI2_255
+    pool_s, pool_r = pair[0]._silent[1], pair[1]._silent[1]
+    everything = b"".join(wire[0] + wire[1])
+    assert pair[0]._delta.tobytes() not in everything
+    assert np.packbits(pool_r._base[0][:4096]).tobytes() not in everything   # LPN secret u
+    for table in (pool_s._base[1], pool_r._base[1]):
+        for row in table[:: len(table) // 16]:
+            assert row.tobytes() not in everything
+    leaves = pool_s._pending[1]                      # the sender's next leaves: never sent
+    assert leaves[0, 5].tobytes() not in everything
+
+
+def test_malformed_silent_ot_messages_are_refused(monkeypatch):
+    monkeypatch.setattr(ot, "SILENT_MIN", 8)
+
+    def cut(r, data):                                # the sender's level messages, truncated
+        return data[:-16] if r == 0 and len(data) % (ferret.DEPTH * 32 + 16) == 0 else data
+    pair = _ots(tamper=cut)
+    got = _both([lambda r=r: pair[r]._silent_pool(1).take(100) for r in range(2)])
+    assert isinstance(got[1][1], ProtocolError) and "level messages" in str(got[1][1]), got[1]
+    pair = _ots()
+    m = 4096
+
+    def short_flip():                                # the receiver's flips one byte short
+        t = pair[1]._silent_pool(1).take(m)
+        pair[1]._send(np.packbits(t[0][:m - 8]).tobytes())
+    got = _both([lambda: pair[0]._extend_sender(m), short_flip])
+    assert isinstance(got[0][1], ProtocolError) and "choice-bit flips" in str(got[0][1]), got[0]
+
+
+def test_different_ot_extensions_are_refused_at_the_handshake(monkeypatch):
+    class Iknp(PairwiseProvider):
+        def _ot_choice(self):
+            return "iknp"
+    comms = _pair()
+    cfg = [Config(rank=r, world_size=2, provider="pairwise", session="t") for r in range(2)]
+    out = _both([lambda: PairwiseProvider(cfg[0], comms[0]), lambda: Iknp(cfg[1], comms[1])])
+    for r in range(2):
+        assert isinstance(out[r][1], ProtocolError) and "parameters differ" in str(out[r][1]), out[r]
+    monkeypatch.setenv("CRYPTEN_LITE_PAIRWISE_OT", "silent")
+    with pytest.raises(ConfigError, match="CRYPTEN_LITE_PAIRWISE_OT"):
+        PairwiseProvider(cfg[0], _pair()[0])
+    with pytest.raises(ConfigError, match="mode"):
+        ot.CorrelatedOT(0, print, bytes, os.urandom, mode="silent")
