@@ -8,8 +8,10 @@ values, is computed between the two parties with lattice homomorphic encryption
 products with its own operands, adds a statistical mask and flooding noise, and rank 0
 decrypts its share. Every cross product where one factor is a bit (AND triples, the bits of
 truncation pairs, bit injection / B2A) is a correlated oblivious transfer instead
-(provider/ot.py: IKNP extension over Ed25519 base OTs): the bit's owner chooses, the other
-party's value is transferred under a one-time pad; 16 bytes per bit plus the correction.
+(provider/ot.py: IKNP extension over Ed25519 base OTs, and from ot.SILENT_MIN OTs on silent
+COTs by LPN expansion, provider/ferret.py): the bit's owner chooses, the other party's value
+is transferred under a one-time pad; 16 bytes per bit with IKNP, about half a byte silent,
+plus the correction.
 
     kind              cross terms (rank 0's value x rank 1's value)      by
     triple, weight_triple   op(a0, b1) + op(a1, b0): batched (mul) or    HE
