@@ -94,10 +94,15 @@ def _indices(step: int, count: int) -> np.ndarray:
 def _fold(a: np.ndarray) -> np.ndarray:
     """XOR over axis 1 (a power of two long) by halving: contiguous vector XORs, not a
     strided reduction."""
-    while a.shape[1] > 1:
-        half = a.shape[1] // 2
-        a = a[:, :half] ^ a[:, half:]
-    return a[:, 0]
+    half = a.shape[1] // 2
+    if half == 0:
+        return a[:, 0]
+    x = a[:, :half] ^ a[:, half:]                 # the one allocation; then halved in place
+    while half > 1:
+        h = half // 2
+        np.bitwise_xor(x[:, :h], x[:, h:half], out=x[:, :h])
+        half = h
+    return x[:, 0]
 
 
 class SilentCOT:
