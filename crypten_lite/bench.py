@@ -803,6 +803,11 @@ def run(names: list[str], parties: int, provider: str, repeat: int, tls_dir: str
                    "bytes_sent_per_party": [r["bytes_sent"] for r in first],
                    "online_dealer_bytes": first[0]["dealer_bytes"],
                    "offline_seconds": statistics.median(max(r.get("offline_seconds", 0.0) for r in s) for s in samples),
+                   # one inference with its own offline phase (the recorded plan's correlations
+                   # fetched in one exchange before the first op) and its run: the slower
+                   # party's sum per repetition, median
+                   "end_to_end_seconds_median": statistics.median(
+                       max(r.get("offline_seconds", 0.0) + r["seconds"] for r in s) for s in samples),
                    "offline_dealer_bytes": first[0].get("offline_dealer_bytes", 0),
                    # correlation bytes each party received (dealer, or the other party's with
                    # provider pairwise), offline phase and run

@@ -17,6 +17,7 @@ other party holding 0) is opened by its owner alone, so only the owner sends it.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -165,24 +166,36 @@ class _Plan:
 
 
 def _monomials_of(owners: Sequence[int], outputs) -> tuple[list, list]:
+    """(every mask product the job's expansion needs, those the dealer provides)."""
+    return _structure(tuple(owners), tuple(tuple(tuple(t) for t in out) for out in outputs))[:2]
+
+
+@functools.lru_cache(maxsize=256)
+def _structure(owners: tuple[int, ...], outputs: tuple) -> tuple[list, list, tuple[int, ...]]:
+    """A job's monomials, dealt monomials and request params: they depend on the circuit's
+    shape alone (a few distinct ones per model), so each is worked out once per process
+    instead of at every round (the callers never modify the lists)."""
     monos = circuits.monomials([t for out in outputs for t in out])
     dealt = [m for m in monos if len({owners[k] for k in m}) > 1 or owners[m[0]] == -1]
-    return monos, dealt
-
-
-def _request(numel: int, owners: Sequence[int], dealt: Sequence[tuple[int, ...]]):
-    """The dealer's masks and the `dealt` mask products for a job of `numel` words (kind
-    binary_monomials)."""
     subsets = [sum(1 << k for k in m) for m in dealt]
-    return provider_get("binary_monomials", numel, lambda n: [(n,)], len(dealt),
-                        params=monomial_params(list(owners), subsets))
+    return monos, dealt, monomial_params(list(owners), subsets)
+
+
+def _request(numel: int, owners: Sequence[int], dealt: Sequence[tuple[int, ...]],
+             params: tuple[int, ...] | None = None):
+    """The dealer's masks and the `dealt` mask products for a job of `numel` words (kind
+    binary_monomials); `params`: monomial_params of owners and dealt, when known already."""
+    if params is None:
+        params = monomial_params(list(owners), [sum(1 << k for k in m) for m in dealt])
+    return provider_get("binary_monomials", numel, lambda n: [(n,)], len(dealt), params=params)
 
 
 def _plan(job: PolyJob) -> _Plan:
-    monos, dealt = _monomials_of(job.owners, job.outputs)
+    monos, dealt, params = _structure(tuple(job.owners),
+                                      tuple(tuple(tuple(t) for t in out) for out in job.outputs))
     corr = job._corr
     if corr is None:
-        corr = _request(job.inputs[0].numel(), job.owners, dealt)
+        corr = _request(job.inputs[0].numel(), job.owners, dealt, params)
     return _Plan(job, monos, dealt, corr)
 
 
@@ -196,7 +209,8 @@ class PolyRounds:
     """
 
     def __init__(self, plan: Sequence[Sequence[tuple[int, int, list]]] = ()):
-        self._corrs = [[_request(words, [-1] * k, _monomials_of([-1] * k, outputs)[1])
+        self._corrs = [[_request(words, [-1] * k, *_structure(
+                            (-1,) * k, tuple(tuple(tuple(t) for t in out) for out in outputs))[1:])
                         for words, k, outputs in call] for call in plan]
 
     def __call__(self, jobs) -> list[list[torch.Tensor]]:

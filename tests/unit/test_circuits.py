@@ -7,6 +7,7 @@ tests/protocol/test_comparisons.py). Test randomness only: never used by the lib
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -328,3 +329,22 @@ def test_and_tree_detects_all_ones(values):
                                x.numel())
     assert torch.equal(got, (x == -1).long())
     assert sim.rounds == 3  # 64 -> 16 -> 4 -> 1
+
+
+@pytest.mark.parametrize("words", [5, circuits.SMALL_EXPAND_WORDS + 1])
+def test_expand_terms_numpy_and_torch_paths_agree(words):
+    """expand_terms runs on numpy views for small inputs, on torch above SMALL_EXPAND_WORDS:
+    both give the same shares (radix-4 carry terms, every monomial shape), and the numpy path
+    leaves its inputs unchanged."""
+    gen = torch.Generator().manual_seed(words)
+    terms = circuits.CARRY4_G + circuits.CARRY4_P
+    opened = [_rand(gen, words) for _ in range(7)]
+    mask = [_rand(gen, words) for _ in range(7)]
+    mono = {m: _rand(gen, words) for m in circuits.monomials(terms)}
+    lead = torch.full((words,), -1, dtype=torch.int64)
+    before = [t.clone() for t in opened + mask + list(mono.values())]
+    for out in (circuits.CARRY4_G, circuits.CARRY4_P):
+        got = circuits.expand_terms(out, opened, mask, mono, lead)
+        want = circuits._expand_terms_torch(out, opened, mask, mono, lead)
+        assert got.dtype == torch.int64 and torch.equal(got, want)
+    assert all(torch.equal(a, b) for a, b in zip(before, opened + mask + list(mono.values())))
