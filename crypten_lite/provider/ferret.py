@@ -59,7 +59,8 @@ _LPN_SEED = hashlib.sha256(b"crypten_lite/v1/ferret-lpn-matrix").digest()      #
 _KEYS = [hashlib.sha256(f"crypten_lite/v1/ferret-ggm-{s}".encode()).digest()[:16] for s in "LR"]
 _U64 = np.uint64
 
-assert GROUP * LEAVES >= BASE and TREES > GROUP, "an iteration's first step holds the next base COTs"
+if not (GROUP * LEAVES >= BASE and TREES > GROUP):  # pragma: no cover - a constants edit
+    raise ImportError("ferret: an iteration's first step must hold the next base COTs")
 
 
 class _Expander:
