@@ -3,7 +3,9 @@ offline phase (its recorded plan prefetched) with silent OT (ferret, the default
 IKNP (CRYPTEN_LITE_PAIRWISE_OT=iknp). One JSON line per run: the mode, OTs made, bytes of
 both parties, wall seconds and each party's CPU seconds (all threads), the load.
 
-    timeout 900 python benchmarks/pairwise_ot_modes.py --n 131072 --repeat 2
+    timeout 900 python benchmarks/pairwise_ot_modes.py --n 131072 --out docs/pairwise_ot_modes.jsonl
+
+(docs/protocols.md quotes the lines of docs/pairwise_ot_modes.jsonl; a test checks it.)
 """
 
 from __future__ import annotations
@@ -38,8 +40,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=131072, help="ReLU elements")
     parser.add_argument("--repeat", type=int, default=1, help="runs per mode, alternating")
+    parser.add_argument("--out", default="", help="also write the lines to this file (replaced)")
     args = parser.parse_args()
     from crypten_lite.mpc import PartyPool
+    lines = []
     for _ in range(args.repeat):
         for mode in ("ferret", "iknp"):
             with PartyPool(2, provider="pairwise", timeout=1800,
@@ -48,7 +52,11 @@ def main() -> None:
             row = dict(got[0], workload=f"relu_{args.n}",
                        cpu_seconds=[g["cpu_seconds"] for g in got],
                        load_average_1min=round(os.getloadavg()[0], 1))
-            print(json.dumps(row), flush=True)
+            lines.append(json.dumps(row))
+            print(lines[-1], flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

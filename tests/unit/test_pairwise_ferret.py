@@ -156,3 +156,24 @@ def test_different_ot_extensions_are_refused_at_the_handshake(monkeypatch):
         PairwiseProvider(cfg[0], _pair()[0])
     with pytest.raises(ConfigError, match="mode"):
         ot.CorrelatedOT(0, print, bytes, os.urandom, mode="silent")
+
+
+def test_docs_quote_the_measured_ot_modes():
+    """docs/protocols.md's silent-OT figures are those of docs/pairwise_ot_modes.jsonl
+    (benchmarks/pairwise_ot_modes.py's output), and its parameters are the module's."""
+    import json
+    import pathlib
+    root = pathlib.Path(__file__).resolve().parents[2]
+    rows = {r["mode"]: r for r in map(json.loads, (root / "docs/pairwise_ot_modes.jsonl").read_text().splitlines())}
+    doc = " ".join((root / "docs/protocols.md").read_text().split())
+    silent, iknp = rows["ferret"], rows["iknp"]
+    assert silent["ots"] == iknp["ots"] and silent["workload"] == iknp["workload"] == "relu_131072"
+    assert f"uses {silent['ots'] // 131072} OTs (relu 131072: {silent['ots'] / 1e6:.1f} million)" in doc
+    assert f"{silent['mb_both_ways']:.2f} MB instead of {iknp['mb_both_ways']:.2f} MB" in doc
+    assert f"({round(iknp['mb_both_ways'] / silent['mb_both_ways'])}x fewer)" in doc
+    cpu = " and ".join(f"{c:.2f}" for c in silent["cpu_seconds"])
+    assert f"CPU seconds per party {cpu} against IKNP's " + " and ".join(
+        f"{c:.2f}" for c in iknp["cpu_seconds"]) in doc
+    assert (f"t = {ferret.TREES} trees of depth h = {ferret.DEPTH} (n = {ferret.N:,} outputs per "
+            f"iteration), k = 2^{ferret.LOG_K}") in doc
+    assert f"({ferret.BASE:,} OTs per direction" in doc
