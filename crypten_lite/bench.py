@@ -369,11 +369,16 @@ def _hf_run(kind: str, seq: int = 0, vocab: int = 0, image: int = 0, last_only: 
 
     key = ("hf", kind)
     if key not in _LOADED:
-        model = _hf_model(kind) if rank == 0 else None
-        private = nn.from_pytorch(model, inputs, src=0)
+        from crypten_lite.mpc.offline import mapped_transients
+        # the load's large blocks (the owner's float32 model, the conversion's copies) mapped
+        # on their own: freed, they leave no hole in the heap that a run would fault in again
+        with mapped_transients():
+            model = _hf_model(kind) if rank == 0 else None
+            private = nn.from_pytorch(model, inputs, src=0)
         private.encrypt(src=0)
         private.eval()
-        private(**private_inputs())          # load: every fixed weight masked once
+        with crypten_lite.no_grad():  # load: every fixed weight masked once (no autograd graph)
+            private(**private_inputs())
         ref, torch_s = None, 0.0
         if rank == 0:
             with torch.no_grad():

@@ -32,6 +32,7 @@ import contextlib
 import ctypes
 import hashlib
 import os
+import threading
 from typing import Iterator
 
 import torch
@@ -346,3 +347,53 @@ def _resident_bytes(page: int) -> int:
     """This process's resident memory in bytes (/proc/self/statm's second field)."""
     with open("/proc/self/statm", "rb") as f:
         return int(f.read().split()[1]) * page
+
+
+# While a private model loads or runs (mapped_transients), blocks from this size up get a
+# mapping of their own, unmapped when freed, instead of a place in the heap.
+TRANSIENT_MMAP_BYTES = 1 << 20
+_transient_state = {"depth": 0, "mallopt": None}
+_transient_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def mapped_transients() -> Iterator[None]:
+    """Inside the block (a private model's sharing and forward, a model's load; nested blocks
+    count once), malloc maps a block of TRANSIENT_MMAP_BYTES and up on its own (glibc mallopt
+    M_MMAP_THRESHOLD) when no free heap block fits it, and unmaps it when it is freed; outside,
+    MMAP_THRESHOLD_BYTES (tune_malloc) holds again. A no-op without glibc, or where
+    MALLOC_MMAP_THRESHOLD_ is set (glibc's own setting wins).
+
+    Measured on BERT-base seq 128 (docs/ARCHITECTURE.md, "Memory of a private model"): at a
+    party's peak its live heap blocks were about 200 MB, but the heap spanned 0.8-1.5 GB
+    (the owner's float32 model, the load's autograd graph, weights' shares being made, a
+    product's operands: blocks of 1-32 MB placed between long-lived ones) and every hole a
+    later operation's temporaries touched stayed resident. Mapped on their own, such blocks
+    leave no hole behind. Since malloc still serves a request from a free heap block that
+    fits, the heap must stay small from the start: the load belongs in the block too. The
+    price is that each mapped block faults its pages in afresh, which the small operations
+    of a forward (below 1 MiB) and bare products outside a model (bench's mul_1M,
+    matmul_1024) do not pay."""
+    st = _transient_state
+    with _transient_lock:
+        if st["mallopt"] is None:
+            st["mallopt"] = False
+            if "MALLOC_MMAP_THRESHOLD_" not in os.environ:
+                try:
+                    st["mallopt"] = ctypes.CDLL(None).mallopt
+                except (OSError, AttributeError):
+                    pass
+        mallopt = st["mallopt"]
+        if mallopt:
+            tune_malloc()
+            st["depth"] += 1
+            if st["depth"] == 1:
+                mallopt(_M_MMAP_THRESHOLD, TRANSIENT_MMAP_BYTES)
+    try:
+        yield
+    finally:
+        if mallopt:
+            with _transient_lock:
+                st["depth"] -= 1
+                if st["depth"] == 0:
+                    mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)

@@ -41,7 +41,7 @@ import torch.nn.functional as TF
 
 from ..cryptensor import CrypTensor
 from ..errors import UnsupportedError
-from ..mpc.offline import trim_heap_growth
+from ..mpc.offline import mapped_transients, trim_heap_growth
 from . import functional as F
 from . import layers as L
 from . import vision_ops as _vision_ops
@@ -415,6 +415,14 @@ class GraphModule(Module):
                                    "fold_batch_norm=False) to train it")
         return super().train(mode)
 
+    def __call__(self, *inputs, **named):
+        if not self._encrypted:
+            return super().__call__(*inputs, **named)
+        # a private forward's large temporaries in mappings of their own, not heap holes that
+        # stay resident (crypten_lite.mpc.offline.mapped_transients says why)
+        with mapped_transients():
+            return super().__call__(*inputs, **named)
+
     def forward(self, *inputs, **named):
         if named:  # keyword inputs (input_ids=..., attention_mask=...) by placeholder name
             inputs = _transformer_ops().by_name(self._input_names, inputs, named)
@@ -778,7 +786,8 @@ def from_pytorch(model: torch.nn.Module | None, dummy_input, check: bool = True,
     state dict keys, trainable); `True` insists on folding (the model must be in eval mode).
     """
     if src is not None:
-        return _in_band(model, dummy_input, src, check, tolerance, fold_batch_norm)
+        with mapped_transients():  # the owner's conversion copies leave no heap hole behind
+            return _in_band(model, dummy_input, src, check, tolerance, fold_batch_norm)
     if is_quantized(model):  # torch.ao eager/FX or torchao PT2E int8 model
         from ..quantized import from_quantized
         return from_quantized(model, dummy_input)

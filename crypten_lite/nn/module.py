@@ -16,7 +16,7 @@ import torch
 
 from ..cryptensor import CrypTensor
 from ..errors import ProtocolError, UnsupportedError
-from ..mpc.offline import own_mapping
+from ..mpc.offline import mapped_transients, own_mapping
 
 def _share(value: torch.Tensor, src: int, requires_grad: bool, precision: int | None) -> CrypTensor:
     # Only `src` contributes its values; the other parties' values serve the shape check alone.
@@ -207,6 +207,11 @@ class Module:
         """
         if self._encrypted:
             raise ProtocolError(f"{type(self).__name__} is already encrypted; decrypt() first")
+        with mapped_transients():  # each share's transients leave no heap hole (offline.py)
+            self._share_all(src, precision)
+        return self
+
+    def _share_all(self, src: int, precision: int | None) -> None:
         for m in self.modules():
             for name, v in list(m._parameters.items()):
                 if isinstance(v, torch.Tensor):
@@ -218,7 +223,6 @@ class Module:
                 if isinstance(v, torch.Tensor) and v.is_floating_point():
                     m._buffers[name] = _share(v, src, False, precision)
             object.__setattr__(m, "_encrypted", True)
-        return self
 
     def decrypt(self, dst: int | None = None) -> "Module":
         """Reveal every parameter and buffer (to all parties, or only to `dst`) in place.
