@@ -53,3 +53,14 @@ def _generator():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def test_transport_vs_tcp_reports_the_ratio(tmp_path):
+    out = tmp_path / "rounds.jsonl"
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "transport_vs_tcp.py"), "--rounds", "1",
+                    "--repeat", "1", "--json", str(out)],
+                   capture_output=True, text=True, timeout=600, check=True)
+    summary = json.loads(out.read_text())
+    (r,) = summary["rounds"]
+    assert r["transport_ms"] > 0 and r["raw_tcp_ms"] > 0
+    assert abs(r["times_raw_tcp"] - summary["times_raw_tcp_median"]) < 1e-9
