@@ -221,12 +221,13 @@ class Provider:
         self._plan = [_absolute(_spec(*entry), start) for entry in plan]
         self._plan_start = start
         self._drop_prefetched()
+        if self.rank == CORRECTING_RANK and plan:
+            # asked first: the dealer prepares the batch while this party derives its own
+            # seeded components (_derive_ahead), instead of after
+            requests = [Request(kind, start + i, op, shapes, params)
+                        for i, (kind, op, shapes, params) in enumerate(self._plan)]
+            self._prefetched = dict(zip((r.counter for r in requests), self._prefetch_corrections(requests)))
         self._derive_ahead()
-        if self.rank != CORRECTING_RANK or not plan:
-            return
-        requests = [Request(kind, start + i, op, shapes, params)
-                    for i, (kind, op, shapes, params) in enumerate(self._plan)]
-        self._prefetched = dict(zip((r.counter for r in requests), self._prefetch_corrections(requests)))
 
     def plan_digest(self) -> bytes:
         """SHA-256 of the prefetched range and its plan (parties compare it: see offline)."""
