@@ -36,3 +36,15 @@ def test_profile_reveal_times_every_stage():
     row = json.loads(out.strip().splitlines()[-1])
     assert row["op"] == "reveal_4" and row["median_us"] > 0
     assert list(row["stage_us_median"]) == ["send", "queued", "dequeued", "accepted", "put", "woken", "done"]
+
+
+def test_profile_lenet_splits_the_time():
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "profile_lenet.py"), "--n", "1"],
+                         capture_output=True, text=True, timeout=600, check=True).stdout
+    parties = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert [p["rank"] for p in parties] == [0, 1]
+    for p in parties:
+        assert p["rounds"] == 28 and p["max_error"] < 1e-2   # LeNet's 27 rounds and the reveal
+        assert 0 < p["main_thread_cpu_s"] <= p["process_cpu_s"] and p["offline_s"] > 0
+        assert abs(sum(p["main_cpu_share"].values()) - 1) < 0.01
+        assert "binary circuits (comparisons: MSB, max)" in p["main_cpu_share"]
