@@ -18,7 +18,7 @@ import sys
 import pytest
 
 SCRIPT = r"""
-import ctypes, json, torch
+import ctypes, json, sys, torch
 from crypten_lite.mpc import offline
 from crypten_lite.mpc.offline import mapped_transients
 libc = ctypes.CDLL(None)
@@ -63,12 +63,16 @@ out["free_heap_scoped"] = free_heap_left(True)
 out["free_heap_unscoped"] = free_heap_left(False)
 
 # a private GraphModule's call runs inside the scope; a public one does not
-from crypten_lite.nn.from_pytorch import GraphModule
+import crypten_lite.nn.from_pytorch  # noqa: F401 (the module, not the function nn re-exports)
+fp = sys.modules["crypten_lite.nn.from_pytorch"]
 seen = []
-gm = GraphModule(torch.fx.Graph(), "fx")
+gm = fp.GraphModule(torch.fx.Graph(), "fx")  # no parameters: a small model
 object.__setattr__(gm, "forward", lambda: seen.append(offline._transient_state["depth"]))
 gm()
 object.__setattr__(gm, "_encrypted", True)
+gm()                                           # small: outside the scope
+fp.MAPPED_TRANSIENTS_MODEL_BYTES = 0           # as if its shares reached the threshold
+object.__setattr__(gm, "_mapped_transients", None)
 gm()
 out["graph_depths"] = seen
 print(json.dumps(out))
@@ -98,7 +102,7 @@ def test_large_blocks_mapped_only_inside_the_scope():
     assert r["inside"] >= 2 << 20 and r["after_nested"] >= 2 << 20, r
     assert r["small"] == 0, r
     assert r["depth"] == 1 and r["depth_after"] == 0, r
-    assert r["graph_depths"] == [0, 1], r                     # public call outside, private inside
+    assert r["graph_depths"] == [0, 0, 1], r   # public, small private: outside; large private: inside
     # 120 MiB of temporaries freed between long-lived blocks: holes in the heap without the
     # scope (the check that this test can fail), none with it
     assert r["free_heap_unscoped"] >= 100 << 20, r
@@ -109,4 +113,4 @@ def test_large_blocks_mapped_only_inside_the_scope():
 def test_glibc_environment_setting_wins():
     r = _run({"MALLOC_MMAP_THRESHOLD_": str(32 << 20)})
     assert r["inside"] == 0 and r["outside"] == 0, r   # glibc's own setting, left alone
-    assert r["graph_depths"] == [0, 0], r
+    assert r["graph_depths"] == [0, 0, 0], r
