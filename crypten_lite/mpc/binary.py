@@ -24,6 +24,7 @@ from typing import Sequence
 import torch
 
 from ..comm.communicator import shape_tag, with_tag
+from ..errors import ProtocolError
 from ..provider.correlations import monomial_params
 from ..session import current
 from . import circuits
@@ -232,6 +233,24 @@ def _open_masked(plans: Sequence[_Plan]) -> list[list[torch.Tensor]]:
     s = current()
     mine = [p.job.inputs[k].reshape(-1) ^ p.corr[k] for p in plans for k in _sends(p.job, s.rank)]
     parts = s.comm.all_gather(torch.cat(mine) if mine else torch.zeros(0, dtype=torch.int64))
+    if all(o == -1 for p in plans for o in p.job.owners):
+        # every party sent every input, in the same layout: one XOR of the whole messages,
+        # then a view per input
+        wrong = [r for r, part in enumerate(parts) if part.shape != parts[s.rank].shape]
+        if wrong:
+            raise ProtocolError(f"party {s.rank}: a masked opening of {tuple(parts[s.rank].shape)} "
+                                f"words came from parties {wrong} with another size; every "
+                                "party must run the same program")
+        total = parts[0]
+        for part in parts[1:]:
+            total = total ^ part
+        opened_all, offset = [], 0
+        for p in plans:
+            numel = p.job.inputs[0].numel()
+            opened_all.append([total[offset + k * numel:offset + (k + 1) * numel].view(x.shape)
+                               for k, x in enumerate(p.job.inputs)])
+            offset += numel * len(p.job.inputs)
+        return opened_all
     offsets = [0] * s.world_size
     opened_all = []
     for p in plans:

@@ -35,6 +35,7 @@ parties, role 1 their dealer), radix 2 but for its last level, which takes four 
 
 from __future__ import annotations
 
+import functools
 from itertools import combinations
 from typing import Callable, Sequence
 
@@ -199,26 +200,33 @@ def expand_terms(terms: Sequence[Sequence[int]], opened: Sequence[torch.Tensor],
     # level: about a third less CPU). Products of opened values are computed once per call
     # (terms share their prefixes).
     o = [None if x is None else x.numpy() for x in opened]
-    lead_np = lead.numpy()
     out = np.zeros(lead.shape, dtype=np.int64)
     pubs: dict[tuple[int, ...], np.ndarray] = {}
+    shares: dict[tuple[int, ...], np.ndarray] = {(): lead.numpy()}
+    for u, rest in _expansion(tuple(tuple(term) for term in terms)):
+        pub = pubs.get(rest)
+        if pub is None and rest:
+            pub = o[rest[0]]
+            for j in rest[1:]:
+                pub = pub & o[j]
+            pubs[rest] = pub
+        share = shares.get(u)
+        if share is None:
+            share = shares[u] = (mask[u[0]] if len(u) == 1 else mono[u]).numpy()
+        out ^= share if pub is None else share & pub
+    return torch.from_numpy(out)
+
+
+@functools.lru_cache(maxsize=64)
+def _expansion(terms: tuple[tuple[int, ...], ...]) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """expand_terms' (U, T minus U) pairs of every term T, in its order (U empty: the public
+    product, through `lead`): worked out once per circuit shape."""
+    pairs = []
     for term in terms:
         t = tuple(sorted(term))
         for k in range(len(t) + 1):
-            for u in combinations(t, k):
-                rest = tuple(j for j in t if j not in u)
-                pub = pubs.get(rest)
-                if pub is None and rest:
-                    pub = o[rest[0]]
-                    for j in rest[1:]:
-                        pub = pub & o[j]
-                    pubs[rest] = pub
-                if k == 0:
-                    out ^= lead_np & pub
-                    continue
-                share = (mask[u[0]] if k == 1 else mono[u]).numpy()
-                out ^= share if pub is None else share & pub
-    return torch.from_numpy(out)
+            pairs += [(u, tuple(j for j in t if j not in u)) for u in combinations(t, k)]
+    return pairs
 
 
 def _expand_terms_torch(terms, opened, mask, mono, lead) -> torch.Tensor:
