@@ -21,9 +21,9 @@ other party, the *sender*, holds Delta), semi-honest:
 * **Bootstrapping**: the first k + t*h outputs of each iteration are kept as the next
   iteration's base COTs; the very first ones come from IKNP.
 
-Parameters (128-bit security against the published attacks on regular-noise primal LPN,
-including the hybrid and algebraic ones, per the LPN estimator as applied by emp-ot's current
-parameter table; Ferret's 2020 table is slightly weaker against the 2023 algebraic attacks):
+Parameters (about 128-bit security against the published attacks on regular-noise primal
+LPN: Gaussian elimination, ISD variants, BJMM, the hybrid and the algebraic attacks, per the
+LPN estimator, as chosen for emp-ot's current parameter table):
 t = 850 trees of depth h = 10 (n = 870,400), k = 2^16, D = 10 (emp-ot's "b10" set; the smaller
 k keeps the 1 MB table of the code's gathers in a core's L2 cache: measured 25% faster here
 than k = 2^17).
@@ -38,8 +38,6 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from typing import Callable
-
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
