@@ -164,7 +164,8 @@ def test_docs_quote_the_measured_ot_modes():
     import json
     import pathlib
     root = pathlib.Path(__file__).resolve().parents[2]
-    rows = {r["mode"]: r for r in map(json.loads, (root / "docs/pairwise_ot_modes.jsonl").read_text().splitlines())}
+    lines = (root / "docs/pairwise_ot_modes.jsonl").read_text().splitlines()
+    rows = {r["mode"]: r for r in map(json.loads, lines)}
     doc = " ".join((root / "docs/protocols.md").read_text().split())
     silent, iknp = rows["ferret"], rows["iknp"]
     assert silent["ots"] == iknp["ots"] and silent["workload"] == iknp["workload"] == "relu_131072"
