@@ -1,9 +1,13 @@
 """Lattice homomorphic encryption for the pairwise provider: BFV (Microsoft SEAL, through
 TenSEAL's ``sealapi`` bindings) over a CRT of plaintext primes, exact in Z_2^64.
 
-One party (the *owner*, rank 0) holds the secret keys and encrypts its operands; the other
-(the *evaluator*, rank 1) multiplies them by its own operands in plaintext, adds a mask and a
-flooding term, and returns ciphertexts that the owner decrypts. What the owner learns is
+Each party holds its own key pair. For each product one party is the *owner*: it encrypts
+its operands under its own key; the other (the *evaluator*) multiplies them by its own
+operands in plaintext, adds a mask and a flooding term, re-randomises under the owner's
+public key, and returns ciphertexts that the owner decrypts. Where a correlation has two
+or more ciphertext blocks (elementwise) or two one-sided products (split matmul), each
+party owns half and evaluates the other half at the same time, so both parties' CPUs
+work (TenSEAL holds the GIL inside SEAL calls: one process uses about one core). What the owner learns is
 X + R, where X is the exact integer sum of cross products and R is uniform in
 [0, 2^max(bound + STAT_BITS, 64)): statistically within 2^-STAT_BITS of R whatever X is.
 Its share is (X + R) mod 2^64 (uniform); the evaluator's is -R mod 2^64.
@@ -281,7 +285,8 @@ class _Prime:
         self._noise_template: bytes | None = None
         self.encoder = s.BatchEncoder(self.ctx)
         self.evaluator = s.Evaluator(self.ctx)
-        self.encryptor = None
+        self.encryptor = None      # the peer's public key: re-randomises returned results
+        self.sym = None            # this party's secret key: encrypts its own operands
         self.decryptor = None
         self.secret_key = None
 
@@ -415,10 +420,10 @@ def _blocks(m: int, k: int, n: int, degree: int) -> tuple[int, int, int]:
 
 
 def split_products(m: int, k: int, n: int, degree: int) -> bool:
-    """Whether two one-sided products (A0 B1, then (B0^T A1^T)^T) cost less than the joint
-    encoding of A0 B1 + A1 B0."""
-    one = _blocks_cost(m, k, n, degree, joint=False)[0] + _blocks_cost(n, k, m, degree, joint=False)[0]
-    return one < _blocks_cost(m, k, n, degree)[0]
+    """Whether two one-sided products (A0 B1 owned by party 0, A1 B0 by party 1, made at
+    the same time, each party's CPU on one) cost less than the joint encoding of
+    A0 B1 + A1 B0 (party 1's CPU evaluates all of it): the cost of one against the joint's."""
+    return _blocks_cost(m, k, n, degree, joint=False)[0] < _blocks_cost(m, k, n, degree)[0]
 
 
 class CrossEngine:
@@ -440,35 +445,36 @@ class CrossEngine:
 
     # -- keys ------------------------------------------------------------------------
     def _ready(self, count: int) -> list[_Prime]:
-        """The first `count` prime contexts; new ones get keys (rank 0 sends its public keys)."""
+        """The first `count` prime contexts; new ones get keys. Both parties own a key pair per
+        prime (each encrypts its own operands of the products it owns, and re-randomises the
+        results it returns under the peer's public key): each sends its public keys, then
+        reads the peer's."""
         s = _sealapi()
         have = len(self._primes)
         if count <= have:
             return self._primes[:count]
         fresh = [_Prime(self.params, t) for t in self.params.plain_primes[have:count]]
-        if self.rank == 0:
-            keys = []
-            for p in fresh:
-                gen = s.KeyGenerator(p.ctx)
-                p.secret_key = gen.secret_key()
-                public = s.PublicKey()
-                gen.create_public_key(public)
-                p.encryptor = s.Encryptor(p.ctx, p.secret_key)
-                p.decryptor = s.Decryptor(p.ctx, p.secret_key)
-                keys.append(self._files.dump(public))
-            self._send(pack(keys))
-        else:
-            keys = unpack(self._recv(), len(fresh), "public keys")
-            for p, data in zip(fresh, keys):
-                public = self._files.load(s.PublicKey, p.ctx, data, "public key")
-                p.encryptor = s.Encryptor(p.ctx, public)
+        keys = []
+        for p in fresh:
+            gen = s.KeyGenerator(p.ctx)
+            p.secret_key = gen.secret_key()
+            public = s.PublicKey()
+            gen.create_public_key(public)
+            p.sym = s.Encryptor(p.ctx, p.secret_key)
+            p.decryptor = s.Decryptor(p.ctx, p.secret_key)
+            keys.append(self._files.dump(public))
+        self._send(pack(keys))
+        theirs = unpack(self._recv(), len(fresh), "public keys")
+        for p, data in zip(fresh, theirs):
+            public = self._files.load(s.PublicKey, p.ctx, data, "public key")
+            p.encryptor = s.Encryptor(p.ctx, public)
         self._primes.extend(fresh)
         return self._primes[:count]
 
     def _encrypt(self, p: _Prime, pt) -> bytes:
-        """Symmetric encryption of a plaintext under the owner's key, serialized with its
+        """Symmetric encryption of a plaintext under this party's own key, serialized with its
         random half replaced by a seed (SEAL's seeded ciphertexts: half the bytes)."""
-        return self._files.dump(p.encryptor.encrypt_symmetric(pt))
+        return self._files.dump(p.sym.encrypt_symmetric(pt))
 
     def _plain_coeffs(self, p: _Prime, coeffs: np.ndarray):
         return self._files.load(_sealapi().Plaintext, p.ctx, p.plain_bytes(coeffs), "plaintext")
@@ -578,7 +584,11 @@ class CrossEngine:
         """This party's share (uint64, mod 2^64) of Sum_j x0_j * x1_j (elementwise; x0 are rank
         0's `terms`, x1 rank 1's, all of one length n). `bound_bits`: public, with
         Sum_j x0_j * x1_j < 2^bound_bits for every element (read as unsigned integers).
-        `parity`: only the shares' low bits will be used (XOR shares of X's parity)."""
+        `parity`: only the shares' low bits will be used (XOR shares of X's parity).
+
+        Rank 0 owns (encrypts, decrypts) the first half of the ciphertext blocks and rank 1
+        the rest (with one block, rank 0 owns it): each party evaluates the other's half at
+        the same time, so both parties' CPUs work (two_way)."""
         n = int(terms[0].size)
         nd = self.params.n
         chunks = -(-n // nd)
@@ -586,15 +596,39 @@ class CrossEngine:
         primes = self._ready(count)
         if n == 0:
             return np.zeros(0, dtype=np.uint64)
-        padded = [np.pad(x.reshape(-1).astype(np.uint64), (0, chunks * nd - n)).reshape(chunks, nd)
-                  for x in terms]
-        if self.rank == 0:
-            res = self._owner_rounds(
-                primes, lambda i, p, rand: [self._encrypt(p, p.plain(row))
-                                            for x in padded for row in residues(x, p.t)],
-                chunks, lambda i, p, back: np.concatenate(
-                    [self._decrypt_slots(p, back[c]) for c in range(chunks)])[:n])
-            return crt_mod64(res, tuple(p.t for p in primes))
+        h = n if chunks < 2 else min(n, -(-chunks // 2) * nd)
+        flat = [x.reshape(-1).astype(np.uint64, copy=False) for x in terms]
+        mine = (0, h) if self.rank == 0 else (h, n)
+        peer = (h, n) if self.rank == 0 else (0, h)
+        own = (self._elementwise_own([x[mine[0]:mine[1]] for x in flat], primes)
+               if mine[1] > mine[0] else None)
+        ev, share = (self._elementwise_eval([x[peer[0]:peer[1]] for x in flat], bound_bits, parity)
+                     if peer[1] > peer[0] else (None, None))
+        res = self._two_way(primes, own, ev)
+        out = np.empty(n, dtype=np.uint64)
+        if own is not None:
+            out[mine[0]:mine[1]] = crt_mod64(res, tuple(p.t for p in primes))
+        if ev is not None:
+            out[peer[0]:peer[1]] = share
+        return out
+
+    def _elementwise_own(self, terms: list[np.ndarray], primes: list) -> "_Own":
+        """The owner's side of one elementwise exchange: batched encryptions of every term's
+        blocks, then the returned slots (X + R mod t_i)."""
+        n, nd = int(terms[0].size), self.params.n
+        chunks = -(-n // nd)
+        padded = [np.pad(x, (0, chunks * nd - n)).reshape(chunks, nd) for x in terms]
+        return _Own(lambda i, p, rand: [self._encrypt(p, p.plain(row))
+                                        for x in padded for row in residues(x, p.t)],
+                    chunks, lambda i, p, back: np.concatenate(
+                        [self._decrypt_slots(p, back[c]) for c in range(chunks)])[:n])
+
+    def _elementwise_eval(self, terms: list[np.ndarray], bound_bits: int,
+                          parity: bool) -> tuple["_Eval", np.ndarray]:
+        """The evaluator's side: Sum_j ct_j * x_j + R per block, flooded; its share -R."""
+        n, nd = int(terms[0].size), self.params.n
+        chunks = -(-n // nd)
+        padded = [np.pad(x, (0, chunks * nd - n)).reshape(chunks, nd) for x in terms]
         r = self._mask_words((chunks, nd), self.params.mask_bits(bound_bits, parity))
 
         def evaluate(i: int, p: _Prime, rand: Callable, got: list[bytes]) -> list[bytes]:
@@ -616,29 +650,38 @@ class CrossEngine:
                         accs[c] = prod
                     else:
                         ev.add_inplace(accs[c], prod)
-            out = []
-            for c in range(chunks):
-                out.append(self._finish(p, accs[c], p.plain(r_t[c]), bound, rand, in_ntt=False))
-            return out
-        self._evaluator_rounds(primes, len(terms) * chunks, evaluate)
+            return [self._finish(p, accs[c], p.plain(r_t[c]), bound, rand, in_ntt=False)
+                    for c in range(chunks)]
         with np.errstate(over="ignore"):
-            return (np.uint64(0) - r[0]).reshape(-1)[:n]
+            share = (np.uint64(0) - r[0]).reshape(-1)[:n]
+        return _Eval(len(terms) * chunks, evaluate), share
 
     # -- matrix products -----------------------------------------------------------------------
     def matmul(self, lhs: np.ndarray, rhs: np.ndarray, bound_bits: int) -> np.ndarray:
         """This party's share of lhs0 @ rhs1 + lhs1 @ rhs0 (uint64 [B, m, n]) for lhs
         [B, m, k], rhs [B, k, n] (rank 0's and rank 1's own), by coefficient encoding: both
-        products in one set of ciphertexts, or as two one-sided products where that costs
-        less (split_products)."""
+        products in one set of ciphertexts (rank 0 owns them), or, where that costs less
+        (split_products), as two one-sided products at once: each party owns the product of
+        its own lhs with the peer's rhs and evaluates the peer's (both CPUs work)."""
         bsz, m, k = lhs.shape
         n = rhs.shape[2]
         if split_products(m, k, n, self.params.n):
-            first = self._product(lhs if self.rank == 0 else rhs, (bsz, m, k, n), bound_bits - 1)
-            mine = rhs if self.rank == 0 else lhs
-            second = self._product(np.ascontiguousarray(mine.transpose(0, 2, 1)), (bsz, n, k, m),
-                                   bound_bits - 1)
+            primes = self._ready(self.params.primes_for(bound_bits - 1))
+            if bsz * m * n == 0:
+                return np.zeros((bsz, m, n), dtype=np.uint64)
+            dims = (bsz, m, k, n)
+            own, finish = self._product_own(lhs, dims)
+            ev, share = self._product_eval(rhs, dims, bound_bits - 1)
+            mine = finish(self._two_way(primes, own, ev))
             with np.errstate(over="ignore"):
-                return first + second.transpose(0, 2, 1)
+                return mine + share
+        return self._joint(lhs, rhs, bound_bits)
+
+    def _joint(self, lhs: np.ndarray, rhs: np.ndarray, bound_bits: int) -> np.ndarray:
+        """lhs0 @ rhs1 + lhs1 @ rhs0 in one set of ciphertexts: rank 0 encrypts both of its
+        operands, rank 1 multiplies each by its own other operand."""
+        bsz, m, k = lhs.shape
+        n = rhs.shape[2]
         nd = self.params.n
         mw, kw, nw = _blocks(m, k, n, nd)
         mb, kb, nb = -(-m // mw), -(-k // kw), -(-n // nw)
@@ -650,170 +693,119 @@ class CrossEngine:
         a[:, :m, :k] = lhs
         b = np.zeros((bsz, kb * kw, nb * nw), dtype=np.uint64)
         b[:, :k, :n] = rhs
-        # A block (i, c) -> coefficient i*kw*nw + c; B block (c, j) -> j*kw + kw-1-c
-        ia, ca = np.meshgrid(np.arange(mw), np.arange(kw), indexing="ij")
-        pos_a = (ia * kw * nw + ca).reshape(-1)
-        cb, jb = np.meshgrid(np.arange(kw), np.arange(nw), indexing="ij")
-        pos_b = (jb * kw + kw - 1 - cb).reshape(-1)
-        io, jo = np.meshgrid(np.arange(mw), np.arange(nw), indexing="ij")
-        pos_out = (io * kw * nw + jo * kw + kw - 1).reshape(-1)
+        pos_a, pos_b, pos_out = _positions(mw, kw, nw)
         a_blk = a.reshape(bsz, mb, mw, kb, kw).transpose(0, 1, 3, 2, 4).reshape(bsz, mb, kb, mw * kw)
         b_blk = b.reshape(bsz, kb, kw, nb, nw).transpose(0, 1, 3, 2, 4).reshape(bsz, kb, nb, kw * nw)
-
-        def polys(blocks: np.ndarray, pos: np.ndarray, t: int) -> np.ndarray:
-            out = np.zeros(blocks.shape[:-1] + (nd,), dtype=np.uint64)
-            out[..., pos] = residues(blocks, t)
-            return out
-
         n_a, n_b, n_out = bsz * mb * kb, bsz * kb * nb, bsz * mb * nb
         if self.rank == 0:
             def encrypt(i: int, p: _Prime, rand: Callable) -> list[bytes]:
                 out = []
                 for arr, pos in ((a_blk, pos_a), (b_blk, pos_b)):
-                    rows = polys(arr, pos, p.t).reshape(-1, nd)
+                    rows = _polys(arr, pos, p.t, nd).reshape(-1, nd)
                     out.extend(self._encrypt(p, self._plain_coeffs(p, row)) for row in rows)
                 return out
 
-            def decrypt(i: int, p: _Prime, back: list[bytes]) -> np.ndarray:
-                where = pos_out.tolist()
-                coeffs = np.stack([p.coeffs_of(self._decrypt(p, back[j]), where)
-                                   for j in range(n_out)])  # [bsz*mb*nb, mw*nw]
-                blk = coeffs.reshape(bsz, mb, nb, mw, nw).transpose(0, 1, 3, 2, 4)
-                return blk.reshape(bsz, mb * mw, nb * nw)[:, :m, :n]
-            res = self._owner_rounds(primes, encrypt, n_out, decrypt)
+            decrypt = self._block_decrypt((bsz, m, n), (mb, nb, mw, nw), pos_out)
+            res = self._two_way(primes, _Own(encrypt, n_out, decrypt), None)
             return crt_mod64(res, tuple(p.t for p in primes))
         r = self._mask_words((bsz, mb, nb, mw * nw), self.params.mask_bits(bound_bits))
 
         def evaluate(pi: int, p: _Prime, rand: Callable, got: list[bytes]) -> list[bytes]:
-            ev = p.evaluator
-            i = 0
-            cts_a = []
-            for j in range(n_a):
-                ct = self._load_ct(p, got[i + j])
-                ev.transform_to_ntt_inplace(ct)
-                cts_a.append(ct)
-            cts_b = []
-            for j in range(n_b):
-                ct = self._load_ct(p, got[i + n_a + j])
-                ev.transform_to_ntt_inplace(ct)
-                cts_b.append(ct)
-            pa = polys(a_blk, pos_a, p.t).reshape(-1, nd)
-            pb = polys(b_blk, pos_b, p.t).reshape(-1, nd)
-
-            pts_a = _ntt_plains(p, self._files, pa)
-            pts_b = _ntt_plains(p, self._files, pb)
+            cts_a = [self._load_ntt(p, got[j]) for j in range(n_a)]
+            cts_b = [self._load_ntt(p, got[n_a + j]) for j in range(n_b)]
+            pts_a = _ntt_plains(p, self._files, _polys(a_blk, pos_a, p.t, nd).reshape(-1, nd))
+            pts_b = _ntt_plains(p, self._files, _polys(b_blk, pos_b, p.t, nd).reshape(-1, nd))
             bound = self.noise_bound(p.t, 2 * kb, max(mw * kw, kw * nw))
-            r_t = self._mod_t(r, p.t)  # [bsz, mb, nb, mw*nw]
-            masks = self._uniform(p.t, (bsz, mb, nb, nd), rand)
-            masks[..., pos_out] = r_t
-            masks = masks.reshape(-1, nd)
+            masks = self._block_masks(p, r, (bsz, mb, nb), pos_out, rand)
             out = []
             for bi in range(bsz):
                 for mi in range(mb):
                     for nj in range(nb):
-                        acc = None
+                        pairs = []
                         for kk in range(kb):
                             ia_ = (bi * mb + mi) * kb + kk
                             ib_ = (bi * kb + kk) * nb + nj
-                            for ct, pt in ((cts_a[ia_], pts_b[ib_]), (cts_b[ib_], pts_a[ia_])):
-                                if pt is None:
-                                    continue
-                                prod = _sealapi().Ciphertext()
-                                ev.multiply_plain(ct, pt, prod)
-                                if acc is None:
-                                    acc = prod
-                                else:
-                                    ev.add_inplace(acc, prod)
+                            pairs += [(cts_a[ia_], pts_b[ib_]), (cts_b[ib_], pts_a[ia_])]
+                        acc = _dot(p, pairs)
                         mask = self._plain_coeffs(p, masks[(bi * mb + mi) * nb + nj])
                         out.append(self._finish(p, acc, mask, bound, rand))
             return out
-        self._evaluator_rounds(primes, n_a + n_b, evaluate)
-        with np.errstate(over="ignore"):
-            share = np.uint64(0) - r[0]
-        blk = share.reshape(bsz, mb, nb, mw, nw).transpose(0, 1, 3, 2, 4)
-        return blk.reshape(bsz, mb * mw, nb * nw)[:, :m, :n]
+        self._two_way(primes, None, _Eval(n_a + n_b, evaluate))
+        return _unblock(r, (bsz, m, n), (mb, nb, mw, nw))
 
-    def _product(self, mine: np.ndarray, dims: tuple, bound_bits: int) -> np.ndarray:
-        """This party's share of E @ P (uint64 [B, m, n]): party 0 passes E [B, m, k] (sent
-        encrypted), party 1 passes P [B, k, n] (its plaintext), dims = (B, m, k, n)."""
+    def _product_own(self, mine: np.ndarray, dims: tuple) -> tuple["_Own", Callable]:
+        """This party's side of E @ P as the owner of E [B, m, k] (sent encrypted): the job
+        and the finishing step (its share, from the decrypted residues)."""
         bsz, m, k, n = dims
         nd = self.params.n
         _, mw, kw, nw = _blocks_cost(m, k, n, nd, joint=False)
         mb, kb, nb = -(-m // mw), -(-k // kw), -(-n // nw)
-        count = self.params.primes_for(bound_bits)
-        primes = self._ready(count)
-        if bsz * m * n == 0:
-            return np.zeros((bsz, m, n), dtype=np.uint64)
-        ia, ca = np.meshgrid(np.arange(mw), np.arange(kw), indexing="ij")
-        pos_a = (ia * kw * nw + ca).reshape(-1)
-        cb, jb = np.meshgrid(np.arange(kw), np.arange(nw), indexing="ij")
-        pos_b = (jb * kw + kw - 1 - cb).reshape(-1)
-        io, jo = np.meshgrid(np.arange(mw), np.arange(nw), indexing="ij")
-        pos_out = (io * kw * nw + jo * kw + kw - 1).reshape(-1)
+        pos_a, _, pos_out = _positions(mw, kw, nw)
+        a = np.zeros((bsz, mb * mw, kb * kw), dtype=np.uint64)
+        a[:, :m, :k] = mine
+        a_blk = a.reshape(bsz, mb, mw, kb, kw).transpose(0, 1, 3, 2, 4).reshape(bsz, mb, kb, mw * kw)
 
-        def polys(blocks: np.ndarray, pos: np.ndarray, t: int) -> np.ndarray:
-            out = np.zeros(blocks.shape[:-1] + (nd,), dtype=np.uint64)
-            out[..., pos] = residues(blocks, t)
-            return out
+        def encrypt(i: int, p: _Prime, rand: Callable) -> list[bytes]:
+            rows = _polys(a_blk, pos_a, p.t, nd).reshape(-1, nd)
+            return [self._encrypt(p, self._plain_coeffs(p, row)) for row in rows]
+        decrypt = self._block_decrypt((bsz, m, n), (mb, nb, mw, nw), pos_out)
+        ts = tuple(self.params.plain_primes)
+        return _Own(encrypt, bsz * mb * nb, decrypt), lambda res: crt_mod64(res, ts[:len(res)])
 
-        n_a, n_out = bsz * mb * kb, bsz * mb * nb
-        if self.rank == 0:
-            a = np.zeros((bsz, mb * mw, kb * kw), dtype=np.uint64)
-            a[:, :m, :k] = mine
-            a_blk = a.reshape(bsz, mb, mw, kb, kw).transpose(0, 1, 3, 2, 4).reshape(bsz, mb, kb, mw * kw)
-
-            def encrypt(i: int, p: _Prime, rand: Callable) -> list[bytes]:
-                rows = polys(a_blk, pos_a, p.t).reshape(-1, nd)
-                return [self._encrypt(p, self._plain_coeffs(p, row)) for row in rows]
-
-            def decrypt(i: int, p: _Prime, back: list[bytes]) -> np.ndarray:
-                where = pos_out.tolist()
-                coeffs = np.stack([p.coeffs_of(self._decrypt(p, back[j]), where)
-                                   for j in range(n_out)])
-                blk = coeffs.reshape(bsz, mb, nb, mw, nw).transpose(0, 1, 3, 2, 4)
-                return blk.reshape(bsz, mb * mw, nb * nw)[:, :m, :n]
-            return crt_mod64(self._owner_rounds(primes, encrypt, n_out, decrypt),
-                             tuple(p.t for p in primes))
+    def _product_eval(self, mine: np.ndarray, dims: tuple, bound_bits: int) -> tuple["_Eval", np.ndarray]:
+        """This party's side of E @ P as the evaluator, P [B, k, n] its plaintext: the job
+        and its share (-R)."""
+        bsz, m, k, n = dims
+        nd = self.params.n
+        _, mw, kw, nw = _blocks_cost(m, k, n, nd, joint=False)
+        mb, kb, nb = -(-m // mw), -(-k // kw), -(-n // nw)
+        _, pos_b, pos_out = _positions(mw, kw, nw)
         b = np.zeros((bsz, kb * kw, nb * nw), dtype=np.uint64)
         b[:, :k, :n] = mine
         b_blk = b.reshape(bsz, kb, kw, nb, nw).transpose(0, 1, 3, 2, 4).reshape(bsz, kb, nb, kw * nw)
         r = self._mask_words((bsz, mb, nb, mw * nw), self.params.mask_bits(bound_bits))
+        n_a = bsz * mb * kb
 
         def evaluate(pi: int, p: _Prime, rand: Callable, got: list[bytes]) -> list[bytes]:
-            ev = p.evaluator
-            cts = []
-            for j in range(n_a):
-                ct = self._load_ct(p, got[j])
-                ev.transform_to_ntt_inplace(ct)
-                cts.append(ct)
-            pts = _ntt_plains(p, self._files, polys(b_blk, pos_b, p.t).reshape(-1, nd))
+            cts = [self._load_ntt(p, got[j]) for j in range(n_a)]
+            pts = _ntt_plains(p, self._files, _polys(b_blk, pos_b, p.t, nd).reshape(-1, nd))
             bound = self.noise_bound(p.t, kb, kw * nw)
-            masks = self._uniform(p.t, (bsz, mb, nb, nd), rand)
-            masks[..., pos_out] = self._mod_t(r, p.t)
-            masks = masks.reshape(-1, nd)
+            masks = self._block_masks(p, r, (bsz, mb, nb), pos_out, rand)
             out = []
             for bi in range(bsz):
                 for mi in range(mb):
                     for nj in range(nb):
-                        acc = None
-                        for kk in range(kb):
-                            pt = pts[(bi * kb + kk) * nb + nj]
-                            if pt is None:
-                                continue
-                            prod = _sealapi().Ciphertext()
-                            ev.multiply_plain(cts[(bi * mb + mi) * kb + kk], pt, prod)
-                            if acc is None:
-                                acc = prod
-                            else:
-                                ev.add_inplace(acc, prod)
+                        acc = _dot(p, [(cts[(bi * mb + mi) * kb + kk], pts[(bi * kb + kk) * nb + nj])
+                                       for kk in range(kb)])
                         mask = self._plain_coeffs(p, masks[(bi * mb + mi) * nb + nj])
                         out.append(self._finish(p, acc, mask, bound, rand))
             return out
-        self._evaluator_rounds(primes, n_a, evaluate)
-        with np.errstate(over="ignore"):
-            share = np.uint64(0) - r[0]
-        blk = share.reshape(bsz, mb, nb, mw, nw).transpose(0, 1, 3, 2, 4)
-        return blk.reshape(bsz, mb * mw, nb * nw)[:, :m, :n]
+        return _Eval(n_a, evaluate), _unblock(r, (bsz, m, n), (mb, nb, mw, nw))
+
+    def _load_ntt(self, p: _Prime, data: bytes):
+        ct = self._load_ct(p, data)
+        p.evaluator.transform_to_ntt_inplace(ct)
+        return ct
+
+    def _block_masks(self, p: _Prime, r: list[np.ndarray], blocks: tuple, pos_out: np.ndarray,
+                     rand: Callable) -> np.ndarray:
+        """Per output block: uniform mod t everywhere, R mod t at the output coefficients."""
+        masks = self._uniform(p.t, tuple(blocks) + (self.params.n,), rand)
+        masks[..., pos_out] = self._mod_t(r, p.t)
+        return masks.reshape(-1, self.params.n)
+
+    def _block_decrypt(self, shape: tuple, blocks: tuple, pos_out: np.ndarray) -> Callable:
+        """decrypt(i, p, back): the output coefficients of every returned block, as [B, m, n]."""
+        bsz, m, n = shape
+        mb, nb, mw, nw = blocks
+        where = pos_out.tolist()
+
+        def decrypt(i: int, p: _Prime, back: list[bytes]) -> np.ndarray:
+            coeffs = np.stack([p.coeffs_of(self._decrypt(p, back[j]), where)
+                               for j in range(bsz * mb * nb)])
+            blk = coeffs.reshape(bsz, mb, nb, mw, nw).transpose(0, 1, 3, 2, 4)
+            return blk.reshape(bsz, mb * mw, nb * nw)[:, :m, :n]
+        return decrypt
 
     def _prime_rands(self, primes: list) -> list[Callable]:
         """One PRG per prime's job, keyed here from this party's private stream in prime
@@ -830,35 +822,99 @@ class CrossEngine:
             return self._pool.submit(job, *args)
         return _Done(job(*args))
 
-    def _owner_rounds(self, primes: list, encrypt: Callable, per_back: int,
-                      decrypt: Callable) -> list:
-        """Rank 0: each prime's ciphertexts made on its own thread (TenSEAL's bindings hold
-        the GIL inside each SEAL call, so the threads overlap the numpy, file and
-        serialization work between calls: measured on matmul 256, 3 threads 25.5 s against
-        1 thread 30.7 s) and sent as one message as soon as they are ready (the peer starts on prime 0 while
-        the others are still encrypted), then each prime's `per_back` results decrypted on
-        the pool as they come back."""
-        rands = self._prime_rands(primes)
-        made = [self._run(encrypt, i, p, rands[i]) for i, p in enumerate(primes)]
-        for f in made:
-            self._send(pack(f.result()))
-        opened = [self._run(decrypt, i, p, unpack(self._recv(), per_back, "result ciphertexts"))
+    def _two_way(self, primes: list, own: "_Own | None", ev: "_Eval | None") -> list | None:
+        """One exchange, per prime one message each way per role, in an order both parties
+        follow: (1) if this party owns a product, its ciphertexts, each prime's sent as soon
+        as it is made (the peer starts on prime 0 while the others are encrypted); (2) if it
+        evaluates the peer's, each prime's evaluated on the pool as it arrives, the results
+        sent back in prime order; (3) if it owns, each prime's results decrypted as they
+        come back. The peer's `ev` is present exactly when this party's `own` is. With both
+        roles on both parties, each party's CPU works on its own product and the peer's at
+        the same time (TenSEAL's bindings hold the GIL inside each SEAL call, so one process
+        uses about one core: the two processes are what fill two)."""
+        made = []
+        if own is not None:
+            rands = self._prime_rands(primes)
+            made = [self._run(own.encrypt, i, p, rands[i]) for i, p in enumerate(primes)]
+            for f in made:
+                self._send(pack(f.result()))
+        if ev is not None:
+            rands = self._prime_rands(primes)
+            jobs = [self._run(ev.evaluate, i, p, rands[i], unpack(self._recv(), ev.per_got, "ciphertexts"))
+                    for i, p in enumerate(primes)]
+            for f in jobs:
+                self._send(pack(f.result()))
+        if own is None:
+            return None
+        opened = [self._run(own.decrypt, i, p, unpack(self._recv(), own.per_back, "result ciphertexts"))
                   for i, p in enumerate(primes)]
         return [f.result() for f in opened]
-
-    def _evaluator_rounds(self, primes: list, per_got: int, evaluate: Callable) -> None:
-        """Rank 1: each prime's `per_got` ciphertexts evaluated on the pool as soon as they
-        arrive; the results sent back in prime order."""
-        rands = self._prime_rands(primes)
-        jobs = [self._run(evaluate, i, p, rands[i], unpack(self._recv(), per_got, "ciphertexts"))
-                for i, p in enumerate(primes)]
-        for f in jobs:
-            self._send(pack(f.result()))
 
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=False)
         self._files.close()
+
+
+@dataclass
+class _Own:
+    """A product this party owns: encrypt(i, p, rand) -> ciphertexts of prime i; per_back
+    returned ciphertexts per prime; decrypt(i, p, back) -> residues mod t_i."""
+
+    encrypt: Callable
+    per_back: int
+    decrypt: Callable
+
+
+@dataclass
+class _Eval:
+    """A product the peer owns: per_got ciphertexts per prime; evaluate(i, p, rand, got) ->
+    the returned ciphertexts of prime i."""
+
+    per_got: int
+    evaluate: Callable
+
+
+def _positions(mw: int, kw: int, nw: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Coefficient positions of the encoding: A block (i, c) -> i*kw*nw + c; B block (c, j)
+    -> j*kw + kw-1-c; output (i, j) at i*kw*nw + j*kw + kw-1."""
+    ia, ca = np.meshgrid(np.arange(mw), np.arange(kw), indexing="ij")
+    cb, jb = np.meshgrid(np.arange(kw), np.arange(nw), indexing="ij")
+    io, jo = np.meshgrid(np.arange(mw), np.arange(nw), indexing="ij")
+    return ((ia * kw * nw + ca).reshape(-1), (jb * kw + kw - 1 - cb).reshape(-1),
+            (io * kw * nw + jo * kw + kw - 1).reshape(-1))
+
+
+def _polys(blocks: np.ndarray, pos: np.ndarray, t: int, nd: int) -> np.ndarray:
+    """Coefficient rows (mod t) with each block's values at `pos`."""
+    out = np.zeros(blocks.shape[:-1] + (nd,), dtype=np.uint64)
+    out[..., pos] = residues(blocks, t)
+    return out
+
+
+def _dot(p: "_Prime", pairs: list):
+    """Sum of ciphertext x plaintext products (NTT form); None if every plaintext is zero."""
+    acc = None
+    for ct, pt in pairs:
+        if pt is None:
+            continue
+        prod = _sealapi().Ciphertext()
+        p.evaluator.multiply_plain(ct, pt, prod)
+        if acc is None:
+            acc = prod
+        else:
+            p.evaluator.add_inplace(acc, prod)
+    return acc
+
+
+def _unblock(r: list[np.ndarray], shape: tuple, blocks: tuple) -> np.ndarray:
+    """The evaluator's share -R, from output blocks back to [B, m, n]."""
+    bsz, m, n = shape
+    mb, nb, mw, nw = blocks
+    with np.errstate(over="ignore"):
+        share = np.uint64(0) - r[0]
+    blk = share.reshape(bsz, mb, nb, mw, nw).transpose(0, 1, 3, 2, 4)
+    return blk.reshape(bsz, mb * mw, nb * nw)[:, :m, :n]
 
 
 class _Done:

@@ -575,7 +575,7 @@ class PairwiseProvider(Provider):
             mb, kb, nb = -(-m_ // mw), -(-k // kw), -(-n_ // nw)
             return (mb * kb + (kb * nb if joint else 0)) * _CT_UP + mb * nb * _CT_BACK
         if he.split_products(m, k, n, nd):
-            per = one(m, n, False) + one(n, m, False)
+            per = 2 * one(m, n, False)      # one product owned by each party, same shapes
         else:
             per = one(m, n, True)
         return bsz * primes * per

@@ -109,26 +109,34 @@ def test_received_shares_are_uniform_and_fresh():
 
 
 def test_no_secret_key_or_seed_on_the_wire(pair):
+    """Both parties own a key pair (each owns half of a two-block product): neither secret
+    key, nor a seed or MAC key, appears in anything either party sends."""
     comms, (p0, p1) = pair
-    sent = []
-    real = comms[0]._send
+    sent = [[], []]
+    real = [c._send for c in comms]
 
-    def spy(tensor, dst):
-        sent.append(tensor.numpy().tobytes())
-        real(tensor, dst)
-    comms[0]._send = spy
+    def spy(r):
+        def send(tensor, dst):
+            sent[r].append(tensor.numpy().tobytes())
+            real[r](tensor, dst)
+        return send
+    for r, c in enumerate(comms):
+        c._send = spy(r)
     try:
-        out = _both([lambda: _get(p0), lambda: _get(p1)])
+        out = _both([lambda: _get(p0, shapes=((9000,), (9000,))),
+                     lambda: _get(p1, shapes=((9000,), (9000,)))])
     finally:
-        comms[0]._send = real
+        for r, c in enumerate(comms):
+            c._send = real[r]
     assert out[0][1] is None and out[1][1] is None
-    wire = b"".join(sent)
-    assert len(wire) > 100_000   # ciphertexts did go out
-    for prime in p0._engine._primes:
-        key = p0._engine._files.dump(prime.secret_key)
-        body = key[len(key) // 2: len(key) // 2 + 64]   # past SEAL's (public) header
-        assert body not in wire
-    assert p0._seed not in wire and p0._key not in wire
+    for r, p in enumerate((p0, p1)):
+        wire = b"".join(sent[0] + sent[1])
+        assert len(b"".join(sent[r])) > 100_000   # ciphertexts did go out both ways
+        for prime in p._engine._primes:
+            key = p._engine._files.dump(prime.secret_key)
+            body = key[len(key) // 2: len(key) // 2 + 64]   # past SEAL's (public) header
+            assert body not in wire
+        assert p._seed not in wire and p._key not in wire
 
 
 def _attack(mutate):
@@ -410,10 +418,13 @@ def test_he_thread_count_is_checked(monkeypatch):
     assert he._threads() == 3
 
 
-def test_he_exchange_is_pipelined_one_message_per_prime():
-    """Rank 0 sends each prime's ciphertexts as soon as they are made (rank 1 starts on
-    prime 0 while the others are encrypted), one message per prime each way; the shares
-    still combine to the exact product."""
+@pytest.mark.parametrize("n", [100, he.N + 5])
+def test_he_exchange_is_pipelined_one_message_per_prime(n):
+    """Each party sends its public keys, then each prime's ciphertexts as soon as they are
+    made (the peer starts on prime 0 while the others are encrypted), one message per prime
+    each way per role: with one block rank 0 owns the product (rank 1 only returns results);
+    with two, each party owns one block and evaluates the other's at the same time. The
+    shares still combine to the exact product."""
     import queue
     from crypten_lite.random import PRG
     params = he.default_params()
@@ -432,7 +443,7 @@ def test_he_exchange_is_pipelined_one_message_per_prime():
         finally:
             eng.close()
     rng = np.random.default_rng(5)  # insecure-ok: test inputs
-    xs = [rng.integers(0, 2 ** 63, 100, dtype=np.uint64) for _ in range(2)]
+    xs = [rng.integers(0, 2 ** 63, n, dtype=np.uint64) for _ in range(2)]
     threads = [threading.Thread(target=party, args=(r, xs[r])) for r in range(2)]
     for t in threads:
         t.start()
@@ -441,16 +452,16 @@ def test_he_exchange_is_pipelined_one_message_per_prime():
         assert not t.is_alive(), "a party hung"
     primes = params.primes_for(128)
     assert primes == 3
-    assert len(sent[0]) == 1 + primes and len(sent[1]) == primes   # public keys, then per prime
+    roles = 1 if n <= he.N else 2
+    assert len(sent[0]) == 1 + roles * primes and len(sent[1]) == 1 + roles * primes
     with np.errstate(over="ignore"):
         assert np.array_equal(out[0] + out[1], xs[0] * xs[1])
 
 
 def test_matmul_as_two_one_sided_products(monkeypatch):
-    """The split encoding (A0 B1, then (B0^T A1^T)^T, each with only party 0's operand
-    encrypted), chosen where it costs less (matmul 256: yes; [1,256]x[256,120]: no), forced
-    here on tiny shapes: the triples combine to their relation, batched and not."""
-    assert he.split_products(256, 256, 256, he.N) and not he.split_products(1, 256, 120, he.N)
+    """The split encoding (A0 B1 owned by party 0 and A1 B0 by party 1, made at the same
+    time), chosen where it costs less (matmul 256: yes), forced here on tiny shapes: the triples combine to their relation, batched and not."""
+    assert he.split_products(256, 256, 256, he.N)
     monkeypatch.setattr(he, "split_products", lambda *a: True)
     comms = _pair()
     ps = _providers(comms)
