@@ -351,10 +351,11 @@ def _resident_bytes(page: int) -> int:
 
 # While a private model loads or runs (mapped_transients), blocks from this size up get a
 # mapping of their own, unmapped when freed, instead of a place in the heap. Measured on
-# BERT-base seq 128 per inference (prefetch and forward, 2 samples each, load 9-12): 32 MiB
-# (off) peaks 1.62x / 1.55x the floor, CPU 9.5 / 8.3 s per party; 4 MiB party 0 at 1.58x,
-# CPU as off; 2 MiB 1.48-1.50x / 1.41x, CPU as off, party 0 at the target's edge; 1 MiB
-# 1.45x / 1.41x, CPU 10.3 / 10.0 s (each 1.5 MB attention temporary faulted in afresh).
+# BERT-base seq 128 per inference (prefetch and forward; peaks from `crypten-lite bench` for
+# 32 and 1 MiB, else from 2 inferences; CPU per party from 2 inferences; load 5-12): 32 MiB
+# (off) peaks 1.62x / 1.55x the floor, CPU 9.5 / 8.3 s; 4 MiB party 0 at 1.58x, CPU as off;
+# 2 MiB 1.48-1.50x / 1.41x, CPU as off (party 0 at the target's edge); 1 MiB 1.45x / 1.41x,
+# CPU 10.3 / 10.0 s (each 1.5 MB attention temporary faulted in afresh).
 TRANSIENT_MMAP_BYTES = 1 << 20
 _transient_state = {"depth": 0, "mallopt": None}
 _transient_lock = threading.Lock()
