@@ -24,6 +24,13 @@ requested twice: the dealer answers each counter once and would refuse a second 
 another party's masks). Unused prefetched corrections are dropped; they reveal nothing alone.
 The provider's `stats["diverged"]` counts such skips, and the first divergent request is
 logged (INFO) with its kind, op and shapes.
+
+A model's first forward is such another program: it draws each fixed weight's mask once
+(mpc.fixed: `weight_mask`, D = W - B opened in its first round), which later forwards of the
+same model do not. A plan recorded on it holds for a fresh copy of the model (the bench
+rebuilds its model for every run) but leaves every later forward of the same model at its
+first request. `draws_weight_masks(plan)` tells; record a later forward to plan those (the
+service does: crypten_lite.serve.server).
 """
 
 from __future__ import annotations
@@ -58,6 +65,12 @@ def record() -> Iterator[list]:
         yield plan
     finally:
         plan.extend(provider.stop_recording())
+
+
+def draws_weight_masks(plan: list) -> bool:
+    """Whether the recorded run drew fixed-weight masks (a model's first forward does): its
+    plan then differs from every later forward of the same model (see the module's text)."""
+    return any(entry[0] == "weight_mask" for entry in plan)
 
 
 def prefetch(plan: list, wait: bool = True, store: str | None = None,

@@ -16,6 +16,7 @@ class Metrics:
         self.answered = 0
         self.errors: collections.Counter = collections.Counter()
         self.batches = 0
+        self.planned_batches = 0  # batches whose recorded plan held to the end (all prefetched)
         self.batch_samples: collections.Counter = collections.Counter()
         self._latency: collections.deque = collections.deque(maxlen=window)
 
@@ -37,6 +38,10 @@ class Metrics:
             self.batches += 1
             self.batch_samples[samples] += 1
 
+    def planned(self) -> None:
+        with self._lock:
+            self.planned_batches += 1
+
     def snapshot(self) -> dict:
         with self._lock:
             lat = sorted(self._latency)
@@ -45,6 +50,7 @@ class Metrics:
                 pct[f"p{p}_ms"] = round(1000 * lat[min(len(lat) - 1, len(lat) * p // 100)], 3) if lat else None
             return {"requests": self.requests, "answered": self.answered,
                     "errors": dict(self.errors), "batches": self.batches,
+                    "planned_batches": self.planned_batches,
                     "batch_samples": {str(k): v for k, v in sorted(self.batch_samples.items())},
                     "latency": pct}
 

@@ -7,7 +7,8 @@ The party joins the MPC session of its peers (crypten_lite.init(): the same part
 or rss, TLS and handshakes as any script), converts the model (party 0 owns it; its
 description travels in-band, nn.from_pytorch) and shares its weights once, or reloads its own
 saved shares when every party holds shares of the same model (crypten_lite.serve.store).
-A warm-up prediction makes the fixed-weight masks before the party reports ready.
+A warm-up prediction makes the fixed-weight masks before the party reports ready (so the plan
+recorded on the first batch of each size holds for every later one: metrics `planned_batches`).
 
 Threads: the client-facing gRPC service (comm.serve_rpc) and the optional HTTP endpoint
 (serve.web) validate each request and park it; the main thread runs the parties' lockstep
@@ -292,7 +293,12 @@ class Party:
                 self._plans.move_to_end(n)
                 if ahead != n:  # else: prefetched after the previous batch (_prefetch_next)
                     offline.prefetch(plan, wait=False)
-                return private(x)
+                provider = getattr(session_mod.current(), "provider", None)
+                diverged = provider.stats["diverged"] if provider is not None else 0
+                y = private(x)
+                if provider is None or provider.stats["diverged"] == diverged:
+                    self.metrics.planned()  # the plan held to its end
+                return y
             with offline.record() as plan:
                 y = private(x)
         self._plans[n] = plan

@@ -212,6 +212,20 @@ def test_metrics_count_requests_errors_batches(alice):
     assert after["latency"]["p50_ms"] is not None
 
 
+def test_batches_after_the_first_of_a_size_run_a_plan(alice):
+    """Every batch of a size already planned runs its plan to the end, corrections prefetched
+    (the warm-up made the fixed-weight masks, which a model's first forward would otherwise
+    draw: a plan recorded on it differs from every later forward, mpc.offline)."""
+    for _ in range(2):
+        alice.predict(inputs(1, 5))          # the size is planned by now, whatever ran before
+    before = json.loads(alice.info()[0].metrics_json)
+    for _ in range(3):
+        alice.predict(inputs(1, 5))
+    after = json.loads(alice.info()[0].metrics_json)
+    assert after["batches"] - before["batches"] == 3
+    assert after["planned_batches"] - before["planned_batches"] == 3
+
+
 def test_client_imports_and_predicts_without_torch(service):
     """The client distribution runs with torch blocked (sys.modules['torch'] = None)."""
     code = f"""

@@ -327,3 +327,44 @@ def test_streamed_prefetch_uses_every_correction_once_with_bounded_pulls():
     # pulled ahead: PULL_AHEAD (1), and a chunk whose requests the run takes out of order
     assert rank0["chunks"] > 10 and rank0["in_flight"] <= 2
     assert max(r[k] for r in (rank0, rank1) for k in ("err", "first_err")) <= 1e-2
+
+
+# --- a model's first forward masks its fixed weights: its plan holds only for a fresh copy ---
+
+
+def model_plans():
+    """A converted model, encrypted: the first forward's plan draws the weight masks and
+    diverges on the next forward of the same model; a plan recorded on the second forward is
+    used whole by the third (what the service does)."""
+    from crypten_lite.nn import from_pytorch
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(8, 6), torch.nn.ReLU(), torch.nn.Linear(6, 3))
+    private = from_pytorch(net if current().rank == 0 else None, (1, 8), src=0)
+    private.encrypt(src=0)
+    private.eval()
+    x = torch.randn(4, 8)
+    out = {}
+    with crypten_lite.no_grad():
+        for name in ("first", "second"):
+            with offline.record() as plan:
+                private(crypten_lite.cryptensor(x, src=0))
+            before = _state()
+            offline.prefetch(plan)
+            y = private(crypten_lite.cryptensor(x, src=0)).get_plain_text()
+            out[name] = {"masks": offline.draws_weight_masks(plan), "len": len(plan),
+                         "diverged": _state()["diverged"] - before["diverged"],
+                         "used": _state()["prefetched"] - before["prefetched"],
+                         "err": float((y - net(x).detach()).abs().max())}
+    return out
+
+
+def test_first_forward_plan_draws_masks_and_a_later_plan_is_used_whole(pool2):
+    results = pool2.run(model_plans)
+    for r in results:
+        first, second = r["first"], r["second"]
+        assert first["masks"] and first["diverged"] == 1      # replayed on the same model
+        # the second forward's plan (recorded after the masks) is used whole by the third
+        assert not second["masks"] and second["diverged"] == 0
+        assert second["len"] < first["len"]
+        assert max(first["err"], second["err"]) <= 1e-3
+    assert results[0]["second"]["used"] == results[0]["second"]["len"]  # rank 0 took the batch
