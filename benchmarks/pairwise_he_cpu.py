@@ -1,0 +1,105 @@
+"""CPU seconds of each party in one HE cross product (provider/he.py's CrossEngine), the two
+parties in two processes joined by a pipe (no gRPC): where the work falls, which is what
+bounds the wall clock on a quiet machine (TenSEAL holds the GIL inside SEAL calls, so each
+party's process uses about one core). Checks the shares against the exact product.
+
+    timeout 600 python benchmarks/pairwise_he_cpu.py --mul 131072 --matmul 128
+
+Prints one JSON line per product: wall and CPU seconds per party, bytes each party sent,
+the load average.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import queue
+import threading
+import time
+
+import numpy as np
+
+from crypten_lite.provider import he
+from crypten_lite.random import PRG
+
+
+def _party(rank: int, conn, what: str, x, out) -> None:
+    prg = PRG(os.urandom(32))
+    box: queue.SimpleQueue = queue.SimpleQueue()
+    sent = [0]
+
+    def pump() -> None:          # sends never wait for the peer (as the gRPC outboxes)
+        while (d := box.get()) is not None:
+            conn.send_bytes(d)
+    threading.Thread(target=pump, daemon=True).start()
+
+    def send(d: bytes) -> None:
+        sent[0] += len(d)
+        box.put(d)
+
+    def recv() -> bytes:
+        if not conn.poll(600):
+            raise TimeoutError(f"party {rank}: no message from the peer in 600 s")
+        return conn.recv_bytes()
+    eng = he.CrossEngine(rank, he.default_params(), send, recv,
+                         lambda shape: prg.draw(tuple(shape)).numpy().view(np.uint64))
+    try:
+        eng._ready(3)            # keys first: not timed
+        send(b"go")
+        recv()
+        t, c = time.perf_counter(), time.process_time()
+        got = eng.matmul(x[0], x[1], 137) if what == "matmul" else eng.elementwise([x], 129)
+        out.put((rank, got, time.perf_counter() - t, time.process_time() - c, sent[0]))
+    finally:
+        box.put(None)
+        eng.close()
+
+
+def measure(what: str, n: int) -> dict:
+    rng = np.random.default_rng(5)  # insecure-ok: benchmark inputs
+    if what == "matmul":
+        xs = [[rng.integers(0, 2 ** 63, (1, n, n), dtype=np.uint64) for _ in range(2)] for _ in range(2)]
+    else:
+        xs = [rng.integers(0, 2 ** 63, n, dtype=np.uint64) for _ in range(2)]
+    ctx = mp.get_context("spawn")
+    a, b = ctx.Pipe()
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_party, args=(r, (a, b)[r], what, xs[r], out)) for r in range(2)]
+    for p in procs:
+        p.start()
+    try:
+        res = dict((v[0], v[1:]) for v in (out.get(timeout=900), out.get(timeout=900)))
+    finally:
+        for p in procs:
+            p.join(60)
+            if p.is_alive():
+                p.kill()
+    with np.errstate(over="ignore"):
+        if what == "matmul":
+            o = [x.astype(object) for x in (xs[0][0], xs[0][1], xs[1][0], xs[1][1])]
+            ref = ((np.matmul(o[0], o[3]) + np.matmul(o[2], o[1])) % (1 << 64)).astype(np.uint64)
+        else:
+            ref = xs[0] * xs[1]
+        exact = bool(np.array_equal(res[0][0] + res[1][0], ref))
+    if not exact:
+        raise RuntimeError(f"{what} {n}: the shares do not combine to the product")
+    return {"product": what, "size": n, "wall_s": [round(res[r][1], 2) for r in range(2)],
+            "cpu_s": [round(res[r][2], 2) for r in range(2)],
+            "sent_mb": [round(res[r][3] / 1e6, 1) for r in range(2)],
+            "load": round(os.getloadavg()[0], 1)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mul", type=int, default=131072, help="elements (0: skip)")
+    parser.add_argument("--matmul", type=int, default=128, help="n of an [n,n]x[n,n] product (0: skip)")
+    args = parser.parse_args()
+    for what, n in (("mul", args.mul), ("matmul", args.matmul)):
+        if n:
+            print(json.dumps(measure(what, n)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
