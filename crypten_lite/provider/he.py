@@ -423,7 +423,14 @@ def split_products(m: int, k: int, n: int, degree: int) -> bool:
     """Whether two one-sided products (A0 B1 owned by party 0, A1 B0 by party 1, made at
     the same time, each party's CPU on one) cost less than the joint encoding of
     A0 B1 + A1 B0 (party 1's CPU evaluates all of it): the cost of one against the joint's."""
-    return _blocks_cost(m, k, n, degree, joint=False)[0] < _blocks_cost(m, k, n, degree)[0]
+    one = min(_blocks_cost(m, k, n, degree, joint=False)[0], _blocks_cost(n, k, m, degree, joint=False)[0])
+    return one < _blocks_cost(m, k, n, degree)[0]
+
+
+def split_transposed(m: int, k: int, n: int, degree: int) -> bool:
+    """Whether the split products cost less transposed, (B1^T A0^T)^T owned by party 1 and
+    (B0^T A1^T)^T by party 0 (each encrypts its own right operand), [n,k]x[k,m] blocks."""
+    return _blocks_cost(n, k, m, degree, joint=False)[0] < _blocks_cost(m, k, n, degree, joint=False)[0]
 
 
 class CrossEngine:
@@ -666,16 +673,27 @@ class CrossEngine:
         bsz, m, k = lhs.shape
         n = rhs.shape[2]
         if split_products(m, k, n, self.params.n):
-            primes = self._ready(self.params.primes_for(bound_bits - 1))
-            if bsz * m * n == 0:
-                return np.zeros((bsz, m, n), dtype=np.uint64)
-            dims = (bsz, m, k, n)
-            own, finish = self._product_own(lhs, dims)
-            ev, share = self._product_eval(rhs, dims, bound_bits - 1)
-            mine = finish(self._two_way(primes, own, ev))
-            with np.errstate(over="ignore"):
-                return mine + share
+            if split_transposed(m, k, n, self.params.n):
+                out = self._matmul_split(np.ascontiguousarray(rhs.transpose(0, 2, 1)),
+                                        np.ascontiguousarray(lhs.transpose(0, 2, 1)), bound_bits)
+                return out.transpose(0, 2, 1)
+            return self._matmul_split(lhs, rhs, bound_bits)
         return self._joint(lhs, rhs, bound_bits)
+
+    def _matmul_split(self, lhs: np.ndarray, rhs: np.ndarray, bound_bits: int) -> np.ndarray:
+        """The split products as they are: this party owns (its lhs) @ (the peer's rhs) and
+        evaluates the peer's lhs @ its rhs, both [B, m, k] x [B, k, n]."""
+        bsz, m, k = lhs.shape
+        n = rhs.shape[2]
+        primes = self._ready(self.params.primes_for(bound_bits - 1))
+        if bsz * m * n == 0:
+            return np.zeros((bsz, m, n), dtype=np.uint64)
+        dims = (bsz, m, k, n)
+        own, finish = self._product_own(lhs, dims)
+        ev, share = self._product_eval(rhs, dims, bound_bits - 1)
+        mine = finish(self._two_way(primes, own, ev))
+        with np.errstate(over="ignore"):
+            return mine + share
 
     def _joint(self, lhs: np.ndarray, rhs: np.ndarray, bound_bits: int) -> np.ndarray:
         """lhs0 @ rhs1 + lhs1 @ rhs0 in one set of ciphertexts: rank 0 encrypts both of its

@@ -575,7 +575,7 @@ class PairwiseProvider(Provider):
             mb, kb, nb = -(-m_ // mw), -(-k // kw), -(-n_ // nw)
             return (mb * kb + (kb * nb if joint else 0)) * _CT_UP + mb * nb * _CT_BACK
         if he.split_products(m, k, n, nd):
-            per = 2 * one(m, n, False)      # one product owned by each party, same shapes
+            per = 2 * (one(n, m, False) if he.split_transposed(m, k, n, nd) else one(m, n, False))
         else:
             per = one(m, n, True)
         return bsz * primes * per

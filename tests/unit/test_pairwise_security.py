@@ -458,11 +458,13 @@ def test_he_exchange_is_pipelined_one_message_per_prime(n):
         assert np.array_equal(out[0] + out[1], xs[0] * xs[1])
 
 
-def test_matmul_as_two_one_sided_products(monkeypatch):
+@pytest.mark.parametrize("transposed", [False, True])
+def test_matmul_as_two_one_sided_products(monkeypatch, transposed):
     """The split encoding (A0 B1 owned by party 0 and A1 B0 by party 1, made at the same
     time), chosen where it costs less (matmul 256: yes), forced here on tiny shapes: the triples combine to their relation, batched and not."""
     assert he.split_products(256, 256, 256, he.N)
     monkeypatch.setattr(he, "split_products", lambda *a: True)
+    monkeypatch.setattr(he, "split_transposed", lambda *a: transposed)   # B^T A^T: each encrypts its rhs
     comms = _pair()
     ps = _providers(comms)
     reqs = [[(3, 5), (5, 2)], [(2, 3, 4), (4, 2)]]
