@@ -33,7 +33,8 @@ def side_by_side() -> str:
             e2e = f"not finished ({r.get('error')})"
         off = f"{r['offline_seconds']:.2f} s" if r.get("offline_seconds") is not None else "-"
         mb = f"{r['bytes_both_parties'] / 1e6:.1f}" if r.get("bytes_both_parties") else "not reported"
-        out.append(f"| {r['system']} | {r['workload']} | {e2e} | {off} | {mb} | {r.get('load_average_1min')} |")
+        system = r["system"] + (f" (OT: {r['pairwise_ot']})" if r.get("pairwise_ot") else "")
+        out.append(f"| {system} | {r['workload']} | {e2e} | {off} | {mb} | {r.get('load_average_1min')} |")
     return "\n".join(out)
 
 

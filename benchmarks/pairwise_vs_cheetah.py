@@ -43,6 +43,8 @@ def crypten_lite_rows(names: list[str], provider: str, repeat: int) -> list[dict
             row = dict(row, system=f"crypten_lite-{provider}",
                        end_to_end_seconds=row["offline_seconds"] + row["seconds_median"],
                        bytes_both_parties=online_bytes + corr)
+            if provider == "pairwise":   # which OT extension made the binary correlations
+                row["pairwise_ot"] = os.environ.get("CRYPTEN_LITE_PAIRWISE_OT", "") or "ferret"
         else:
             row = dict(row, system=f"crypten_lite-{provider}")
         out.append(row)
