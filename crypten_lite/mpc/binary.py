@@ -233,14 +233,16 @@ def _open_masked(plans: Sequence[_Plan]) -> list[list[torch.Tensor]]:
     s = current()
     mine = [p.job.inputs[k].reshape(-1) ^ p.corr[k] for p in plans for k in _sends(p.job, s.rank)]
     parts = s.comm.all_gather(torch.cat(mine) if mine else torch.zeros(0, dtype=torch.int64))
+    expected = [sum(p.job.inputs[0].numel() * len(_sends(p.job, r)) for p in plans)
+                for r in range(s.world_size)]
+    wrong = [r for r, part in enumerate(parts) if part.numel() != expected[r]]
+    if wrong:
+        raise ProtocolError(f"party {s.rank}: masked openings of {[int(p.numel()) for p in parts]} "
+                            f"words (by rank) where this party's program expects {expected}; "
+                            "every party must run the same program")
     if all(o == -1 for p in plans for o in p.job.owners):
         # every party sent every input, in the same layout: one XOR of the whole messages,
         # then a view per input
-        wrong = [r for r, part in enumerate(parts) if part.shape != parts[s.rank].shape]
-        if wrong:
-            raise ProtocolError(f"party {s.rank}: a masked opening of {tuple(parts[s.rank].shape)} "
-                                f"words came from parties {wrong} with another size; every "
-                                "party must run the same program")
         total = parts[0]
         for part in parts[1:]:
             total = total ^ part

@@ -99,3 +99,25 @@ def test_consistent_reveal_costs_one_round_and_no_extra_byte(pool2, pool3, world
     for value, rounds, nbytes in pool.run(party_consistent_costs):
         assert torch.equal(value, torch.arange(12.0).reshape(4, 3))
         assert (rounds, nbytes) == (1, 12 * 8 * (world_size - 1))
+
+
+def party_compare_diverged():
+    """A comparison where party 1 compares 6 elements and the others 8 (a local slice: no
+    message): the comparison's masked opening carries another number of words from party 1."""
+    x = crypten_lite.cryptensor(torch.linspace(-2, 2, 12) if crypten_lite.get_rank() == 0 else None)
+    y = x[:6] if crypten_lite.get_rank() == DIVERGENT else x[:8]
+    try:
+        out = ("value", (y > 0).get_plain_text())
+    except ProtocolError as e:
+        out = ("error", str(e))
+    ok = crypten_lite.cryptensor(torch.ones(2) if crypten_lite.get_rank() == 0 else None)
+    return out, ok.get_plain_text().tolist()
+
+
+def test_comparison_of_diverged_sizes_fails_on_every_party(pool2):
+    """The binary circuit's opening compares every party's message size with what its own
+    program expects (a shorter message was a torch error, or broadcast silently)."""
+    for rank, ((status, message), after) in enumerate(pool2.run(party_compare_diverged)):
+        assert status == "error", (rank, message)
+        assert "every party must run the same program" in message, message
+        assert after == [1.0, 1.0]
