@@ -52,7 +52,7 @@ def test_silent_relu_agrees_with_torch_and_keeps_the_online_cost():
     dealer = get_pool(2).run(_relu, N)
     for r in range(2):
         assert got[r]["mode"] == "ferret" and N * 64 >= got[r]["silent_min"]
-        assert True in got[r]["silent"], got[r]          # the large extensions went silent
+        assert any(got[r]["silent"]), got[r]              # the large extensions went silent
         assert got[r]["err"] < 1e-2, got[r]
         assert (got[r]["rounds"], got[r]["bytes"]) == (dealer[r]["rounds"], dealer[r]["bytes"])
     # offline, both parties' bytes once the pools run (their one-time bootstrap, 74,036
