@@ -166,9 +166,10 @@ class _Plan:
     corr: object
 
 
-def _monomials_of(owners: Sequence[int], outputs) -> tuple[list, list]:
-    """(every mask product the job's expansion needs, those the dealer provides)."""
-    return _structure(tuple(owners), tuple(tuple(tuple(t) for t in out) for out in outputs))[:2]
+def _structure_of(owners: Sequence[int], outputs) -> tuple[list, list, tuple[int, ...]]:
+    """_structure of a job's owners and outputs (as hashable tuples): (every mask product the
+    expansion needs, those the dealer provides, their request params)."""
+    return _structure(tuple(owners), tuple(tuple(tuple(t) for t in out) for out in outputs))
 
 
 @functools.lru_cache(maxsize=256)
@@ -192,8 +193,7 @@ def _request(numel: int, owners: Sequence[int], dealt: Sequence[tuple[int, ...]]
 
 
 def _plan(job: PolyJob) -> _Plan:
-    monos, dealt, params = _structure(tuple(job.owners),
-                                      tuple(tuple(tuple(t) for t in out) for out in job.outputs))
+    monos, dealt, params = _structure_of(job.owners, job.outputs)
     corr = job._corr
     if corr is None:
         corr = _request(job.inputs[0].numel(), job.owners, dealt, params)
@@ -210,8 +210,7 @@ class PolyRounds:
     """
 
     def __init__(self, plan: Sequence[Sequence[tuple[int, int, list]]] = ()):
-        self._corrs = [[_request(words, [-1] * k, *_structure(
-                            (-1,) * k, tuple(tuple(tuple(t) for t in out) for out in outputs))[1:])
+        self._corrs = [[_request(words, [-1] * k, *_structure_of([-1] * k, outputs)[1:])
                         for words, k, outputs in call] for call in plan]
 
     def __call__(self, jobs) -> list[list[torch.Tensor]]:
