@@ -56,7 +56,7 @@ def _party(n: int, products: int) -> dict:
     clock = time.perf_counter
     # (name, start, end, minor page faults of the calling thread) of the product being timed
     events: list[tuple[str, float, float, int]] = []
-    recording = [False]
+    recording, receiving = [False], [False]
 
     def faults() -> int:  # pages this thread touched for the first time (deterministic, unlike time)
         return resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
@@ -84,7 +84,7 @@ def _party(n: int, products: int) -> dict:
     accept = grpc_comm._PartyServicer._accept
 
     def timed_accept(self, src, frame, partial):  # the handler thread: one call per chunk
-        if not recording[0] or frame.seq >= (1 << 63) or len(frame.data) <= (1 << 16):
+        if not receiving[0] or frame.seq >= (1 << 63) or len(frame.data) <= (1 << 16):
             return accept(self, src, frame, partial)
         start, before = clock(), faults()
         try:
@@ -101,13 +101,16 @@ def _party(n: int, products: int) -> dict:
     runs = []
     for i in range(products + 2):  # two warm-up products
         offline.prefetch(plan)
-        c.barrier()
         events.clear()
+        # the handler thread records from before the barrier: a faster peer's first chunk may
+        # arrive between this party's barrier and its own start of the product
+        receiving[0] = i >= 2
+        c.barrier()
         recording[0] = i >= 2
         start, before = clock(), faults()
         x * y
         end, main_faults = clock(), faults() - before
-        recording[0] = False
+        recording[0] = receiving[0] = False
         if i >= 2:
             runs.append({"start": start, "end": end, "events": list(events), "main_faults": main_faults})
     return {"rank": c.rank, "runs": runs, "torch_threads": torch.get_num_threads()}

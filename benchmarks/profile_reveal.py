@@ -99,9 +99,12 @@ def _party(n: int, op: str, switch_interval: float = 0.0) -> dict:
     accept = grpc_comm._PartyServicer._accept
 
     def timed_accept(self, src, frame, partial):
-        mark("accepted", frame.seq)
+        # the handler thread marks every message, recording or not: a faster peer's message can
+        # arrive between this party's barrier and its recording[0] = True; _breakdown keeps only
+        # the sequence numbers the sender marked while recording
+        log["accepted"][frame.seq] = clock()
         accept(self, src, frame, partial)
-        mark("put", frame.seq)
+        log["put"][frame.seq] = clock()
     grpc_comm._PartyServicer._accept = timed_accept
 
     take = c.mailbox.take
