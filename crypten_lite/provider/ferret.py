@@ -56,32 +56,52 @@ DESCRIPTION = f"ferret;t={TREES};h={DEPTH};k=2^{LOG_K};d={D};ggm=mmo-aes128"
 _LPN_SEED = hashlib.sha256(b"crypten_lite/v1/ferret-lpn-matrix").digest()      # public
 _KEYS = [hashlib.sha256(f"crypten_lite/v1/ferret-ggm-{s}".encode()).digest()[:16] for s in "LR"]
 _U64 = np.uint64
+_CLEAR = ~np.uint64(1)     # bit 0 of a COT value is the receiver's choice bit (Delta's: 1)
 
 if not (GROUP * LEAVES >= BASE and TREES > GROUP):  # pragma: no cover - a constants edit
     raise ImportError("ferret: an iteration's first step must hold the next base COTs")
 
 
 class _Expander:
-    """GGM PRG on 128-bit nodes: G(s) = (pi_L(s) ^ s, pi_R(s) ^ s), fixed-key AES (public keys)."""
+    """GGM PRG on 128-bit nodes: G(s) = (pi_L(s) ^ s, pi_R(s) ^ s), fixed-key AES (public keys).
+
+    Nodes are laid out [w, g, 2] uint64 (position in the level, tree, 128 bits): the children
+    of position p are at p (left) and w + p (right), so each AES call writes its side's
+    children straight into one contiguous half of the next level, and the XOR of a level's
+    left (right) children is a fold over its first (second) half."""
 
     def __init__(self):
         self._enc = [Cipher(algorithms.AES(k), modes.ECB()).encryptor() for k in _KEYS]
 
     def __call__(self, nodes: np.ndarray) -> np.ndarray:
-        """nodes [G, w, 2] uint64 -> children [G, 2w, 2] (child 2i+b of node i from key b)."""
-        g, w, _ = nodes.shape
-        flat = np.ascontiguousarray(nodes).reshape(-1).view(np.uint8)
-        out = np.empty((g, w, 2, 2), dtype=_U64)
-        buf = np.empty(flat.size + 16, dtype=np.uint8)
+        """nodes [w, g, 2] uint64 -> children [2w, g, 2] (left children first)."""
+        w, g, _ = nodes.shape
+        src = np.ascontiguousarray(nodes).reshape(-1).view(np.uint8)
+        size = src.size
+        raw = np.empty(2 * size + 16, dtype=np.uint8)    # update_into wants a block of room
         for side, enc in enumerate(self._enc):
-            enc.update_into(flat, buf)
-            out[:, :, side] = buf[:flat.size].view(_U64).reshape(g, w, 2) ^ nodes
-        return out.reshape(g, 2 * w, 2)
+            enc.update_into(src, raw[side * size:(side + 1) * size + 16])
+        out = raw[:2 * size].view(_U64).reshape(2, w, g, 2)
+        out ^= nodes[None]
+        return out.reshape(2 * w, g, 2)
+
+
+_ROWS: dict[tuple[int, int], np.ndarray] = {}     # the public code, made once per process
 
 
 def _indices(step: int, count: int) -> np.ndarray:
     """The public code's rows for one step's outputs: [D, count] indices into the k-vector,
-    from AES-256-CTR under a public key (nonce: the step), k a power of two (a mask, no bias)."""
+    from AES-256-CTR under a public key (nonce: the step), k a power of two (a mask, no bias).
+    The same matrix serves every iteration and both directions, so it is made once (an
+    iteration's two steps: 35 MB of int32) and read only."""
+    rows = _ROWS.get((step, count))
+    if rows is None:
+        rows = _ROWS[(step, count)] = _make_indices(step, count)
+        rows.flags.writeable = False
+    return rows
+
+
+def _make_indices(step: int, count: int) -> np.ndarray:
     enc = Cipher(algorithms.AES(_LPN_SEED), modes.CTR(struct.pack(">QQ", step, 0))).encryptor()
     raw = np.empty(4 * D * count + 16, dtype=np.uint8)
     enc.update_into(np.zeros(4 * D * count, dtype=np.uint8), raw)
@@ -91,17 +111,17 @@ def _indices(step: int, count: int) -> np.ndarray:
 
 
 def _fold(a: np.ndarray) -> np.ndarray:
-    """XOR over axis 1 (a power of two long) by halving: contiguous vector XORs, not a
+    """XOR over axis 0 (a power of two long) by halving: contiguous vector XORs, not a
     strided reduction."""
-    half = a.shape[1] // 2
+    half = a.shape[0] // 2
     if half == 0:
-        return a[:, 0]
-    x = a[:, :half] ^ a[:, half:]                 # the one allocation; then halved in place
+        return a[0].copy()
+    x = a[:half] ^ a[half:]                       # the one allocation; then halved in place
     while half > 1:
         h = half // 2
-        np.bitwise_xor(x[:, :h], x[:, h:half], out=x[:, :h])
+        np.bitwise_xor(x[:h], x[h:half], out=x[:h])
         half = h
-    return x[:, 0]
+    return x[0]
 
 
 class SilentCOT:
@@ -117,6 +137,9 @@ class SilentCOT:
         self._ot = ot
         self.direction = direction
         self.receiver = ot.rank == direction
+        if not self.receiver and not ot._delta[0] & 1:   # pragma: no cover - ot.setup's job
+            raise ProtocolError("pairwise silent OT: Delta's bit 0 must be 1 (CorrelatedOT.setup "
+                                "in mode 'ferret' sets it)")
         self._expand = _Expander()
         self._hash = _Hash()
         self._tweak = 0                   # level-OT hash tweaks used so far
@@ -132,14 +155,19 @@ class SilentCOT:
 
     # -- iterations ---------------------------------------------------------------------------
     def _bootstrap(self) -> tuple:
-        """BASE base COTs by IKNP (the first iteration only)."""
+        """BASE base COTs by IKNP (the first iteration only), put in this module's form: the
+        sender's K with bit 0 cleared, the receiver's M with bit 0 its choice bit (Delta's
+        bit 0 is 1, so M = K ^ u*Delta still holds, and the linear code keeps the form)."""
         if self.receiver:
             raw = np.frombuffer(self._ot._rand(-(-BASE // 8)), dtype=np.uint8)
             bits = np.unpackbits(raw, bitorder="little")[:BASE].copy()
-            vals = self._ot._iknp_receiver(bits)
-            return bits, np.ascontiguousarray(vals).view(_U64).reshape(BASE, 2)
-        vals = self._ot._iknp_sender(BASE)
-        return None, np.ascontiguousarray(vals).view(_U64).reshape(BASE, 2)
+            vals = np.ascontiguousarray(self._ot._iknp_receiver(bits)).view(_U64).reshape(BASE, 2)
+            vals[:, 0] &= _CLEAR
+            vals[:, 0] |= bits
+            return bits, vals
+        vals = np.ascontiguousarray(self._ot._iknp_sender(BASE)).view(_U64).reshape(BASE, 2)
+        vals[:, 0] &= _CLEAR
+        return None, vals
 
     def _position(self) -> tuple:
         """The next step's trees: (iteration's base, first tree, trees, hash tweak), starting
@@ -184,26 +212,22 @@ class SilentCOT:
         (u, table, tree_bits, tree_vals), first, g, tweak = where
         if self.receiver:
             keys = tree_vals[first:first + g].reshape(-1, 2)
-            leaves, alpha = self._puncture(trees, g, tree_bits[first:first + g], keys, tweak,
-                                           (1 << 61) | self.direction)
+            leaves = self._puncture(trees, g, tree_bits[first:first + g], keys, tweak,
+                                    (1 << 61) | self.direction)
         else:
             leaves = trees
         count = g * LEAVES
         rows = _indices(first // GROUP, count)      # the same public matrix every iteration
-        acc = np.ascontiguousarray(leaves).reshape(count, 2)
+        acc = leaves.reshape(count, 2)              # the step's own fresh array
         index = np.empty(count, dtype=np.intp)      # scratch: no fresh pages per gather
         got = np.empty(count, dtype=np.complex128)
-        bits = np.zeros(count, dtype=np.uint8) if self.receiver else None
-        bit = np.empty(count, dtype=np.uint8) if self.receiver else None
+        got64 = got.view(_U64).reshape(count, 2)
         for j in range(D):
             index[:] = rows[j]
             table.take(index, out=got, mode="clip")   # in range: clip skips a buffered copy
-            acc ^= got.view(_U64).reshape(count, 2)
-            if self.receiver:
-                u.take(index, out=bit, mode="clip")
-                bits ^= bit
-        if self.receiver:
-            bits[np.arange(g) * LEAVES + alpha] ^= 1
+            acc ^= got64
+        # the receiver's bits x = A*u ^ e ride in bit 0 of its values (u's and e's do)
+        bits = (acc[:, 0] & _U64(1)).astype(np.uint8) if self.receiver else None
         if first == 0:                          # an iteration's first step: the next base COTs
             self._reserve = (None if bits is None else bits[:BASE].copy(), acc[:BASE].copy())
             bits = None if bits is None else bits[BASE:]
@@ -216,12 +240,16 @@ class SilentCOT:
             self._pending = (nxt, self._trees_of(nxt))
 
     def _trees(self, g: int, keys: np.ndarray, tweak: int, domain: int) -> np.ndarray:
-        """Sender: g fresh trees; sends their masked level sums and Delta ^ XOR(leaves)."""
-        nodes = np.frombuffer(self._ot._rand(16 * g), dtype=_U64).reshape(g, 1, 2)
+        """Sender: g fresh trees; sends their masked level sums and Delta ^ XOR(leaves).
+        Leaves [LEAVES, g, 2] (_Expander's layout), bit 0 cleared."""
+        nodes = np.frombuffer(self._ot._rand(16 * g), dtype=_U64).reshape(1, g, 2)
         sums = np.empty((g, DEPTH, 2, 2), dtype=_U64)
         for level in range(DEPTH):
             nodes = self._expand(nodes)
-            sums[:, level] = _fold(nodes.reshape(g, -1, 2, 2))
+            half = nodes.shape[0] // 2
+            sums[:, level, 0] = _fold(nodes[:half])
+            sums[:, level, 1] = _fold(nodes[half:])
+        nodes[:, :, 0] &= _CLEAR
         kb = keys.view(np.uint8).reshape(-1, 16)
         delta = self._ot._delta
         sums[:, :, 0] ^= self._hash(kb, tweak, domain).reshape(g, DEPTH, 2)
@@ -243,27 +271,32 @@ class SilentCOT:
         return data
 
     def _puncture(self, data: bytes, g: int, b: np.ndarray, keys: np.ndarray, tweak: int,
-                  domain: int):
-        """Receiver: every leaf but alpha (bits: not b) from the level messages, then v_alpha."""
+                  domain: int) -> np.ndarray:
+        """Receiver: every leaf but alpha (bits: not b) from the level messages, then
+        v_alpha = w_alpha ^ Delta; leaves [LEAVES, g, 2] as the sender's, bit 0 cleared but
+        at alpha (Delta's bit 0: 1), so bit 0 of the leaves is the noise e."""
         sums = np.frombuffer(data, dtype=_U64, count=g * DEPTH * 4).reshape(g, DEPTH, 2, 2)
         last = np.frombuffer(data, dtype=_U64, offset=g * DEPTH * 32).reshape(g, 2)
         rows = np.arange(g)
         h = self._hash(keys.view(np.uint8).reshape(-1, 16), tweak, domain).reshape(g, DEPTH, 2)
-        known = sums[rows[:, None], np.arange(DEPTH)[None, :], b.astype(np.intp)] ^ h  # [g, DEPTH, 2]
-        alpha = 1 - b.astype(np.intp)
-        nodes = np.zeros((g, 2, 2), dtype=_U64)
-        nodes[rows, b[:, 0]] = known[:, 0]
-        path = alpha[:, 0].copy()
+        side = b.astype(np.intp)                                  # [g, DEPTH]: off-path sides
+        known = sums[rows[:, None], np.arange(DEPTH)[None, :], side] ^ h  # [g, DEPTH, 2]
+        alpha = 1 - side
+        nodes = np.zeros((2, g, 2), dtype=_U64)
+        nodes[side[:, 0], rows] = known[:, 0]
+        path = alpha[:, 0].copy()                   # position of the punctured node
         for level in range(1, DEPTH):
             nodes = self._expand(nodes)
-            nodes[rows, 2 * path] = 0
-            nodes[rows, 2 * path + 1] = 0
-            side = b[:, level].astype(np.intp)
-            parity = _fold(nodes.reshape(g, -1, 2, 2))   # [g, 2, 2]
-            nodes[rows, 2 * path + side] = known[:, level] ^ parity[rows, side]
-            path = 2 * path + alpha[:, level]
-        nodes[rows, path] = last ^ _fold(nodes)
-        return nodes, path
+            w = nodes.shape[0] // 2
+            nodes[path, rows] = 0                   # the unknown node's children: garbage
+            nodes[w + path, rows] = 0
+            parity = np.stack([_fold(nodes[:w]), _fold(nodes[w:])])   # [2, g, 2]
+            s = side[:, level]
+            nodes[s * w + path, rows] = known[:, level] ^ parity[s, rows]
+            path = alpha[:, level] * w + path
+        nodes[:, :, 0] &= _CLEAR
+        nodes[path, rows] = last ^ _fold(nodes)     # the alpha leaf is still 0 here
+        return nodes
 
     # -- hand-out -----------------------------------------------------------------------------
     def take(self, m: int):

@@ -144,11 +144,13 @@ class _Hash:
     def __init__(self):
         self._pi = Cipher(algorithms.AES(_FIXED_KEY), modes.ECB()).encryptor()
 
-    def __call__(self, blocks: np.ndarray, first: int, domain: int) -> np.ndarray:
-        """blocks [m, 16] uint8 -> [m, 2] uint64, tweak j = (first + row, domain)."""
+    def __call__(self, blocks: np.ndarray, first: int, domain: int,
+                 out: np.ndarray | None = None) -> np.ndarray:
+        """blocks [m, 16] uint8 -> [m, 2] uint64 (written into `out` if given), tweak
+        j = (first + row, domain)."""
         m = blocks.shape[0]
         if m == 0:
-            return np.zeros((0, 2), dtype=np.uint64)
+            return np.zeros((0, 2), dtype=np.uint64) if out is None else out
         # AES straight between numpy buffers (update_into: no bytes copies; ECB keeps no state
         # between calls, and its output buffer needs one block of room)
         first_pass = np.empty(16 * m + 16, dtype=np.uint8)
@@ -160,8 +162,11 @@ class _Hash:
         second = np.empty(16 * m + 16, dtype=np.uint8)
         self._pi.update_into(tw.reshape(-1).view(np.uint8), second)
         z = second[:16 * m].view(np.uint64).reshape(m, 2)
-        z ^= y
-        return z
+        if out is None:
+            z ^= y
+            return z
+        np.bitwise_xor(z, y, out=out)
+        return out
 
 
 class OTKeys:
@@ -242,6 +247,8 @@ class CorrelatedOT:
             else:
                 raw = np.frombuffer(self._rand(KAPPA // 8), dtype=np.uint8)
                 self._delta_bits = np.unpackbits(raw, bitorder="little")
+                if self.mode == "ferret":   # bit 0 of a silent COT carries the choice bit
+                    self._delta_bits[0] = 1  # (provider/ferret.py): Delta has 127 free bits
                 self._delta = np.packbits(self._delta_bits, bitorder="little")
                 self._keys = base_receive([int(c) for c in self._delta_bits], label,
                                           self._send, self._recv, self._rand)
@@ -281,7 +288,8 @@ class CorrelatedOT:
             raise ProtocolError(f"pairwise OT: expected {-(-m // 8)} bytes of choice-bit flips "
                                 f"for {m} silent OTs, got {len(data)}")
         flip = np.unpackbits(np.frombuffer(data, dtype=np.uint8), bitorder="little")[:m]
-        q ^= flip[:, None] * self._delta[None, :]
+        q64 = q.view(np.uint64).reshape(m, 2)     # Delta where the flip is 1: a word mask
+        q64 ^= (np.uint64(0) - flip.astype(np.uint64))[:, None] & self._delta.view(np.uint64)
         return q
 
     def _silent_for(self, m: int) -> bool:
@@ -382,35 +390,65 @@ class CorrelatedOT:
         return (h ^ (bits.astype(np.uint64) & y)) & np.uint64(1)
 
     # -- random OT keys, many transfers per OT -----------------------------------------------
-    def random_ot(self, mine: np.ndarray | None, m: int, chooser: int) -> OTKeys:
-        """m random OTs (chooser's bits `mine`): the keys, one IKNP extension per CHUNK."""
+    def random_ot(self, mine: np.ndarray | None, m: int, chooser: int,
+                  free: bool = False) -> OTKeys:
+        """m random OTs (chooser's bits `mine`): the keys, one extension per CHUNK. With
+        `free` (both parties alike) the chooser passes None and its bits are chosen for it,
+        uniform and its own (OTKeys.choice): a silent COT's own random bits, which then need
+        no derandomizing message (1 bit per OT less on the wire, no flip to apply), under
+        IKNP fresh bits from its PRG."""
         self.setup()
         d = chooser
-        empty = np.zeros((0, 2), dtype=np.uint64)
-        parts0, parts1 = [empty], [empty]
+        choosing = self.rank == chooser
+        keys0 = np.empty((m, 2), dtype=np.uint64)
+        keys1 = None if choosing else np.empty((m, 2), dtype=np.uint64)
+        choice = np.empty(m, dtype=np.uint8) if choosing else None
         for start in range(0, m, self.chunk):
             size = min(self.chunk, m - start)
             first = self._index[d]
             self._index[d] += size
-            if self.rank == chooser:
-                t = self._extend_receiver(mine[start:start + size])
-                parts0.append(self._hash(t, first, d))
+            part = slice(start, start + size)
+            if choosing:
+                if free:
+                    bits, t = self._extend_free_receiver(size)
+                else:
+                    bits = mine[part].astype(np.uint8) & 1
+                    t = self._extend_receiver(bits)
+                choice[part] = bits
+                self._hash(t, first, d, out=keys0[part])
             else:
-                q = self._extend_sender(size)
-                parts0.append(self._hash(q, first, d))
-                parts1.append(self._hash(q ^ self._delta, first, d))
+                q = self._extend_free_sender(size) if free else self._extend_sender(size)
+                self._hash(q, first, d, out=keys0[part])
+                q ^= self._delta                  # q is this call's own: changed in place
+                self._hash(q, first, d, out=keys1[part])
         self.made += m
-        if self.rank == chooser:
-            return OTKeys(chooser, m, (np.concatenate(parts0),), mine.astype(np.uint8) & 1)
-        return OTKeys(chooser, m, (np.concatenate(parts0), np.concatenate(parts1)), None)
+        if choosing:
+            return OTKeys(chooser, m, (keys0,), choice)
+        return OTKeys(chooser, m, (keys0, keys1), None)
 
-    def random_ots(self, mines: list | None, sizes: list[int], chooser: int) -> list[OTKeys]:
-        """Several sets of random OTs with one chooser in one IKNP extension (per chunk): the
-        chooser passes its bits of each set (`mines`), the other None; one OTKeys per set."""
+    def _extend_free_receiver(self, m: int) -> tuple[np.ndarray, np.ndarray]:
+        """m COTs with choice bits of the extension's own choosing: (bits, T)."""
+        if self._silent_for(m):
+            return self._silent_pool(self.rank).take(m)
+        raw = np.frombuffer(self._rand(-(-m // 8)), dtype=np.uint8)
+        bits = np.unpackbits(raw, bitorder="little")[:m].copy()
+        return bits, self._iknp_receiver(bits)
+
+    def _extend_free_sender(self, m: int) -> np.ndarray:
+        """The other side of _extend_free_receiver: Q [m, 16]."""
+        if self._silent_for(m):
+            return self._silent_pool(1 - self.rank).take(m)
+        return self._iknp_sender(m)
+
+    def random_ots(self, mines: list | None, sizes: list[int], chooser: int,
+                   free: bool = False) -> list[OTKeys]:
+        """Several sets of random OTs with one chooser in one extension (per chunk): the
+        chooser passes its bits of each set (`mines`; None with `free`, random_ot), the other
+        None; one OTKeys per set."""
         if not sizes:
             return []
-        mine = np.concatenate(mines) if self.rank == chooser else None
-        whole = self.random_ot(mine, sum(sizes), chooser)
+        mine = np.concatenate(mines) if self.rank == chooser and not free else None
+        whole = self.random_ot(mine, sum(sizes), chooser, free)
         out, start = [], 0
         for size in sizes:
             keys = tuple(k[start:start + size] for k in whole.keys)

@@ -57,7 +57,7 @@ import torch.nn.functional as F
 from ..config import Config
 from ..errors import CommunicationError, ConfigError, ProtocolError
 from ..random import PRG, canonical, derive_key, fresh_seed
-from . import correlations, he, ot, store
+from . import correlations, he, he_conv, ot, store
 from .pairwise_progress import PROGRESS_ENV, _Progress, progress_wanted  # noqa: F401 (re-exported)
 from . import Correlation, Provider, _absolute, _relative, _spec
 from .correlations import TRIPLE_OPS, _conv_params
@@ -692,6 +692,10 @@ def _cross_conv(pv: PairwiseProvider, a, b, p, op: str):
     x, w, stride, padding, dilation, groups = _as_conv2d(op, a, b, p)
     bsz, cin, h, wd = x.shape
     cout, cg, kh, kw = w.shape
+    if he_conv.preferred(x.shape, w.shape, stride, padding, dilation, groups, pv.params.n):
+        out = he_conv.cross_conv(pv._engine, pv._chunk, _u(x), _u(w), tuple(stride), tuple(padding),
+                                 tuple(dilation), 129 + _log2(cg * kh * kw))   # Cheetah-style
+        return _t(out).reshape(correlations.triple_shape(op, tuple(a.shape), tuple(b.shape), p))
     idx = _unfold_index(cin, (h, wd), (kh, kw), dilation, padding, stride)  # [cin*kh*kw, L]
     flat = torch.cat([torch.zeros(bsz, 1, dtype=torch.int64), x.reshape(bsz, -1)], dim=1)
     cols = flat[:, idx]                                                   # [B, cin*kh*kw, L]
@@ -858,10 +862,17 @@ def _binary_monomials(pv: PairwiseProvider, parts, op, shapes, params):
             sets[(top, 0)] = sets.get((top, 0), 0) + 1
         owner[m] = -1
     keys: dict[tuple[int, int], object] = {}     # (top, chooser) -> OTKeys
+    masks = list(parts[:k])
     for chooser in (0, 1):
+        # the chooser's value of a top mask (its share, or the mask it owns) is a fresh
+        # uniform value of its own: the OTs choose it (ot.random_ot's `free`: silent COTs'
+        # own random bits, no derandomizing message) and it replaces the drawn one
         tops = sorted(t for t, c in sets if c == chooser)
-        mines = [_bits8(values[t][0]) for t in tops] if pv.rank == chooser else None
-        for t, got in zip(tops, pv._ot.random_ots(mines, [n * 64] * len(tops), chooser)):
+        for t, got in zip(tops, pv._ot.random_ots(None, [n * 64] * len(tops), chooser, free=True)):
+            if pv.rank == chooser:
+                word = _t(_words8(got.choice)).view(shape)
+                values[t] = (word, values[t][1])
+                masks[t.bit_length() - 1] = word
             pv._ot.prepare(got, sets[(t, chooser)])    # one pad bit per OT and cross term
             keys[(t, chooser)] = got
     for degree in range(2, k + 1):
@@ -896,7 +907,7 @@ def _binary_monomials(pv: PairwiseProvider, parts, op, shapes, params):
                 value = value ^ crosses[m]
             values[m] = (value, owner)
     out = [values[sub][0] if sub & (sub - 1) else values[sub][0].clone() for sub in subsets]
-    return list(parts[:k]) + out
+    return masks + out
 
 
 _MAKERS = {

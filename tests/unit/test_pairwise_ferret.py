@@ -178,3 +178,48 @@ def test_docs_quote_the_measured_ot_modes():
     assert (f"t = {ferret.TREES} trees of depth h = {ferret.DEPTH} (n = {ferret.N:,} outputs per "
             f"iteration), k = 2^{ferret.LOG_K}") in doc
     assert f"({ferret.BASE:,} OTs per direction" in doc
+
+
+@pytest.mark.parametrize("mode", ["ferret", "iknp"])
+def test_free_choice_random_ots_send_no_flips_and_hold(monkeypatch, mode):
+    """random_ot(free=True): the chooser's bits are the extension's own (silent: its COTs'
+    random bits, bit 0 of its values; IKNP: its PRG's), uniform, fresh, never on the wire;
+    the chooser's key is the other's key of its bit, and a silent extension sends no
+    derandomizing message (the IKNP one its matrix only)."""
+    monkeypatch.setattr(ot, "SILENT_MIN", 8)
+    wire = {0: [], 1: []}
+    boxes = [queue.Queue(), queue.Queue()]
+
+    def make(r):
+        def send(data):
+            wire[r].append(bytes(data))
+            boxes[1 - r].put(data)
+        return ot.CorrelatedOT(r, send, lambda: boxes[r].get(timeout=60), os.urandom, mode=mode)
+    pair = [make(0), make(1)]
+    assert all(g[1] is None for g in _both([p.setup for p in pair]))
+    if mode == "ferret":
+        assert pair[0]._delta[0] & 1 and pair[1]._delta[0] & 1      # bit 0 carries the choice
+    m = 1 << 14
+    seen = []
+    for chooser in (0, 1):
+        _both([lambda r=r: pair[r]._silent_pool(chooser).take(8) for r in range(2)]
+              if mode == "ferret" else [lambda: None, lambda: None])   # bootstrap off the record
+        for r in (0, 1):
+            wire[r].clear()
+        got = _both([lambda r=r: pair[r].random_ot(None, m, chooser, free=True) for r in range(2)])
+        assert got[0][1] is None and got[1][1] is None, got
+        mine, theirs = got[chooser][0], got[1 - chooser][0]
+        c = mine.choice
+        assert c.shape == (m,) and set(np.unique(c)) <= {0, 1}
+        assert abs(c.mean() - 0.5) < 6 * 0.5 / m ** 0.5, c.mean()
+        want = np.where(c[:, None].astype(bool), theirs.keys[1], theirs.keys[0])
+        assert np.array_equal(mine.keys[0], want)
+        assert not np.array_equal(theirs.keys[0], theirs.keys[1])
+        chooser_sent = b"".join(wire[chooser])
+        if mode == "ferret":
+            assert chooser_sent == b"", len(chooser_sent)          # no flips, no matrix
+        else:
+            assert len(chooser_sent) == ot.KAPPA * m // 8          # IKNP's U only
+        assert np.packbits(c, bitorder="little").tobytes()[:64] not in b"".join(wire[0] + wire[1])
+        seen.append(np.packbits(c).tobytes())
+    assert seen[0] != seen[1]
