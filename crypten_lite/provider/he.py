@@ -85,7 +85,7 @@ class HEParams:
     def describe(self) -> str:
         return (f"bfv;n={self.n};q={','.join(map(str, self.coeff_moduli))};"
                 f"t={','.join(map(str, self.plain_primes))};stat={self.stat_bits};"
-                f"flood=c0-uniform;ret={self.return_primes};roles=both-own")
+                f"flood=c0-uniform;ret={self.return_primes};roles=both-own;conv=direct-cheetah")
 
     def flood_bits(self, noise_bound: int) -> int:
         """F: the flood e is uniform in [-2^F, 2^F) per coefficient, for an evaluation whose

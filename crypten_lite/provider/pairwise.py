@@ -57,7 +57,7 @@ import torch.nn.functional as F
 from ..config import Config
 from ..errors import CommunicationError, ConfigError, ProtocolError
 from ..random import PRG, canonical, derive_key, fresh_seed
-from . import correlations, he, ot, store
+from . import correlations, he, he_conv, ot, store
 from .pairwise_progress import PROGRESS_ENV, _Progress, progress_wanted  # noqa: F401 (re-exported)
 from . import Correlation, Provider, _absolute, _relative, _spec
 from .correlations import TRIPLE_OPS, _conv_params
@@ -692,6 +692,10 @@ def _cross_conv(pv: PairwiseProvider, a, b, p, op: str):
     x, w, stride, padding, dilation, groups = _as_conv2d(op, a, b, p)
     bsz, cin, h, wd = x.shape
     cout, cg, kh, kw = w.shape
+    if he_conv.preferred(x.shape, w.shape, stride, padding, dilation, groups, pv.params.n):
+        out = he_conv.cross_conv(pv._engine, pv._chunk, _u(x), _u(w), tuple(stride), tuple(padding),
+                                 tuple(dilation), 129 + _log2(cg * kh * kw))   # Cheetah-style
+        return _t(out).reshape(correlations.triple_shape(op, tuple(a.shape), tuple(b.shape), p))
     idx = _unfold_index(cin, (h, wd), (kh, kw), dilation, padding, stride)  # [cin*kh*kw, L]
     flat = torch.cat([torch.zeros(bsz, 1, dtype=torch.int64), x.reshape(bsz, -1)], dim=1)
     cols = flat[:, idx]                                                   # [B, cin*kh*kw, L]

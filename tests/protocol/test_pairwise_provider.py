@@ -28,6 +28,7 @@ def pw():
 
 CONV2D = (1, 1, 1, 1, 1, 1, 1)          # stride, padding, dilation, groups
 CONV2D_G = (2, 1, 0, 1, 1, 2, 2)        # stride (2, 1), padding (0, 1), dilation 1, groups 2
+CONV2D_DIRECT = (1, 2, 1, 0, 1, 1, 1)   # stride (1, 2), padding (1, 0): cheaper direct than unfolded
 CONV1D = (1, 2, 1, 1)
 CONVT = (2, 1, 1, 0, 1, 0, 1, 1, 1)     # stride, padding, output_padding, dilation, groups
 REQUESTS = [
@@ -38,6 +39,7 @@ REQUESTS = [
     ("triple", "linear", [(3, 5), (2, 5)], ()),  # a @ b^T: a tied weight's transposed layout
     ("triple", "conv2d", [(2, 2, 5, 5), (3, 2, 3, 3)], CONV2D),
     ("triple", "conv2d", [(1, 4, 5, 4), (4, 2, 2, 3)], CONV2D_G),
+    ("triple", "conv2d", [(64, 2, 6, 6), (3, 2, 3, 3)], CONV2D_DIRECT),   # he_conv's direct encoding
     ("triple", "conv1d", [(2, 3, 7), (2, 3, 3)], CONV1D),
     ("triple", "conv_transpose2d", [(1, 2, 3, 3), (2, 3, 3, 3)], CONVT),
     ("square", "", [(5,)], ()),

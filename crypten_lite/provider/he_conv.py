@@ -1,0 +1,249 @@
+"""Direct (Cheetah-style) convolution triples for the pairwise provider: the input tensor and
+the kernel as polynomials, so that one plaintext-ciphertext product gives a whole block of
+a convolution, without unfolding the input (im2col would spread kh*kw copies of every input
+value over sparse plaintexts).
+
+Layout (ring degree N, padded input [B, C, H, W], kernel [M, C, kh, kw], dilation (dh, dw),
+stride 1, valid). A channel block of cb channels of nb images is the polynomial
+    x(X) = Sum x[b, c, i, j] X^(b D + c H W + i W + j),          D = cb H W, nb D <= N
+(the block's values in their own order: the encrypted operand is dense), a kernel block the
+polynomial
+    w_o(X) = Sum w[o, c, i, j] X^(O - c H W - i dh W - j dw),     O = (cb-1) H W + (kh-1) dh W + (kw-1) dw,
+and the coefficient b D + O + i' W + j' of x w_o is output (b, o, i', j') for i' < H - (kh-1) dh,
+j' < W - (kw-1) dw: every term landing there has i' + i dh < H and j' + j dw < W, so it is a
+value of image b, and a product's terms past N (negacyclic wrap) land below O, where no
+output lies, since nb D <= N. Channel blocks are summed in the ciphertexts; each output
+channel of each image group is one returned ciphertext. A product costs ciphertexts in
+proportion to the input (sent) plus the outputs (returned), not to the unfolded input.
+
+Each party owns conv(its input, the peer's kernel): it encrypts its own input; the peer
+multiplies by its kernel's plaintexts and returns flooded, masked ciphertexts
+(he.CrossEngine's _finish); both parties do so at once (he.CrossEngine._two_way).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from ..errors import ProtocolError
+from . import he
+
+
+@dataclass(frozen=True)
+class ConvLayout:
+    """The block structure of one direct convolution (public: both parties derive it)."""
+
+    bsz: int
+    channels: int
+    height: int
+    width: int
+    out_channels: int
+    kh: int
+    kw: int
+    dilation: tuple[int, int]
+    cb: int          # channels per block
+    cblocks: int     # channel blocks (summed in the ciphertexts)
+    nb: int          # images per block
+    gblocks: int     # image groups
+
+    @property
+    def hout(self) -> int:
+        return self.height - (self.kh - 1) * self.dilation[0]
+
+    @property
+    def wout(self) -> int:
+        return self.width - (self.kw - 1) * self.dilation[1]
+
+    @property
+    def block(self) -> int:
+        return self.cb * self.height * self.width
+
+    @property
+    def offset(self) -> int:
+        dh, dw = self.dilation
+        return (self.cb - 1) * self.height * self.width + (self.kh - 1) * dh * self.width + (self.kw - 1) * dw
+
+    def positions(self) -> tuple[np.ndarray, np.ndarray]:
+        """(kernel positions [cb*kh*kw], output positions [nb*hout*wout]) in a polynomial."""
+        dh, dw = self.dilation
+        c, i, j = np.meshgrid(np.arange(self.cb), np.arange(self.kh), np.arange(self.kw), indexing="ij")
+        pos_w = self.offset - (c * self.height * self.width + i * dh * self.width + j * dw)
+        b, io, jo = np.meshgrid(np.arange(self.nb), np.arange(self.hout), np.arange(self.wout), indexing="ij")
+        pos_out = b * self.block + self.offset + io * self.width + jo
+        return pos_w.reshape(-1), pos_out.reshape(-1)
+
+    def ciphertexts(self) -> tuple[int, int]:
+        """(sent, returned) ciphertexts per plaintext prime of one one-sided product."""
+        return self.gblocks * self.cblocks, self.gblocks * self.out_channels
+
+    def cost(self) -> int:
+        """The work of one one-sided product in he._blocks_cost's units (a ciphertext sent 120,
+        returned 180, a plaintext 7, a product 2)."""
+        up, back = self.ciphertexts()
+        return 120 * up + 180 * back + 7 * self.out_channels * self.cblocks + 2 * back * self.cblocks
+
+
+def layout(x_shape: tuple, w_shape: tuple, dilation: tuple[int, int], degree: int,
+           cb: int | None = None) -> ConvLayout | None:
+    """The layout of a direct conv of a padded input [B, C, H, W] with a kernel [M, C, kh, kw]
+    (`cb` channels per block, default: the cheapest by ConvLayout.cost; fewer channels per
+    block put more images in a polynomial, so fewer ciphertexts come back: the channel blocks
+    are summed in the ciphertexts); None where one channel of one image does not fit a
+    polynomial, or the kernel's extent exceeds the input (the caller unfolds instead)."""
+    bsz, channels, height, width = (int(v) for v in x_shape)
+    out_channels, cin, kh, kw = (int(v) for v in w_shape)
+    if cin != channels or min(bsz, channels, out_channels, kh, kw) < 1:
+        return None
+    if height * width > degree or height - (kh - 1) * dilation[0] < 1 or width - (kw - 1) * dilation[1] < 1:
+        return None
+    if cb is None:
+        options = [layout(x_shape, w_shape, dilation, degree, c)
+                   for c in range(1, min(channels, degree // (height * width)) + 1)]
+        options = [o for o in options if o is not None]
+        return min(options, key=lambda o: (o.cost(), o.cb)) if options else None
+    cblocks = -(-channels // cb)
+    cb = -(-channels // cblocks)                    # balanced blocks, fewest zero channels
+    nb = min(bsz, degree // (cb * height * width))
+    lay = ConvLayout(bsz, channels, height, width, out_channels, kh, kw, tuple(dilation),
+                     cb, cblocks, nb, -(-bsz // nb))
+    if cblocks * cb * kh * kw > he.MAX_NOISE_TERMS:
+        return None
+    return lay
+
+
+def _input_rows(lay: ConvLayout, x: np.ndarray, t: int, nd: int) -> np.ndarray:
+    """[gblocks * cblocks, nd] coefficient rows (mod t) of the input blocks."""
+    pad = np.zeros((lay.gblocks * lay.nb, lay.cblocks * lay.cb, lay.height, lay.width), dtype=np.uint64)
+    pad[:lay.bsz, :lay.channels] = x
+    blk = pad.reshape(lay.gblocks, lay.nb, lay.cblocks, lay.cb * lay.height * lay.width)
+    blk = blk.transpose(0, 2, 1, 3).reshape(lay.gblocks * lay.cblocks, lay.nb * lay.block)
+    rows = np.zeros((blk.shape[0], nd), dtype=np.uint64)
+    rows[:, :blk.shape[1]] = he.residues(blk, t)
+    return rows
+
+
+def _kernel_rows(lay: ConvLayout, w: np.ndarray, pos_w: np.ndarray, t: int, nd: int) -> np.ndarray:
+    """[out_channels * cblocks, nd] coefficient rows (mod t) of the kernel blocks."""
+    pad = np.zeros((lay.out_channels, lay.cblocks * lay.cb, lay.kh, lay.kw), dtype=np.uint64)
+    pad[:, :lay.channels] = w
+    blk = pad.reshape(lay.out_channels * lay.cblocks, lay.cb * lay.kh * lay.kw)
+    rows = np.zeros((blk.shape[0], nd), dtype=np.uint64)
+    rows[:, pos_w] = he.residues(blk, t)
+    return rows
+
+
+def _from_blocks(lay: ConvLayout, blocks: np.ndarray) -> np.ndarray:
+    """[gblocks, M, nb*hout*wout] -> [B, M, hout, wout]."""
+    out = blocks.reshape(lay.gblocks, lay.out_channels, lay.nb, lay.hout, lay.wout)
+    out = out.transpose(0, 2, 1, 3, 4).reshape(lay.gblocks * lay.nb, lay.out_channels, lay.hout, lay.wout)
+    return out[:lay.bsz]
+
+
+def conv2d(engine: "he.CrossEngine", x: np.ndarray, w: np.ndarray, dilation: tuple[int, int],
+           bound_bits: int) -> np.ndarray:
+    """This party's share (uint64 [B, M, hout, wout]) of conv(x0, w1) + conv(x1, w0), stride 1,
+    no padding (pad the inputs first), for x [B, C, H, W] and w [M, C, kh, kw] this party's
+    own (uint64). bound_bits: public, conv(x0, w1) + conv(x1, w0) < 2^bound_bits elementwise.
+    Each party owns the product of its own input (encrypted) with the peer's kernel and
+    evaluates the peer's at the same time."""
+    nd = engine.params.n
+    lay = layout(x.shape, w.shape, dilation, nd)
+    if lay is None:
+        raise ProtocolError(f"pairwise: no direct conv layout for input {tuple(x.shape)} and "
+                            f"kernel {tuple(w.shape)}; unfold it instead")
+    primes = engine._ready(engine.params.primes_for(bound_bits - 1))
+    pos_w, pos_out = lay.positions()
+    up, back = lay.ciphertexts()
+    xs = np.ascontiguousarray(x, dtype=np.uint64)
+    ws = np.ascontiguousarray(w, dtype=np.uint64)
+
+    def encrypt(i: int, p, rand: Callable) -> list[bytes]:
+        return [engine._encrypt(p, engine._plain_coeffs(p, row)) for row in _input_rows(lay, xs, p.t, nd)]
+
+    where = pos_out.tolist()
+
+    def decrypt(i: int, p, got: list[bytes]) -> np.ndarray:
+        coeffs = np.stack([p.coeffs_of(engine._decrypt(p, got[j]), where) for j in range(back)])
+        return _from_blocks(lay, coeffs)
+
+    r = engine._mask_words((lay.gblocks, lay.out_channels, pos_out.size),
+                           engine.params.mask_bits(bound_bits - 1))
+
+    def evaluate(pi: int, p, rand: Callable, got: list[bytes]) -> list[bytes]:
+        cts = [engine._load_ntt(p, got[j]) for j in range(up)]
+        pts = he._ntt_plains(p, engine._files, _kernel_rows(lay, ws, pos_w, p.t, nd))
+        bound = engine.noise_bound(p.t, lay.cblocks, lay.cb * lay.kh * lay.kw)
+        masks = engine._block_masks(p, r, (lay.gblocks, lay.out_channels), pos_out, rand)
+        out = []
+        for g in range(lay.gblocks):
+            for o in range(lay.out_channels):
+                acc = he._dot(p, [(cts[g * lay.cblocks + c], pts[o * lay.cblocks + c])
+                                  for c in range(lay.cblocks)])
+                mask = engine._plain_coeffs(p, masks[g * lay.out_channels + o])
+                out.append(engine._finish(p, acc, mask, bound, rand))
+        return out
+
+    res = engine._two_way(primes, he._Own(encrypt, back, decrypt), he._Eval(up, evaluate))
+    mine = he.crt_mod64(res, tuple(p.t for p in primes))
+    with np.errstate(over="ignore"):
+        share = np.uint64(0) - r[0]
+        return mine + _from_blocks(lay, share)
+
+
+def padded_shape(x_shape: tuple, padding: tuple[int, int]) -> tuple[int, int, int, int]:
+    bsz, channels, height, width = (int(v) for v in x_shape)
+    return bsz, channels, height + 2 * padding[0], width + 2 * padding[1]
+
+
+def preferred(x_shape: tuple, w_shape: tuple, stride: tuple[int, int], padding: tuple[int, int],
+              dilation: tuple[int, int], groups: int, degree: int) -> bool:
+    """Whether a conv2d triple's cross terms cost less direct than by unfolding (im2col, then
+    he.CrossEngine.matmul's best encoding), by he._blocks_cost's model; groups == 1 only."""
+    if groups != 1:
+        return False
+    lay = layout(padded_shape(x_shape, padding), w_shape, dilation, degree)
+    if lay is None:
+        return False
+    m, k = int(w_shape[0]), int(w_shape[1]) * int(w_shape[2]) * int(w_shape[3])
+    hs = -(-(lay.hout) // stride[0])
+    ws = -(-(lay.wout) // stride[1])
+    n = lay.bsz * hs * ws
+    unfolded = min(he._blocks_cost(m, k, n, degree, joint=False)[0],
+                   he._blocks_cost(n, k, m, degree, joint=False)[0],
+                   he._blocks_cost(m, k, n, degree)[0])
+    return lay.cost() < unfolded
+
+
+def ciphertext_bytes(x_shape: tuple, w_shape: tuple, dilation: tuple[int, int], degree: int,
+                     primes: int) -> int:
+    """Ciphertext bytes (both products, both ways) of one conv2d call."""
+    lay = layout(x_shape, w_shape, dilation, degree)
+    up, back = lay.ciphertexts()
+    return 2 * primes * (up + back) * he.CT_BYTES
+
+
+def cross_conv(engine: "he.CrossEngine", chunk: int, x: np.ndarray, w: np.ndarray,
+               stride: tuple[int, int], padding: tuple[int, int], dilation: tuple[int, int],
+               bound_bits: int) -> np.ndarray:
+    """conv2d's cross terms (this party's share, uint64 [B, M, H_out, W_out]) with stride and
+    padding: the input padded with zeros, a stride-1 product, then every stride-th output;
+    in slices of at most `chunk` ciphertext bytes (halved along the batch, then the output
+    channels: the same on both parties)."""
+    ph, pw = padding
+    xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw))) if ph or pw else x
+    primes = engine.params.primes_for(bound_bits - 1)
+
+    def run(xs: np.ndarray, ws: np.ndarray) -> np.ndarray:
+        nbytes = ciphertext_bytes(xs.shape, ws.shape, dilation, engine.params.n, primes)
+        if nbytes > chunk and xs.shape[0] > 1:
+            h = xs.shape[0] // 2
+            return np.concatenate([run(xs[:h], ws), run(xs[h:], ws)], axis=0)
+        if nbytes > chunk and ws.shape[0] > 1:
+            h = ws.shape[0] // 2
+            return np.concatenate([run(xs, ws[:h]), run(xs, ws[h:])], axis=1)
+        return conv2d(engine, xs, ws, dilation, bound_bits)
+    out = run(xp, w)
+    return np.ascontiguousarray(out[:, :, ::stride[0], ::stride[1]])
