@@ -141,31 +141,40 @@ def transpose(rows: np.ndarray) -> np.ndarray:
 class _Hash:
     """Tweakable correlation-robust hash from fixed-key AES: pi(pi(x) ^ j) ^ pi(x)."""
 
+    BLOCK = 1 << 15     # rows hashed at once: scratch reused (no fresh pages) and in cache
+
     def __init__(self):
         self._pi = Cipher(algorithms.AES(_FIXED_KEY), modes.ECB()).encryptor()
+        self._scratch: np.ndarray | None = None
+        self._iota = np.arange(self.BLOCK, dtype=np.uint64)
 
     def __call__(self, blocks: np.ndarray, first: int, domain: int,
                  out: np.ndarray | None = None) -> np.ndarray:
         """blocks [m, 16] uint8 -> [m, 2] uint64 (written into `out` if given), tweak
         j = (first + row, domain)."""
         m = blocks.shape[0]
-        if m == 0:
-            return np.zeros((0, 2), dtype=np.uint64) if out is None else out
-        # AES straight between numpy buffers (update_into: no bytes copies; ECB keeps no state
-        # between calls, and its output buffer needs one block of room)
-        first_pass = np.empty(16 * m + 16, dtype=np.uint8)
-        self._pi.update_into(np.ascontiguousarray(blocks).view(np.uint8).reshape(-1), first_pass)
-        y = first_pass[:16 * m].view(np.uint64).reshape(m, 2)
-        tw = y.copy()
-        tw[:, 0] ^= np.arange(first, first + m, dtype=np.uint64)
-        tw[:, 1] ^= np.uint64(domain)
-        second = np.empty(16 * m + 16, dtype=np.uint8)
-        self._pi.update_into(tw.reshape(-1).view(np.uint8), second)
-        z = second[:16 * m].view(np.uint64).reshape(m, 2)
         if out is None:
-            z ^= y
-            return z
-        np.bitwise_xor(z, y, out=out)
+            out = np.empty((m, 2), dtype=np.uint64)
+        if m == 0:
+            return out
+        if self._scratch is None:
+            self._scratch = np.empty(3 * 16 * self.BLOCK + 16, dtype=np.uint8)
+        src = np.ascontiguousarray(blocks).view(np.uint8).reshape(-1)
+        n = 16 * self.BLOCK
+        buf = self._scratch
+        y_all, tw_all, z_all = (buf[i * n:(i + 1) * n].view(np.uint64).reshape(-1, 2) for i in range(3))
+        tweak = np.empty(self.BLOCK, dtype=np.uint64)
+        for s in range(0, m, self.BLOCK):
+            c = min(self.BLOCK, m - s)
+            # AES straight between numpy buffers (update_into: no bytes copies; ECB keeps no
+            # state between calls, and its output buffer needs one block of room)
+            self._pi.update_into(src[16 * s:16 * (s + c)], buf[:16 * c + 16])
+            y, tw, z = y_all[:c], tw_all[:c], z_all[:c]
+            np.add(self._iota[:c], np.uint64(first + s), out=tweak[:c])
+            np.bitwise_xor(y[:, 0], tweak[:c], out=tw[:, 0])
+            np.bitwise_xor(y[:, 1], np.uint64(domain), out=tw[:, 1])
+            self._pi.update_into(buf[n:n + 16 * c], buf[2 * n:2 * n + 16 * c + 16])
+            np.bitwise_xor(z, y, out=out[s:s + c])
         return out
 
 
@@ -403,42 +412,51 @@ class CorrelatedOT:
         keys0 = np.empty((m, 2), dtype=np.uint64)
         keys1 = None if choosing else np.empty((m, 2), dtype=np.uint64)
         choice = np.empty(m, dtype=np.uint8) if choosing else None
+        delta = self._delta.view(np.uint64)
         for start in range(0, m, self.chunk):
             size = min(self.chunk, m - start)
-            first = self._index[d]
+            first = self._index[d] - start          # tweak of OT i: first + i
             self._index[d] += size
-            part = slice(start, start + size)
             if choosing:
                 if free:
-                    bits, t = self._extend_free_receiver(size)
+                    pieces = self._free_receiver_parts(size)
                 else:
-                    bits = mine[part].astype(np.uint8) & 1
-                    t = self._extend_receiver(bits)
-                choice[part] = bits
-                self._hash(t, first, d, out=keys0[part])
+                    bits = mine[start:start + size].astype(np.uint8) & 1
+                    pieces = [(bits, self._extend_receiver(bits))]
+                at = start
+                for bits, t in pieces:
+                    c = bits.shape[0]
+                    choice[at:at + c] = bits
+                    self._hash(t, first + at, d, out=keys0[at:at + c])
+                    at += c
             else:
-                q = self._extend_free_sender(size) if free else self._extend_sender(size)
-                self._hash(q, first, d, out=keys0[part])
-                q ^= self._delta                  # q is this call's own: changed in place
-                self._hash(q, first, d, out=keys1[part])
+                pieces = self._free_sender_parts(size) if free else [self._extend_sender(size)]
+                at = start
+                for q in pieces:                  # each piece this call's own: changed in place
+                    c = q.shape[0]
+                    self._hash(q, first + at, d, out=keys0[at:at + c])
+                    q.view(np.uint64)[:] ^= delta
+                    self._hash(q, first + at, d, out=keys1[at:at + c])
+                    at += c
         self.made += m
         if choosing:
             return OTKeys(chooser, m, (keys0,), choice)
         return OTKeys(chooser, m, (keys0, keys1), None)
 
-    def _extend_free_receiver(self, m: int) -> tuple[np.ndarray, np.ndarray]:
-        """m COTs with choice bits of the extension's own choosing: (bits, T)."""
+    def _free_receiver_parts(self, m: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        """m COTs with choice bits of the extension's own choosing: [(bits, T)] pieces (a
+        silent pool's steps as made, no copy; IKNP: one)."""
         if self._silent_for(m):
-            return self._silent_pool(self.rank).take(m)
+            return self._silent_pool(self.rank).take_parts(m)
         raw = np.frombuffer(self._rand(-(-m // 8)), dtype=np.uint8)
         bits = np.unpackbits(raw, bitorder="little")[:m].copy()
-        return bits, self._iknp_receiver(bits)
+        return [(bits, self._iknp_receiver(bits))]
 
-    def _extend_free_sender(self, m: int) -> np.ndarray:
-        """The other side of _extend_free_receiver: Q [m, 16]."""
+    def _free_sender_parts(self, m: int) -> list[np.ndarray]:
+        """The other side of _free_receiver_parts: [Q [c, 16]] pieces."""
         if self._silent_for(m):
-            return self._silent_pool(1 - self.rank).take(m)
-        return self._iknp_sender(m)
+            return [q for _, q in self._silent_pool(1 - self.rank).take_parts(m)]
+        return [self._iknp_sender(m)]
 
     def random_ots(self, mines: list | None, sizes: list[int], chooser: int,
                    free: bool = False) -> list[OTKeys]:
