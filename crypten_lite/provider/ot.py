@@ -406,6 +406,35 @@ class CorrelatedOT:
         uniform and its own (OTKeys.choice): a silent COT's own random bits, which then need
         no derandomizing message (1 bit per OT less on the wire, no flip to apply), under
         IKNP fresh bits from its PRG."""
+        steps = self._random_ot_chunks(mine, m, chooser, free)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                return done.value
+
+    def random_ots_both(self, sizes: tuple[list[int], list[int]]) -> tuple[list, list]:
+        """Free-choice random OTs (random_ot's `free`) for both choosers at once: sizes[c] are
+        chooser c's sets; returns one OTKeys per set, per chooser. The two directions'
+        extensions alternate chunk by chunk (the same order on both parties), so each party is
+        in turn the COT sender of one and the receiver of the other: neither waits through a
+        whole direction for the other's heavier side (the sender's two hashes per OT)."""
+        self.setup()
+        runs = [self._random_ot_chunks(None, sum(sizes[c]), c, True) if sizes[c] else None
+                for c in (0, 1)]
+        whole: list = [None, None]
+        while any(r is not None for r in runs):
+            for c in (0, 1):
+                if runs[c] is None:
+                    continue
+                try:
+                    next(runs[c])
+                except StopIteration as done:
+                    whole[c], runs[c] = done.value, None
+        return tuple(self._split(whole[c], sizes[c]) if sizes[c] else [] for c in (0, 1))
+
+    def _random_ot_chunks(self, mine: np.ndarray | None, m: int, chooser: int, free: bool):
+        """random_ot's work, one extension (chunk) per step of the generator; returns OTKeys."""
         self.setup()
         d = chooser
         choosing = self.rank == chooser
@@ -438,6 +467,7 @@ class CorrelatedOT:
                     q.view(np.uint64)[:] ^= delta
                     self._hash(q, first + at, d, out=keys1[at:at + c])
                     at += c
+            yield
         self.made += m
         if choosing:
             return OTKeys(chooser, m, (keys0,), choice)
@@ -466,12 +496,16 @@ class CorrelatedOT:
         if not sizes:
             return []
         mine = np.concatenate(mines) if self.rank == chooser and not free else None
-        whole = self.random_ot(mine, sum(sizes), chooser, free)
+        return self._split(self.random_ot(mine, sum(sizes), chooser, free), sizes)
+
+    @staticmethod
+    def _split(whole: OTKeys, sizes: list[int]) -> list[OTKeys]:
+        """One OTKeys per set of `sizes` (views of `whole`'s keys and bits)."""
         out, start = [], 0
         for size in sizes:
             keys = tuple(k[start:start + size] for k in whole.keys)
             choice = None if whole.choice is None else whole.choice[start:start + size]
-            out.append(OTKeys(chooser, size, keys, choice))
+            out.append(OTKeys(whole.chooser, size, keys, choice))
             start += size
         return out
 

@@ -863,12 +863,14 @@ def _binary_monomials(pv: PairwiseProvider, parts, op, shapes, params):
         owner[m] = -1
     keys: dict[tuple[int, int], object] = {}     # (top, chooser) -> OTKeys
     masks = list(parts[:k])
+    # the chooser's value of a top mask (its share, or the mask it owns) is a fresh uniform
+    # value of its own: the OTs choose it (ot.random_ot's `free`: silent COTs' own random
+    # bits, no derandomizing message) and it replaces the drawn one; both choosers' OTs are
+    # made at once, their extensions interleaved (ot.random_ots_both)
+    tops = [sorted(t for t, c in sets if c == chooser) for chooser in (0, 1)]
+    made = pv._ot.random_ots_both(tuple([n * 64] * len(tops[c]) for c in (0, 1)))
     for chooser in (0, 1):
-        # the chooser's value of a top mask (its share, or the mask it owns) is a fresh
-        # uniform value of its own: the OTs choose it (ot.random_ot's `free`: silent COTs'
-        # own random bits, no derandomizing message) and it replaces the drawn one
-        tops = sorted(t for t, c in sets if c == chooser)
-        for t, got in zip(tops, pv._ot.random_ots(None, [n * 64] * len(tops), chooser, free=True)):
+        for t, got in zip(tops[chooser], made[chooser]):
             if pv.rank == chooser:
                 word = _t(_words8(got.choice)).view(shape)
                 values[t] = (word, values[t][1])
