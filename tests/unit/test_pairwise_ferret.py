@@ -223,3 +223,22 @@ def test_free_choice_random_ots_send_no_flips_and_hold(monkeypatch, mode):
         assert np.packbits(c, bitorder="little").tobytes()[:64] not in b"".join(wire[0] + wire[1])
         seen.append(np.packbits(c).tobytes())
     assert seen[0] != seen[1]
+
+
+def test_both_choosers_interleaved_hold_per_set(monkeypatch):
+    """random_ots_both: chunks of the two directions alternate (several chunks each, one
+    direction longer), and every set of either chooser is a random OT of the chooser's bits."""
+    monkeypatch.setattr(ot, "SILENT_MIN", 8)
+    pair = _ots()
+    for p in pair:
+        p.chunk = 1 << 13                                    # several chunks per direction
+    sizes = ([3000, 5000], [20000, 1000, 64])
+    got = _both([lambda r=r: pair[r].random_ots_both(sizes) for r in range(2)])
+    assert got[0][1] is None and got[1][1] is None, got
+    for chooser in (0, 1):
+        mine, theirs = got[chooser][0][chooser], got[1 - chooser][0][chooser]
+        assert [k.m for k in mine] == [k.m for k in theirs] == sizes[chooser]
+        for a, b in zip(mine, theirs):
+            want = np.where(a.choice[:, None].astype(bool), b.keys[1], b.keys[0])
+            assert np.array_equal(a.keys[0], want)
+    assert pair[0].random_ots_both(([], [])) == ([], [])
