@@ -66,7 +66,7 @@ def _party(rank: int, conn, method: str, x, w, out) -> None:
     eng = he.CrossEngine(rank, he.default_params(), send, recv,
                          lambda shape: prg.draw(tuple(shape)).numpy().view(np.uint64))
     try:
-        eng._ready(3)            # keys first: not timed
+        eng._ready(eng.params.primes_for(136))            # keys first: not timed
         send(b"go")
         recv()
         before = sent[0]

@@ -6,7 +6,13 @@ party's process uses about one core). Checks the shares against the exact produc
     timeout 600 python benchmarks/pairwise_he_cpu.py --mul 131072 --matmul 128
 
 Prints one JSON line per product: wall and CPU seconds per party, bytes each party sent,
-the load average.
+the load average. `--plain-bits 60` measures the former parameters (4 x 50-bit data primes
++ an 18-bit special prime, three 60-bit plaintext primes, results returned at two primes:
+SEAL lifts each plaintext by its slow path, t being above the data primes) against the
+provider's (`--plain-bits 0`: 3 x 60 + 38, four 45-bit plaintext primes, returned at one
+prime); docs/protocols.md, "Parameters (128-bit security)":
+
+    timeout 900 python benchmarks/pairwise_he_cpu.py --matmul 256 --mul 131072 --plain-bits 0 --plain-bits 60
 """
 
 from __future__ import annotations
@@ -25,7 +31,19 @@ from crypten_lite.provider import he
 from crypten_lite.random import PRG
 
 
-def _party(rank: int, conn, what: str, x, out) -> None:
+def _params(plain_bits: int) -> he.HEParams:
+    """The provider's parameters (plain_bits 0), or t of plain_bits bits: 45 over 3 x 60 + 38
+    (returned at one prime), 60 (the former) over 4 x 50 + 18 (returned at two)."""
+    if not plain_bits:
+        return he.default_params()
+    s = he._sealapi()
+    data, ret = ([50, 50, 50, 50, 18], 2) if plain_bits > 46 else ([60, 60, 60, 38], 1)
+    coeff = tuple(m.value() for m in s.CoeffModulus.Create(he.N, data))
+    plain = tuple(m.value() for m in s.PlainModulus.Batching(he.N, [plain_bits] * he.MAX_PRIMES))
+    return he.HEParams(he.N, coeff, plain, return_primes=ret)
+
+
+def _party(rank: int, conn, what: str, x, out, plain_bits: int = 0) -> None:
     prg = PRG(os.urandom(32))
     box: queue.SimpleQueue = queue.SimpleQueue()
     sent = [0]
@@ -43,10 +61,11 @@ def _party(rank: int, conn, what: str, x, out) -> None:
         if not conn.poll(600):
             raise TimeoutError(f"party {rank}: no message from the peer in 600 s")
         return conn.recv_bytes()
-    eng = he.CrossEngine(rank, he.default_params(), send, recv,
+    params = _params(plain_bits)
+    eng = he.CrossEngine(rank, params, send, recv,
                          lambda shape: prg.draw(tuple(shape)).numpy().view(np.uint64))
     try:
-        eng._ready(3)            # keys first: not timed
+        eng._ready(params.primes_for(137))            # keys first: not timed
         send(b"go")
         recv()
         t, c = time.perf_counter(), time.process_time()
@@ -57,7 +76,7 @@ def _party(rank: int, conn, what: str, x, out) -> None:
         eng.close()
 
 
-def measure(what: str, n: int) -> dict:
+def measure(what: str, n: int, plain_bits: int = 0) -> dict:
     rng = np.random.default_rng(5)  # insecure-ok: benchmark inputs
     if what == "matmul":
         xs = [[rng.integers(0, 2 ** 63, (1, n, n), dtype=np.uint64) for _ in range(2)] for _ in range(2)]
@@ -66,7 +85,7 @@ def measure(what: str, n: int) -> dict:
     ctx = mp.get_context("spawn")
     a, b = ctx.Pipe()
     out = ctx.Queue()
-    procs = [ctx.Process(target=_party, args=(r, (a, b)[r], what, xs[r], out)) for r in range(2)]
+    procs = [ctx.Process(target=_party, args=(r, (a, b)[r], what, xs[r], out, plain_bits)) for r in range(2)]
     for p in procs:
         p.start()
     try:
@@ -95,10 +114,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mul", type=int, default=131072, help="elements (0: skip)")
     parser.add_argument("--matmul", type=int, default=128, help="n of an [n,n]x[n,n] product (0: skip)")
+    parser.add_argument("--plain-bits", type=int, action="append",
+                        help="0: the provider's parameters (default); 45: the fast-lift "
+                             "alternative; repeat to run both in one go")
     args = parser.parse_args()
-    for what, n in (("mul", args.mul), ("matmul", args.matmul)):
-        if n:
-            print(json.dumps(measure(what, n)), flush=True)
+    for bits in args.plain_bits or [0]:
+        for what, n in (("mul", args.mul), ("matmul", args.matmul)):
+            if n:
+                params = "provider" if not bits else (
+                    "4x50+18, t 60, returned at 2" if bits > 46 else f"3x60+38, t {bits}, returned at 1")
+                print(json.dumps({"params": params, **measure(what, n, bits)}), flush=True)
 
 
 if __name__ == "__main__":

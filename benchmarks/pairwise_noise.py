@@ -1,14 +1,17 @@
-"""Why provider pairwise uses 60-bit plaintext primes over a 4 x 50-bit data modulus: SEAL's
+"""Why provider pairwise uses 45-bit plaintext primes over a 3 x 60-bit data modulus: SEAL's
 invariant noise budgets (bits) of BFV at N = 8192, total coefficient modulus 218 bits (the HE
-standard's 128-bit bound), measured for several plaintext prime sizes and two ways of
+standard's 128-bit bound), measured for several plaintext prime sizes and three ways of
 spending the 218 bits, on the elementwise triple's worst case (two products of fresh
-encryptions and full-size plaintexts, every slot uniform mod t).
+encryptions and full-size plaintexts, every slot uniform mod t). With 3 x 60 + 38 every
+plaintext prime is below every data prime, so SEAL lifts plaintexts by its fast path, and the
+results return at one prime; the other two moduli return at two.
 
 The flood is the engine's own (provider/he.py): a public-key encryption of zero plus (e, 0),
 e uniform in [-2^F, 2^F) per coefficient, F = log2(the engine's noise bound) + 40 + 13.
 Circuit privacy needs the flood's noise 2^(40 + 13) above the products' (margin >= 53 bits:
 40 statistical bits, union over N = 2^13 coefficients); correctness needs a positive budget
-after the switch to two primes, and the decryption equal to the product plus the mask.
+after the switch down (column `returned at`), and the decryption equal to the product
+plus the mask.
 `primes_mul` / `primes_matmul256`: plaintext primes a mul triple (X < 2^129) / a matmul 256
 one-sided product (X < 2^137) needs with this prime size (fewer primes: fewer ciphertexts).
 One JSON line per (coefficient modulus, prime bits):
@@ -28,8 +31,10 @@ from crypten_lite.errors import ProtocolError
 from crypten_lite.provider import he
 from crypten_lite.random import PRG
 
-MODULI = {"4x50+18": list(he.DATA_BITS) + [he.SPECIAL_BITS],
+MODULI = {"3x60+38": [60, 60, 60, 38], "4x50+18": [50, 50, 50, 50, 18],
           "seal-default-43,43,44,44+44": None}
+RETURN = {"3x60+38": 1, "4x50+18": 2, "seal-default-43,43,44,44+44": 2}
+BITS = {"3x60+38": (30, 40, 45, 50), "4x50+18": (30, 40, 50, 60), "seal-default-43,43,44,44+44": (30, 40, 50, 60)}
 
 
 def measure(modulus: str, bits: int) -> dict:
@@ -40,7 +45,8 @@ def measure(modulus: str, bits: int) -> dict:
     else:
         coeff = tuple(m.value() for m in s.CoeffModulus.Create(n, MODULI[modulus]))
     plain = tuple(m.value() for m in s.PlainModulus.Batching(n, [bits] * 8))
-    params = dataclasses.replace(he.default_params(), coeff_moduli=coeff, plain_primes=plain)
+    params = dataclasses.replace(he.default_params(), coeff_moduli=coeff, plain_primes=plain,
+                                 return_primes=RETURN[modulus])
     t = plain[0]
     prg = PRG(os.urandom(32))
     evaluator = he.CrossEngine(1, params, lambda d: None, lambda: b"",
@@ -65,7 +71,7 @@ def measure(modulus: str, bits: int) -> dict:
         else:
             p.evaluator.add_inplace(acc, prod)
     row = {"modulus": modulus, "data_bits": round(sum(np.log2(float(q)) for q in coeff[:-1]), 1),
-           "plain_bits": bits, "primes_mul": params.primes_for(129),
+           "plain_bits": bits, "returned_at": RETURN[modulus], "primes_mul": params.primes_for(129),
            "primes_matmul256": params.primes_for(137),
            "product_budget": dec.invariant_noise_budget(acc)}
     bound = evaluator.noise_bound(t, 2, n)
@@ -96,11 +102,12 @@ def noise_table(path: str | None = None) -> str:
                                 "pairwise_noise.jsonl")
     with open(path) as f:
         rows = [json.loads(line) for line in f if line.strip()]
-    out = ["| data modulus | data bits | plain bits | primes (mul, matmul 256) | flood F | margin "
-           "| budget after switch | usable |", "|---|---|---|---|---|---|---|---|"]
+    out = ["| data modulus | data bits | plain bits | returned at | primes (mul, matmul 256) | flood F "
+           "| margin | budget after switch | usable |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         usable = "yes" if r["usable"] else ("no: " + ("the flood does not fit" if "why" in r else "too little"))
-        out.append(f"| {r['modulus']} | {r['data_bits']} | {r['plain_bits']} | {r['primes_mul']}, "
+        out.append(f"| {r['modulus']} | {r['data_bits']} | {r['plain_bits']} | "
+                   f"{r.get('returned_at', 2)} prime(s) | {r['primes_mul']}, "
                    f"{r['primes_matmul256']} | {r['flood_bits']} | {r.get('margin', '-')} | "
                    f"{r.get('budget_after_switch', '-')} | {usable} |")
     return "\n".join(out)
@@ -108,7 +115,7 @@ def noise_table(path: str | None = None) -> str:
 
 def main() -> None:
     for modulus in MODULI:
-        for bits in (30, 40, 50, 60):
+        for bits in BITS[modulus]:
             print(json.dumps(measure(modulus, bits)), flush=True)
 
 

@@ -14,9 +14,11 @@ Its share is (X + R) mod 2^64 (uniform); the evaluator's is -R mod 2^64.
 
 Parameters (docs/protocols.md, "Pairwise provider"): ring degree N = 8192 and a coefficient
 modulus of 218 bits in all (the HE standard's bound for 128-bit classical security at
-N = 8192 with a ternary secret): four 50-bit data primes and an 18-bit special prime (which
-only key generation uses: nothing is ever key-switched); plaintext moduli t_i: 60-bit primes
-= 1 mod 2N, as many as the exact integer needs (Sum log2 t_i >= bound + STAT_BITS + 1).
+N = 8192 with a ternary secret): three 60-bit data primes and a 38-bit special prime (which
+only key generation and the public-key encryptions' first level use: nothing is ever
+key-switched); plaintext moduli t_i: 45-bit primes = 1 mod 2N, below every data prime so
+that SEAL lifts plaintexts by its fast path, as many as the exact integer needs
+(Sum log2 t_i >= bound + STAT_BITS + 1: four for a mul or a matmul with K <= 2^10).
 
 Encodings: *batched* (SIMD slots, elementwise products, SEAL's BatchEncoder) and
 *coefficient* (Cheetah-style polynomial encoding of matrix blocks: one plaintext-ciphertext
@@ -50,17 +52,17 @@ from ..errors import ConfigError, ProtocolError
 from ..random import PRG
 
 N = 8192
-PLAIN_BITS = 60
+PLAIN_BITS = 45               # < every data prime: SEAL's fast plaintext lift
 MAX_PRIMES = 5
-DATA_BITS = (50, 50, 50, 50)   # the ciphertexts' modulus (200 bits)
-SPECIAL_BITS = 18              # key level only: 218 bits in all
+DATA_BITS = (60, 60, 60)       # the ciphertexts' modulus (180 bits)
+SPECIAL_BITS = 38              # key level only: 218 bits in all
 STAT_BITS = 40
 FRESH_NOISE = 21               # |e| of a fresh encryption: SEAL's 6 sigma (19.2) + the rounding of q m / t
-RETURN_PRIMES = 2
-THREADS_ENV = "CRYPTEN_LITE_HE_THREADS"   # threads (one prime each); default: CPUs, >= 3, <= 4
-CT_BYTES = 236 << 10           # a ciphertext as sent, up (seeded, 4 primes) or back (2 primes)
+RETURN_PRIMES = 1              # results come back at one 60-bit prime (_room checks the noise)
+THREADS_ENV = "CRYPTEN_LITE_HE_THREADS"   # threads (one prime each); default 4
+CT_BYTES = 236 << 10           # a bound on a ciphertext as sent (seeded, 3 primes: 197 KB) or back (1 prime: 131 KB)
 MAX_NOISE_TERMS = 1 << 19      # products x nonzero plaintext coefficients summed in one output
-SECURITY = "128-bit classical (HE standard, N=8192, log2 q=218 = 4x50 + 18, ternary secret)"
+SECURITY = "128-bit classical (HE standard, N=8192, log2 q=218 = 3x60 + 38, ternary secret)"
 
 
 def _sealapi():
@@ -361,7 +363,7 @@ def _threads() -> int:
             raise ConfigError(f"{THREADS_ENV}={raw!r}: at least 1 thread")
         return value
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return min(4, max(cpus, 3))      # a product's 3 primes at once (no prime waits for a thread)
+    return min(4, max(cpus, 4))      # a product's 4 primes at once (no prime waits for a thread)
 
 
 def _ntt_plains(p: "_Prime", files: "_Files", rows: np.ndarray) -> list:

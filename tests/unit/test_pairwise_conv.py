@@ -140,3 +140,25 @@ def test_lenet_convs_go_direct_and_their_noise_fits():
     assert not he_conv.preferred((1, 4, 5, 4), (4, 2, 2, 3), (1, 1), (0, 0), (1, 1), 2, nd)  # groups
     assert he_conv.layout((1, 1, 100, 100), (1, 1, 3, 3), (1, 1), nd) is None        # H W > N
     engine.close()
+
+
+def _unfolded_counts(m: int, k: int, n: int) -> tuple[int, int, int, int]:
+    _, mw, kw, nw = he._blocks_cost(m, k, n, he.N, joint=False)
+    mb, kb, nb = -(-m // mw), -(-k // kw), -(-n // nw)
+    return mb * kb, mb * nb, kb * nb, mb * kb * nb
+
+
+def test_docs_ciphertext_counts():
+    """docs/protocols.md's "Direct convolutions" table: ciphertexts per prime and one-sided
+    product, unfolded (he.CrossEngine.matmul's blocks for [M, C kh kw] x [C kh kw, B L])
+    and direct (sent, returned, plaintexts, products)."""
+    import pathlib
+    doc = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "protocols.md").read_text()
+    for name, xs, ws in (("conv1", (64, 1, 28, 28), (6, 1, 5, 5)), ("conv2", (64, 6, 12, 12), (16, 6, 5, 5))):
+        lay = he_conv.layout(xs, ws, (1, 1), he.N)
+        up, back = lay.ciphertexts()
+        direct = (up, back, lay.out_channels * lay.cblocks, back * lay.cblocks)
+        unfolded = _unfolded_counts(ws[0], ws[1] * ws[2] * ws[3], xs[0] * lay.hout * lay.wout)
+        row = (f"| LeNet {name}, [{','.join(map(str, xs))}] x [{','.join(map(str, ws))}] | "
+               f"{', '.join(map(str, unfolded))} | {', '.join(map(str, direct))} |")
+        assert row in doc, row
