@@ -229,6 +229,31 @@ def test_mismatched_parameters_are_refused_at_the_handshake():
         assert isinstance(out[r][1], ProtocolError) and "parameters differ" in str(out[r][1]), out[r]
 
 
+def test_a_peer_on_the_former_parameters_is_refused_at_the_handshake():
+    """A peer still on 4 x 50 + 18 with 60-bit plaintext primes (returned at two primes), or
+    one that would unfold the convolutions this version makes directly, never exchanges a
+    ciphertext: both parties get a ProtocolError naming the mismatch."""
+    import tenseal.sealapi as s
+
+    class Former(PairwiseProvider):
+        def _parameters(self):
+            coeff = tuple(m.value() for m in s.CoeffModulus.Create(he.N, [50, 50, 50, 50, 18]))
+            plain = tuple(m.value() for m in s.PlainModulus.Batching(he.N, [60] * he.MAX_PRIMES))
+            return he.HEParams(he.N, coeff, plain, return_primes=2)
+
+    class Unfolding(PairwiseProvider):
+        def _parameters(self):
+            params = he.default_params()
+            text = params.describe().replace(";conv=direct-cheetah", "")
+            return type("P", (), {"describe": lambda self: text, "n": params.n})()
+    for cls in (Former, Unfolding):
+        comms = _pair()
+        cfg = [Config(rank=r, world_size=2, provider="pairwise", session="t") for r in range(2)]
+        out = _both([lambda: PairwiseProvider(cfg[0], comms[0]), lambda: cls(cfg[1], comms[1])])
+        for r in range(2):
+            assert isinstance(out[r][1], ProtocolError) and "parameters differ" in str(out[r][1]), out[r]
+
+
 def test_pairwise_needs_exactly_two_parties():
     from crypten_lite.errors import ConfigError
     with pytest.raises(ConfigError, match="exactly 2 parties"):
