@@ -15,8 +15,9 @@ plus the correction.
 
     kind              cross terms (rank 0's value x rank 1's value)      by
     triple, weight_triple   op(a0, b1) + op(a1, b0): batched (mul) or    HE
-                            coefficient (matmul, conv by unfolding,
-                            conv_transpose by folding the shares) encoding
+                            coefficient (matmul; conv2d direct, he_conv.py,
+                            or by unfolding; conv_transpose by folding the
+                            shares) encoding
     square            a0 * 2 a1                                          HE
     bit               r0 * r1 (then ra = r - 2 r0 r1)                    OT, mod 2^64
     binary_triple     a0 & b1 ^ a1 & b0, bit by bit                      OT, mod 2
