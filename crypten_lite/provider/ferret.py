@@ -20,6 +20,10 @@ other party, the *sender*, holds Delta), semi-honest:
   receiver x = A*u ^ e and M_x = A*M_u ^ v, sender K_x = A*K_u ^ w, so M_x = K_x ^ x*Delta.
 * **Bootstrapping**: the first k + t*h outputs of each iteration are kept as the next
   iteration's base COTs; the very first ones come from IKNP.
+* **Choice bits in bit 0** (emp-ot's form): Delta's bit 0 is 1 (ot.CorrelatedOT.setup, mode
+  ferret: 127 uniform bits), the sender's base COTs and leaves have bit 0 cleared and the
+  receiver's base COTs carry u there, so bit 0 of the receiver's M_x is x: the code gathers
+  the 128-bit values only, never the bits.
 
 Parameters (about 128-bit security against the published attacks on regular-noise primal
 LPN: Gaussian elimination, ISD variants, BJMM, the hybrid and the algebraic attacks, per the
