@@ -17,17 +17,18 @@ the min / 90th percentile. Patterns:
 - ``unary_stream_single``: the child's replies come on one server-streaming call read with
   ``grpc.experimental.ChannelOptions.SingleThreadedUnaryStream`` (no channel thread: the reading
   thread polls), the pings go as unary calls.
-- ``push_pair``: crypten_lite's pattern (comm/grpc_comm.py): each process serves, and opens one
+- ``push_pair``: crypten_lite's pattern until issue 32: each process serves, and opens one
   client stream (stream_unary, queue-fed) to the other; a message is received on the server's
   handler thread and handed to the main thread through a queue.
 - ``tcp_exchange`` / ``push_pair_exchange``: an opening's shape (a reveal): both sides send
   at once, then each waits for the other's message (one round; the next round starts when
   the last message arrived). The floor of reveal_4 over plain TCP / over crypten_lite's
-  gRPC pattern, without crypten_lite's own code.
+  former gRPC pattern, without crypten_lite's own code.
 - ``subscribe_pair_exchange``: the other direction of the calls: each process subscribes to
   the other's messages with one server-streaming call read by its main thread with
   ``SingleThreadedUnaryStream`` (no channel thread: the reader polls), and the server's
-  handler yields the messages its main thread queues. An exchange, as above.
+  handler yields the messages its main thread queues. An exchange, as above: crypten_lite's
+  pattern since issue 32 (comm/grpc_comm.py).
 - ``unary_future_exchange``: each message is one unary call started without waiting
   (``.future``: the calling thread starts it, no request-iterator thread), received by the
   peer's unary handler (a pool thread) and handed to its main thread through a queue.

@@ -5,20 +5,21 @@ each product's triple and correction prefetched first (offline.prefetch, as `cry
 bench` does), then --products timed products. Timestamps are taken with time.perf_counter
 (CLOCK_MONOTONIC on Linux: one clock for every process of the machine) by wrapping the
 library's own functions from outside (the library is not changed), on the main thread and on
-the gRPC handler thread that receives the peer's chunks:
+the thread that reads the peer's chunks (the main thread, from its subscription):
 
   triple        provider.get: the prefetched triple handed over (no AES online)
   encode        x - a and y - b written into the one outgoing message (open_differences)
   send          framing and queuing the message's chunks (_Outbox.send: the copy-on-send copy)
-  wait          the main thread waits for the peer's message (Mailbox.take)
+  wait          the main thread waits for the peer's message and reads it (GrpcCommunicator._recv)
   sum           check and sum of the opening in place (the rest of _open_flat)
   recombine     Beaver: c + e b + a d (+ e d on rank 0), addcmul in place (beaver.beaver after
                 the opening), the dealer's correction included
   truncate      local truncation in place (truncation.truncate)
 
-and on the receiving thread: when the peer's first chunk reached the handler (after gRPC's
-own copies), when its last one was in the buffer, and the time spent in the handler itself
-(_PartyServicer._accept: checks and the copy of each chunk into the preallocated tensor).
+and as the main thread reads the peer's chunks (its subscription: no other thread): when the
+peer's first chunk was parsed (after gRPC's own copies), when its last one was in the buffer,
+and the time spent on them (_Inbox._accept: checks and the copy of each chunk into the
+preallocated tensor).
 Prints one JSON line per party with the median of each over the products (milliseconds from
 that party's start of the product, or durations), and writes the run with --json (docs/
 mul_profile.json feeds docs/ARCHITECTURE.md through scripts/gen_doc_figures.py).
@@ -80,10 +81,10 @@ def _party(n: int, products: int) -> dict:
     truncation.truncate = timed("truncate", truncation.truncate)
     for outbox in c.outboxes.values():
         outbox.send = timed("send", outbox.send)
-    c.mailbox.take = timed("wait", c.mailbox.take)
-    accept = grpc_comm._PartyServicer._accept
+    c._recv = timed("wait", c._recv)
+    accept = grpc_comm._Inbox._accept
 
-    def timed_accept(self, src, frame, partial):  # the handler thread: one call per chunk
+    def timed_accept(self, src, frame, partial):  # the reading thread: one call per chunk
         if not receiving[0] or frame.seq >= (1 << 63) or len(frame.data) <= (1 << 16):
             return accept(self, src, frame, partial)
         start, before = clock(), faults()
@@ -91,7 +92,7 @@ def _party(n: int, products: int) -> dict:
             return accept(self, src, frame, partial)
         finally:
             events.append(("chunk", start, clock(), faults() - before))
-    grpc_comm._PartyServicer._accept = timed_accept
+    grpc_comm._Inbox._accept = timed_accept
 
     g = torch.Generator().manual_seed(1)  # insecure-ok: benchmark inputs, not shares
     a, b = torch.randn(n, generator=g), torch.randn(n, generator=g)  # insecure-ok: inputs
@@ -102,7 +103,7 @@ def _party(n: int, products: int) -> dict:
     for i in range(products + 2):  # two warm-up products
         offline.prefetch(plan)
         events.clear()
-        # the handler thread records from before the barrier: a faster peer's first chunk may
+        # the reading records from before the barrier: a faster peer's first chunk may
         # arrive between this party's barrier and its own start of the product
         receiving[0] = i >= 2
         c.barrier()

@@ -8,12 +8,13 @@ transport's own functions from outside (the library is not changed):
 
   call      the reveal (or product) starts on the sender
   send      Communicator.exchange entered (Python above comm: op dispatch, shares, packing)
-  queued    the frame is serialized and queued for the stream's thread (_Outbox.send)
-  dequeued  gRPC's request-consuming thread took it from the queue (hand-off 1)
-  accepted  the receiver's server handler thread holds the parsed frame (wire + gRPC core +
-            the completion-queue thread waking the handler thread: hand-off 2)
-  put       the frame is checked and in the mailbox (serde, checks)
-  woken     the receiver's main thread left its wait (condition variable: hand-off 3)
+  queued    the frame is serialized and queued for the subscription's handler (_Outbox.send)
+  dequeued  the sender's handler thread of the peer's subscription took it from the queue
+            (the one hand-off between threads)
+  accepted  the receiver's main thread holds the parsed frame (wire + gRPC core; the main
+            thread reads its subscription itself)
+  put       the frame is checked and in the mailbox (serde, checks: _Inbox._accept)
+  woken     the receiver's main thread has the message (GrpcCommunicator._recv returns)
   done      the reveal (or product) returned on the receiver
 
 Prints the median of every stage's duration (microseconds) over both directions, and the
@@ -96,25 +97,25 @@ def _party(n: int, op: str, switch_interval: float = 0.0) -> dict:
         outbox.queue = _Queue()
         real.put([])  # wake the stream's thread so that its next get goes through _Queue
 
-    accept = grpc_comm._PartyServicer._accept
+    accept = grpc_comm._Inbox._accept
 
     def timed_accept(self, src, frame, partial):
-        # the handler thread marks every message, recording or not: a faster peer's message can
-        # arrive between this party's barrier and its recording[0] = True; _breakdown keeps only
+        # every message is marked, recording or not: a faster peer's message can arrive
+        # between this party's barrier and its recording[0] = True; _breakdown keeps only
         # the sequence numbers the sender marked while recording
         log["accepted"][frame.seq] = clock()
         accept(self, src, frame, partial)
         log["put"][frame.seq] = clock()
-    grpc_comm._PartyServicer._accept = timed_accept
+    grpc_comm._Inbox._accept = timed_accept
 
-    take = c.mailbox.take
+    take = c._recv
 
     def timed_take(src):
         seq = c.mailbox._next_seq[src]
         out = take(src)
         mark("woken", seq)
         return out
-    c.mailbox.take = timed_take
+    c._recv = timed_take
 
     g = torch.Generator().manual_seed(1)  # insecure-ok: benchmark inputs
     a, b = torch.randn(4, generator=g), torch.randn(4, generator=g)  # insecure-ok: inputs
@@ -163,7 +164,7 @@ def _breakdown(rows: list[dict]) -> dict:
 def cpu_per_message(n: int = 20000) -> dict:
     """CPU microseconds (process time) of crypten_lite's own Python per message of 4 int64 elements, one thread,
     no gRPC: framing and queuing it (_Outbox.send), then parsing the frame (_parse_frame),
-    checking it into the mailbox (_PartyServicer._accept) and taking it out (Mailbox.take)."""
+    checking it into the mailbox (_Inbox._accept) and taking it out (Mailbox.take)."""
     import timeit
     import types
 
@@ -181,13 +182,14 @@ def cpu_per_message(n: int = 20000) -> dict:
     raw = sent[0][0]
     comm = types.SimpleNamespace(config=types.SimpleNamespace(session=session, max_message_bytes=1 << 30),
                                  mailbox=Mailbox(1, 2, 10.0))
-    servicer = grpc_comm._PartyServicer(comm)
+    inbox = grpc_comm._Inbox.__new__(grpc_comm._Inbox)  # no subscription: frames handed in
+    inbox.comm, inbox.peer = comm, 0
     seq = iter(range(n))
 
     def receive():
         frame = grpc_comm._parse_frame(raw)
         frame.seq = next(seq)
-        servicer._accept(0, frame, {})
+        inbox._accept(0, frame, {})
         comm.mailbox.take(0)
     received = timeit.Timer(receive, timer=time.process_time).timeit(n) / n
     return {"send_us": round(send * 1e6, 1), "receive_us": round(received * 1e6, 1)}

@@ -395,20 +395,20 @@ GRPC_PATTERNS = {
     "bidi_sync": "one bidirectional stream, queue-fed",
     "unary_sync": "one unary call per round trip",
     "unary_stream_single": "replies on `SingleThreadedUnaryStream`, pings unary",
-    "push_pair": "crypten_lite's pattern: a client stream each way, handler thread -> queue",
+    "push_pair": "crypten_lite's pattern until issue 32: a client stream each way, handler thread -> queue",
     "aio_bidi": "grpc.aio, one event loop per process, no other thread",
-    "push_pair_exchange": "crypten_lite's pattern in a reveal's shape, none of its code",
+    "push_pair_exchange": "the pattern above in a reveal's shape, none of crypten_lite's code",
     "push_pair_direct_exchange": "as above, the main thread reads the server's request iterator",
-    "subscribe_pair_exchange": "each side subscribes to the other, read with `SingleThreadedUnaryStream`",
+    "subscribe_pair_exchange": "crypten_lite's pattern since issue 32: each side subscribes to the other, read with `SingleThreadedUnaryStream`",
     "unary_future_exchange": "one unary call per message, not awaited",
 }
 REVEAL_STAGES = {
     "send": "op above the transport before sending (shares, packing; Beaver's differences for mul)",
     "queued": "framing and queuing the message (`_Outbox.send`)",
-    "dequeued": "hand-off to gRPC's request-iterator thread",
-    "accepted": "gRPC: sender's core, loopback, receiver's core and completion-queue thread, handler thread woken",
-    "put": "checks, tensor and mailbox (`_PartyServicer._accept`)",
-    "woken": "main thread woken from the mailbox",
+    "dequeued": "hand-off to the handler thread of the peer's subscription",
+    "accepted": "gRPC: sender's core, loopback, receiver's core, read by the receiver's main thread",
+    "put": "checks, tensor and mailbox (`_Inbox._accept`)",
+    "woken": "message out of the mailbox (`GrpcCommunicator._recv` returns)",
     "done": "op above the transport after receiving (sum, decode; Beaver's recombination, truncation)",
 }
 
@@ -454,16 +454,16 @@ MUL_STAGES = {
     "triple": "the prefetched triple handed over (`provider.get`)",
     "encode": "x - a and y - b written into the one message",
     "send": "framing and queuing its 4 chunks (`_Outbox.send`: the copy-on-send copy)",
-    "wait": "main thread waits for the peer's message (`Mailbox.take`)",
+    "wait": "main thread waits for the peer's message and reads it (`GrpcCommunicator._recv`)",
     "sum": "check, and the opening's sum in place",
     "recombine": "Beaver: c + e b + a d (+ e d on rank 0), `addcmul` in place",
     "truncate": "local truncation in place",
     "total": "whole product",
-    "peer_send_to_first_chunk": "wire: peer starts queuing -> its first chunk in this party's handler",
+    "peer_send_to_first_chunk": "wire: peer starts queuing -> its first chunk read by this party",
     "peer_send_done_to_last_chunk": "wire: peer done queuing -> its last chunk in this party's tensor",
-    "handler": "receiving thread: checks and the copy of each chunk into the tensor",
+    "handler": "reading the chunks: checks and the copy of each chunk into the tensor",
     "faults_main": "minor page faults, main thread (count)",
-    "faults_chunk": "minor page faults, receiving thread (count)",
+    "faults_chunk": "minor page faults, reading the chunks (count)",
 }
 
 

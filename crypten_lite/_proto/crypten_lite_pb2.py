@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12\x63rypten_lite.proto\x12\x0c\x63rypten_lite\"\x7f\n\x05Hello\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x0f\n\x07session\x18\x02 \x01(\t\x12\x12\n\nworld_size\x18\x03 \x01(\r\x12\x0c\n\x04rank\x18\x04 \x01(\r\x12\x15\n\rconfig_digest\x18\x05 \x01(\t\x12\x12\n\npublic_key\x18\x06 \x01(\x0c\"g\n\nHelloReply\x12\"\n\x05hello\x18\x01 \x01(\x0b\x32\x13.crypten_lite.Hello\x12\r\n\x05\x65rror\x18\x02 \x01(\t\x12\x13\n\x0b\x63\x65rtificate\x18\x03 \x01(\x0c\x12\x11\n\tsignature\x18\x04 \x01(\x0c\"\x8e\x01\n\x05\x46rame\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x0b\n\x03src\x18\x02 \x01(\r\x12\x0b\n\x03seq\x18\x03 \x01(\x04\x12\r\n\x05\x64type\x18\x04 \x01(\t\x12\r\n\x05shape\x18\x05 \x03(\x03\x12\r\n\x05\x63hunk\x18\x06 \x01(\r\x12\x12\n\nnum_chunks\x18\x07 \x01(\r\x12\x0c\n\x04\x64\x61ta\x18\x08 \x01(\x0c\x12\x0b\n\x03tag\x18\t \x01(\x0c\"\x1b\n\tStreamAck\x12\x0e\n\x06\x66rames\x18\x01 \x01(\x04\"9\n\x0bTensorProto\x12\r\n\x05\x64type\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"p\n\x12\x43orrelationRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x0f\n\x07\x63ounter\x18\x03 \x01(\x04\x12\n\n\x02op\x18\x04 \x01(\t\x12\x0e\n\x06shapes\x18\x05 \x03(\x03\x12\x0e\n\x06params\x18\x06 \x03(\x03\"S\n\x10\x43orrelationBatch\x12\x32\n\x08requests\x18\x01 \x03(\x0b\x32 .crypten_lite.CorrelationRequest\x12\x0b\n\x03mac\x18\x02 \x01(\x0c\"]\n\x10\x43orrelationReply\x12*\n\x07tensors\x18\x01 \x03(\x0b\x32\x19.crypten_lite.TensorProto\x12\r\n\x05\x65rror\x18\x02 \x01(\t\x12\x0e\n\x06\x63ounts\x18\x03 \x03(\r\"-\n\x0cPrepareReply\x12\r\n\x05\x65rror\x18\x01 \x01(\t\x12\x0e\n\x06\x63hunks\x18\x02 \x03(\r\"I\n\x0bPullRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\r\n\x05start\x18\x02 \x01(\x04\x12\r\n\x05\x63hunk\x18\x03 \x01(\r\x12\x0b\n\x03mac\x18\x04 \x01(\x0c\x32}\n\x05Party\x12:\n\tHandshake\x12\x13.crypten_lite.Hello\x1a\x18.crypten_lite.HelloReply\x12\x38\n\x06Stream\x12\x13.crypten_lite.Frame\x1a\x17.crypten_lite.StreamAck(\x01\x32\x9e\x02\n\x06\x44\x65\x61ler\x12:\n\tHandshake\x12\x13.crypten_lite.Hello\x1a\x18.crypten_lite.HelloReply\x12N\n\x0c\x43orrelations\x12\x1e.crypten_lite.CorrelationBatch\x1a\x1e.crypten_lite.CorrelationReply\x12\x45\n\x07Prepare\x12\x1e.crypten_lite.CorrelationBatch\x1a\x1a.crypten_lite.PrepareReply\x12\x41\n\x04Pull\x12\x19.crypten_lite.PullRequest\x1a\x1e.crypten_lite.CorrelationReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x12\x63rypten_lite.proto\x12\x0c\x63rypten_lite\"\x7f\n\x05Hello\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x0f\n\x07session\x18\x02 \x01(\t\x12\x12\n\nworld_size\x18\x03 \x01(\r\x12\x0c\n\x04rank\x18\x04 \x01(\r\x12\x15\n\rconfig_digest\x18\x05 \x01(\t\x12\x12\n\npublic_key\x18\x06 \x01(\x0c\"g\n\nHelloReply\x12\"\n\x05hello\x18\x01 \x01(\x0b\x32\x13.crypten_lite.Hello\x12\r\n\x05\x65rror\x18\x02 \x01(\t\x12\x13\n\x0b\x63\x65rtificate\x18\x03 \x01(\x0c\x12\x11\n\tsignature\x18\x04 \x01(\x0c\"\x8e\x01\n\x05\x46rame\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x0b\n\x03src\x18\x02 \x01(\r\x12\x0b\n\x03seq\x18\x03 \x01(\x04\x12\r\n\x05\x64type\x18\x04 \x01(\t\x12\r\n\x05shape\x18\x05 \x03(\x03\x12\r\n\x05\x63hunk\x18\x06 \x01(\r\x12\x12\n\nnum_chunks\x18\x07 \x01(\r\x12\x0c\n\x04\x64\x61ta\x18\x08 \x01(\x0c\x12\x0b\n\x03tag\x18\t \x01(\x0c\"9\n\x0bTensorProto\x12\r\n\x05\x64type\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"p\n\x12\x43orrelationRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x0f\n\x07\x63ounter\x18\x03 \x01(\x04\x12\n\n\x02op\x18\x04 \x01(\t\x12\x0e\n\x06shapes\x18\x05 \x03(\x03\x12\x0e\n\x06params\x18\x06 \x03(\x03\"S\n\x10\x43orrelationBatch\x12\x32\n\x08requests\x18\x01 \x03(\x0b\x32 .crypten_lite.CorrelationRequest\x12\x0b\n\x03mac\x18\x02 \x01(\x0c\"]\n\x10\x43orrelationReply\x12*\n\x07tensors\x18\x01 \x03(\x0b\x32\x19.crypten_lite.TensorProto\x12\r\n\x05\x65rror\x18\x02 \x01(\t\x12\x0e\n\x06\x63ounts\x18\x03 \x03(\r\"-\n\x0cPrepareReply\x12\r\n\x05\x65rror\x18\x01 \x01(\t\x12\x0e\n\x06\x63hunks\x18\x02 \x03(\r\"I\n\x0bPullRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\r\n\x05start\x18\x02 \x01(\x04\x12\r\n\x05\x63hunk\x18\x03 \x01(\r\x12\x0b\n\x03mac\x18\x04 \x01(\x0c\x32|\n\x05Party\x12:\n\tHandshake\x12\x13.crypten_lite.Hello\x1a\x18.crypten_lite.HelloReply\x12\x37\n\tSubscribe\x12\x13.crypten_lite.Frame\x1a\x13.crypten_lite.Frame0\x01\x32\x9e\x02\n\x06\x44\x65\x61ler\x12:\n\tHandshake\x12\x13.crypten_lite.Hello\x1a\x18.crypten_lite.HelloReply\x12N\n\x0c\x43orrelations\x12\x1e.crypten_lite.CorrelationBatch\x1a\x1e.crypten_lite.CorrelationReply\x12\x45\n\x07Prepare\x12\x1e.crypten_lite.CorrelationBatch\x1a\x1a.crypten_lite.PrepareReply\x12\x41\n\x04Pull\x12\x19.crypten_lite.PullRequest\x1a\x1e.crypten_lite.CorrelationReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,22 +37,20 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_HELLOREPLY']._serialized_end=268
   _globals['_FRAME']._serialized_start=271
   _globals['_FRAME']._serialized_end=413
-  _globals['_STREAMACK']._serialized_start=415
-  _globals['_STREAMACK']._serialized_end=442
-  _globals['_TENSORPROTO']._serialized_start=444
-  _globals['_TENSORPROTO']._serialized_end=501
-  _globals['_CORRELATIONREQUEST']._serialized_start=503
-  _globals['_CORRELATIONREQUEST']._serialized_end=615
-  _globals['_CORRELATIONBATCH']._serialized_start=617
-  _globals['_CORRELATIONBATCH']._serialized_end=700
-  _globals['_CORRELATIONREPLY']._serialized_start=702
-  _globals['_CORRELATIONREPLY']._serialized_end=795
-  _globals['_PREPAREREPLY']._serialized_start=797
-  _globals['_PREPAREREPLY']._serialized_end=842
-  _globals['_PULLREQUEST']._serialized_start=844
-  _globals['_PULLREQUEST']._serialized_end=917
-  _globals['_PARTY']._serialized_start=919
-  _globals['_PARTY']._serialized_end=1044
-  _globals['_DEALER']._serialized_start=1047
-  _globals['_DEALER']._serialized_end=1333
+  _globals['_TENSORPROTO']._serialized_start=415
+  _globals['_TENSORPROTO']._serialized_end=472
+  _globals['_CORRELATIONREQUEST']._serialized_start=474
+  _globals['_CORRELATIONREQUEST']._serialized_end=586
+  _globals['_CORRELATIONBATCH']._serialized_start=588
+  _globals['_CORRELATIONBATCH']._serialized_end=671
+  _globals['_CORRELATIONREPLY']._serialized_start=673
+  _globals['_CORRELATIONREPLY']._serialized_end=766
+  _globals['_PREPAREREPLY']._serialized_start=768
+  _globals['_PREPAREREPLY']._serialized_end=813
+  _globals['_PULLREQUEST']._serialized_start=815
+  _globals['_PULLREQUEST']._serialized_end=888
+  _globals['_PARTY']._serialized_start=890
+  _globals['_PARTY']._serialized_end=1014
+  _globals['_DEALER']._serialized_start=1017
+  _globals['_DEALER']._serialized_end=1303
 # @@protoc_insertion_point(module_scope)

@@ -40,10 +40,10 @@ class PartyStub:
                 request_serializer=crypten__lite__pb2.Hello.SerializeToString,
                 response_deserializer=crypten__lite__pb2.HelloReply.FromString,
                 _registered_method=True)
-        self.Stream = channel.stream_unary(
-                '/crypten_lite.Party/Stream',
+        self.Subscribe = channel.unary_stream(
+                '/crypten_lite.Party/Subscribe',
                 request_serializer=crypten__lite__pb2.Frame.SerializeToString,
-                response_deserializer=crypten__lite__pb2.StreamAck.FromString,
+                response_deserializer=crypten__lite__pb2.Frame.FromString,
                 _registered_method=True)
 
 
@@ -58,8 +58,11 @@ class PartyServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def Stream(self, request_iterator, context):
-        """Long-lived stream of frames from one peer to this party.
+    def Subscribe(self, request, context):
+        """Long-lived stream of this party's frames to one peer, opened by that peer (the
+        subscriber): the request is an opening Frame (seq 2^64-2) whose data is the subscriber's
+        HMAC token under the pair seed; the first frame of the answer is this party's own token.
+        The subscriber reads it on its own thread (no hand-off between threads per message).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -73,10 +76,10 @@ def add_PartyServicer_to_server(servicer, server):
                     request_deserializer=crypten__lite__pb2.Hello.FromString,
                     response_serializer=crypten__lite__pb2.HelloReply.SerializeToString,
             ),
-            'Stream': grpc.stream_unary_rpc_method_handler(
-                    servicer.Stream,
+            'Subscribe': grpc.unary_stream_rpc_method_handler(
+                    servicer.Subscribe,
                     request_deserializer=crypten__lite__pb2.Frame.FromString,
-                    response_serializer=crypten__lite__pb2.StreamAck.SerializeToString,
+                    response_serializer=crypten__lite__pb2.Frame.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -118,7 +121,7 @@ class Party:
             _registered_method=True)
 
     @staticmethod
-    def Stream(request_iterator,
+    def Subscribe(request,
             target,
             options=(),
             channel_credentials=None,
@@ -128,12 +131,12 @@ class Party:
             wait_for_ready=None,
             timeout=None,
             metadata=None):
-        return grpc.experimental.stream_unary(
-            request_iterator,
+        return grpc.experimental.unary_stream(
+            request,
             target,
-            '/crypten_lite.Party/Stream',
+            '/crypten_lite.Party/Subscribe',
             crypten__lite__pb2.Frame.SerializeToString,
-            crypten__lite__pb2.StreamAck.FromString,
+            crypten__lite__pb2.Frame.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,4 +1,4 @@
-"""gRPC transport: one server per party, one long-lived client stream to every peer.
+"""gRPC transport: one server per party; every party subscribes to every peer's messages.
 
 Protocol (see protos/crypten_lite.proto):
 
@@ -7,23 +7,30 @@ Protocol (see protos/crypten_lite.proto):
    may start in any order). Both sides check protocol version, session, world size, claimed
    rank (against the TLS certificate's identity when TLS is on) and configuration digest,
    and exchange ephemeral X25519 keys: the pairwise seed is HKDF(X25519(sk_i, pk_j)).
-3. Every party opens one `Stream` to every peer. The first frame of a stream carries an HMAC
-   of the stream's identity under the pairwise seed, so frames injected by anybody else are
-   refused even without TLS. Messages are split in chunks of CHUNK_BYTES and matched at the
-   receiver by (src, seq), never by arrival order.
-4. A stream that ends without the closing frame marks the peer dead: every wait on it raises
-   CommunicationError at once (otherwise after CRYPTEN_LITE_TIMEOUT at the latest). After the
-   closing frame no message can follow, so a wait for one fails at once too.
+3. Every party subscribes to every peer: one server-streaming `Subscribe` call, whose request
+   carries an HMAC proving the subscriber holds the pair seed (so nobody else can read a
+   party's messages to it, even without TLS), and whose answer opens with the server's own
+   HMAC of the stream's identity (so frames from anybody else are refused). The server's
+   handler thread sends the frames its party queues; the subscriber's own thread reads them
+   when it waits for a message (`SingleThreadedUnaryStream`: no channel thread, no hand-off
+   between threads on the receiving side). Messages are split in chunks of CHUNK_BYTES and
+   matched at the receiver by (src, seq), never by arrival order.
+4. A stream that ends without the closing frame marks the peer dead: the wait on it raises
+   CommunicationError at once. A wait has the CRYPTEN_LITE_TIMEOUT deadline: the
+   communicator's watchdog thread cancels a read blocked past it (the subscription is then
+   gone: the peer counts as failed). After the closing frame no message can follow, so a
+   wait for one fails at once too.
 5. A party whose script raises sends an abort frame to every peer before closing (seq
    ABORT_SEQ; data: the rank of the party that failed first and its exception's type name,
    never the message, which may hold values): every wait of theirs on it fails at once with
    a CommunicationError naming that party.
 
-Hostile input (tests/integration/test_fuzz.py): a stream must send its opening frame within
-OPEN_TIMEOUT seconds or it is cancelled (idle streams would otherwise hold the server's
-worker threads); each peer may open one stream per session (a replayed opening frame is
-refused); the chunks of one message arrive together, so a stream holds at most one partly
-assembled message. Anything refused before authentication touches no session state.
+Hostile input (tests/integration/test_fuzz.py): a subscription's opening is its one request,
+checked before the handler holds a thread; each peer may subscribe once per session (a
+replayed opening is refused); the chunks of one message arrive together, so a stream holds
+at most one partly assembled message; a peer's frames are read only as its messages are
+awaited (gRPC's flow control holds the rest at the sender), so a flooding peer fills no
+memory here. Anything refused before authentication touches no session state.
 """
 
 from __future__ import annotations
@@ -41,6 +48,7 @@ import weakref
 from typing import Callable, Iterator
 
 import grpc
+import grpc.experimental
 import torch
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
@@ -55,7 +63,7 @@ from .mailbox import Mailbox
 
 log = logging.getLogger("crypten_lite.comm")
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: Subscribe (the receiver opens the stream) instead of Stream
 CHUNK_BYTES = 1 << 22
 MAX_FRAME_BYTES = CHUNK_BYTES + (1 << 16)
 BYE_SEQ = (1 << 64) - 1
@@ -63,7 +71,6 @@ OPEN_SEQ = (1 << 64) - 2
 ABORT_SEQ = (1 << 64) - 3
 _ABORT_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_. ]{0,100}")
 _ABORT_DATA = re.compile(rb"(\d{1,6}) ([A-Za-z_][A-Za-z0-9_. ]{0,100})")
-OPEN_TIMEOUT = 10.0  # seconds a new stream may take to send its opening frame
 # Servers accept frames of at most one chunk; clients (whose only large replies are the
 # dealer's corrections, bounded by the request they made) accept up to 2 GiB.
 MAX_REPLY_BYTES = (1 << 31) - 1
@@ -79,6 +86,15 @@ GRPC_OPTIONS = [
 ]
 CHANNEL_OPTIONS = [(k, MAX_REPLY_BYTES if k == "grpc.max_receive_message_length" else v)
                    for k, v in GRPC_OPTIONS]
+# Channels to peers carry handshakes and subscriptions: frames of at most one chunk, each read
+# by the thread that waits for it (no channel thread polling for it). A peer's frames are read
+# only while one of its messages is awaited, so gRPC may take in up to LOOKAHEAD_BYTES of them
+# before (a 16 MiB message then crosses while its receiver is still busy framing its own: with
+# gRPC's default window, about one chunk crossed and the rest waited for the read).
+LOOKAHEAD_BYTES = 16 * CHUNK_BYTES
+PEER_CHANNEL_OPTIONS = GRPC_OPTIONS + [(grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1),
+                                       ("grpc.http2.lookahead_bytes", LOOKAHEAD_BYTES)]
+WATCH_TICK = 0.25  # seconds between the watchdog's looks at the reads in progress
 
 
 def make_hello(config: Config, rank: int, public_key: bytes) -> pb.Hello:
@@ -134,8 +150,16 @@ def hello_origin(theirs: pb.Hello, identity: str | None) -> str:
 
 def stream_token(seed: bytes, session: str, src: int, dst: int) -> bytes:
     """HMAC proving a stream from `src` to `dst` comes from the holder of their pair seed
-    (under the seed's own stream-token key, never the zero-sharing key)."""
+    (under the seed's own stream-token key, never the zero-sharing key): the first frame of
+    `src`'s answer to `dst`'s subscription."""
     return hmac.new(subkey(seed, "stream-token"), f"stream/{session}/{src}->{dst}".encode(),
+                    hashlib.sha256).digest()
+
+
+def subscribe_token(seed: bytes, session: str, subscriber: int, server: int) -> bytes:
+    """HMAC proving a subscription to `server`'s messages comes from `subscriber`, the holder
+    of their pair seed (another label than stream_token's: neither can stand for the other)."""
+    return hmac.new(subkey(seed, "stream-token"), f"subscribe/{session}/{subscriber}<-{server}".encode(),
                     hashlib.sha256).digest()
 
 
@@ -154,11 +178,14 @@ class TlsContext:
             return server.add_secure_port(address, self._tls.server_credentials(self.material))
         return server.add_insecure_port(address)
 
-    def channel(self, address: str, identity: str) -> grpc.Channel:
+    def channel(self, address: str, identity: str, options: list | None = None) -> grpc.Channel:
+        """A channel to `address` (dialed as the role `identity`); `options` default to
+        CHANNEL_OPTIONS."""
+        options = CHANNEL_OPTIONS if options is None else options
         if self.enabled:
-            options = CHANNEL_OPTIONS + list(self._tls.channel_options(identity))
+            options = options + list(self._tls.channel_options(identity))
             return grpc.secure_channel(address, self._tls.channel_credentials(self.material), options)
-        return grpc.insecure_channel(address, CHANNEL_OPTIONS)
+        return grpc.insecure_channel(address, options)
 
     def reply(self, request: pb.Hello, hello: pb.Hello, error: str = "") -> pb.HelloReply:
         """The answer to `request`: this endpoint's `hello`, and with TLS (when accepted) its
@@ -314,66 +341,104 @@ class _PartyServicer(pb_grpc.PartyServicer):
             self.comm.greeted_by.add(int(request.rank))
         return self.comm.tls.reply(request, self.comm.hello, error)
 
-    def Stream(self, request_iterator, context):
-        comm = self.comm
-        src: int | None = None
-        closed = False
-        frames = 0
-        partial: dict[int, tuple[pb.Frame, list[bytes], int]] = {}
-        watchdog = threading.Timer(min(OPEN_TIMEOUT, comm.config.timeout),
-                                   lambda: frames or context.cancel())
-        watchdog.daemon = True
-        watchdog.start()
+    def Subscribe(self, request, context):
+        """Stream this party's messages to the authenticated subscriber (a generator: gRPC's
+        handler thread sends what it yields; see _Outbox.frames)."""
         try:
-            for frame in request_iterator:
-                frames += 1
-                if src is None:
-                    watchdog.cancel()
-                    src = self._open(frame, context)
-                    continue
-                if frame.seq == BYE_SEQ:
-                    closed = True
-                    comm.mailbox.closed(src)
-                    break
-                if frame.seq == ABORT_SEQ:
-                    self._abort(src, frame)
-                    continue
-                self._accept(src, frame, partial)
-        except CommunicationError as e:
-            if src is None:  # an unauthenticated stream: refuse it, touch nothing else
-                context.abort(grpc.StatusCode.PERMISSION_DENIED, str(e))
-            comm.mailbox.fail(src, f"sent an invalid message: {e}")
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        finally:
-            watchdog.cancel()
-            if src is not None and not closed:
-                comm.mailbox.fail(src, "connection lost")
-        return pb.StreamAck(frames=frames)
+            peer = self._open(request, context)
+        except CommunicationError as e:  # refused before authentication: no session state touched
+            context.abort(grpc.StatusCode.PERMISSION_DENIED, str(e))
+        yield from self.comm.outboxes[peer].frames(context)
 
     def _open(self, frame: pb.Frame, context) -> int:
+        """The rank of the subscriber that `frame` (the subscription's request) authenticates."""
         comm = self.comm
         src = frame.src
         if frame.session != comm.config.session or frame.seq != OPEN_SEQ:
-            raise CommunicationError("stream does not start with a valid opening frame")
-        # A peer may open its stream before this party has finished its own handshakes.
+            raise CommunicationError("subscription does not start with a valid opening frame")
+        # A peer may subscribe before this party has finished its own handshakes.
         comm.seeds_ready.wait(comm.config.timeout)
         if not 0 <= src < comm.world_size or src == comm.rank or src not in comm.pair_seeds:
-            raise CommunicationError(f"stream from unknown party {src}")
+            raise CommunicationError(f"subscription from unknown party {src}")
         identity = comm.tls.peer_identity(context)
         if identity is not None and identity != f"party{src}":
-            raise CommunicationError(f"certificate {identity!r} cannot open a stream as party {src}")
-        expected = stream_token(comm.pair_seeds[src], comm.config.session, src, comm.rank)
+            raise CommunicationError(f"certificate {identity!r} cannot subscribe as party {src}")
+        expected = subscribe_token(comm.pair_seeds[src], comm.config.session, src, comm.rank)
         if not hmac.compare_digest(bytes(frame.data), expected):
-            raise CommunicationError(f"stream claiming party {src} failed authentication")
+            raise CommunicationError(f"subscription claiming party {src} failed authentication")
         with comm._lock:
-            # One stream per peer and session: an opening frame replayed by an observer of a
+            # One subscription per peer and session: an opening replayed by an observer of a
             # plaintext network must not open a second one (nor a new one after a failure).
             if src in comm.streams_opened:
-                raise CommunicationError(f"party {src} already opened its stream in this session")
+                raise CommunicationError(f"party {src} already subscribed in this session")
             comm.streams_opened.add(src)
         return src
 
-    def _abort(self, src: int, frame) -> None:
+
+class _Inbox:
+    """This party's subscription to one peer's messages, read by the thread that waits for
+    one (no other thread touches a message on its way in)."""
+
+    def __init__(self, comm: "GrpcCommunicator", peer: int, method):
+        self.comm = comm
+        self.peer = peer
+        self.lock = threading.Lock()
+        self.partial: dict = {}
+        self.opened = False  # the server's stream token was checked
+        self.live = True  # frames may still come (no goodbye, no failure)
+        self.deadline = 0.0  # of the read in progress (0: none); the watchdog's to check
+        self.timed_out = False
+        token = subscribe_token(comm.pair_seeds[peer], comm.config.session, comm.rank, peer)
+        self.call = method(pb.Frame(session=comm.config.session, src=comm.rank, seq=OPEN_SEQ,
+                                    data=token))
+
+    def read(self) -> None:
+        """Read and handle the peer's next frame (blocking until it comes, the stream ends or
+        the watchdog cancels the read at its deadline); a message it completes goes to the
+        mailbox, an end or a failure is recorded there (and self.live becomes False)."""
+        comm, src = self.comm, self.peer
+        try:
+            frame = next(self.call)
+        except StopIteration:
+            self._end("connection lost")
+            return
+        except grpc.RpcError as e:
+            if self.timed_out:
+                self._end(f"no message within {comm.config.timeout:g} s (CRYPTEN_LITE_TIMEOUT)")
+            elif e.code() == grpc.StatusCode.INTERNAL and "deserializ" in (e.details() or ""):
+                self._end("sent an invalid message: a frame that does not parse")
+            else:
+                self._end(f"stream from it failed: {e.code().name}")
+            return
+        try:
+            if not self.opened:
+                self._check_open(frame)
+            elif frame.seq == BYE_SEQ:
+                self.live = False
+                comm.mailbox.closed(src)
+            elif frame.seq == ABORT_SEQ:
+                self._abort(frame)
+            else:
+                self._accept(src, frame, self.partial)
+        except CommunicationError as e:
+            self._end(f"sent an invalid message: {e}")
+
+    def _end(self, why: str) -> None:
+        self.live = False
+        self.comm.mailbox.fail(self.peer, why)
+        self.call.cancel()
+
+    def _check_open(self, frame) -> None:
+        comm, src = self.comm, self.peer
+        if frame.session != comm.config.session or frame.seq != OPEN_SEQ or frame.src != src:
+            raise CommunicationError("stream does not start with a valid opening frame")
+        expected = stream_token(comm.pair_seeds[src], comm.config.session, src, comm.rank)
+        if not hmac.compare_digest(bytes(frame.data), expected):
+            raise CommunicationError(f"stream claiming party {src} failed authentication")
+        self.opened = True
+
+    def _abort(self, frame) -> None:
+        src = self.peer
         if frame.src != src or frame.session != self.comm.config.session:
             raise CommunicationError("frame changes sender or session within a stream")
         match = _ABORT_DATA.fullmatch(bytes(frame.data))
@@ -524,52 +589,59 @@ def _frame_bytes(header: pb.Frame, payload: memoryview) -> bytes:
     return b"".join((header.SerializeToString(), _DATA_TAG, _varint(len(payload)), payload))
 
 
-def _serialize_frame(item) -> bytes:
-    """Request serializer of the Stream call: message frames are queued already serialized."""
-    if isinstance(item, pb.Frame):
-        return item.SerializeToString()
+def _serialize_frame(item: bytes) -> bytes:
+    """Response serializer of the Subscribe call: frames are queued already serialized."""
     return item
 
 
 def _add_party_servicer(servicer: "_PartyServicer", server: grpc.Server) -> None:
-    """Register the Party service with a Stream deserializer that does not copy payloads."""
+    """Register the Party service (its subscription's frames are queued serialized)."""
     handlers = {
         "Handshake": grpc.unary_unary_rpc_method_handler(
             servicer.Handshake, request_deserializer=pb.Hello.FromString,
             response_serializer=pb.HelloReply.SerializeToString),
-        "Stream": grpc.stream_unary_rpc_method_handler(
-            servicer.Stream, request_deserializer=_parse_frame,
-            response_serializer=pb.StreamAck.SerializeToString),
+        "Subscribe": grpc.unary_stream_rpc_method_handler(
+            servicer.Subscribe, request_deserializer=pb.Frame.FromString,
+            response_serializer=_serialize_frame),
     }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("crypten_lite.Party", handlers),))
 
 
 class _Outbox:
-    """The long-lived stream to one peer, fed from a queue (sending never waits for the peer)."""
+    """This party's messages to one peer, queued for the handler of that peer's subscription
+    (sending never waits for the peer; messages queued before it subscribes wait for it)."""
 
-    def __init__(self, comm: "GrpcCommunicator", peer: int, stub):
+    def __init__(self, comm: "GrpcCommunicator", peer: int):
         self.peer = peer
         self.queue: queue.SimpleQueue = queue.SimpleQueue()
         self.seq = 0
         self.failed = ""
+        self.finished = False  # the goodbye went out: the subscription may end
+        self.done = threading.Event()  # the subscription's handler is over (or never will run)
         token = stream_token(comm.pair_seeds[peer], comm.config.session, comm.rank, peer)
-        self.queue.put([pb.Frame(session=comm.config.session, src=comm.rank, seq=OPEN_SEQ, data=token)])
-        self.call = stub.future(self._frames())
-        self.call.add_done_callback(lambda f: self._done(comm, f))
+        self.queue.put([pb.Frame(session=comm.config.session, src=comm.rank, seq=OPEN_SEQ,
+                                 data=token).SerializeToString()])
 
-    def _frames(self) -> Iterator[pb.Frame]:
-        while True:
-            batch = self.queue.get()
-            if batch is None:
-                return
-            yield from batch
+    def frames(self, context) -> Iterator[bytes]:
+        """The serialized frames of the subscription, as they are queued (the handler thread
+        of the peer's Subscribe call runs this)."""
+        context.add_callback(self._ended)
+        try:
+            while True:
+                batch = self.queue.get()
+                if batch is None:
+                    self.finished = True
+                    return
+                yield from batch
+        finally:
+            self.done.set()
 
-    def _done(self, comm: "GrpcCommunicator", future) -> None:
-        if future.cancelled() or future.exception() is not None:
-            err = future.exception()
-            detail = err.code().name if isinstance(err, grpc.RpcError) else "cancelled"
-            self.failed = f"stream to it failed: {detail}"
-            comm.mailbox.fail(self.peer, self.failed)
+    def _ended(self) -> None:
+        """The subscription is over (gRPC's callback): a peer that went away before this
+        party's goodbye can receive nothing more."""
+        if not self.finished:
+            self.failed = "its subscription to this party ended"
+        self.done.set()
 
     def send(self, session: str, src: int, tensor: torch.Tensor) -> None:
         if self.failed:
@@ -580,7 +652,7 @@ class _Outbox:
         n = max(1, -(-len(data) // CHUNK_BYTES))
         # Copy-on-send: the frames are serialized now, on the caller's thread, so what the
         # peer receives is the tensor as it was at this call even if the caller changes it in
-        # place next (the stream's thread sends later). It is the one copy serialization
+        # place next (the handler thread sends later). It is the one copy serialization
         # makes anyway (tests/integration/test_copy_on_send.py). Each chunk is queued as soon
         # as it is copied, so the stream sends chunk i while chunk i + 1 is being copied.
         for i in range(n):
@@ -591,15 +663,13 @@ class _Outbox:
 
     def abort(self, session: str, src: int, origin: int, error: str) -> None:
         data = f"{origin} {error}".encode()
-        self.queue.put([pb.Frame(session=session, src=src, seq=ABORT_SEQ, data=data)])
+        self.queue.put([pb.Frame(session=session, src=src, seq=ABORT_SEQ, data=data).SerializeToString()])
 
     def close(self, session: str, src: int, timeout: float) -> None:
-        self.queue.put([pb.Frame(session=session, src=src, seq=BYE_SEQ)])
+        """Queue the goodbye and wait (up to `timeout`) until the handler has sent everything."""
+        self.queue.put([pb.Frame(session=session, src=src, seq=BYE_SEQ).SerializeToString()])
         self.queue.put(None)
-        try:
-            self.call.result(timeout=timeout)
-        except (grpc.RpcError, grpc.FutureTimeoutError, concurrent.futures.CancelledError):
-            self.call.cancel()
+        self.done.wait(timeout)
 
 
 def _is_loopback(address: str) -> bool:
@@ -636,6 +706,7 @@ class GrpcCommunicator(Communicator):
         self.streams_opened: set[int] = set()
         self._closed = False
         self._aborted = False
+        self._stop_watch = threading.Event()
         self._lock = threading.Lock()
         self.refused: dict[int, str] = {}  # peer rank -> why its handshake was refused
         self.greeted_by: set[int] = set()  # peers whose Hello this server answered (either way)
@@ -655,11 +726,13 @@ class GrpcCommunicator(Communicator):
             raise
 
     def _connect(self) -> None:
-        self.channels = {p: self.tls.channel(self.config.parties[p], f"party{p}") for p in self.peers()}
+        self.channels = {p: self.tls.channel(self.config.parties[p], f"party{p}", PEER_CHANNEL_OPTIONS)
+                         for p in self.peers()}
         stubs = {p: pb_grpc.PartyStub(ch) for p, ch in self.channels.items()}
-        streams = {p: ch.stream_unary("/crypten_lite.Party/Stream", request_serializer=_serialize_frame,
-                                      response_deserializer=pb.StreamAck.FromString)
-                   for p, ch in self.channels.items()}
+        subscribe = {p: ch.unary_stream("/crypten_lite.Party/Subscribe",
+                                        request_serializer=pb.Frame.SerializeToString,
+                                        response_deserializer=_parse_frame)
+                     for p, ch in self.channels.items()}
 
         # Once one handshake failed the session cannot start, but this party stays until every
         # peer has heard from it (a reply to this party's Hello, or the peer's Hello answered
@@ -695,14 +768,37 @@ class GrpcCommunicator(Communicator):
             except BaseException:
                 given_up.set()
                 raise
+        self.outboxes = {p: _Outbox(self, p) for p in self.peers()}
         self.seeds_ready.set()
-        self.outboxes = {p: _Outbox(self, p, streams[p]) for p in self.peers()}
+        self.inboxes = {p: _Inbox(self, p, subscribe[p]) for p in self.peers()}
+        self._watchdog = threading.Thread(target=self._watch, name="crypten-lite-deadlines", daemon=True)
+        self._watchdog.start()
+
+    def _watch(self) -> None:
+        """Cancel a read blocked past its deadline (a blocked read has no timeout of its own)."""
+        tick = min(WATCH_TICK, self.config.timeout / 20)
+        while not self._stop_watch.wait(tick):
+            now = time.monotonic()
+            for inbox in self.inboxes.values():
+                deadline = inbox.deadline
+                if deadline and now > deadline and not inbox.timed_out:
+                    inbox.timed_out = True
+                    inbox.call.cancel()
 
     def _send(self, tensor: torch.Tensor, dst: int) -> None:
         self.outboxes[dst].send(self.config.session, self.rank, tensor)
 
     def _recv(self, src: int) -> torch.Tensor:
-        return self.mailbox.take(src)
+        inbox, mailbox = self.inboxes[src], self.mailbox
+        with inbox.lock:
+            if inbox.live and not mailbox.ready(src):
+                inbox.deadline = time.monotonic() + self.config.timeout
+                try:
+                    while inbox.live and not mailbox.ready(src):
+                        inbox.read()
+                finally:
+                    inbox.deadline = 0.0
+        return mailbox.take(src)
 
     def abort(self, origin: int, error: str) -> None:
         """Tell every peer that party `origin` failed with `error` (an exception type name).
@@ -733,6 +829,9 @@ class GrpcCommunicator(Communicator):
             self._closed = True
         for outbox in getattr(self, "outboxes", {}).values():
             outbox.close(self.config.session, self.rank, timeout=min(5.0, self.config.timeout))
+        self._stop_watch.set()
+        for inbox in getattr(self, "inboxes", {}).values():
+            inbox.call.cancel()
         for channel in getattr(self, "channels", {}).values():
             channel.close()
         self.server.stop(grace=1.0).wait(2.0)

@@ -89,6 +89,13 @@ class Mailbox:
         with self._cond:
             return next(iter(self._origin.values()), None)
 
+    def ready(self, src: int) -> bool:
+        """Whether take(src) would return or raise at once (its message is here, or `src` is
+        known to have failed or closed)."""
+        with self._cond:
+            return ((src, self._next_seq[src]) in self._messages or src in self._failed
+                    or src in self._closed)
+
     def take(self, src: int) -> torch.Tensor:
         """Next message from `src`; raises CommunicationError on a dead peer or at the deadline."""
         deadline = time.monotonic() + self.timeout

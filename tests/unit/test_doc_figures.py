@@ -249,14 +249,14 @@ def test_limits_and_inline_costs_in_the_docs_are_the_code_s():
         "docs/deployment.md": [
             f"gRPC keepalive ({options['grpc.keepalive_time_ms'] / 1000:g} s ping, "
             f"{options['grpc.keepalive_timeout_ms'] / 1000:g} s timeout)",
-            f"`OPEN_TIMEOUT` ({grpc_comm.OPEN_TIMEOUT:g} s)",
             f"frames over the {grpc_comm.CHUNK_BYTES >> 20} MiB limit",
-            f"`CRYPTEN_LITE_MAX_MESSAGE_BYTES` (default {Config.max_message_bytes >> 30} GiB)",
-            f"up to {grpc_comm.OPEN_TIMEOUT:g} s at a time with idle streams"],
+            f"`CRYPTEN_LITE_MAX_MESSAGE_BYTES` (default {Config.max_message_bytes >> 30} GiB)"],
         "docs/design.md": [f"large tensors are chunked ({grpc_comm.CHUNK_BYTES >> 20} MiB)"],
         "docs/functions.md": [f"| {costs['softmax_1000x10/2p']['rounds']} / 23 (dim 10) |",
                               f"softmax {costs['softmax_1000x10/3p']['rounds']})"],
-        "docs/ARCHITECTURE.md": [f"chunks of {grpc_comm.CHUNK_BYTES >> 20} MiB"],
+        "docs/ARCHITECTURE.md": [f"chunks of {grpc_comm.CHUNK_BYTES >> 20} MiB",
+                                 f"`LOOKAHEAD_BYTES` ({grpc_comm.LOOKAHEAD_BYTES >> 20} MiB",
+                                 f"every {grpc_comm.WATCH_TICK:g} s"],
         "docs/private_models.md": [
             f"more than {graph_desc.MAX_DESCRIPTION_BYTES >> 20} MiB in all, a tensor of more than "
             f"2^{graph_desc.MAX_ELEMENTS.bit_length() - 1} elements or {graph_desc.MAX_DIMS} dimensions, values "
