@@ -112,13 +112,9 @@ def _bits(words: torch.Tensor) -> np.ndarray:
     return (w >> np.arange(64, dtype=np.uint64)) & np.uint64(1)
 
 
-def _bits8(words: torch.Tensor) -> np.ndarray:
-    """[n] words -> [n * 64] bits as uint8 0/1 (bit j of word i at i * 64 + j)."""
-    return np.unpackbits(_u(words).reshape(-1).view(np.uint8), bitorder="little")
-
-
 def _words8(bits: np.ndarray) -> np.ndarray:
-    """The inverse of _bits8: [n * 64] uint8 bits (bit 0 of each used) -> [n] uint64 words."""
+    """[n * 64] uint8 bits (bit 0 of each used; bit j of word i at i * 64 + j) -> [n] uint64
+    words."""
     return np.packbits(bits & 1, bitorder="little").view(np.uint64)
 
 
