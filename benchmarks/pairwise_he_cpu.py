@@ -13,6 +13,11 @@ provider's (`--plain-bits 0`: 3 x 60 + 38, four 45-bit plaintext primes, returne
 prime); docs/protocols.md, "Parameters (128-bit security)":
 
     timeout 900 python benchmarks/pairwise_he_cpu.py --matmul 256 --mul 131072 --plain-bits 0 --plain-bits 60
+
+`--profile` runs each party on one thread (CRYPTEN_LITE_HE_THREADS=1) under cProfile and adds
+party 0's largest shares of CPU by function (SEAL's calls are native: each is one entry):
+
+    timeout 900 python benchmarks/pairwise_he_cpu.py --matmul 256 --mul 0 --profile
 """
 
 from __future__ import annotations
@@ -43,7 +48,17 @@ def _params(plain_bits: int) -> he.HEParams:
     return he.HEParams(he.N, coeff, plain, return_primes=ret)
 
 
-def _party(rank: int, conn, what: str, x, out, plain_bits: int = 0) -> None:
+def _shares(prof, top: int = 8) -> dict:
+    """The `top` functions' shares of the profiled time (own time, SEAL's native calls by name)."""
+    import pstats
+    stats = pstats.Stats(prof).stats
+    total = sum(v[2] for v in stats.values()) or 1.0
+    rows = sorted(((v[2], f"{k[2]}" if k[0] == "~" else f"{os.path.basename(k[0])}:{k[2]}")
+                   for k, v in stats.items()), reverse=True)[:top]
+    return {name.strip("<>").replace("built-in method ", ""): round(t / total, 3) for t, name in rows}
+
+
+def _party(rank: int, conn, what: str, x, out, plain_bits: int = 0, profile: bool = False) -> None:
     prg = PRG(os.urandom(32))
     box: queue.SimpleQueue = queue.SimpleQueue()
     sent = [0]
@@ -69,14 +84,22 @@ def _party(rank: int, conn, what: str, x, out, plain_bits: int = 0) -> None:
         send(b"go")
         recv()
         t, c = time.perf_counter(), time.process_time()
+        if profile:
+            import cProfile
+            prof = cProfile.Profile(time.process_time)     # CPU time: load does not count
+            prof.enable()
         got = eng.matmul(x[0], x[1], 137) if what == "matmul" else eng.elementwise([x], 129)
-        out.put((rank, got, time.perf_counter() - t, time.process_time() - c, sent[0]))
+        shares = None
+        if profile:
+            prof.disable()
+            shares = _shares(prof)
+        out.put((rank, got, time.perf_counter() - t, time.process_time() - c, sent[0], shares))
     finally:
         box.put(None)
         eng.close()
 
 
-def measure(what: str, n: int, plain_bits: int = 0) -> dict:
+def measure(what: str, n: int, plain_bits: int = 0, profile: bool = False) -> dict:
     rng = np.random.default_rng(5)  # insecure-ok: benchmark inputs
     if what == "matmul":
         xs = [[rng.integers(0, 2 ** 63, (1, n, n), dtype=np.uint64) for _ in range(2)] for _ in range(2)]
@@ -85,7 +108,7 @@ def measure(what: str, n: int, plain_bits: int = 0) -> dict:
     ctx = mp.get_context("spawn")
     a, b = ctx.Pipe()
     out = ctx.Queue()
-    procs = [ctx.Process(target=_party, args=(r, (a, b)[r], what, xs[r], out, plain_bits)) for r in range(2)]
+    procs = [ctx.Process(target=_party, args=(r, (a, b)[r], what, xs[r], out, plain_bits, profile)) for r in range(2)]
     for p in procs:
         p.start()
     try:
@@ -107,7 +130,8 @@ def measure(what: str, n: int, plain_bits: int = 0) -> dict:
     return {"product": what, "size": n, "wall_s": [round(res[r][1], 2) for r in range(2)],
             "cpu_s": [round(res[r][2], 2) for r in range(2)],
             "sent_mb": [round(res[r][3] / 1e6, 1) for r in range(2)],
-            "load": round(os.getloadavg()[0], 1)}
+            "load": round(os.getloadavg()[0], 1),
+            **({"party0_cpu_shares": res[0][4]} if profile else {})}
 
 
 def main() -> None:
@@ -117,13 +141,17 @@ def main() -> None:
     parser.add_argument("--plain-bits", type=int, action="append",
                         help="0: the provider's parameters (default); 45: the fast-lift "
                              "alternative; repeat to run both in one go")
+    parser.add_argument("--profile", action="store_true",
+                        help="one thread per party, cProfile: party 0's CPU shares by function")
     args = parser.parse_args()
+    if args.profile:
+        os.environ[he.THREADS_ENV] = "1"        # the spawned parties inherit it
     for bits in args.plain_bits or [0]:
         for what, n in (("mul", args.mul), ("matmul", args.matmul)):
             if n:
                 params = "provider" if not bits else (
                     "4x50+18, t 60, returned at 2" if bits > 46 else f"3x60+38, t {bits}, returned at 1")
-                print(json.dumps({"params": params, **measure(what, n, bits)}), flush=True)
+                print(json.dumps({"params": params, **measure(what, n, bits, args.profile)}), flush=True)
 
 
 if __name__ == "__main__":

@@ -322,6 +322,8 @@ class _Prime:
     def coeffs_of(pt, positions: list[int]) -> np.ndarray:
         """The plaintext's coefficients at `positions` (ascending; 0 past its coeff_count)."""
         count = pt.coeff_count()
+        if not positions or positions[-1] < count:     # the usual case: one native call each
+            return np.fromiter(map(pt.data, positions), dtype=np.uint64, count=len(positions))
         return np.fromiter((pt.data(i) if i < count else 0 for i in positions),
                            dtype=np.uint64, count=len(positions))
 
