@@ -10,7 +10,8 @@ BERT-base at sequence 128, twice while decoded), and no plan could exceed one gR
    chunks of whole requests of at most CHUNK_BYTES (and the session's max_message_bytes) of
    answers (`chunk_counts`; a larger request alone), computes the
    chunks in order while at most PREPARED_BYTES_MAX are held for the session (the rest when
-   pulled), and answers with the number of requests of each chunk.
+   pulled), and answers with the number of requests of each chunk and chunk 0 itself (handed
+   out there, never pulled: the offline phase is one exchange with the dealer).
 2. ``Pull`` (online, in the background): rank 0 asks for chunk i of the batch prepared at
    counter ``start``, with an HMAC under its request MAC key over (session, start, i)
    (`pull_mac`). The dealer hands each chunk out once and forgets it; a second pull of a chunk,
@@ -121,10 +122,11 @@ class ChunkPuller:
     """Rank 0's side: the answers of a prepared batch, by request index, pulled ahead.
 
     `pull(chunk)` sends one Pull and returns a function waiting for its answers (one list of
-    tensors per request of the chunk). Answers are handed out once, in any order."""
+    tensors per request of the chunk). Answers are handed out once, in any order. `first`:
+    chunk 0's answers, already received (with the dealer's Prepare reply): never pulled."""
 
     def __init__(self, counts: Sequence[int], pull: Callable[[int], Callable[[], list[list[torch.Tensor]]]],
-                 ahead: int | None = None):
+                 ahead: int | None = None, first: list[list[torch.Tensor]] | None = None):
         self._offsets = [0]
         for n in counts:
             self._offsets.append(self._offsets[-1] + n)
@@ -135,6 +137,9 @@ class ChunkPuller:
         self._issued = 0   # chunks [0, _issued) have been pulled
         self._closed = False
         self._lock = threading.Lock()
+        if first is not None and self.chunks:
+            self._pending[0] = lambda: first
+            self._issued = 1
 
     @property
     def chunks(self) -> int:

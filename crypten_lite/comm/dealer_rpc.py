@@ -310,7 +310,8 @@ class _DealerServicer(pb_grpc.DealerServicer):
             d.claim(requests)
             batch = d.prepare(keys, requests, sizes)
             d.audit(answered=len(requests))
-            return pb.PrepareReply(chunks=batch.counts)
+            # chunk 0 travels with the reply (handed out once, as a pull would): one exchange
+            return pb.PrepareReply(chunks=batch.counts, first=batch.take(0))
         except _REFUSED as e:
             return self._refuse(e, pb.PrepareReply)
 
@@ -552,10 +553,15 @@ class DealerClient:
         start = requests[0].counter
 
         def ready() -> ChunkPuller:
-            counts = list(self._result(future).chunks)
+            reply = self._result(future)
+            counts = list(reply.chunks)
             if sum(counts) != len(requests) or any(n == 0 for n in counts):
                 raise CommunicationError("the dealer's chunks do not match the batch", peer="dealer")
-            return ChunkPuller(counts, lambda chunk: self.pull(start, chunk, counts[chunk]))
+            tensors, first = self._decode(reply.first)  # chunk 0, sent with the reply
+            if len(first) != counts[0] or sum(first) != len(tensors):
+                raise CommunicationError("the dealer's chunk 0 does not match the batch", peer="dealer")
+            return ChunkPuller(counts, lambda chunk: self.pull(start, chunk, counts[chunk]),
+                               first=_per_request(tensors, first))
         return ready
 
     def pull(self, start: int, chunk: int, n: int) -> Callable[[], list[list[torch.Tensor]]]:

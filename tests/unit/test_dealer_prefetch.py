@@ -137,6 +137,34 @@ def test_pulls_stay_a_bounded_number_of_chunks_ahead():
     assert all(torch.equal(a, b) for i in order for a, b in zip(got[i], whole[i]))
 
 
+def test_chunk_0_comes_with_the_prepare_reply_and_is_never_pulled():
+    """The offline phase is one exchange with the dealer: Prepare's reply carries chunk 0
+    (dealer_rpc: PrepareReply.first); the puller pulls only the later chunks, each once."""
+    requests = _requests()
+    handler = DealerHandler()
+    sizes = _sizes(requests)
+    counts = chunk_counts(sizes, 64)
+    assert len(counts) > 2
+    batch = PreparedBatch(requests[0].counter, requests, counts, sizes, lambda c: _reply(handler, c))
+    batch.compute_ahead(1 << 30)
+    first = _decode(batch.take(0))  # what the dealer's Prepare hands out
+    pulls: list[int] = []
+
+    def pull(chunk):
+        pulls.append(chunk)
+        reply = batch.take(chunk)
+        return lambda: _decode(reply)
+    puller = ChunkPuller(counts, pull, ahead=2, first=first)
+    puller.start()
+    assert pulls == [1]  # the start waits for no pull: chunk 0 is at hand
+    got = [puller.answer(i) for i in range(len(requests))]
+    assert pulls == list(range(1, len(counts)))
+    whole = _decode(_reply(DealerHandler(), requests))
+    assert all(torch.equal(a, b) for g, w in zip(got, whole) for a, b in zip(g, w))
+    with pytest.raises(ProtocolError, match="already delivered"):  # a pull of chunk 0 is refused
+        batch.take(0)
+
+
 def test_a_closed_puller_refuses_clearly():
     _, _, _, puller = _streamed(_requests(), 64, 1 << 30, 1, order=[0])
     puller.close()
