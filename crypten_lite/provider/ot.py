@@ -149,9 +149,10 @@ class _Hash:
         self._iota = np.arange(self.BLOCK, dtype=np.uint64)
 
     def __call__(self, blocks: np.ndarray, first: int, domain: int,
-                 out: np.ndarray | None = None) -> np.ndarray:
+                 out: np.ndarray | None = None, xor: np.ndarray | None = None) -> np.ndarray:
         """blocks [m, 16] uint8 -> [m, 2] uint64 (written into `out` if given), tweak
-        j = (first + row, domain)."""
+        j = (first + row, domain); with `xor` ([16] uint8) the hash of blocks ^ xor, XORed in
+        block by block in cache (no pass over the input, which is left as it is)."""
         m = blocks.shape[0]
         if out is None:
             out = np.empty((m, 2), dtype=np.uint64)
@@ -164,11 +165,16 @@ class _Hash:
         buf = self._scratch
         y_all, tw_all, z_all = (buf[i * n:(i + 1) * n].view(np.uint64).reshape(-1, 2) for i in range(3))
         tweak = np.empty(self.BLOCK, dtype=np.uint64)
+        mask = None if xor is None else np.ascontiguousarray(xor, dtype=np.uint8).view(np.uint64)
         for s in range(0, m, self.BLOCK):
             c = min(self.BLOCK, m - s)
+            x = src[16 * s:16 * (s + c)]
+            if mask is not None:                  # blocks ^ xor, in the z scratch (free here)
+                np.bitwise_xor(x.view(np.uint64).reshape(c, 2), mask, out=z_all[:c])
+                x = buf[2 * n:2 * n + 16 * c]
             # AES straight between numpy buffers (update_into: no bytes copies; ECB keeps no
             # state between calls, and its output buffer needs one block of room)
-            self._pi.update_into(src[16 * s:16 * (s + c)], buf[:16 * c + 16])
+            self._pi.update_into(x, buf[:16 * c + 16])
             y, tw, z = y_all[:c], tw_all[:c], z_all[:c]
             np.add(self._iota[:c], np.uint64(first + s), out=tweak[:c])
             np.bitwise_xor(y[:, 0], tweak[:c], out=tw[:, 0])
@@ -441,7 +447,6 @@ class CorrelatedOT:
         keys0 = np.empty((m, 2), dtype=np.uint64)
         keys1 = None if choosing else np.empty((m, 2), dtype=np.uint64)
         choice = np.empty(m, dtype=np.uint8) if choosing else None
-        delta = self._delta.view(np.uint64)
         for start in range(0, m, self.chunk):
             size = min(self.chunk, m - start)
             first = self._index[d] - start          # tweak of OT i: first + i
@@ -461,11 +466,10 @@ class CorrelatedOT:
             else:
                 pieces = self._free_sender_parts(size) if free else [self._extend_sender(size)]
                 at = start
-                for q in pieces:                  # each piece this call's own: changed in place
+                for q in pieces:
                     c = q.shape[0]
                     self._hash(q, first + at, d, out=keys0[at:at + c])
-                    q.view(np.uint64)[:] ^= delta
-                    self._hash(q, first + at, d, out=keys1[at:at + c])
+                    self._hash(q, first + at, d, out=keys1[at:at + c], xor=self._delta)
                     at += c
             yield
         self.made += m

@@ -242,3 +242,22 @@ def test_both_choosers_interleaved_hold_per_set(monkeypatch):
             want = np.where(a.choice[:, None].astype(bool), b.keys[1], b.keys[0])
             assert np.array_equal(a.keys[0], want)
     assert pair[0].random_ots_both(([], [])) == ([], [])
+
+
+def test_hash_in_blocks_matches_one_pass():
+    """ot._Hash works in blocks of BLOCK rows on reused scratch: the same as hashing each row
+    alone (tweak first + row), with `out` and with `xor` (blocks ^ xor, input untouched)."""
+    h = ot._Hash()
+    m = 2 * ot._Hash.BLOCK + 77
+    blocks = np.frombuffer(os.urandom(16 * m), dtype=np.uint8).reshape(m, 16).copy()
+    delta = np.frombuffer(os.urandom(16), dtype=np.uint8)
+    whole = h(blocks, 5, 9)
+    rows = [0, 1, ot._Hash.BLOCK - 1, ot._Hash.BLOCK, m - 1]
+    for i in rows:
+        assert np.array_equal(ot._Hash()(blocks[i:i + 1], 5 + i, 9)[0], whole[i])
+    out = np.empty((m, 2), dtype=np.uint64)
+    kept = blocks.copy()
+    assert h(blocks, 5, 9, out=out, xor=delta) is out
+    assert np.array_equal(blocks, kept)
+    assert np.array_equal(out, h(blocks ^ delta, 5, 9))
+    assert not np.array_equal(out, whole)
