@@ -8,6 +8,10 @@ exchange before the first op) and the forward with its result revealed, as `cryp
 bench --only lenet_b1` does. For each party it prints:
 
 - wall seconds of the offline phase and of the run (medians), and the run's rounds;
+- the offline phase's parts (medians, ms): `derive` (this party's seeded components of the
+  plan's first requests, AES: provider._derive_ahead), `plans` (the parties' check that
+  their plans agree: one all-gather, which waits for the slower party), `dealer` (rank 0:
+  waiting for the dealer's answer to the plan, which it computes then: wait_prefetched);
 - the main thread's CPU time in the run (time.thread_time) and the whole process's
   (time.process_time: the rest is gRPC's threads sending and receiving);
 - the main thread's CPU in the run by layer, from cProfile on the thread's CPU clock (so
@@ -69,6 +73,7 @@ def _party(n: int) -> dict:
     from crypten_lite import comm, nn
     from crypten_lite.models import lenet
     from crypten_lite.mpc import offline
+    from crypten_lite.session import current
     c = comm.get()
     torch.manual_seed(11)  # test data only: the bench's seed for LeNet b1
     model = lenet().eval()
@@ -82,6 +87,20 @@ def _party(n: int) -> dict:
     private(x).get_plain_text()  # the first inference masks the fixed weights
     with offline.record() as plan:
         private(x).get_plain_text()
+    parts_ms: dict[str, list[float]] = {}
+    provider = current().provider
+
+    def timed(name: str, fn):
+        def run(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                parts_ms.setdefault(name, []).append((time.perf_counter() - start) * 1e3)
+        return run
+    provider._derive_ahead = timed("derive", provider._derive_ahead)
+    provider.wait_prefetched = timed("dealer", provider.wait_prefetched)
+    offline._check_plans = timed("plans", offline._check_plans)
     profile = cProfile.Profile(time.thread_time)
     rows = []
     for i in range(2 * n + 1):  # a warm-up, n timed, then n profiled (shares only)
@@ -101,6 +120,7 @@ def _party(n: int) -> dict:
         rows.append((offline_s, time.perf_counter() - wall, time.thread_time() - cpu,
                      time.process_time() - proc, c.get_communication_stats()["rounds"]))
     rows = rows[1:]
+    offline_parts = {k: round(statistics.median(v[1:n + 1]), 2) for k, v in parts_ms.items()}
     parts: dict[str, float] = {}
     for (filename, _, name), (_, _, own, _, _) in pstats.Stats(profile).stats.items():
         part = _part(filename, name)
@@ -109,6 +129,7 @@ def _party(n: int) -> dict:
     med = lambda i: statistics.median(r[i] for r in rows)  # noqa: E731
     return {"rank": c.rank, "offline_s": med(0), "run_s": med(1), "end_to_end_s": statistics.median(
                 r[0] + r[1] for r in rows),
+            "offline_parts_ms": offline_parts,
             "main_thread_cpu_s": med(2), "process_cpu_s": med(3), "rounds": rows[-1][4],
             "max_error": float((y - want).abs().max()),
             "main_cpu_share": {k: round(v / total, 3) for k, v in sorted(parts.items(), key=lambda kv: -kv[1])}}
@@ -130,6 +151,7 @@ def main() -> int:
               f"(end to end {p['end_to_end_s'] * 1e3:.1f} ms, {p['rounds']} rounds); run CPU: main thread "
               f"{p['main_thread_cpu_s'] * 1e3:.1f} ms, process {p['process_cpu_s'] * 1e3:.1f} ms; "
               f"max error {p['max_error']:.2g}")
+        print("    offline: " + ", ".join(f"{k} {v:.1f} ms" for k, v in p["offline_parts_ms"].items()))
         for part, share in p["main_cpu_share"].items():
             print(f"    {part:45} {share:6.1%}")
     print(f"(medians of {args.n} inferences; 1-minute load average {load} on {os.cpu_count()} cpus)")

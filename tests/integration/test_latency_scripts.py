@@ -48,3 +48,5 @@ def test_profile_lenet_splits_the_time():
         assert 0 < p["main_thread_cpu_s"] <= p["process_cpu_s"] and p["offline_s"] > 0
         assert abs(sum(p["main_cpu_share"].values()) - 1) < 0.01
         assert "binary circuits (comparisons: MSB, max)" in p["main_cpu_share"]
+        assert set(p["offline_parts_ms"]) == {"derive", "plans", "dealer"}
+        assert all(v >= 0 for v in p["offline_parts_ms"].values())
