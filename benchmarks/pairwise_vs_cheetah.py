@@ -370,8 +370,9 @@ def spu_bert_row(sizes: dict, timeout: float = 3000) -> dict:
                               capture_output=True, text=True, timeout=timeout)
     rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not rows:
-        return {"system": "spu-0.9.5-cheetah", "workload": "bert_layer", **sizes,
-                "end_to_end_seconds": None, "error": done.stderr.strip().splitlines()[-1:] or done.returncode}
+        errors = [line for line in done.stderr.splitlines() if line.startswith("RuntimeError: SPU")]
+        return {"system": "spu-0.9.5-cheetah", "workload": "bert_layer", **sizes, "end_to_end_seconds": None,
+                "error": (errors or done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1][:500]}
     row = dict(rows[0], **sizes, end_to_end_seconds=rows[0]["seconds_median"])
     row["load_average_1min"] = round(os.getloadavg()[0], 1)
     return row
@@ -405,11 +406,15 @@ def bert(args) -> None:
         if args.out:
             with open(args.out, "a") as f:
                 f.write(json.dumps(row) + "\n")
+    systems = set(args.bert_systems.split(","))
+    if not systems <= {"spu", "crypten_lite"}:
+        raise SystemExit(f"--bert-systems {args.bert_systems}: name spu and/or crypten_lite")
     rows = []
-    if not args.no_spu:   # first: the longest, pairwise, last (a run cut short keeps the others)
-        rows.append(spu_bert_row(sizes))
+    if "spu" in systems and not args.no_spu:   # first: pairwise, the longest, last
+        rows.append(spu_bert_row(sizes))       # (a run cut short keeps the others' rows)
         log(rows[-1])
-    rows = bert_layer_rows(sizes, log=log) + rows
+    if "crypten_lite" in systems:
+        rows = bert_layer_rows(sizes, log=log) + rows
     print(bert_table(rows))
 
 
@@ -422,6 +427,8 @@ def main() -> None:
     parser.add_argument("--bert-heads", type=int, default=BERT_BASE["heads"])
     parser.add_argument("--bert-ffn", type=int, default=BERT_BASE["ffn"])
     parser.add_argument("--bert-seq", type=int, default=BERT_BASE["seq"])
+    parser.add_argument("--bert-systems", default="spu,crypten_lite",
+                        help="bert_layer: spu, crypten_lite (dealer and pairwise) or both")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--no-spu", action="store_true")
     parser.add_argument("--out", default="")

@@ -83,6 +83,8 @@ WORKLOADS = {
 }
 
 
+RECV_TIMEOUT_MS = 3_600_000
+
 # transformers' BertLayer's arguments, in _bert_layer's order (the .npz file's keys): weights
 # as x @ W (torch's Linear weight transposed), LayerNorm gains and biases
 BERT_ARGS = ("x", "wq", "bq", "wk", "bk", "wv", "bv", "wo", "bo", "ln1_g", "ln1_b",
@@ -139,12 +141,22 @@ def run(name: str, given: tuple | None = None) -> dict:
                                    [libspu.Visibility.VIS_SECRET] * len(args), lambda out: ["out"])
     shares = [io.make_shares(a, libspu.Visibility.VIS_SECRET) for a in args]
     desc = libspu.link.Desc()
+    # SPU's default receive deadline (30 s) is shorter than one party's wait for the other's
+    # HE matrix products of a BERT-base layer on a loaded 2-core machine
+    desc.recv_timeout_ms = RECV_TIMEOUT_MS
     for r in range(2):
         desc.add_party(f"id_{r}", f"thread_{r}")
     sent = [0, 0]
     outs = [None, None]
+    errors: list = []
 
     def party(rank: int) -> None:
+        try:
+            run_party(rank)
+        except Exception as e:  # noqa: BLE001 (reported below, after both threads end)
+            errors.append(f"party {rank}: {type(e).__name__}: {e}")
+
+    def run_party(rank: int) -> None:
         lctx = libspu.link.create_mem(desc, rank)
         rt = spu.Runtime(lctx, libspu.RuntimeConfig(config))
         for i, s in enumerate(shares):
@@ -159,6 +171,8 @@ def run(name: str, given: tuple | None = None) -> dict:
         t.start()
     for t in threads:
         t.join()
+    if errors:
+        raise RuntimeError(f"SPU {name}: " + "; ".join(errors))
     seconds = time.perf_counter() - start
     got = io.reconstruct(outs)
     ref = np.asarray(fn(*[jnp.asarray(a) for a in args]))
