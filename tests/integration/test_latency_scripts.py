@@ -50,3 +50,12 @@ def test_profile_lenet_splits_the_time():
         assert "binary circuits (comparisons: MSB, max)" in p["main_cpu_share"]
         assert set(p["offline_parts_ms"]) == {"derive", "plans", "dealer"}
         assert all(v >= 0 for v in p["offline_parts_ms"].values())
+
+
+def test_transport_cpu_measures_both_operations():
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "transport_cpu.py"), "--reveals", "3",
+                          "--exchanges", "1"], capture_output=True, text=True, timeout=600, check=True).stdout
+    rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert [r["rank"] for r in rows] == [0, 1]
+    for r in rows:
+        assert r["exact"] and r["reveal_4_cpu_us"] > 0 and r["transport_16MB_cpu_ms"] > 0
