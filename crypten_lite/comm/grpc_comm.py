@@ -617,6 +617,7 @@ class _Outbox:
         self.seq = 0
         self.failed = ""
         self.finished = False  # the goodbye went out: the subscription may end
+        self.subscribed = False  # the peer's subscription reached the handler
         self.done = threading.Event()  # the subscription's handler is over (or never will run)
         token = stream_token(comm.pair_seeds[peer], comm.config.session, comm.rank, peer)
         self.queue.put([pb.Frame(session=comm.config.session, src=comm.rank, seq=OPEN_SEQ,
@@ -625,6 +626,7 @@ class _Outbox:
     def frames(self, context) -> Iterator[bytes]:
         """The serialized frames of the subscription, as they are queued (the handler thread
         of the peer's Subscribe call runs this)."""
+        self.subscribed = True
         context.add_callback(self._ended)
         try:
             while True:
@@ -665,11 +667,16 @@ class _Outbox:
         data = f"{origin} {error}".encode()
         self.queue.put([pb.Frame(session=session, src=src, seq=ABORT_SEQ, data=data).SerializeToString()])
 
-    def close(self, session: str, src: int, timeout: float) -> None:
-        """Queue the goodbye and wait (up to `timeout`) until the handler has sent everything."""
+    def close(self, session: str, src: int, timeout: float, unsubscribed_timeout: float) -> None:
+        """Queue the goodbye and wait until the handler has sent everything: up to `timeout`
+        while the peer is subscribed (it takes this party's last messages as it reads them;
+        a peer that goes away ends the wait at once), `unsubscribed_timeout` if it never
+        subscribed (it may be gone before it could)."""
         self.queue.put([pb.Frame(session=session, src=src, seq=BYE_SEQ).SerializeToString()])
         self.queue.put(None)
-        self.done.wait(timeout)
+        self.done.wait(unsubscribed_timeout)
+        if self.subscribed:
+            self.done.wait(timeout)
 
 
 def _is_loopback(address: str) -> bool:
@@ -828,7 +835,8 @@ class GrpcCommunicator(Communicator):
                 return
             self._closed = True
         for outbox in getattr(self, "outboxes", {}).values():
-            outbox.close(self.config.session, self.rank, timeout=min(5.0, self.config.timeout))
+            outbox.close(self.config.session, self.rank, timeout=self.config.timeout,
+                         unsubscribed_timeout=min(5.0, self.config.timeout))
         self._stop_watch.set()
         for inbox in getattr(self, "inboxes", {}).values():
             inbox.call.cancel()
