@@ -16,7 +16,7 @@ the thread that reads the peer's chunks (the main thread, from its subscription)
                 the opening), the dealer's correction included
   truncate      local truncation in place (truncation.truncate)
 
-and as the main thread reads the peer's chunks (its subscription: no other thread): when the
+and as the main thread takes the peer's chunks (its subscription, each chunk parsed by the channel's thread): when the
 peer's first chunk was parsed (after gRPC's own copies), when its last one was in the buffer,
 and the time spent on them (_Inbox._accept: checks and the copy of each chunk into the
 preallocated tensor).

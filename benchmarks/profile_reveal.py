@@ -11,8 +11,8 @@ transport's own functions from outside (the library is not changed):
   queued    the frame is serialized and queued for the subscription's handler (_Outbox.send)
   dequeued  the sender's handler thread of the peer's subscription took it from the queue
             (the one hand-off between threads)
-  accepted  the receiver's main thread holds the parsed frame (wire + gRPC core; the main
-            thread reads its subscription itself)
+  accepted  the receiver's main thread holds the parsed frame (wire + gRPC core; the
+            channel's thread parses the frame its subscription asked for, then wakes it)
   put       the frame is checked and in the mailbox (serde, checks: _Inbox._accept)
   woken     the receiver's main thread has the message (GrpcCommunicator._recv returns)
   done      the reveal (or product) returned on the receiver

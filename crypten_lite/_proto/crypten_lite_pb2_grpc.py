@@ -62,7 +62,7 @@ class PartyServicer:
         """Long-lived stream of this party's frames to one peer, opened by that peer (the
         subscriber): the request is an opening Frame (seq 2^64-2) whose data is the subscriber's
         HMAC token under the pair seed; the first frame of the answer is this party's own token.
-        The subscriber reads it on its own thread (no hand-off between threads per message).
+        The subscriber reads it from the thread that waits for a message.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -11,10 +11,11 @@ Protocol (see protos/crypten_lite.proto):
    carries an HMAC proving the subscriber holds the pair seed (so nobody else can read a
    party's messages to it, even without TLS), and whose answer opens with the server's own
    HMAC of the stream's identity (so frames from anybody else are refused). The server's
-   handler thread sends the frames its party queues; the subscriber's own thread reads them
-   when it waits for a message (`SingleThreadedUnaryStream`: no channel thread, no hand-off
-   between threads on the receiving side). Messages are split in chunks of CHUNK_BYTES and
-   matched at the receiver by (src, seq), never by arrival order.
+   handler thread sends the frames its party queues; the subscriber asks for the next frame
+   when it waits for a message (the channel's thread receives and parses it, then wakes the
+   waiting thread: one hand-off on the receiving side, where a client stream into the
+   server had two more). Messages are split in chunks of CHUNK_BYTES and matched at the
+   receiver by (src, seq), never by arrival order.
 4. A stream that ends without the closing frame marks the peer dead: the wait on it raises
    CommunicationError at once. A wait has the CRYPTEN_LITE_TIMEOUT deadline: the
    communicator's watchdog thread cancels a read blocked past it (the subscription is then
@@ -86,14 +87,16 @@ GRPC_OPTIONS = [
 ]
 CHANNEL_OPTIONS = [(k, MAX_REPLY_BYTES if k == "grpc.max_receive_message_length" else v)
                    for k, v in GRPC_OPTIONS]
-# Channels to peers carry handshakes and subscriptions: frames of at most one chunk, each read
-# by the thread that waits for it (no channel thread polling for it). A peer's frames are read
-# only while one of its messages is awaited, so gRPC may take in up to LOOKAHEAD_BYTES of them
-# before (a 16 MiB message then crosses while its receiver is still busy framing its own: with
-# gRPC's default window, about one chunk crossed and the rest waited for the read).
+# Channels to peers carry handshakes and subscriptions: frames of at most one chunk, each asked
+# for by the thread that waits for it and parsed by the channel's thread. A peer's frames are
+# read only while one of its messages is awaited, so gRPC may take in up to LOOKAHEAD_BYTES of
+# them before (a 16 MiB message then crosses while its receiver is still busy framing its own:
+# with gRPC's default window, about one chunk crossed and the rest waited for the read).
+# (grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, where the waiting thread polls
+# and parses itself, was faster for reveal_4 and slower for LeNet b1, CPU-bound: that work
+# then no longer overlaps the party's own on the other core. benchmarks, ARCHITECTURE.)
 LOOKAHEAD_BYTES = 16 * CHUNK_BYTES
-PEER_CHANNEL_OPTIONS = GRPC_OPTIONS + [(grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1),
-                                       ("grpc.http2.lookahead_bytes", LOOKAHEAD_BYTES)]
+PEER_CHANNEL_OPTIONS = GRPC_OPTIONS + [("grpc.http2.lookahead_bytes", LOOKAHEAD_BYTES)]
 WATCH_TICK = 0.25  # seconds between the watchdog's looks at the reads in progress
 
 
@@ -377,7 +380,7 @@ class _PartyServicer(pb_grpc.PartyServicer):
 
 class _Inbox:
     """This party's subscription to one peer's messages, read by the thread that waits for
-    one (no other thread touches a message on its way in)."""
+    one (the channel's thread only receives and parses the frame it asked for)."""
 
     def __init__(self, comm: "GrpcCommunicator", peer: int, method):
         self.comm = comm

@@ -54,7 +54,7 @@ def test_messages_are_read_by_the_waiting_thread_and_arrive_whole(monkeypatch):
         assert not other.is_alive()
         assert torch.equal(got[0][0], small) and torch.equal(got[1][0], big)
         assert torch.equal(got[0][1], small * 2) and torch.equal(got[1][1], small)
-        # No thread of gRPC's hands a message over: the two waiting threads read their own.
+        # No handler thread or mailbox in between: the two waiting threads take their own.
         assert readers == {threading.get_ident(), other.ident}
     finally:
         for c in comms:
