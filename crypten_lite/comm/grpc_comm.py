@@ -49,7 +49,6 @@ import weakref
 from typing import Callable, Iterator
 
 import grpc
-import grpc.experimental
 import torch
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
