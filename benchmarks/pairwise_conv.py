@@ -16,8 +16,6 @@ import argparse
 import json
 import multiprocessing as mp
 import os
-import queue
-import threading
 import time
 
 import numpy as np
@@ -25,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from crypten_lite.provider import he, he_conv
-from crypten_lite.random import PRG
+from pairwise_he_cpu import PipeLink  # benchmarks/ is on sys.path when run as a script
 
 CONVS = {"conv1": ((1, 28, 28), (6, 1, 5, 5)), "conv2": ((6, 12, 12), (16, 6, 5, 5))}
 
@@ -46,40 +44,22 @@ def _unfolded(eng: he.CrossEngine, x: np.ndarray, w: np.ndarray) -> np.ndarray:
 
 
 def _party(rank: int, conn, method: str, x, w, out) -> None:
-    prg = PRG(os.urandom(32))
-    box: queue.SimpleQueue = queue.SimpleQueue()
-    sent = [0]
-
-    def pump() -> None:          # sends never wait for the peer (as the gRPC outboxes)
-        while (d := box.get()) is not None:
-            conn.send_bytes(d)
-    threading.Thread(target=pump, daemon=True).start()
-
-    def send(d: bytes) -> None:
-        sent[0] += len(d)
-        box.put(d)
-
-    def recv() -> bytes:
-        if not conn.poll(600):
-            raise TimeoutError(f"party {rank}: no message from the peer in 600 s")
-        return conn.recv_bytes()
-    eng = he.CrossEngine(rank, he.default_params(), send, recv,
-                         lambda shape: prg.draw(tuple(shape)).numpy().view(np.uint64))
+    link = PipeLink(rank, conn, he.default_params())
+    eng, send, recv = link.engine, link.send, link.recv
     try:
         eng._ready(eng.params.primes_for(136))            # keys first: not timed
         send(b"go")
         recv()
-        before = sent[0]
+        before = link.sent
         t, c = time.perf_counter(), time.process_time()
         if method == "direct":
             bits = 129 + int(np.ceil(np.log2(w.shape[1] * w.shape[2] * w.shape[3])))
             got = he_conv.cross_conv(eng, 1 << 40, x, w, (1, 1), (0, 0), (1, 1), bits)
         else:
             got = _unfolded(eng, x, w)
-        out.put((rank, got, time.perf_counter() - t, time.process_time() - c, sent[0] - before))
+        out.put((rank, got, time.perf_counter() - t, time.process_time() - c, link.sent - before))
     finally:
-        box.put(None)
-        eng.close()
+        link.close()
 
 
 def measure(name: str, batch: int, method: str) -> dict:

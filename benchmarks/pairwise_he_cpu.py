@@ -58,27 +58,42 @@ def _shares(prof, top: int = 8) -> dict:
     return {name.strip("<>").replace("built-in method ", ""): round(t / total, 3) for t, name in rows}
 
 
+class PipeLink:
+    """One party's end of a two-process HE benchmark: a he.CrossEngine whose messages cross a
+    multiprocessing Pipe (no gRPC). Sends never wait for the peer (a pump thread, as the gRPC
+    outboxes); a receive waits at most 600 s. `sent` counts the bytes sent; close() stops the
+    pump and the engine. benchmarks/pairwise_conv.py uses it too."""
+
+    def __init__(self, rank: int, conn, params) -> None:
+        prg = PRG(os.urandom(32))
+        self.rank, self.conn, self.sent = rank, conn, 0
+        self.box: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._pump, daemon=True).start()
+        self.engine = he.CrossEngine(rank, params, self.send, self.recv,
+                                     lambda shape: prg.draw(tuple(shape)).numpy().view(np.uint64))
+
+    def _pump(self) -> None:
+        while (d := self.box.get()) is not None:
+            self.conn.send_bytes(d)
+
+    def send(self, d: bytes) -> None:
+        self.sent += len(d)
+        self.box.put(d)
+
+    def recv(self) -> bytes:
+        if not self.conn.poll(600):
+            raise TimeoutError(f"party {self.rank}: no message from the peer in 600 s")
+        return self.conn.recv_bytes()
+
+    def close(self) -> None:
+        self.box.put(None)
+        self.engine.close()
+
+
 def _party(rank: int, conn, what: str, x, out, plain_bits: int = 0, profile: bool = False) -> None:
-    prg = PRG(os.urandom(32))
-    box: queue.SimpleQueue = queue.SimpleQueue()
-    sent = [0]
-
-    def pump() -> None:          # sends never wait for the peer (as the gRPC outboxes)
-        while (d := box.get()) is not None:
-            conn.send_bytes(d)
-    threading.Thread(target=pump, daemon=True).start()
-
-    def send(d: bytes) -> None:
-        sent[0] += len(d)
-        box.put(d)
-
-    def recv() -> bytes:
-        if not conn.poll(600):
-            raise TimeoutError(f"party {rank}: no message from the peer in 600 s")
-        return conn.recv_bytes()
     params = _params(plain_bits)
-    eng = he.CrossEngine(rank, params, send, recv,
-                         lambda shape: prg.draw(tuple(shape)).numpy().view(np.uint64))
+    link = PipeLink(rank, conn, params)
+    eng, send, recv = link.engine, link.send, link.recv
     try:
         eng._ready(params.primes_for(137))            # keys first: not timed
         send(b"go")
@@ -93,10 +108,9 @@ def _party(rank: int, conn, what: str, x, out, plain_bits: int = 0, profile: boo
         if profile:
             prof.disable()
             shares = _shares(prof)
-        out.put((rank, got, time.perf_counter() - t, time.process_time() - c, sent[0], shares))
+        out.put((rank, got, time.perf_counter() - t, time.process_time() - c, link.sent, shares))
     finally:
-        box.put(None)
-        eng.close()
+        link.close()
 
 
 def measure(what: str, n: int, plain_bits: int = 0, profile: bool = False) -> dict:
