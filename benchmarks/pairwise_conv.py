@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
 import os
 import time
 
@@ -23,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from crypten_lite.provider import he, he_conv
-from pairwise_he_cpu import PipeLink  # benchmarks/ is on sys.path when run as a script
+from pairwise_he_cpu import PipeLink, run_pair  # benchmarks/ is on sys.path when run as a script
 
 CONVS = {"conv1": ((1, 28, 28), (6, 1, 5, 5)), "conv2": ((6, 12, 12), (16, 6, 5, 5))}
 
@@ -67,19 +66,7 @@ def measure(name: str, batch: int, method: str) -> dict:
     rng = np.random.default_rng(5)  # insecure-ok: benchmark inputs
     xs = [rng.integers(0, 2 ** 63, (batch,) + xs_shape, dtype=np.uint64) for _ in range(2)]
     ws = [rng.integers(0, 2 ** 63, ws_shape, dtype=np.uint64) for _ in range(2)]
-    ctx = mp.get_context("spawn")
-    a, b = ctx.Pipe()
-    out = ctx.Queue()
-    procs = [ctx.Process(target=_party, args=(r, (a, b)[r], method, xs[r], ws[r], out)) for r in range(2)]
-    for p in procs:
-        p.start()
-    try:
-        res = dict((v[0], v[1:]) for v in (out.get(timeout=900), out.get(timeout=900)))
-    finally:
-        for p in procs:
-            p.join(60)
-            if p.is_alive():
-                p.kill()
+    res = run_pair(_party, lambda r: (method, xs[r], ws[r]))
     t = [torch.from_numpy(v.view(np.int64)) for v in xs + ws]
     want = F.conv2d(t[0], t[3]) + F.conv2d(t[1], t[2])
     got = torch.from_numpy((res[0][0] + res[1][0]).view(np.int64))

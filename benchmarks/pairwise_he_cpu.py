@@ -90,6 +90,24 @@ class PipeLink:
         self.engine.close()
 
 
+def run_pair(party, args_of, tail: tuple = ()) -> dict:
+    """Run `party(rank, conn, *args_of(rank), out, *tail)` in two spawned processes joined by a
+    Pipe; each puts (rank, ...) on `out`. Returns {rank: (...)}; no process is left behind."""
+    ctx = mp.get_context("spawn")
+    a, b = ctx.Pipe()
+    out = ctx.Queue()
+    procs = [ctx.Process(target=party, args=(r, (a, b)[r], *args_of(r), out, *tail)) for r in range(2)]
+    for p in procs:
+        p.start()
+    try:
+        return dict((v[0], v[1:]) for v in (out.get(timeout=900), out.get(timeout=900)))
+    finally:
+        for p in procs:
+            p.join(60)
+            if p.is_alive():
+                p.kill()
+
+
 def _party(rank: int, conn, what: str, x, out, plain_bits: int = 0, profile: bool = False) -> None:
     params = _params(plain_bits)
     link = PipeLink(rank, conn, params)
@@ -119,19 +137,7 @@ def measure(what: str, n: int, plain_bits: int = 0, profile: bool = False) -> di
         xs = [[rng.integers(0, 2 ** 63, (1, n, n), dtype=np.uint64) for _ in range(2)] for _ in range(2)]
     else:
         xs = [rng.integers(0, 2 ** 63, n, dtype=np.uint64) for _ in range(2)]
-    ctx = mp.get_context("spawn")
-    a, b = ctx.Pipe()
-    out = ctx.Queue()
-    procs = [ctx.Process(target=_party, args=(r, (a, b)[r], what, xs[r], out, plain_bits, profile)) for r in range(2)]
-    for p in procs:
-        p.start()
-    try:
-        res = dict((v[0], v[1:]) for v in (out.get(timeout=900), out.get(timeout=900)))
-    finally:
-        for p in procs:
-            p.join(60)
-            if p.is_alive():
-                p.kill()
+    res = run_pair(_party, lambda r: (what, xs[r]), (plain_bits, profile))
     with np.errstate(over="ignore"):
         if what == "matmul":
             o = [x.astype(object) for x in (xs[0][0], xs[0][1], xs[1][0], xs[1][1])]
