@@ -173,6 +173,20 @@ class Communicator(abc.ABC):
         got[self.rank] = tensor
         return [got[r] for r in range(self.world_size)]
 
+    def sum_streamed(self, shape, tag: bytes, fill, on_range=None, mismatch=None) -> torch.Tensor | None:
+        """The sum over every party of an int64 tensor of `shape`, each party's values written
+        by `fill(start, end, out)` (its flat elements [start, end) into `out`), its message
+        carrying `tag`: one round, the same message, bytes and counts as all_gather then a
+        sum, but a transport that streams writes the values straight into its frames and
+        sums the peers' chunks as they arrive, calling `on_range(start, end, total)` on each
+        range of the flat total as soon as it is summed (the caller's work overlaps the rest
+        of the wire). A peer whose message has another shape, dtype or tag raises
+        `mismatch(peer, shape, dtype_name, tag)` once its message is in.
+
+        Returns None where this transport does not stream (the default, and for small
+        messages): nothing was sent or counted, and the caller opens the usual way."""
+        return None
+
     def gather(self, tensor: torch.Tensor, dst: int) -> list[torch.Tensor] | None:
         """Every party's tensor at `dst` (rank order), None elsewhere (one round)."""
         if self.rank == dst:

@@ -57,7 +57,7 @@ from .._proto import crypten_lite_pb2_grpc as pb_grpc
 from ..config import Config
 from ..errors import CommunicationError, ConfigError
 from ..random import KeyPair, pair_info, subkey
-from . import serde
+from . import serde, streamed
 from .communicator import MAX_TAG_BYTES, Communicator, tag_of, with_tag
 from .mailbox import Mailbox
 
@@ -390,6 +390,7 @@ class _Inbox:
         self.live = True  # frames may still come (no goodbye, no failure)
         self.deadline = 0.0  # of the read in progress (0: none); the watchdog's to check
         self.timed_out = False
+        self.sink: streamed.SumSink | None = None  # takes the chunks of a streamed opening
         token = subscribe_token(comm.pair_seeds[peer], comm.config.session, comm.rank, peer)
         self.call = method(pb.Frame(session=comm.config.session, src=comm.rank, seq=OPEN_SEQ,
                                     data=token))
@@ -462,21 +463,26 @@ class _Inbox:
         expected_chunks = max(1, -(-nbytes // CHUNK_BYTES))
         if frame.num_chunks != expected_chunks or frame.chunk >= expected_chunks:
             raise CommunicationError(f"inconsistent chunking in message {frame.seq}")
+        sink = self.sink if self.sink is not None and self.sink.seq == frame.seq else None
         if frame.chunk == 0:
             if frame.seq in partial:
                 raise CommunicationError(f"duplicate message {frame.seq}")
             if partial:  # senders queue a message's chunks together: at most one is partial
                 raise CommunicationError(f"message {frame.seq} starts before message "
                                          f"{next(iter(partial))} is complete")
-            if expected_chunks == 1:  # the common case: one copy, straight to a tensor
+            if sink is not None:  # a streamed opening sums the chunks as they come
+                sink.first(frame.dtype, shape, tag)
+                partial[frame.seq] = (frame.dtype, (shape, tag), sink, 0, 0)
+            elif expected_chunks == 1:  # the common case: one copy, straight to a tensor
                 if len(frame.data) != nbytes:
                     raise CommunicationError(f"message {frame.seq} does not match its shape")
                 self.comm.mailbox.put(src, frame.seq,
                                       _tagged(serde.from_bytes(frame.dtype, shape, frame.data), tag))
                 return
-            # Chunks are copied once, into one buffer of the announced size (not zero-filled
-            # first: every byte of it is written by a chunk before it is read).
-            partial[frame.seq] = (frame.dtype, (shape, tag), serde.payload_buffer(nbytes), 0, 0)
+            else:
+                # Chunks are copied once, into one buffer of the announced size (not zero-filled
+                # first: every byte of it is written by a chunk before it is read).
+                partial[frame.seq] = (frame.dtype, (shape, tag), serde.payload_buffer(nbytes), 0, 0)
         if frame.seq not in partial:
             raise CommunicationError(f"chunk of unknown message {frame.seq}")
         dtype, first_shape, buffer, received, size = partial[frame.seq]
@@ -485,13 +491,20 @@ class _Inbox:
         n = len(frame.data)
         if size + n > nbytes or (frame.chunk < expected_chunks - 1 and n != CHUNK_BYTES):
             raise CommunicationError(f"message {frame.seq} does not match its shape")
-        buffer.data[size:size + n] = frame.data
+        if isinstance(buffer, streamed.SumSink):
+            buffer.take(frame.chunk, frame.data)
+        else:
+            buffer.data[size:size + n] = frame.data
         partial[frame.seq] = (dtype, first_shape, buffer, received + 1, size + n)
         if received + 1 == expected_chunks:
             del partial[frame.seq]
             if size + n != nbytes:
                 raise CommunicationError(f"message {frame.seq} is shorter than its shape")
-            self.comm.mailbox.put(src, frame.seq, _tagged(buffer.tensor(dtype, shape), tag))
+            if isinstance(buffer, streamed.SumSink):
+                self.comm.mailbox.skip(src, frame.seq)
+                buffer.done = True
+            else:
+                self.comm.mailbox.put(src, frame.seq, _tagged(buffer.tensor(dtype, shape), tag))
 
 
 def _tagged(tensor: torch.Tensor, tag: bytes) -> torch.Tensor:
@@ -808,6 +821,60 @@ class GrpcCommunicator(Communicator):
                 finally:
                     inbox.deadline = 0.0
         return mailbox.take(src)
+
+    def sum_streamed(self, shape, tag: bytes, fill, on_range=None, mismatch=None) -> torch.Tensor | None:
+        """Communicator.sum_streamed, streamed chunk by chunk between two parties (frames
+        filled in place, the peer's chunks summed as they come: comm/streamed.py); None for
+        more parties, a rider, or a message below streamed.STREAM_MIN_BYTES."""
+        shape = tuple(int(d) for d in shape)
+        numel = 1
+        for d in shape:
+            numel *= d
+        if (self.world_size != 2 or self.rider is not None or self.rss_rider is not None
+                or len(shape) > serde.MAX_DIMS or not streamed.STREAM_MIN_BYTES <= numel * 8
+                or numel * 8 > self.config.max_message_bytes):
+            return None
+        peer = 1 - self.rank
+        self._stats["rounds"] += 1
+        self._stats["bytes_sent"] += numel * 8
+        self._stats["messages"] += 1
+        mine = streamed.send_filled(self.outboxes[peer], self.config.session, self.rank, shape, tag,
+                                    fill, CHUNK_BYTES)
+        total = torch.empty(shape, dtype=torch.int64)
+        sink = streamed.SumSink(-1, shape, tag, mine, total.view(-1), on_range, CHUNK_BYTES)
+        start = time.perf_counter()
+        try:
+            self._recv_into(peer, sink)
+        finally:
+            self._stats["seconds"] += time.perf_counter() - start
+        self._stats["bytes_received"] += numel * 8
+        if sink.mismatch is not None:
+            if mismatch is not None:
+                raise mismatch(peer, *sink.mismatch)
+            raise CommunicationError(f"party {self.rank}: party {peer} sent a message of shape "
+                                     f"{sink.mismatch[0]} ({sink.mismatch[1]}) where this party sent "
+                                     f"{shape} (int64); the parties' programs diverged", peer=peer)
+        if sink.error is not None:
+            raise sink.error
+        return total
+
+    def _recv_into(self, src: int, sink: "streamed.SumSink") -> None:
+        """_recv for a streamed opening: the peer's next message goes to `sink` chunk by chunk
+        (or whole, if it is already in the mailbox); a failure raises as _recv's does."""
+        inbox, mailbox = self.inboxes[src], self.mailbox
+        with inbox.lock:
+            if inbox.live and not mailbox.ready(src):
+                sink.seq = mailbox.expected(src)
+                inbox.sink = sink
+                inbox.deadline = time.monotonic() + self.config.timeout
+                try:
+                    while inbox.live and not sink.done and not mailbox.ready(src):
+                        inbox.read()
+                finally:
+                    inbox.deadline = 0.0
+                    inbox.sink = None
+        if not sink.done:
+            sink.whole(mailbox.take(src))  # already here, or raises (the peer failed or left)
 
     def abort(self, origin: int, error: str) -> None:
         """Tell every peer that party `origin` failed with `error` (an exception type name).

@@ -41,6 +41,19 @@ class Mailbox:
             self._messages[(src, seq)] = tensor
             self._cond.notify_all()
 
+    def expected(self, src: int) -> int:
+        """Sequence number of the next message take(src) returns."""
+        with self._cond:
+            return self._next_seq[src]
+
+    def skip(self, src: int, seq: int) -> None:
+        """Message `seq` from `src` was consumed as it arrived (a streamed opening), never
+        delivered here: the next take(src) returns the one after it."""
+        with self._cond:
+            if seq != self._next_seq[src] or (src, seq) in self._messages:
+                raise CommunicationError(f"message {seq} from party {src} out of sequence", peer=src)
+            self._next_seq[src] += 1
+
     def fail(self, src: int | str, reason: str, origin: tuple[int, str] | None = None) -> None:
         """Record that `src` is gone (or every peer, with src='*'); wakes every waiter.
 

@@ -17,6 +17,7 @@ import math
 
 import torch
 
+from ..comm import serde
 from ..comm.communicator import shape_tag, tag_of, with_tag
 from ..errors import ProtocolError
 from ..random import zero_share
@@ -59,27 +60,86 @@ def open_many(shares: list[torch.Tensor], dst: int | None = None) -> list[torch.
 
 
 def open_differences(pairs: list[tuple[torch.Tensor, torch.Tensor]],
-                     dst: int | None = None) -> list[torch.Tensor] | None:
+                     dst: int | None = None, on_range=None) -> list[torch.Tensor] | None:
     """open_many([x - m for x, m in pairs]) (same message, same round and bytes) with each
     difference written straight into the one outgoing message and the sum made in place in
-    it: no temporary per difference, no concatenation, no copy of the received shares."""
+    it: no temporary per difference, no concatenation, no copy of the received shares.
+
+    Opened to every party by a transport that streams (Communicator.sum_streamed: two gRPC
+    parties, a large message), the differences are written straight into the message's frames
+    and each range of the opened values is summed as its chunk arrives. `on_range(start, end,
+    total)` (where the values are opened) is called on each range of the flat concatenation
+    of the opened values `total` once it is summed, every element exactly once, before this
+    returns: while the rest is still on the wire where the transport streams, else once for
+    the whole."""
     shapes = [x.shape if x.shape == m.shape else torch.broadcast_shapes(x.shape, m.shape)
               for x, m in pairs]
+    if dst is None:
+        opened = _open_streamed(pairs, shapes, on_range)
+        if opened is not None:
+            return opened
     if len(pairs) == 1 and len(shapes[0]) <= MAX_WIRE_DIMS:
         x, m = pairs[0]
-        return _open_flat(torch.sub(x, m), shapes, dst, owned=True)
+        return _open_flat(torch.sub(x, m), shapes, dst, owned=True, on_range=on_range)
     flat = torch.empty(sum(math.prod(s) for s in shapes), dtype=torch.result_type(*pairs[0]))
     offset = 0
     for (x, m), shape in zip(pairs, shapes):
         n = math.prod(shape)
         torch.sub(x, m, out=flat[offset:offset + n].view(shape))
         offset += n
-    return _open_flat(flat, shapes, dst, owned=True)
+    return _open_flat(flat, shapes, dst, owned=True, on_range=on_range)
 
 
-def _open_flat(flat: torch.Tensor, shapes: list, dst: int | None, owned: bool) -> list[torch.Tensor] | None:
+def _open_streamed(pairs, shapes: list, on_range) -> list[torch.Tensor] | None:
+    """open_differences to every party through Communicator.sum_streamed; None (nothing sent)
+    where the transport does not stream or an operand is not a contiguous int64 tensor of
+    the difference's own shape."""
+    flats = []
+    for (x, m), shape in zip(pairs, shapes):
+        if (x.shape != shape or m.shape != shape or x.dtype != torch.int64 or m.dtype != torch.int64
+                or not x.is_contiguous() or not m.is_contiguous()):
+            return None
+        flats.append((x.reshape(-1), m.reshape(-1)))
+    offsets = [0]
+    for x, _ in flats:
+        offsets.append(offsets[-1] + x.numel())
+    one = len(pairs) == 1 and len(shapes[0]) <= MAX_WIRE_DIMS
+    wire_shape = tuple(shapes[0]) if one else (offsets[-1],)
+    tag = shape_tag(shapes)
+
+    def fill(start: int, end: int, out: torch.Tensor) -> None:
+        for (x, m), offset in zip(flats, offsets):
+            lo, hi = max(start, offset), min(end, offset + x.numel())
+            if lo < hi:
+                torch.sub(x[lo - offset:hi - offset], m[lo - offset:hi - offset],
+                          out=out[lo - start:hi - start])
+
+    def mismatch(peer: int, shape: tuple, dtype: str, their_tag: bytes) -> Exception:
+        # check_agree's own error, from stand-ins of the two messages (no memory: expanded)
+        mine = with_tag(torch.empty((), dtype=torch.int64).expand(wire_shape), tag)
+        theirs = with_tag(torch.empty((), dtype=serde.DTYPES[dtype]).expand(shape), their_tag)
+        try:
+            check_agree(mine, [mine, theirs] if peer else [theirs, mine],
+                        "reveal" if len(shapes) == 1 else f"opening of {len(shapes)} values")
+        except ProtocolError as e:
+            return e
+        return ProtocolError(f"party {current().rank}: party {peer}'s message differs from this "
+                             "party's (the parties' programs diverged)")
+
+    total = current().comm.sum_streamed(wire_shape, tag, fill, on_range, mismatch)
+    if total is None:
+        return None
+    if one:
+        return [total]
+    flat = total.view(-1)
+    return [flat[offsets[i]:offsets[i + 1]].view(shape) for i, shape in enumerate(shapes)]
+
+
+def _open_flat(flat: torch.Tensor, shapes: list, dst: int | None, owned: bool,
+               on_range=None) -> list[torch.Tensor] | None:
     """Open `flat` (the values of `shapes`, one after the other, or one value in its own
-    shape); `owned`: flat is this call's own fresh tensor, so the sum is made in it."""
+    shape); `owned`: flat is this call's own fresh tensor, so the sum is made in it;
+    `on_range(0, n, total)` is called on the opened flat total (open_differences)."""
     comm = current().comm
     rank = current().rank
     mine = flat
@@ -103,6 +163,8 @@ def _open_flat(flat: torch.Tensor, shapes: list, dst: int | None, owned: bool) -
         total = mine.clone()
     for p in others:
         total += p
+    if on_range is not None:
+        on_range(0, total.numel(), total.view(-1))
     if len(shapes) == 1 and flat.shape == shapes[0]:
         return [total]
     out, offset = [], 0
