@@ -114,6 +114,8 @@ def _party(rank: int, conn, what: str, x, out, plain_bits: int = 0, profile: boo
     eng, send, recv = link.engine, link.send, link.recv
     try:
         eng._ready(params.primes_for(137))            # keys first: not timed
+        if what == "matmul" and hasattr(eng, "_mm_units"):
+            eng._mm_units()                           # the Z_2^64 unit's keys (he_pow2.py)
         send(b"go")
         recv()
         t, c = time.perf_counter(), time.process_time()

@@ -61,7 +61,8 @@ FRESH_NOISE = 21               # |e| of a fresh encryption: SEAL's 6 sigma (19.2
 RETURN_PRIMES = 1              # results come back at one 60-bit prime (_room checks the noise)
 THREADS_ENV = "CRYPTEN_LITE_HE_THREADS"   # threads (one prime each); default 4
 CT_BYTES = 236 << 10           # a bound on a ciphertext as sent (seeded, 3 primes: 197 KB) or back (1 prime: 131 KB)
-MAX_NOISE_TERMS = 1 << 19      # products x nonzero plaintext coefficients summed in one output
+MAX_NOISE_TERMS = 12288        # products x nonzero plaintext coefficients in one matmul / conv output
+                               # (he_pow2.py: |B| <= 2^63, 200-bit q; see Pow2Unit.room)
 SECURITY = "128-bit classical (HE standard, N=8192, log2 q=218 = 3x60 + 38, ternary secret)"
 
 
@@ -83,11 +84,16 @@ class HEParams:
     plain_primes: tuple[int, ...]
     stat_bits: int = STAT_BITS
     return_primes: int = RETURN_PRIMES
+    mm_moduli: tuple[int, ...] = ()     # matmul / conv engine (he_pow2.py): q, t = 2^mm_t_bits
+    mm_t_bits: int = 40
+    mm_return: int = 2
 
     def describe(self) -> str:
         return (f"bfv;n={self.n};q={','.join(map(str, self.coeff_moduli))};"
                 f"t={','.join(map(str, self.plain_primes))};stat={self.stat_bits};"
-                f"flood=c0-uniform;ret={self.return_primes};roles=both-own;conv=direct-cheetah")
+                f"flood=c0-uniform;ret={self.return_primes};roles=both-own;conv=direct-cheetah;"
+                f"mm=pow2-64;mmq={','.join(map(str, self.mm_moduli))};mmt={self.mm_t_bits};"
+                f"mmret={self.mm_return}")
 
     def flood_bits(self, noise_bound: int) -> int:
         """F: the flood e is uniform in [-2^F, 2^F) per coefficient, for an evaluation whose
@@ -117,7 +123,9 @@ def default_params() -> HEParams:
     s = _sealapi()
     coeff = tuple(m.value() for m in s.CoeffModulus.Create(N, list(DATA_BITS) + [SPECIAL_BITS]))
     plain = tuple(m.value() for m in s.PlainModulus.Batching(N, [PLAIN_BITS] * MAX_PRIMES))
-    return HEParams(N, coeff, plain)
+    from . import he_pow2
+    return HEParams(N, coeff, plain, mm_moduli=he_pow2.moduli(), mm_t_bits=he_pow2.T_BITS,
+                    mm_return=he_pow2.RETURN_PRIMES)
 
 
 # ---------------------------------------------------------------------- number theory
@@ -162,7 +170,9 @@ def words_mod(words: list[np.ndarray], m: int) -> np.ndarray:
 
 
 def residues(values: np.ndarray, t: int) -> np.ndarray:
-    """uint64 values (ring elements read as unsigned) mod t."""
+    """uint64 values (ring elements read as unsigned) mod t (t = 2^64: the values)."""
+    if t == 1 << 64:
+        return values.astype(np.uint64, copy=False)
     return values % np.uint64(t)
 
 
@@ -402,15 +412,15 @@ def _blocks_cost(m: int, k: int, n: int, degree: int, joint: bool = True) -> tup
             mb, kb, nb = -(-m // mw), -(-k // kw), -(-n // nw)
             if (2 * kb * max(mw * kw, kw * nw) if joint else kb * kw * nw) > MAX_NOISE_TERMS:
                 continue              # the flooding would not fit the noise budget
-            # in halves of one plaintext product and addition (0.32 ms CPU): a plaintext
-            # (load, lift, NTT) 7; a ciphertext sent up (encrypt, load, NTT: 4.8 ms) and one
-            # returned (re-randomise, flood, mask, switch, serialize, decrypt: 8.9 ms) are
-            # weighted 4x their CPU (120, 180): each is also CT_BYTES on the wire and in the
-            # exchange's working set, which provider/pairwise.py bounds by slicing the
-            # product (measured on matmul 256: 2 slices instead of 8, 235 MB instead of 783)
+            # the Z_2^64 engine (he_pow2.py), in units of an eighth of a ms of CPU (load 17,
+            # /tmp-free RAM disk): a plaintext product in NTT form 0.25 ms (2); a plaintext
+            # (centred residues, NTT, read back, load) 1.8 ms (14); a ciphertext sent up
+            # (encrypt, shift c0, load, NTT: 6 ms) or returned (re-randomise, flood, mask,
+            # switch, serialize, decrypt twice: 6 ms) weighted 1.5x its CPU (72): each is
+            # also he_pow2.CT_BYTES on the wire and in the exchange's working set
             up = mb * kb + (kb * nb if joint else 0)
             plains = kb * nb + (mb * kb if joint else 0)
-            cost = 120 * up + 180 * mb * nb + 7 * plains + 2 * (2 if joint else 1) * mb * nb * kb
+            cost = 72 * up + 72 * mb * nb + 14 * plains + 2 * (2 if joint else 1) * mb * nb * kb
             if best is None or cost < best[0]:
                 best = (cost, mw, kw, nw)
     if best is None:
@@ -450,6 +460,7 @@ class CrossEngine:
         self.params = params
         self._send, self._recv, self._rand = send, recv, rand
         self._primes: list[_Prime] = []
+        self._pow2 = None          # the Z_2^64 matmul / conv unit (he_pow2.py), keyed on first use
         self._files = _Files()
         threads = _threads()
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="he") if threads > 1 else None
@@ -482,6 +493,17 @@ class CrossEngine:
         self._primes.extend(fresh)
         return self._primes[:count]
 
+    def _mm_units(self) -> list:
+        """[the Z_2^64 unit] of matmul and conv products (he_pow2.py); on first use each
+        party sends its public key for it, then reads the peer's (as _ready does)."""
+        if self._pow2 is None:
+            from . import he_pow2
+            unit = he_pow2.Pow2Unit(self.params)
+            self._send(pack([unit.keygen(self._files)]))
+            unit.peer_key(self._files, unpack(self._recv(), 1, "public keys")[0])
+            self._pow2 = unit
+        return [self._pow2]
+
     def _encrypt(self, p: _Prime, pt) -> bytes:
         """Symmetric encryption of a plaintext under this party's own key, serialized with its
         random half replaced by a seed (SEAL's seeded ciphertexts: half the bytes)."""
@@ -493,6 +515,8 @@ class CrossEngine:
     # -- evaluator helpers -----------------------------------------------------------------
     def _uniform(self, t: int, shape: tuple, rand: Callable | None = None) -> np.ndarray:
         """Uniform values mod t from 128 random bits each (bias below 2^-67)."""
+        if t == 1 << 64:
+            return (rand or self._rand)(tuple(shape))
         w = (rand or self._rand)((2,) + tuple(shape))
         return words_mod([w[0], w[1]], t)
 
@@ -588,6 +612,8 @@ class CrossEngine:
 
     @staticmethod
     def _mod_t(words: list[np.ndarray], t: int) -> np.ndarray:
+        if t == 1 << 64:
+            return words[0]
         return words_mod(words, t)
 
     # -- elementwise ---------------------------------------------------------------------
@@ -689,7 +715,7 @@ class CrossEngine:
         evaluates the peer's lhs @ its rhs, both [B, m, k] x [B, k, n]."""
         bsz, m, k = lhs.shape
         n = rhs.shape[2]
-        primes = self._ready(self.params.primes_for(bound_bits - 1))
+        primes = self._mm_units()
         if bsz * m * n == 0:
             return np.zeros((bsz, m, n), dtype=np.uint64)
         dims = (bsz, m, k, n)
@@ -707,8 +733,7 @@ class CrossEngine:
         nd = self.params.n
         mw, kw, nw = _blocks(m, k, n, nd)
         mb, kb, nb = -(-m // mw), -(-k // kw), -(-n // nw)
-        count = self.params.primes_for(bound_bits)
-        primes = self._ready(count)
+        primes = self._mm_units()
         if bsz * m * n == 0:
             return np.zeros((bsz, m, n), dtype=np.uint64)
         a = np.zeros((bsz, mb * mw, kb * kw), dtype=np.uint64)
@@ -723,21 +748,19 @@ class CrossEngine:
             def encrypt(i: int, p: _Prime, rand: Callable) -> list[bytes]:
                 out = []
                 for arr, pos in ((a_blk, pos_a), (b_blk, pos_b)):
-                    rows = _polys(arr, pos, p.t, nd).reshape(-1, nd)
-                    out.extend(self._encrypt(p, self._plain_coeffs(p, row)) for row in rows)
+                    out.extend(p.encrypt_rows(self._files, _polys(arr, pos, p.t, nd).reshape(-1, nd)))
                 return out
 
             decrypt = self._block_decrypt((bsz, m, n), (mb, nb, mw, nw), pos_out)
-            res = self._two_way(primes, _Own(encrypt, n_out, decrypt), None)
-            return crt_mod64(res, tuple(p.t for p in primes))
-        r = self._mask_words((bsz, mb, nb, mw * nw), self.params.mask_bits(bound_bits))
+            return self._two_way(primes, _Own(encrypt, n_out, decrypt), None)[0]
+        r = self._mask_words((bsz, mb, nb, mw * nw), 64)
 
         def evaluate(pi: int, p: _Prime, rand: Callable, got: list[bytes]) -> list[bytes]:
             cts_a = [self._load_ntt(p, got[j]) for j in range(n_a)]
             cts_b = [self._load_ntt(p, got[n_a + j]) for j in range(n_b)]
-            pts_a = _ntt_plains(p, self._files, _polys(a_blk, pos_a, p.t, nd).reshape(-1, nd))
-            pts_b = _ntt_plains(p, self._files, _polys(b_blk, pos_b, p.t, nd).reshape(-1, nd))
-            bound = self.noise_bound(p.t, 2 * kb, max(mw * kw, kw * nw))
+            pts_a = p.ntt_plains(self._files, _polys(a_blk, pos_a, p.t, nd).reshape(-1, nd))
+            pts_b = p.ntt_plains(self._files, _polys(b_blk, pos_b, p.t, nd).reshape(-1, nd))
+            bound = p.noise_bound(2 * kb, max(mw * kw, kw * nw))
             masks = self._block_masks(p, r, (bsz, mb, nb), pos_out, rand)
             out = []
             for bi in range(bsz):
@@ -749,8 +772,7 @@ class CrossEngine:
                             ib_ = (bi * kb + kk) * nb + nj
                             pairs += [(cts_a[ia_], pts_b[ib_]), (cts_b[ib_], pts_a[ia_])]
                         acc = _dot(p, pairs)
-                        mask = self._plain_coeffs(p, masks[(bi * mb + mi) * nb + nj])
-                        out.append(self._finish(p, acc, mask, bound, rand))
+                        out.append(p.finish(self._files, acc, masks[(bi * mb + mi) * nb + nj], bound, rand))
             return out
         self._two_way(primes, None, _Eval(n_a + n_b, evaluate))
         return _unblock(r, (bsz, m, n), (mb, nb, mw, nw))
@@ -767,12 +789,10 @@ class CrossEngine:
         a[:, :m, :k] = mine
         a_blk = a.reshape(bsz, mb, mw, kb, kw).transpose(0, 1, 3, 2, 4).reshape(bsz, mb, kb, mw * kw)
 
-        def encrypt(i: int, p: _Prime, rand: Callable) -> list[bytes]:
-            rows = _polys(a_blk, pos_a, p.t, nd).reshape(-1, nd)
-            return [self._encrypt(p, self._plain_coeffs(p, row)) for row in rows]
+        def encrypt(i: int, p, rand: Callable) -> list[bytes]:
+            return p.encrypt_rows(self._files, _polys(a_blk, pos_a, p.t, nd).reshape(-1, nd))
         decrypt = self._block_decrypt((bsz, m, n), (mb, nb, mw, nw), pos_out)
-        ts = tuple(self.params.plain_primes)
-        return _Own(encrypt, bsz * mb * nb, decrypt), lambda res: crt_mod64(res, ts[:len(res)])
+        return _Own(encrypt, bsz * mb * nb, decrypt), lambda res: res[0]
 
     def _product_eval(self, mine: np.ndarray, dims: tuple, bound_bits: int) -> tuple["_Eval", np.ndarray]:
         """This party's side of E @ P as the evaluator, P [B, k, n] its plaintext: the job
@@ -785,13 +805,13 @@ class CrossEngine:
         b = np.zeros((bsz, kb * kw, nb * nw), dtype=np.uint64)
         b[:, :k, :n] = mine
         b_blk = b.reshape(bsz, kb, kw, nb, nw).transpose(0, 1, 3, 2, 4).reshape(bsz, kb, nb, kw * nw)
-        r = self._mask_words((bsz, mb, nb, mw * nw), self.params.mask_bits(bound_bits))
+        r = self._mask_words((bsz, mb, nb, mw * nw), 64)
         n_a = bsz * mb * kb
 
-        def evaluate(pi: int, p: _Prime, rand: Callable, got: list[bytes]) -> list[bytes]:
+        def evaluate(pi: int, p, rand: Callable, got: list[bytes]) -> list[bytes]:
             cts = [self._load_ntt(p, got[j]) for j in range(n_a)]
-            pts = _ntt_plains(p, self._files, _polys(b_blk, pos_b, p.t, nd).reshape(-1, nd))
-            bound = self.noise_bound(p.t, kb, kw * nw)
+            pts = p.ntt_plains(self._files, _polys(b_blk, pos_b, p.t, nd).reshape(-1, nd))
+            bound = p.noise_bound(kb, kw * nw)
             masks = self._block_masks(p, r, (bsz, mb, nb), pos_out, rand)
             out = []
             for bi in range(bsz):
@@ -799,8 +819,7 @@ class CrossEngine:
                     for nj in range(nb):
                         acc = _dot(p, [(cts[(bi * mb + mi) * kb + kk], pts[(bi * kb + kk) * nb + nj])
                                        for kk in range(kb)])
-                        mask = self._plain_coeffs(p, masks[(bi * mb + mi) * nb + nj])
-                        out.append(self._finish(p, acc, mask, bound, rand))
+                        out.append(p.finish(self._files, acc, masks[(bi * mb + mi) * nb + nj], bound, rand))
             return out
         return _Eval(n_a, evaluate), _unblock(r, (bsz, m, n), (mb, nb, mw, nw))
 
@@ -823,8 +842,7 @@ class CrossEngine:
         where = pos_out.tolist()
 
         def decrypt(i: int, p: _Prime, back: list[bytes]) -> np.ndarray:
-            coeffs = np.stack([p.coeffs_of(self._decrypt(p, back[j]), where)
-                               for j in range(bsz * mb * nb)])
+            coeffs = np.stack([p.open(self._files, back[j], where) for j in range(bsz * mb * nb)])
             blk = coeffs.reshape(bsz, mb, nb, mw, nw).transpose(0, 1, 3, 2, 4)
             return blk.reshape(bsz, mb * mw, nb * nw)[:, :m, :n]
         return decrypt

@@ -29,7 +29,7 @@ from typing import Callable
 import numpy as np
 
 from ..errors import ProtocolError
-from . import he
+from . import he, he_pow2
 
 
 @dataclass(frozen=True)
@@ -80,10 +80,10 @@ class ConvLayout:
         return self.gblocks * self.cblocks, self.gblocks * self.out_channels
 
     def cost(self) -> int:
-        """The work of one one-sided product in he._blocks_cost's units (a ciphertext sent 120,
-        returned 180, a plaintext 7, a product 2)."""
+        """The work of one one-sided product in he._blocks_cost's units (a ciphertext sent or
+        returned 72, a plaintext 14, a product 2)."""
         up, back = self.ciphertexts()
-        return 120 * up + 180 * back + 7 * self.out_channels * self.cblocks + 2 * back * self.cblocks
+        return 72 * up + 72 * back + 14 * self.out_channels * self.cblocks + 2 * back * self.cblocks
 
 
 def layout(x_shape: tuple, w_shape: tuple, dilation: tuple[int, int], degree: int,
@@ -154,40 +154,38 @@ def conv2d(engine: "he.CrossEngine", x: np.ndarray, w: np.ndarray, dilation: tup
     if lay is None:
         raise ProtocolError(f"pairwise: no direct conv layout for input {tuple(x.shape)} and "
                             f"kernel {tuple(w.shape)}; unfold it instead")
-    primes = engine._ready(engine.params.primes_for(bound_bits - 1))
+    primes = engine._mm_units()
     pos_w, pos_out = lay.positions()
     up, back = lay.ciphertexts()
     xs = np.ascontiguousarray(x, dtype=np.uint64)
     ws = np.ascontiguousarray(w, dtype=np.uint64)
 
     def encrypt(i: int, p, rand: Callable) -> list[bytes]:
-        return [engine._encrypt(p, engine._plain_coeffs(p, row)) for row in _input_rows(lay, xs, p.t, nd)]
+        return p.encrypt_rows(engine._files, _input_rows(lay, xs, p.t, nd))
 
     where = pos_out.tolist()
 
     def decrypt(i: int, p, got: list[bytes]) -> np.ndarray:
-        coeffs = np.stack([p.coeffs_of(engine._decrypt(p, got[j]), where) for j in range(back)])
+        coeffs = np.stack([p.open(engine._files, got[j], where) for j in range(back)])
         return _from_blocks(lay, coeffs)
 
-    r = engine._mask_words((lay.gblocks, lay.out_channels, pos_out.size),
-                           engine.params.mask_bits(bound_bits - 1))
+    r = engine._mask_words((lay.gblocks, lay.out_channels, pos_out.size), 64)
 
     def evaluate(pi: int, p, rand: Callable, got: list[bytes]) -> list[bytes]:
         cts = [engine._load_ntt(p, got[j]) for j in range(up)]
-        pts = he._ntt_plains(p, engine._files, _kernel_rows(lay, ws, pos_w, p.t, nd))
-        bound = engine.noise_bound(p.t, lay.cblocks, lay.cb * lay.kh * lay.kw)
+        pts = p.ntt_plains(engine._files, _kernel_rows(lay, ws, pos_w, p.t, nd))
+        bound = p.noise_bound(lay.cblocks, lay.cb * lay.kh * lay.kw)
         masks = engine._block_masks(p, r, (lay.gblocks, lay.out_channels), pos_out, rand)
         out = []
         for g in range(lay.gblocks):
             for o in range(lay.out_channels):
                 acc = he._dot(p, [(cts[g * lay.cblocks + c], pts[o * lay.cblocks + c])
                                   for c in range(lay.cblocks)])
-                mask = engine._plain_coeffs(p, masks[g * lay.out_channels + o])
-                out.append(engine._finish(p, acc, mask, bound, rand))
+                out.append(p.finish(engine._files, acc, masks[g * lay.out_channels + o], bound, rand))
         return out
 
     res = engine._two_way(primes, he._Own(encrypt, back, decrypt), he._Eval(up, evaluate))
-    mine = he.crt_mod64(res, tuple(p.t for p in primes))
+    mine = res[0]
     with np.errstate(over="ignore"):
         share = np.uint64(0) - r[0]
         return mine + _from_blocks(lay, share)
@@ -218,11 +216,12 @@ def preferred(x_shape: tuple, w_shape: tuple, stride: tuple[int, int], padding: 
 
 
 def ciphertext_bytes(x_shape: tuple, w_shape: tuple, dilation: tuple[int, int], degree: int,
-                     primes: int) -> int:
-    """Ciphertext bytes (both products, both ways) of one conv2d call."""
+                     primes: int = 1) -> int:
+    """Ciphertext bytes (both products, both ways) of one conv2d call (one Z_2^64 set of
+    ciphertexts: `primes` is kept for callers of the former CRT engine and is 1)."""
     lay = layout(x_shape, w_shape, dilation, degree)
     up, back = lay.ciphertexts()
-    return 2 * primes * (up + back) * he.CT_BYTES
+    return 2 * primes * (up + back) * he_pow2.CT_BYTES
 
 
 def cross_conv(engine: "he.CrossEngine", chunk: int, x: np.ndarray, w: np.ndarray,
@@ -234,7 +233,7 @@ def cross_conv(engine: "he.CrossEngine", chunk: int, x: np.ndarray, w: np.ndarra
     channels: the same on both parties)."""
     ph, pw = padding
     xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw))) if ph or pw else x
-    primes = engine.params.primes_for(bound_bits - 1)
+    primes = 1
 
     def run(xs: np.ndarray, ws: np.ndarray) -> np.ndarray:
         nbytes = ciphertext_bytes(xs.shape, ws.shape, dilation, engine.params.n, primes)

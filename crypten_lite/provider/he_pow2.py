@@ -1,0 +1,335 @@
+"""The matmul / conv engine of the pairwise provider: BFV in Z_2^64 directly (plaintext
+modulus 2^64, the Cheetah paper's way), one set of ciphertexts per product instead of one
+per CRT plaintext prime, and a mask R uniform mod 2^64 (perfect, no statistical mask).
+
+SEAL caps its plaintext modulus t at 60 bits; t only matters to SEAL's encoder, its
+plaintext lift and its decryptor, and this engine bypasses all three:
+
+- the context: ring degree N = 8192, q = four 50-bit data primes + an 18-bit special prime
+  (218 bits: the HE standard's 128-bit bound at N = 8192, ternary secret), t = 2^T_BITS for
+  SEAL only (below every data prime);
+- the owner's operand A (any 64-bit values): a seeded symmetric encryption of zero whose c0
+  is shifted, in SEAL's serialization, by Delta'(A) = round(q A / 2^64) mod each q_i
+  (exact in numpy: q = Qh 2^64 + Ql, so Delta'(A) = Qh A + round(Ql A / 2^64)); the phase
+  is q/2^64 A + e + rho, |rho| <= 1/2;
+- the evaluator's operand B: NTT-form plaintexts of B's centred residues mod each q_i (|B|
+  <= 2^63), made by SEAL's NTT on a ciphertext whose polynomials are those residues; the
+  product's phase is q/2^64 (A B mod 2^64) + (e + rho) B mod q (q A B / 2^64 differs from
+  q/2^64 (A B mod 2^64) by a multiple of q);
+- the result: flooded (c0 + e_flood, e_flood uniform in [-2^F, 2^F), F from the worst-case
+  noise bound), re-randomised by a fresh public-key encryption of zero, masked by
+  Delta'(R) with R uniform mod 2^64 in every coefficient (R at the outputs), switched down
+  to RETURN_PRIMES primes. The owner's share is X + R mod 2^64, the evaluator's -R;
+- decryption with t = 2^k: SEAL returns round(2^k phase / Q) mod 2^k. Decrypting ct times
+  2^(64-k) gives the low k bits of v = round(2^64 phase / Q) exactly; decrypting ct itself
+  gives v's top k bits up to +-1; the 2k - 64 overlapping bits fix the carry.
+
+SEAL serializes with zstd; the seeded encryption's c0 and an NTT's output are read with
+the zstd that SEAL's own library exports (ctypes), nothing else.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import struct
+import sys
+from typing import Callable
+
+import numpy as np
+
+from ..errors import ConfigError, ProtocolError
+from . import he
+
+N = 8192
+DATA_BITS = (50, 50, 50, 50)    # 200 bits of ciphertext modulus
+SPECIAL_BITS = 18               # key level only: 218 bits in all
+T_BITS = 40                     # SEAL's t = 2^40: < every data prime, > 32 (the overlap)
+RETURN_PRIMES = 2               # results come back at two 50-bit primes
+MAX_TERMS = 12288               # products x nonzero plaintext coefficients in one output
+CT_BYTES = 264 << 10            # a ciphertext sent (seeded, 4 primes) or back (2 primes)
+ENGINE = "pow2-64"
+_HEAD = 97                      # body offset of c0: 73 bytes of fields + a DynArray's 24
+_MAX_SIZE = 16                  # SEAL's largest ciphertext size (polys NTT'd in one call)
+_M64 = 1 << 64
+
+
+def moduli() -> tuple[int, ...]:
+    s = he._sealapi()
+    return tuple(m.value() for m in s.CoeffModulus.Create(N, list(DATA_BITS) + [SPECIAL_BITS]))
+
+
+# ---------------------------------------------------------------------- zstd (SEAL's own)
+_LIB = None
+
+
+def _zstd():
+    global _LIB
+    if _LIB is None:
+        mod = sys.modules.get("_sealapi_cpp")
+        if mod is None:
+            he._sealapi()
+            mod = sys.modules.get("_sealapi_cpp")
+        try:
+            lib = ctypes.CDLL(mod.__file__)
+            lib.ZSTD_decompress.restype = ctypes.c_size_t
+            lib.ZSTD_decompress.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t]
+            lib.ZSTD_compress.restype = ctypes.c_size_t
+            lib.ZSTD_compress.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
+                                          ctypes.c_size_t, ctypes.c_int]
+            lib.ZSTD_compressBound.restype = ctypes.c_size_t
+            lib.ZSTD_compressBound.argtypes = [ctypes.c_size_t]
+            lib.ZSTD_isError.restype = ctypes.c_uint
+            lib.ZSTD_isError.argtypes = [ctypes.c_size_t]
+        except (AttributeError, OSError) as e:
+            raise ConfigError("pairwise: this TenSEAL build does not export SEAL's zstd "
+                              f"({e}); install TenSEAL 0.3.x from PyPI") from None
+        _LIB = lib
+    return _LIB
+
+
+def _body(data: bytes, capacity: int) -> bytearray:
+    """The uncompressed body of a SEAL object as SEAL saved it (zstd or none)."""
+    if len(data) < 16 or struct.unpack_from("<H", data, 0)[0] != 0xA15E:
+        raise ProtocolError("pairwise: not a SEAL object")
+    mode = data[5]
+    if mode == 0:
+        return bytearray(data[16:])
+    if mode != 2:
+        raise ProtocolError(f"pairwise: SEAL object with compression mode {mode}")
+    lib = _zstd()
+    dst = ctypes.create_string_buffer(capacity)
+    n = lib.ZSTD_decompress(dst, capacity, data[16:], len(data) - 16)
+    if lib.ZSTD_isError(n):
+        raise ProtocolError("pairwise: a SEAL object does not decompress")
+    return bytearray(dst.raw[:n])
+
+
+def _compressed(body: bytes | bytearray) -> bytes:
+    """A SEAL object of this body, zstd-compressed as SEAL's own saves are."""
+    lib = _zstd()
+    cap = lib.ZSTD_compressBound(len(body))
+    dst = ctypes.create_string_buffer(cap)
+    n = lib.ZSTD_compress(dst, cap, bytes(body), len(body), 1)
+    if lib.ZSTD_isError(n):
+        raise ProtocolError("pairwise: zstd compression failed")
+    head = bytearray(he._seal_header(16 + n))
+    head[5] = 2
+    return bytes(head) + dst.raw[:n]
+
+
+# ---------------------------------------------------------------------- the unit
+class Pow2Unit:
+    """The Z_2^64 context of one party: its key pair, the peer's public key, and the
+    encodings above. `t = 2^64` for the engine's generic code (he.residues is then the
+    identity)."""
+
+    t = _M64
+
+    def __init__(self, params: "he.HEParams"):
+        s = he._sealapi()
+        self.n = params.n
+        self.params = params
+        parms = s.EncryptionParameters(s.SCHEME_TYPE.BFV)
+        parms.set_poly_modulus_degree(params.n)
+        parms.set_coeff_modulus([s.Modulus(q) for q in params.mm_moduli])
+        parms.set_plain_modulus(s.Modulus(1 << params.mm_t_bits))
+        self.ctx = s.SEALContext(parms, True, s.SEC_LEVEL_TYPE.TC128)
+        if not self.ctx.parameters_set():
+            raise ConfigError(f"pairwise: SEAL refuses the Z_2^64 parameters: "
+                              f"{self.ctx.parameters_error_message()}")
+        self.data_moduli = tuple(params.mm_moduli[:-1])
+        self.pid = self.ctx.first_parms_id()
+        self.k = params.mm_t_bits
+        self.evaluator = s.Evaluator(self.ctx)
+        q = math.prod(self.data_moduli)
+        self._q = q
+        self._qh = [(q >> 64) % m for m in self.data_moduli]
+        self._ql = np.uint64(q & (_M64 - 1))
+        self._scale = s.Plaintext(format(1 << (64 - self.k), "x"))   # 2^(64-k) < t / 2
+        self._noise_template: bytes | None = None
+        self.encryptor = self.sym = self.decryptor = self.secret_key = None
+
+    # -- keys
+    def keygen(self, files: "he._Files") -> bytes:
+        s = he._sealapi()
+        gen = s.KeyGenerator(self.ctx)
+        self.secret_key = gen.secret_key()
+        public = s.PublicKey()
+        gen.create_public_key(public)
+        self.sym = s.Encryptor(self.ctx, self.secret_key)
+        self.decryptor = s.Decryptor(self.ctx, self.secret_key)
+        return files.dump(public)
+
+    def peer_key(self, files: "he._Files", data: bytes) -> None:
+        s = he._sealapi()
+        self.encryptor = s.Encryptor(self.ctx, files.load(s.PublicKey, self.ctx, data, "public key"))
+
+    # -- arithmetic
+    def delta(self, a: np.ndarray) -> np.ndarray:
+        """round(q a / 2^64) mod each data prime, [L, *a.shape], for uint64 a."""
+        a = np.ascontiguousarray(a, dtype=np.uint64)
+        with np.errstate(over="ignore"):
+            lo = a * self._ql
+            frac = he._mulhi(a, self._ql) + (lo >= np.uint64(1 << 63)).astype(np.uint64)
+        out = np.empty((len(self.data_moduli),) + a.shape, dtype=np.uint64)
+        for i, m in enumerate(self.data_moduli):
+            mm = np.uint64(m)
+            v = he.mulmod_const(a % mm, self._qh[i], m) + frac % mm
+            out[i] = np.where(v >= mm, v - mm, v)
+        return out
+
+    def centred(self, b: np.ndarray) -> np.ndarray:
+        """b's centred representative (|b| <= 2^63) mod each data prime, [L, *b.shape]."""
+        b = np.ascontiguousarray(b, dtype=np.uint64)
+        neg = b >= np.uint64(1 << 63)
+        with np.errstate(over="ignore"):
+            mag = np.where(neg, np.uint64(0) - b, b)
+        out = np.empty((len(self.data_moduli),) + b.shape, dtype=np.uint64)
+        for i, m in enumerate(self.data_moduli):
+            mm = np.uint64(m)
+            r = mag % mm
+            out[i] = np.where(neg & (r != 0), mm - r, r)
+        return out
+
+    def noise_bound(self, products: int, nonzero: int) -> int:
+        """A bound on every coefficient of the evaluation's noise: `products` products summed,
+        each of a fresh encryption (|e + rho| <= FRESH_NOISE) and a plaintext of `nonzero`
+        coefficients |B| <= 2^63, plus Delta'(R)'s rounding."""
+        return he.FRESH_NOISE * products * nonzero * (1 << 63) + 1
+
+    def room(self, flood_bits: int, noise_bound: int) -> None:
+        """Refuse a flood that would make the result decrypt wrongly: the noise (flood +
+        evaluation + the public-key encryption's, below 2^20) must stay under q / 2^65 at
+        the data level and after each switch (which adds at most (1 + N) / 2)."""
+        q = self._q
+        noise = (1 << flood_bits) + noise_bound + (1 << 20)
+        level = list(self.data_moduli)
+        while True:
+            if (noise << 65) >= q:
+                raise ProtocolError(f"pairwise: a product of {noise_bound.bit_length()}-bit "
+                                    f"noise leaves no room for {flood_bits}-bit flooding at "
+                                    f"{len(level)} primes; split the operation into smaller ones")
+            if len(level) <= self.params.mm_return:
+                return
+            last = level.pop()
+            q //= last
+            noise = noise // last + 1 + (1 + self.n) // 2
+
+    # -- owner: encrypt, open
+    def encrypt_rows(self, files: "he._Files", rows: np.ndarray) -> list[bytes]:
+        """Seeded symmetric encryptions of the rows (uint64 [r, N], any 64-bit values) under
+        this party's key: an encryption of zero with Delta'(row) added to c0."""
+        size = len(self.data_moduli) * self.n
+        shifts = self.delta(rows).transpose(1, 0, 2).reshape(len(rows), size)
+        cap = _HEAD + 8 * size + 4096
+        out = []
+        for i in range(len(rows)):
+            body = _body(files.dump(self.sym.encrypt_zero_symmetric()), cap)
+            if struct.unpack_from("<Q", body, _HEAD - 8)[0] != size or len(body) < _HEAD + 8 * size:
+                raise ConfigError("pairwise: SEAL's seeded ciphertext layout is not the expected one "
+                                  "(TenSEAL 0.3.x with SEAL 4.x)")
+            c0 = np.frombuffer(body, dtype="<u8", count=size, offset=_HEAD).reshape(-1, self.n)
+            v = c0 + shifts[i].reshape(-1, self.n)
+            mods = np.array(self.data_moduli, dtype=np.uint64)[:, None]
+            c0[:] = np.where(v >= mods, v - mods, v)
+            out.append(_compressed(body))
+        return out
+
+    def open(self, files: "he._Files", data: bytes, where: list[int]) -> np.ndarray:
+        """v = round(2^64 phase / Q) mod 2^64 at the coefficients `where` (ascending) of a
+        returned ciphertext: its low k bits from ct * 2^(64-k), its top k bits (+-1) from ct,
+        the overlap fixing the carry."""
+        s = he._sealapi()
+        ct = files.load(s.Ciphertext, self.ctx, data, "ciphertext")
+        if ct.size() != 2 or ct.is_ntt_form() or ct.coeff_modulus_size() != self.params.mm_return:
+            raise ProtocolError("pairwise: a returned ciphertext has the wrong form")
+        top = s.Plaintext()
+        self.decryptor.decrypt(ct, top)
+        self.evaluator.multiply_plain_inplace(ct, self._scale)
+        low = s.Plaintext()
+        self.decryptor.decrypt(ct, low)
+        return combine(he._Prime.coeffs_of(top, where), he._Prime.coeffs_of(low, where), self.k)
+
+    # -- evaluator: plaintexts, finish
+    def ntt_plains(self, files: "he._Files", rows: np.ndarray) -> list:
+        """NTT-form plaintexts (for multiply_plain) of the rows (uint64 [r, N], read as
+        centred 64-bit integers); None for an all-zero row. Up to 16 rows are NTT'd in one
+        SEAL call as the polynomials of one ciphertext."""
+        s = he._sealapi()
+        nl = len(self.data_moduli) * self.n
+        out: list = [None] * len(rows)
+        live = [i for i in range(len(rows)) if rows[i].any()]
+        for start in range(0, len(live), _MAX_SIZE):
+            idx = live[start:start + _MAX_SIZE]
+            polys = np.zeros((max(2, len(idx)), nl), dtype=np.uint64)
+            polys[:len(idx)] = self.centred(rows[idx]).transpose(1, 0, 2).reshape(len(idx), nl)
+            if len(idx) == 1:
+                polys[1] = 1           # SEAL refuses to NTT a ciphertext whose c1 is zero
+            ct = files.load(s.Ciphertext, self.ctx, self._ct_bytes(polys), "plaintext rows")
+            self.evaluator.transform_to_ntt_inplace(ct)
+            body = _body(files.dump(ct), _HEAD + 8 * polys.size + 4096)
+            data = np.frombuffer(body, dtype="<u8", count=polys.size, offset=_HEAD).reshape(polys.shape)
+            for j, i in enumerate(idx):
+                raw = he._seal_object(struct.pack("<4QQd", *self.pid, nl, 1.0) + he._seal_array(data[j]))
+                out[i] = files.load(s.Plaintext, self.ctx, raw, "plaintext")
+        return out
+
+    def _ct_bytes(self, polys: np.ndarray, ntt: bool = False) -> bytes:
+        """A data-level ciphertext of these polynomials ([size, L*N] residues), uncompressed."""
+        body = (struct.pack("<4Q", *self.pid) + (b"\x01" if ntt else b"\x00")
+                + struct.pack("<QQQdQ", polys.shape[0], self.n, len(self.data_moduli), 1.0, 1)
+                + he._seal_array(polys.reshape(-1)))
+        return he._seal_object(body)
+
+    def finish(self, files: "he._Files", acc_ntt, mask: np.ndarray, noise_bound: int,
+               rand: Callable) -> bytes:
+        """The returned ciphertext: acc (NTT form) + a fresh public-key encryption of zero +
+        (e_flood + Delta'(mask), 0), switched down to mm_return primes, serialized."""
+        s = he._sealapi()
+        bits = self.params.flood_bits(noise_bound)
+        self.room(bits, noise_bound)
+        out = s.Ciphertext()
+        self.encryptor.encrypt_zero(out)
+        nd = self.n
+        words = -(-(bits + 1) // 64)
+        w = rand((words, nd))
+        top = bits + 1 - 64 * (words - 1)
+        if top < 64:
+            w[-1] &= np.uint64((1 << top) - 1)
+        shift = self.delta(mask)
+        polys = np.zeros((2, len(self.data_moduli), nd), dtype=np.uint64)
+        for j, q in enumerate(self.data_moduli):
+            mq = np.uint64(q)
+            r = he.words_mod([w[i] for i in range(words)], q)
+            sh = np.uint64((1 << bits) % q)                  # e = w - 2^F
+            e = np.where(r >= sh, r - sh, r + mq - sh)
+            v = e + shift[j]
+            polys[0, j] = np.where(v >= mq, v - mq, v)
+        noise = files.load(s.Ciphertext, self.ctx, self._ct_bytes(polys.reshape(2, -1)), "flooding term")
+        self.evaluator.add_inplace(out, noise)
+        if acc_ntt is not None:
+            self.evaluator.transform_from_ntt_inplace(acc_ntt)
+            self.evaluator.add_inplace(out, acc_ntt)
+        while out.coeff_modulus_size() > self.params.mm_return:
+            self.evaluator.mod_switch_to_next_inplace(out)
+        return files.dump(out)
+
+
+def combine(top: np.ndarray, low: np.ndarray, k: int) -> np.ndarray:
+    """v mod 2^64 from its low k bits (exact) and its top k bits up to +-1 (k > 32): the
+    2k - 64 bits both hold decide the carry; anything else is a ProtocolError."""
+    lowbits = 64 - k
+    overlap = 2 * k - 64
+    om = np.uint64((1 << overlap) - 1)
+    km = np.uint64((1 << k) - 1)
+    top = top.astype(np.uint64) & km
+    low = low.astype(np.uint64) & km
+    with np.errstate(over="ignore"):
+        d = ((low >> np.uint64(lowbits)) - top) & om           # top's error, mod 2^overlap
+        bad = (d != 0) & (d != np.uint64(1)) & (d != om)
+        if bad.any():
+            raise ProtocolError("pairwise: a returned Z_2^64 ciphertext decrypts inconsistently "
+                                "(noise past the bound, or tampered)")
+        fixed = (top + np.where(d == om, km, d)) & km          # top - 1 is top + (2^k - 1)
+        return (fixed << np.uint64(lowbits)) | (low & np.uint64((1 << lowbits) - 1))

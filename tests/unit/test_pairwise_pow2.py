@@ -1,0 +1,305 @@
+"""The Z_2^64 matmul / conv engine of provider pairwise (provider/he_pow2.py: plaintext modulus
+2^64, one set of ciphertexts per product): exact on the ring's edge values (0, -1, 2^63,
+values at the 2^(64-k) and 2^k boundaries of the two-decryption read-out), exact cross terms
+of two engines for the split, transposed and joint matmul encodings and the direct conv
+with adversarial inputs, the true noise of a returned ciphertext (measured with the secret
+key, not SEAL's noise budget, which cannot see a custom t) below the decryption bound with
+the flood on top of the evaluation, the carry fix-up refusing an inconsistent read-out, and
+the handshake refusing a peer on the CRT matmul engine."""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+
+import numpy as np
+import pytest
+
+pytest.importorskip("tenseal")
+
+from crypten_lite.errors import ProtocolError  # noqa: E402
+from crypten_lite.provider import he, he_conv, he_pow2  # noqa: E402
+from crypten_lite.random import PRG  # noqa: E402
+
+M64 = 1 << 64
+
+
+def _rand():
+    prg = PRG(os.urandom(32))
+    return lambda shape: prg.draw(tuple(shape)).numpy().view(np.uint64)
+
+
+@pytest.fixture(scope="module")
+def unit():
+    """One party's unit whose peer is itself (its own public key): owner and evaluator."""
+    params = he.default_params()
+    u = he_pow2.Pow2Unit(params)
+    files = he._Files()
+    u.peer_key(files, u.keygen(files))
+    yield u, files
+    files.close()
+
+
+def _edge_values(k: int) -> np.ndarray:
+    vals = [0, 1, M64 - 1, 1 << 63, (1 << 63) - 1, (1 << 63) + 1]
+    for b in (64 - k, k, 2 * (64 - k), 48, 56):
+        for c in (1, 3, (1 << (64 - b)) - 1):
+            base = (c << b) % M64
+            vals += [base, (base - 1) % M64, (base + 1) % M64]
+    return np.array(vals, dtype=np.uint64)
+
+
+def _evaluate_identity(u, files, rows, masks, rand, bound=None):
+    """Encrypt rows, multiply by the plaintext 1, finish with `masks`: the returned bytes."""
+    cts = u.encrypt_rows(files, rows)
+    one = np.zeros((1, u.n), dtype=np.uint64)
+    one[0, 0] = 1
+    pt = u.ntt_plains(files, one)[0]
+    out = []
+    for i, data in enumerate(cts):
+        ct = files.load(he._sealapi().Ciphertext, u.ctx, data, "t")
+        u.evaluator.transform_to_ntt_inplace(ct)
+        acc = he._dot(u, [(ct, pt)])
+        out.append(u.finish(files, acc, masks[i], bound or u.noise_bound(1, 1), rand))
+    return out
+
+
+def test_edge_values_decrypt_exactly(unit):
+    """v = A + R mod 2^64 read at every coefficient, A and R at the edges: 0, 2^64 - 1, 2^63,
+    both sides of multiples of 2^(64-k) and 2^k (where SEAL's top-k read-out may be off by
+    one and the overlap must fix the carry), and uniform values."""
+    u, files = unit
+    rand = _rand()
+    nd = u.n
+    edges = _edge_values(u.k)
+    rows = np.zeros((2, nd), dtype=np.uint64)
+    masks = np.zeros((2, nd), dtype=np.uint64)
+    rows[0, :edges.size] = edges                               # R = 0: v = A
+    rows[0, edges.size:] = rand((nd - edges.size,))
+    masks[1, :edges.size] = edges                              # A uniform, R = edge - A: v = edge
+    rows[1] = rand((nd,))
+    with np.errstate(over="ignore"):
+        masks[1, :edges.size] = edges - rows[1, :edges.size]
+        masks[1, edges.size:] = rand((nd - edges.size,))
+        want = rows + masks
+    back = _evaluate_identity(u, files, rows, masks, rand)
+    where = list(range(nd))
+    for i in range(2):
+        assert np.array_equal(u.open(files, back[i], where), want[i]), i
+
+
+def test_combine_fixes_the_carry_and_refuses_inconsistency():
+    k = 40
+    rng = np.random.default_rng(3)  # test data only
+    v = np.concatenate([_edge_values(k), rng.integers(0, 1 << 63, 500, dtype=np.uint64) * 2 + 1])
+    top = v >> np.uint64(64 - k)
+    low = v & np.uint64((1 << k) - 1)
+    km = np.uint64((1 << k) - 1)
+    for d in (0, 1, km):                                       # SEAL's top k bits off by -1, 0, +1
+        with np.errstate(over="ignore"):
+            assert np.array_equal(he_pow2.combine((top + np.uint64(d)) & km, low, k), v), d
+    with pytest.raises(ProtocolError, match="inconsistently"):
+        he_pow2.combine((top + np.uint64(5)) & km, low, k)
+
+
+def _phase_noise(u, files, data: bytes, v: np.ndarray) -> np.ndarray:
+    """The true noise e of a returned ciphertext, phase = Q/2^64 v + e, measured with the
+    secret key: c0 -= round(Q v / 2^64) (the phase becomes e + a rounding), then SEAL's
+    decryption of (ct * c) gives round(2^k c e / Q) mod 2^k, so e to within Q / (2^(k+1) c)."""
+    s = he._sealapi()
+    L = u.params.mm_return
+    moduli = u.data_moduli[:L]
+    body = he_pow2._body(data, he_pow2._HEAD + 16 * L * u.n + 4096)
+    c0 = np.frombuffer(body, dtype="<u8", count=L * u.n, offset=he_pow2._HEAD).reshape(L, u.n)
+    qq = 1
+    for m in moduli:
+        qq *= m
+    shift = np.array([[(qq * int(x) + (1 << 63)) >> 64 for x in v]], dtype=object)
+    for i, m in enumerate(moduli):
+        c0[i] = ((c0[i].astype(object) - shift[0] % m) % m).astype(np.uint64)
+    ct = files.load(s.Ciphertext, u.ctx, he._seal_object(bytes(body)), "t")
+    c = 1 << (u.k - 2)
+    u.evaluator.multiply_plain_inplace(ct, s.Plaintext(format(c, "x")))
+    pt = s.Plaintext()
+    u.decryptor.decrypt(ct, pt)
+    raw = np.array([pt.data(i) if i < pt.coeff_count() else 0 for i in range(u.n)], dtype=object)
+    centred = np.where(raw >= (1 << (u.k - 1)), raw - (1 << u.k), raw)
+    return centred * qq / float(1 << u.k) / c                   # float: e's magnitude
+
+
+def test_true_noise_is_below_the_bound_and_flooded(unit):
+    """A returned ciphertext's true noise (secret key, not SEAL's budget): below Q / 2^65 (it
+    decrypts exactly), and of the flood's size (2^F scaled to the return modulus), F at least
+    40 + 13 bits above the evaluation's worst-case bound."""
+    u, files = unit
+    rand = _rand()
+    nd = u.n
+    rows = np.full((1, nd), M64 - 1, dtype=np.uint64)         # all -1: the largest |A|
+    b = np.full((1, nd), 1 << 63, dtype=np.uint64)            # |B| = 2^63 in every coefficient
+    masks = rand((1, nd))
+    cts = u.encrypt_rows(files, rows)
+    pt = u.ntt_plains(files, b)[0]
+    ct = files.load(he._sealapi().Ciphertext, u.ctx, cts[0], "t")
+    u.evaluator.transform_to_ntt_inplace(ct)
+    acc = he._dot(u, [(ct, pt)])
+    bound = u.noise_bound(1, nd)
+    flood = u.params.flood_bits(bound)
+    assert flood >= bound.bit_length() + 53
+    back = u.finish(files, acc, masks[0], bound, rand)
+    # A B = (-Sum X^i)(2^63 Sum X^j) mod X^N + 1: coefficient i is -2^63 (2 i + 2 - N), 0 mod 2^64
+    i = np.arange(nd, dtype=object)
+    prod = (-(1 << 63) * (2 * i + 2 - nd)) % M64
+    v = ((prod + masks[0].astype(object)) % M64).astype(np.uint64)
+    assert np.array_equal(u.open(files, back, list(range(nd))), v)
+    e = np.abs(_phase_noise(u, files, back, v).astype(float))
+    L = u.params.mm_return
+    qret = float(np.prod([float(m) for m in u.data_moduli[:L]]))
+    qdata = float(np.prod([float(m) for m in u.data_moduli]))
+    assert e.max() < qret / 2.0 ** 65                           # decrypts: the bound holds
+    scaled_flood = 2.0 ** flood * qret / qdata
+    assert e.max() > scaled_flood / 2                           # the flood is there, in full
+    assert np.median(e) > scaled_flood / 8                      # uniform-sized, not a few outliers
+
+
+def _engines():
+    boxes = [queue.Queue(), queue.Queue()]
+
+    def make(r):
+        rand = _rand()
+        return he.CrossEngine(r, he.default_params(), lambda d, r=r: boxes[1 - r].put(d),
+                              lambda r=r: boxes[r].get(timeout=300), rand)
+    return [make(0), make(1)]
+
+
+def _both(fns):
+    out = [None, None]
+
+    def run(r):
+        try:
+            out[r] = fns[r]()
+        except Exception as e:  # noqa: BLE001 (re-raised below)
+            out[r] = e
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(600)
+        assert not t.is_alive(), "a party hung"
+    for o in out:
+        if isinstance(o, Exception):
+            raise o
+    return out
+
+
+def _adversarial(shape, kind, rng):
+    if kind == "ones":
+        return np.full(shape, M64 - 1, dtype=np.uint64)       # all -1
+    if kind == "top":
+        return np.full(shape, 1 << 63, dtype=np.uint64)       # 2^63
+    return rng.integers(0, 1 << 63, shape, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
+
+
+def _matmul_ref(a0, b0, a1, b1):
+    o = [x.astype(object) for x in (a0, b1, a1, b0)]
+    return ((np.matmul(o[0], o[1]) + np.matmul(o[2], o[3])) % M64).astype(np.uint64)
+
+
+@pytest.mark.parametrize("mode", ["split", "transposed", "joint"])
+def test_matmul_cross_terms_exact_with_adversarial_inputs(monkeypatch, mode):
+    """lhs0 @ rhs1 + lhs1 @ rhs0 in Z_2^64 for every encoding, operands all -1, all 2^63 and
+    uniform (each party's and each side's kind differ), batched, with several blocks."""
+    monkeypatch.setattr(he, "split_products", lambda *a: mode != "joint")
+    monkeypatch.setattr(he, "split_transposed", lambda *a: mode == "transposed")
+    engines = _engines()
+    rng = np.random.default_rng(7)  # test data only
+    shape_l, shape_r = (2, 3, 5), (2, 5, 4)
+    for kinds in (("ones", "top", "top", "ones"), ("random", "ones", "top", "random")):
+        a0, b0, a1, b1 = (_adversarial(s, k, rng) for s, k in zip((shape_l, shape_r) * 2, kinds))
+        got = _both([lambda: engines[0].matmul(a0, b0, 140), lambda: engines[1].matmul(a1, b1, 140)])
+        with np.errstate(over="ignore"):
+            assert np.array_equal(got[0] + got[1], _matmul_ref(a0, b0, a1, b1)), kinds
+    for e in engines:
+        e.close()
+
+
+def test_direct_conv_cross_terms_exact_with_adversarial_inputs():
+    """conv(x0, w1) + conv(x1, w0) in Z_2^64, inputs all -1 and kernels all 2^63 (and the
+    reverse), two images per polynomial, several channel blocks."""
+    import torch
+    import torch.nn.functional as F
+    engines = _engines()
+    rng = np.random.default_rng(8)  # test data only
+    xs, ws = (2, 2, 6, 5), (3, 2, 3, 2)
+    for kinds in (("ones", "top", "top", "ones"), ("random", "top", "ones", "random")):
+        x0, w0, x1, w1 = (_adversarial(s, k, rng) for s, k in zip((xs, ws) * 2, kinds))
+        got = _both([lambda: he_conv.conv2d(engines[0], x0, w0, (1, 1), 140),
+                     lambda: he_conv.conv2d(engines[1], x1, w1, (1, 1), 140)])
+        t = [torch.from_numpy(v.view(np.int64)) for v in (x0, w1, x1, w0)]
+        want = F.conv2d(t[0], t[1]) + F.conv2d(t[2], t[3])      # int64 wraps: mod 2^64
+        with np.errstate(over="ignore"):
+            assert np.array_equal((got[0] + got[1]).view(np.int64), want.numpy()), kinds
+    for e in engines:
+        e.close()
+
+
+def test_block_choice_keeps_the_noise_within_room(unit):
+    """Every block choice of the matmul encoding, at shapes up to BERT's, and LeNet's direct
+    convolutions pass the engine's room check (the chooser never picks what it would refuse);
+    past MAX_TERMS the room check refuses."""
+    u, _ = unit
+    for m, k, n in ((256, 256, 256), (128, 768, 768), (128, 3072, 768), (1, 400, 120), (64, 120, 84)):
+        for joint in (False, True):
+            _, mw, kw, nw = he._blocks_cost(m, k, n, he.N, joint=joint)
+            kb = -(-k // kw)
+            bound = u.noise_bound(2 * kb, max(mw * kw, kw * nw)) if joint else u.noise_bound(kb, kw * nw)
+            u.room(u.params.flood_bits(bound), bound)
+    for xs, ws in (((64, 6, 12, 12), (16, 6, 5, 5)), ((64, 1, 28, 28), (6, 1, 5, 5)),
+                   ((1, 512, 14, 14), (4, 512, 3, 3))):
+        lay = he_conv.layout(xs, ws, (1, 1), he.N)
+        bound = u.noise_bound(lay.cblocks, lay.cb * lay.kh * lay.kw)
+        u.room(u.params.flood_bits(bound), bound)
+    big = u.noise_bound(1, 4 * he.MAX_NOISE_TERMS)
+    with pytest.raises(ProtocolError, match="no room"):
+        u.room(u.params.flood_bits(big), big)
+
+
+def test_a_peer_on_the_crt_matmul_engine_is_refused_at_the_handshake():
+    """A peer whose matmul / conv triples still use the CRT plaintext primes (no mm=pow2-64 in
+    its parameters) never exchanges a ciphertext: both get a ProtocolError."""
+    from crypten_lite.config import Config
+    from crypten_lite.provider.pairwise import PairwiseProvider
+    from crypten_lite.comm.inprocess import InProcessCommunicator, InProcessHub
+
+    hub = InProcessHub(2, timeout=60.0)
+    seed = os.urandom(32)
+    comms = [InProcessCommunicator(hub, r) for r in range(2)]
+    for r, c in enumerate(comms):
+        c.pair_seeds = {1 - r: seed}
+
+    def both(fns):
+        out = [(None, None), (None, None)]
+
+        def run(r):
+            try:
+                out[r] = (fns[r](), None)
+            except Exception as e:  # noqa: BLE001 (the test inspects it)
+                out[r] = (None, e)
+        threads = [threading.Thread(target=run, args=(r,)) for r in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+            assert not t.is_alive(), "a party hung"
+        return out
+
+    class Crt(PairwiseProvider):
+        def _parameters(self):
+            params = he.default_params()
+            text = params.describe().split(";mm=")[0]
+            assert "pow2" not in text
+            return type("P", (), {"describe": lambda self: text, "n": params.n})()
+    cfg = [Config(rank=r, world_size=2, provider="pairwise", session="t") for r in range(2)]
+    out = both([lambda: PairwiseProvider(cfg[0], comms[0]), lambda: Crt(cfg[1], comms[1])])
+    for r in range(2):
+        assert isinstance(out[r][1], ProtocolError) and "parameters differ" in str(out[r][1]), out[r]
