@@ -58,7 +58,7 @@ import torch.nn.functional as F
 from ..config import Config
 from ..errors import CommunicationError, ConfigError, ProtocolError
 from ..random import PRG, canonical, derive_key, fresh_seed
-from . import correlations, he, he_conv, he_pow2, ot, store
+from . import correlations, he, he_conv, ot, pairwise_slices, store
 from .pairwise_progress import PROGRESS_ENV, _Progress, progress_wanted  # noqa: F401 (re-exported)
 from . import Correlation, Provider, _absolute, _relative, _spec
 from .correlations import TRIPLE_OPS, _conv_params
@@ -565,12 +565,12 @@ class PairwiseProvider(Provider):
     def _he_matmul_bytes(self, bsz: int, m: int, k: int, n: int, bound_bits: int) -> int:
         """Ciphertext bytes (both ways) of one engine.matmul call (he.py's block choice)."""
         nd = self.params.n
-        primes = 1                  # one Z_2^64 set of ciphertexts (he_pow2.py)
+        primes = self.params.primes_for(bound_bits)
 
         def one(m_: int, n_: int, joint: bool) -> int:
             _, mw, kw, nw = he._blocks_cost(m_, k, n_, nd, joint=joint)
             mb, kb, nb = -(-m_ // mw), -(-k // kw), -(-n_ // nw)
-            return (mb * kb + (kb * nb if joint else 0) + mb * nb) * he_pow2.CT_BYTES
+            return (mb * kb + (kb * nb if joint else 0)) * _CT_UP + mb * nb * _CT_BACK
         if he.split_products(m, k, n, nd):
             per = 2 * (one(n, m, False) if he.split_transposed(m, k, n, nd) else one(m, n, False))
         else:
@@ -578,24 +578,38 @@ class PairwiseProvider(Provider):
         return bsz * primes * per
 
     def _matmul(self, lhs: np.ndarray, rhs: np.ndarray, bound_bits: int) -> np.ndarray:
-        """engine.matmul in pieces of at most `self._chunk` ciphertext bytes: halved along
-        the batch, then the larger of the output's dimensions (the same on both parties)."""
+        """engine.matmul in pieces of at most `self._chunk` ciphertext bytes, halved along
+        the batch, m, k (the pieces' products summed) or n as pairwise_slices.best_split
+        finds fewest bytes (the same on both parties). bound_bits: 129 + log2(k) bits, a
+        k-piece's own bound from its k."""
+        base = bound_bits - _log2(lhs.shape[2])
+        memos = self.__dict__.setdefault("_slice_memos", {})
+        memo = memos.setdefault((self._chunk, base), {})
+        return self._matmul_pieces(lhs, rhs, base, memo)
+
+    def _matmul_pieces(self, lhs: np.ndarray, rhs: np.ndarray, base: int, memo: dict) -> np.ndarray:
         bsz, m, k = lhs.shape
         n = rhs.shape[2]
-        if max(bsz, m, n) == 1 or self._he_matmul_bytes(bsz, m, k, n, bound_bits) <= self._chunk:
+        _, d = pairwise_slices.best_split(
+            (bsz, m, k, n), lambda b_, m_, k_, n_: self._he_matmul_bytes(b_, m_, k_, n_, base + _log2(k_)),
+            self._chunk, memo)
+        if d is None:
             return self._engine.matmul(np.ascontiguousarray(lhs), np.ascontiguousarray(rhs),
-                                       bound_bits)
-        if bsz > 1:
-            h = bsz // 2
-            return np.concatenate([self._matmul(lhs[:h], rhs[:h], bound_bits),
-                                   self._matmul(lhs[h:], rhs[h:], bound_bits)], axis=0)
-        if n >= m:
-            h = n // 2
-            return np.concatenate([self._matmul(lhs, rhs[:, :, :h], bound_bits),
-                                   self._matmul(lhs, rhs[:, :, h:], bound_bits)], axis=2)
-        h = m // 2
-        return np.concatenate([self._matmul(lhs[:, :h], rhs, bound_bits),
-                               self._matmul(lhs[:, h:], rhs, bound_bits)], axis=1)
+                                       base + _log2(k))
+        h = (bsz, m, k, n)[d] // 2
+        if d == 0:
+            parts = [(lhs[:h], rhs[:h]), (lhs[h:], rhs[h:])]
+        elif d == 1:
+            parts = [(lhs[:, :h], rhs), (lhs[:, h:], rhs)]
+        elif d == 2:
+            parts = [(lhs[:, :, :h], rhs[:, :h]), (lhs[:, :, h:], rhs[:, h:])]
+        else:
+            parts = [(lhs, rhs[:, :, :h]), (lhs, rhs[:, :, h:])]
+        out = [self._matmul_pieces(a, b, base, memo) for a, b in parts]
+        if d == 2:                  # shares of the two partial products: their sum
+            with np.errstate(over="ignore"):
+                return out[0] + out[1]
+        return np.concatenate(out, axis=(0, 1, 1, 2)[d])
 
     def _comm_max_bytes(self) -> int:
         config = getattr(self._comm, "config", None)
