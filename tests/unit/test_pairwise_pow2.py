@@ -103,6 +103,21 @@ def test_combine_fixes_the_carry_and_refuses_inconsistency():
         he_pow2.combine((top + np.uint64(5)) & km, low, k)
 
 
+def test_float_mulmod_and_words_mod_are_exact():
+    """he_pow2.mulmod (float64 quotient estimate) and words_mod against Python integers, at
+    the edges (0, q - 1, values near 2^50) and on uniform values, for the engine's primes."""
+    rng = np.random.default_rng(4)  # test data only
+    for q in he_pow2.moduli()[:-1]:
+        x = np.concatenate([np.array([0, 1, q - 1, q - 2, (1 << 49), q // 2], dtype=np.uint64),
+                            rng.integers(0, q, 2000, dtype=np.uint64)])
+        for c in (1, 2, q - 1, (1 << 64) % q, (1 << 50) % q, int(rng.integers(0, q))):
+            assert [int(v) for v in he_pow2.mulmod(x, c, q)] == [int(v) * c % q for v in x], (q, c)
+        w = [rng.integers(0, 1 << 63, 500, dtype=np.uint64) * np.uint64(2) + np.uint64(1) for _ in range(3)]
+        w[0][:2] = [0, (1 << 64) - 1]
+        want = [(int(a) + (int(b) << 64) + (int(c) << 128)) % q for a, b, c in zip(*w)]
+        assert [int(v) for v in he_pow2.words_mod(w, q)] == want
+
+
 def _phase_noise(u, files, data: bytes, v: np.ndarray) -> np.ndarray:
     """The true noise e of a returned ciphertext, phase = Q/2^64 v + e, measured with the
     secret key: c0 -= round(Q v / 2^64) (the phase becomes e + a rounding), then SEAL's
