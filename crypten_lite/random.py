@@ -19,6 +19,7 @@ is not a prefix of a larger one.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import os
@@ -109,6 +110,56 @@ class _CtrContext:
         with self._lock:
             self._ctx.reset_nonce(nonce + b"\x00" * 4)
             return self._ctx.update_into(plain, buf)
+
+
+# keystream_parts: parts totalling at most this many bytes share one tensor (views of it);
+# larger ones get a tensor each (a part kept longer than the others keeps only its own memory).
+JOINT_PARTS_BYTES = 1 << 20
+
+
+def keystream_parts(key: bytes, shapes: Sequence[tuple[int, ...]]) -> list[torch.Tensor]:
+    """int64 tensors of `shapes` holding, in order, consecutive parts of ONE AES-256-CTR
+    keystream under `key` (from the all-zero counter block, where PRG(key)'s draw at domain 0,
+    counter 0 starts: the first part equals that draw). One cipher context and, for parts of
+    at most JOINT_PARTS_BYTES in all, one tensor: a request's components (a masked polynomial's
+    dozens of small ones) cost one keystream call, not a context and an allocation each."""
+    global _zeros
+    numels = []
+    for shape in shapes:
+        numel = 1
+        for d in shape:
+            numel *= int(d)
+        numels.append(numel)
+    total = sum(numels)
+    if total == 0:
+        return [torch.zeros(tuple(shape), dtype=torch.int64) for shape in shapes]
+    encryptor = Cipher(_AES(key), _CTR(bytes(16))).encryptor()
+    if 8 * total <= JOINT_PARTS_BYTES:
+        n = 8 * total
+        if len(_zeros) < n:
+            _zeros = bytes(max(n, min(2 * len(_zeros), _ZEROS_MAX)))
+        buf = torch.empty(total + 2, dtype=torch.int64)  # update_into needs 15 spare bytes
+        written = encryptor.update_into(memoryview(_zeros)[:n], memoryview(buf.numpy()).cast("B"))
+        if written != n:
+            raise RuntimeError(f"AES-CTR wrote {written} bytes, expected {n}")
+        return [part.view(tuple(shape)) for part, shape in zip(buf[:total].split(numels), shapes)]
+    out = []
+    for shape, numel in zip(shapes, numels):
+        if numel == 0:
+            out.append(torch.zeros(tuple(shape), dtype=torch.int64))
+            continue
+        n = 8 * numel
+        plain = bytes(n) if n > _ZEROS_MAX else None
+        if plain is None:
+            if len(_zeros) < n:
+                _zeros = bytes(max(n, min(2 * len(_zeros), _ZEROS_MAX)))
+            plain = memoryview(_zeros)[:n]
+        t = torch.empty(numel + 2, dtype=torch.int64)
+        written = encryptor.update_into(plain, memoryview(t.numpy()).cast("B"))  # the stream goes on
+        if written != n:
+            raise RuntimeError(f"AES-CTR wrote {written} bytes, expected {n}")
+        out.append(t.resize_(numel).view(tuple(shape)))
+    return out
 
 
 class PRG:
@@ -233,9 +284,25 @@ def canonical(*fields: str | int | Sequence) -> bytes:
 
 
 def request_encoding(counter: int, kind: str, op: str, shapes, params) -> bytes:
-    """The canonical encoding of one correlation request (what its randomness is bound to)."""
-    return canonical("correlation/v1", counter, kind, op,
-                     [[int(s) for s in shape] for shape in shapes], [int(p) for p in params])
+    """The canonical encoding of one correlation request (what its randomness is bound to):
+    canonical("correlation/v1", counter, kind, op, shapes, params), made as the encoding's
+    fixed head, the counter's and the cached encoding of the rest (the same bytes: a plan
+    repeats a few request shapes, and canonical() costs microseconds per integer)."""
+    shapes = tuple(tuple(int(s) for s in shape) for shape in shapes)
+    params = tuple(int(p) for p in params)
+    return _REQUEST_HEAD + b"i" + int(counter).to_bytes(9, "little", signed=True) + \
+        _request_tail(str(kind), str(op), shapes, params)
+
+
+# canonical()'s bytes of a 6-field tuple and of its first field, "correlation/v1"
+_REQUEST_HEAD = canonical("correlation/v1", 0, "", "", (), ())[:5 + 5 + len("correlation/v1")]
+
+
+@functools.lru_cache(maxsize=4096)
+def _request_tail(kind: str, op: str, shapes: tuple, params: tuple) -> bytes:
+    """canonical()'s encoding of a request's last four fields, as they follow its counter."""
+    whole = canonical("correlation/v1", 0, kind, op, shapes, params)
+    return whole[len(_REQUEST_HEAD) + 10:]
 
 
 def correlation_key(key: bytes, counter: int, kind: str, op: str, shapes, params) -> bytes:

@@ -108,15 +108,42 @@ def prefetch(plan: list, wait: bool = True, store: str | None = None,
         rss.prefetch(plan)
         return
     provider = s.provider
-    provider.prefetch(plan)
-    _check_plans(s, provider)
+    from ..provider import Provider
+    if type(provider).prefetch is Provider.prefetch:
+        # The base prefetch sends nothing to the other parties: this party's digest leaves as
+        # soon as its plan is set, and the others' are read after it has derived its seeded
+        # components, so that the check waits for no party's derivation (one round, as an
+        # all-gather: the same messages, split around the derivation).
+        provider.prefetch(plan, announce=lambda digest: _announce_plan(s, digest))
+        _check_plans(s, provider, announced=True)
+    else:  # a provider whose prefetch exchanges messages of its own (pairwise)
+        provider.prefetch(plan)
+        _check_plans(s, provider)
     if wait:
         provider.wait_prefetched()
 
 
-def _check_plans(s, provider) -> None:
-    mine = torch.frombuffer(bytearray(provider.plan_digest()), dtype=torch.int64).clone()
-    digests = s.comm.all_gather(mine)
+def _digest_tensor(digest: bytes) -> torch.Tensor:
+    return torch.frombuffer(bytearray(digest), dtype=torch.int64).clone()
+
+
+def _announce_plan(s, digest: bytes) -> None:
+    """Send this party's plan digest to every other party (the sending half of the check's
+    all-gather: one round, 32 bytes to each)."""
+    s.comm.exchange({p: _digest_tensor(digest) for p in s.comm.peers()}, [])
+
+
+def _check_plans(s, provider, announced: bool = False) -> None:
+    """Raise ProtocolError on every party if the parties' plans (or counters) differ: an
+    all-gather of the plan digests, or (`announced`: this party's was sent already by
+    _announce_plan) the receiving half of it."""
+    mine = _digest_tensor(provider.plan_digest())
+    if announced:
+        got = s.comm.exchange({}, s.comm.peers(), rounds=0)
+        got[s.rank] = mine
+        digests = [got[r] for r in range(s.world_size)]
+    else:
+        digests = s.comm.all_gather(mine)
     differ = [r for r, d in enumerate(digests) if not torch.equal(d, mine)]
     if differ:
         raise ProtocolError(f"offline.prefetch: party {s.rank}'s plan (or request counter) "

@@ -211,11 +211,16 @@ class Provider:
         plan, self._recording = self._recording or [], None
         return plan
 
-    def prefetch(self, plan: list[tuple]) -> None:
+    def prefetch(self, plan: list[tuple], announce: Callable[[bytes], None] | None = None) -> None:
         """Offline phase (every party, with the same plan): the next len(plan) counters are
         planned as `plan` (a recorded run of the same program); rank 0 asks the dealer now, in
         one batch, for their corrections. The range starts after any earlier prefetched range,
-        whose unused counters were answered already and are never requested again."""
+        whose unused counters were answered already and are never requested again.
+
+        `announce(plan_digest())` is called once the plan is set and the dealer asked, before
+        this party derives its seeded components (offline.prefetch sends the digest to the
+        other parties there and checks theirs after deriving). This prefetch sends nothing to
+        the other parties itself."""
         start = max(self.counter, self._plan_start + len(self._plan))
         self.counter = start
         self._plan = [_absolute(_spec(*entry), start) for entry in plan]
@@ -227,6 +232,8 @@ class Provider:
             requests = [Request(kind, start + i, op, shapes, params)
                         for i, (kind, op, shapes, params) in enumerate(self._plan)]
             self._prefetched = dict(zip((r.counter for r in requests), self._prefetch_corrections(requests)))
+        if announce is not None:
+            announce(self.plan_digest())
         self._derive_ahead()
 
     def plan_digest(self) -> bytes:

@@ -2,8 +2,9 @@
 
 Every party i holds a seed s_i with the dealer and its correlation key
 K_i = subkey(s_i, "correlations"). For request number k, party i derives each component of
-its share from a key bound to the whole request: PRG(HMAC(K_i, encode(k, kind, op, shapes,
-params))).draw(shape, domain=component). The dealer, knowing every K_i, reconstructs the
+its share from a key bound to the whole request: the components are consecutive parts, in
+order, of one AES-CTR keystream under HMAC(K_i, encode(k, kind, op, shapes, params))
+(random.keystream_parts: one cipher context per request and party). The dealer, knowing every K_i, reconstructs the
 random values, computes the correlated value and sends rank 0 the single correcting share
 that makes the shares sum (or xor) to it. So dealer traffic is one share per correlated
 value, sent to one party (docs/design.md section 5). Because the key covers the request,
@@ -45,14 +46,16 @@ More kinds (binary_monomials, bit_mul, trunc_exact) are defined at the end of th
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Callable, Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from ..errors import ProtocolError, UnsupportedError
-from ..random import PRG, correlation_key
+from ..random import correlation_key, keystream_parts, keystream_ring
 
 CORRECTING_RANK = 0
 
@@ -333,11 +336,12 @@ def component_shapes(kind: str, op: str, shapes, params) -> list[tuple[int, ...]
 def derive(key: bytes, counter: int, kind: str, op: str, shapes, params,
            upto: int | None = None) -> list[torch.Tensor]:
     """Every seeded component of request `counter` for the holder of correlation key `key`
-    (`subkey(seed, "correlations")`); the streams are bound to the whole request. With
-    `upto`, only the first `upto` components (the dealer skips the ones it corrects)."""
-    prg = PRG(correlation_key(key, counter, kind, op, shapes, params))
-    out = [prg.draw(shape, counter=0, domain=j)
-           for j, shape in enumerate(component_shapes(kind, op, shapes, params)[:upto])]
+    (`subkey(seed, "correlations")`): consecutive parts, in component order, of one AES-CTR
+    keystream under a key bound to the whole request (random.keystream_parts). With `upto`,
+    only the first `upto` components (the stream's prefix: the dealer skips the ones it
+    corrects)."""
+    out = keystream_parts(correlation_key(key, counter, kind, op, shapes, params),
+                          component_shapes(kind, op, shapes, params)[:upto])
     if kind == "bit":
         out[0] &= 1
     if kind in EXTRA_KINDS:
@@ -355,6 +359,8 @@ def corrections(keys: dict[int, bytes], counter: int, kind: str, op: str, shapes
     # Rank 0's last components are what the dealer replaces: never drawn here.
     ncomp = len(component_shapes(kind, op, shapes, params))
     upto = {r: ncomp - correction_count(kind, params) if r == CORRECTING_RANK else None for r in world}
+    if kind == "binary_monomials":  # on each party's keystream as one array
+        return _monomial_corrections(keys, counter, shapes, params, world)
     parts = {r: derive(keys[r], counter, kind, op, shapes, params, upto[r]) for r in world}
     if kind in EXTRA_KINDS:
         return EXTRA_KINDS[kind].corrections(parts, world, params)
@@ -473,20 +479,56 @@ def _monomial_shapes(shapes, params):
     return [tuple(shapes[0])] * (k + len(subsets))
 
 
-def _monomial_corrections(parts, world, params):
+@functools.lru_cache(maxsize=256)
+def _monomial_steps(k: int, subsets: tuple) -> tuple:
+    """How to AND every monomial's factors at once: for factor position p = 0, 1, ..., (the
+    monomials with more than p factors, or None for all of them; their p-th factor) as numpy
+    index arrays."""
+    factors = [[j for j in range(k) if subset >> j & 1] for subset in subsets]  # never empty
+    steps = []
+    for p in range(max(map(len, factors))):
+        rows = [i for i, f in enumerate(factors) if len(f) > p]
+        steps.append((None if len(rows) == len(factors) else np.asarray(rows, dtype=np.intp),
+                      np.asarray([factors[i][p] for i in rows], dtype=np.intp)))
+    return tuple(steps)
+
+
+def _monomial_corrections(keys: dict[int, bytes], counter: int, shapes, params, world) -> list[torch.Tensor]:
+    """Rank 0's shares of the monomials. Every component of a party has the request's shape,
+    so its keystream (derive's) is one [components, words] array: the masks are its first k
+    rows, a party's monomial shares the next n. All monomials are ANDed together, factor
+    position by factor position, and the other parties' shares XORed in as one array each
+    (numpy on the tensors' memory: a few operations per request, whatever k and n)."""
     k, owners, subsets = _split_monomial_params(params)
-    others = [r for r in world if r != CORRECTING_RANK]
-    masks = [parts[o][j] if o >= 0 else _xor_of(parts, world, j) for j, o in enumerate(owners)]
-    fixes = []
-    for i, subset in enumerate(subsets):
-        chosen = [masks[j] for j in range(k) if subset >> j & 1]  # subset >= 1: never empty
-        mono = chosen[0] & chosen[1] if len(chosen) > 1 else chosen[0].clone()
-        for m in chosen[2:]:
-            mono &= m
-        for r in others:
-            mono ^= parts[r][k + i]
-        fixes.append(mono)
-    return fixes
+    n = len(subsets)
+    shape = tuple(shapes[0])
+    size = math.prod(shape)
+    if size == 0 or n == 0:
+        return [torch.zeros(shape, dtype=torch.int64) for _ in range(n)]
+    kind = "binary_monomials"
+
+    def stream(r: int, count: int) -> np.ndarray:
+        key = correlation_key(keys[r], counter, kind, "", shapes, params)
+        return keystream_ring(key, bytes(12), (count * size,), count * size).numpy().reshape(count, size)
+
+    streams = {r: stream(r, k if r == CORRECTING_RANK else k + n) for r in world}
+    masks = streams[world[0]][:k].copy()
+    for r in world[1:]:
+        masks ^= streams[r][:k]
+    for j, o in enumerate(owners):
+        if o >= 0:  # a mask held by one party (its own input's): that party's component
+            masks[j] = streams[o][j]
+    steps = _monomial_steps(k, tuple(subsets))
+    monos = masks[steps[0][1]]  # a gathered copy
+    for chosen, factor in steps[1:]:
+        if chosen is None:
+            monos &= masks[factor]
+        else:
+            monos[chosen] &= masks[factor]
+    for r in world:
+        if r != CORRECTING_RANK:
+            monos ^= streams[r][k:]
+    return list(torch.from_numpy(monos).view(n, *shape).unbind(0))
 
 
 def _bit_mul_shapes(shapes, params):
@@ -519,7 +561,7 @@ def _trunc_exact_corrections(parts, world, params):
 
 
 EXTRA_KINDS: dict[str, _Kind] = {
-    "binary_monomials": _Kind(_monomial_shapes, _monomial_corrections),
+    "binary_monomials": _Kind(_monomial_shapes, None),  # corrections: _monomial_corrections
     "bit_mul": _Kind(_bit_mul_shapes, _bit_mul_corrections, _bit_mul_post),
     "trunc_exact": _Kind(_trunc_exact_shapes, _trunc_exact_corrections),
 }
