@@ -19,17 +19,21 @@ import torch
 
 from ..provider.correlations import TRIPLE_OPS
 from ..session import current
+from . import truncation
 from .primitives import open_differences
 
 
-def beaver(op: str, x: torch.Tensor, y: torch.Tensor, params: Sequence[int] = ()) -> torch.Tensor:
-    """Shares of op(x, y) from shares of x and y (one round)."""
+def beaver(op: str, x: torch.Tensor, y: torch.Tensor, params: Sequence[int] = (),
+           local_shift: int = 0) -> torch.Tensor:
+    """Shares of op(x, y) from shares of x and y (one round). `local_shift` (2 parties,
+    truncation=local only): the result truncated by that many bits, as
+    truncation.truncate(..., owned=True) would, here range by range as it is made."""
     s = current()
     fn = TRIPLE_OPS[op]
     triple = s.provider.get("triple", [x.shape, y.shape], op, params)
     a, b = triple[0], triple[1]
     if op == "mul" and x.shape == y.shape == a.shape == b.shape:
-        return _mul_by_ranges(s.rank, triple, x, y)
+        return _mul_by_ranges(s.rank, triple, x, y, local_shift)
     e, d = open_differences([(x, a), (y, b)])
     c = triple.corrected()[2]
     if op == "mul":  # elementwise: c + e b made fresh in one pass, the other products added in place
@@ -37,21 +41,28 @@ def beaver(op: str, x: torch.Tensor, y: torch.Tensor, params: Sequence[int] = ()
         z.addcmul_(a, d)
         if s.rank == 0:
             z.addcmul_(e, d)
-        return z
+        return _shift(z, s.rank, local_shift)
     z = fn(e, b, params)  # a fresh tensor: the other terms are added into it in place
     z += fn(a, d, params)
     z += c
     if s.rank == 0:
         z += fn(e, d, params)
-    return z
+    return _shift(z, s.rank, local_shift)
 
 
-def _mul_by_ranges(rank: int, triple, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+def _shift(z: torch.Tensor, rank: int, bits: int) -> torch.Tensor:
+    """Local truncation of a fresh product (or of a range of it) in place: truncation._local,
+    owned (looked up at each call: benchmarks/truncation_audit.py records it there)."""
+    return truncation._local(z, bits, True) if bits else z
+
+
+def _mul_by_ranges(rank: int, triple, x: torch.Tensor, y: torch.Tensor, shift: int = 0) -> torch.Tensor:
     """beaver("mul") of operands of one shape, recombined range by range as the opening's
     ranges are summed (open_differences' on_range: while the rest of the peer's message is on
     the wire, where the transport streams): z = c + e b, then z += a d (+ e d on rank 0) once
     d's range is in (e, the opening's first half, always comes before d of the same
-    elements). The same terms as the general form, in one fresh tensor."""
+    elements). The same terms as the general form, in one fresh tensor, each range
+    truncated locally by `shift` bits as soon as it is complete."""
     a, b = triple[0].reshape(-1), triple[1].reshape(-1)
     n = a.numel()
     z = torch.empty(x.shape, dtype=torch.int64)
@@ -70,6 +81,7 @@ def _mul_by_ranges(rank: int, triple, x: torch.Tensor, y: torch.Tensor) -> torch
             out.addcmul_(a[lo - n:hi - n], d)
             if rank == 0:
                 out.addcmul_(total[lo - n:hi - n], d)
+            _shift(out, rank, shift)  # this range of the product is complete
 
     open_differences([(x, triple[0]), (y, triple[1])], on_range=on_range)
     return z

@@ -139,6 +139,8 @@ def mul_trunc(op: str, x: torch.Tensor, y: torch.Tensor, params: Sequence[int], 
     round, truncation fused into the reshare."""
     if is_rss():
         return rss.mul_trunc(op, x, y, params, bits)
+    if op == "mul" and bits and truncation.is_local():  # truncated range by range as it is made
+        return beaver.beaver(op, x, y, params, local_shift=bits)
     return truncation.truncate(beaver.beaver(op, x, y, params), bits, owned=True)
 
 
