@@ -58,7 +58,7 @@ import torch.nn.functional as F
 from ..config import Config
 from ..errors import CommunicationError, ConfigError, ProtocolError
 from ..random import PRG, canonical, derive_key, fresh_seed
-from . import correlations, he, he_conv, ot, pairwise_slices, store
+from . import correlations, he, he_conv, he_pow2, ot, pairwise_slices, store
 from .pairwise_progress import PROGRESS_ENV, _Progress, progress_wanted  # noqa: F401 (re-exported)
 from . import Correlation, Provider, _absolute, _relative, _spec
 from .correlations import TRIPLE_OPS, _conv_params
@@ -565,12 +565,12 @@ class PairwiseProvider(Provider):
     def _he_matmul_bytes(self, bsz: int, m: int, k: int, n: int, bound_bits: int) -> int:
         """Ciphertext bytes (both ways) of one engine.matmul call (he.py's block choice)."""
         nd = self.params.n
-        primes = self.params.primes_for(bound_bits)
+        primes = 1                  # one Z_2^64 set of ciphertexts (he_pow2.py)
 
         def one(m_: int, n_: int, joint: bool) -> int:
             _, mw, kw, nw = he._blocks_cost(m_, k, n_, nd, joint=joint)
             mb, kb, nb = -(-m_ // mw), -(-k // kw), -(-n_ // nw)
-            return (mb * kb + (kb * nb if joint else 0)) * _CT_UP + mb * nb * _CT_BACK
+            return (mb * kb + (kb * nb if joint else 0) + mb * nb) * he_pow2.CT_BYTES
         if he.split_products(m, k, n, nd):
             per = 2 * (one(n, m, False) if he.split_transposed(m, k, n, nd) else one(m, n, False))
         else:
