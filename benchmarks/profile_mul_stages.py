@@ -4,25 +4,26 @@ Two real party processes (gRPC, the dealer process, PartyPool) run x * y on --n 
 each product's triple and correction prefetched first (offline.prefetch, as `crypten-lite
 bench` does), then --products timed products. Timestamps are taken with time.perf_counter
 (CLOCK_MONOTONIC on Linux: one clock for every process of the machine) by wrapping the
-library's own functions from outside (the library is not changed), on the main thread and on
-the thread that reads the peer's chunks (the main thread, from its subscription):
+library's own functions from outside (the library is not changed). A product's opening
+streams (comm/streamed.py): the differences are written straight into the frames, and the
+main thread sums each of the peer's chunks and recombines that range as it arrives:
 
   triple        provider.get: the prefetched triple handed over (no AES online)
-  encode        x - a and y - b written into the one outgoing message (open_differences)
-  send          framing and queuing the message's chunks (_Outbox.send: the copy-on-send copy)
-  wait          the main thread waits for the peer's message and reads it (GrpcCommunicator._recv)
-  sum           check and sum of the opening in place (the rest of _open_flat)
-  recombine     Beaver: c + e b + a d (+ e d on rank 0), addcmul in place (beaver.beaver after
-                the opening), the dealer's correction included
-  truncate      local truncation in place (truncation.truncate)
+  fill          x - a and y - b written straight into the frames, each queued as written
+                (streamed.send_filled: no copy-on-send copy)
+  idle          from the last frame queued to the peer's first chunk in hand (the wire)
+  read          the rest of the wait (GrpcCommunicator._recv_into): gRPC handing the peer's
+                chunks over, checks
+  sum           the peer's chunks summed with this party's values (SumSink, per chunk)
+  recombine     Beaver c + e b + a d (+ e d on rank 0) and the local truncation, range by
+                range as each chunk is summed (the opening's on_range)
+  total         the whole product
 
-and as the main thread takes the peer's chunks (its subscription, each chunk parsed by the channel's thread): when the
-peer's first chunk was parsed (after gRPC's own copies), when its last one was in the buffer,
-and the time spent on them (_Inbox._accept: checks and the copy of each chunk into the
-preallocated tensor).
-Prints one JSON line per party with the median of each over the products (milliseconds from
-that party's start of the product, or durations), and writes the run with --json (docs/
-mul_profile.json feeds docs/ARCHITECTURE.md through scripts/gen_doc_figures.py).
+and the wire: from the peer's first frame queued to its first chunk here, and from its last
+frame queued to its last chunk summed here.
+Prints one JSON line per party with the median of each over the products (milliseconds, or
+counts), and writes the run with --json (docs/mul_profile.json feeds docs/ARCHITECTURE.md
+through scripts/gen_doc_figures.py).
 
     python benchmarks/profile_mul_stages.py [--n 1000000] [--products 10] [--json PATH]
 
@@ -44,20 +45,20 @@ import crypten_lite
 from crypten_lite import comm
 from crypten_lite.mpc.launcher import PartyPool
 
-MAIN_STAGES = ("triple", "encode", "send", "wait", "sum", "recombine", "truncate")
+MAIN_STAGES = ("triple", "fill", "idle", "read", "sum", "recombine")
 
 
 def _party(n: int, products: int) -> dict:
     import torch
 
-    from crypten_lite.comm import grpc_comm
-    from crypten_lite.mpc import beaver, offline, primitives, truncation
+    from crypten_lite.comm import streamed
+    from crypten_lite.mpc import beaver, offline
     from crypten_lite.session import current
     c = comm.get()
     clock = time.perf_counter
     # (name, start, end, minor page faults of the calling thread) of the product being timed
     events: list[tuple[str, float, float, int]] = []
-    recording, receiving = [False], [False]
+    recording = [False]
 
     def faults() -> int:  # pages this thread touched for the first time (deterministic, unlike time)
         return resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
@@ -75,24 +76,14 @@ def _party(n: int, products: int) -> dict:
 
     provider = current().provider
     provider.get = timed("triple", provider.get)
-    beaver.open_differences = timed("opening", beaver.open_differences)
-    primitives._open_flat = timed("open_flat", primitives._open_flat)
-    beaver.beaver = timed("beaver", beaver.beaver)
-    truncation.truncate = timed("truncate", truncation.truncate)
-    for outbox in c.outboxes.values():
-        outbox.send = timed("send", outbox.send)
-    c._recv = timed("wait", c._recv)
-    accept = grpc_comm._Inbox._accept
+    opening = beaver.open_differences
 
-    def timed_accept(self, src, frame, partial):  # the reading thread: one call per chunk
-        if not receiving[0] or frame.seq >= (1 << 63) or len(frame.data) <= (1 << 16):
-            return accept(self, src, frame, partial)
-        start, before = clock(), faults()
-        try:
-            return accept(self, src, frame, partial)
-        finally:
-            events.append(("chunk", start, clock(), faults() - before))
-    grpc_comm._Inbox._accept = timed_accept
+    def timed_opening(pairs, dst=None, on_range=None):
+        return opening(pairs, dst, on_range=None if on_range is None else timed("recombine", on_range))
+    beaver.open_differences = timed("opening", timed_opening)
+    streamed.send_filled = timed("fill", streamed.send_filled)
+    streamed.SumSink.take_tensor = timed("chunk", streamed.SumSink.take_tensor)
+    c._recv_into = timed("wait", c._recv_into)
 
     g = torch.Generator().manual_seed(1)  # insecure-ok: benchmark inputs, not shares
     a, b = torch.randn(n, generator=g), torch.randn(n, generator=g)  # insecure-ok: inputs
@@ -103,15 +94,12 @@ def _party(n: int, products: int) -> dict:
     for i in range(products + 2):  # two warm-up products
         offline.prefetch(plan)
         events.clear()
-        # the reading records from before the barrier: a faster peer's first chunk may
-        # arrive between this party's barrier and its own start of the product
-        receiving[0] = i >= 2
         c.barrier()
         recording[0] = i >= 2
         start, before = clock(), faults()
         x * y
         end, main_faults = clock(), faults() - before
-        recording[0] = receiving[0] = False
+        recording[0] = False
         if i >= 2:
             runs.append({"start": start, "end": end, "events": list(events), "main_faults": main_faults})
     return {"rank": c.rank, "runs": runs, "torch_threads": torch.get_num_threads()}
@@ -119,42 +107,33 @@ def _party(n: int, products: int) -> dict:
 
 def _stages(run: dict, peer: dict) -> dict[str, float]:
     """One product on one party: each stage in milliseconds (see the module docstring)."""
-    first, faults = {}, {}
-    for name, s, e, f in run["events"]:
+    first: dict[str, tuple[float, float]] = {}
+    total: dict[str, float] = {}
+    for name, s, e, _ in run["events"]:
         first.setdefault(name, (s, e))
-        faults[name] = faults.get(name, 0) + f
+        total[name] = total.get(name, 0.0) + e - s
     chunks = [(s, e) for name, s, e, _ in run["events"] if name == "chunk"]
+    if "fill" not in first or not chunks:
+        raise SystemExit("the product did not stream (comm/streamed.py): nothing to profile here")
     t0 = run["start"]
     ms = lambda v: (v) * 1e3  # noqa: E731
-    opening, flat, wait = first["opening"], first["open_flat"], first["wait"]
-    beaver_end = first["beaver"][1]
+    fill, wait = first["fill"], first["wait"]
+    peer_fill = next((s, e) for name, s, e, _ in peer["events"] if name == "fill")
     out = {
-        "triple": ms(first["triple"][1] - first["triple"][0]),
-        "encode": ms(flat[0] - opening[0]),
-        "send": sum(ms(e - s) for name, s, e, _ in run["events"] if name == "send"),
-        "wait": ms(wait[1] - wait[0]),
-        "sum": ms(flat[1] - wait[1]),
-        "recombine": ms(beaver_end - opening[1]),
-        "truncate": ms(first["truncate"][1] - first["truncate"][0]),
+        "triple": ms(total["triple"]),
+        "fill": ms(total["fill"]),
+        "idle": ms(max(0.0, chunks[0][0] - fill[1])),
+        "read": ms(total["wait"] - total["chunk"] - max(0.0, chunks[0][0] - wait[0])),
+        "sum": ms(total["chunk"] - total.get("recombine", 0.0)),
+        "recombine": ms(total.get("recombine", 0.0)),
         "total": ms(run["end"] - t0),
-        # the receiving thread, from this party's start of the product
-        "first_chunk_in": ms(chunks[0][0] - t0) if chunks else 0.0,
-        "last_chunk_done": ms(chunks[-1][1] - t0) if chunks else 0.0,
-        "handler": sum(ms(e - s) for s, e in chunks),
         "chunks": len(chunks),
-        # the peer's message: from its first chunk queued to its first and last chunk here
-        "send_started": ms(first["send"][0] - t0),
-        "wait_started": ms(wait[0] - t0),
+        "first_chunk_in": ms(chunks[0][0] - t0),
+        "last_chunk_done": ms(chunks[-1][1] - t0),
+        "peer_fill_to_first_chunk": ms(chunks[0][0] - peer_fill[0]),
+        "peer_fill_done_to_last_chunk": ms(chunks[-1][1] - peer_fill[1]),
+        "faults_main": run["main_faults"],
     }
-    # minor page faults: the main thread's whole product, and its parts; the receiving thread's
-    out["faults_main"] = run["main_faults"]
-    for name in ("opening", "send", "wait", "beaver", "truncate", "chunk"):
-        out["faults_" + name] = faults.get(name, 0)
-    peer_first = {}
-    for name, s, e, _ in peer["events"]:
-        peer_first.setdefault(name, (s, e))
-    out["peer_send_to_first_chunk"] = ms(chunks[0][0] - peer_first["send"][0]) if chunks else 0.0
-    out["peer_send_done_to_last_chunk"] = ms(chunks[-1][1] - peer_first["send"][1]) if chunks else 0.0
     return out
 
 

@@ -452,18 +452,15 @@ def architecture_reveal_stages(costs: dict, bench: dict, sources: dict) -> str:
 # Each stage of benchmarks/profile_mul_stages.py (its module docstring says more).
 MUL_STAGES = {
     "triple": "the prefetched triple handed over (`provider.get`)",
-    "encode": "x - a and y - b written into the one message",
-    "send": "framing and queuing its 4 chunks (`_Outbox.send`: the copy-on-send copy)",
-    "wait": "main thread waits for the peer's message and reads it (`GrpcCommunicator._recv`)",
-    "sum": "check, and the opening's sum in place",
-    "recombine": "Beaver: c + e b + a d (+ e d on rank 0), `addcmul` in place",
-    "truncate": "local truncation in place",
+    "fill": "x - a and y - b written straight into the 4 frames, each queued as written (`streamed.send_filled`)",
+    "idle": "last frame queued -> the peer's first chunk in hand",
+    "read": "the rest of the wait: gRPC handing the peer's chunks over, checks",
+    "sum": "the peer's chunks summed with this party's values, chunk by chunk",
+    "recombine": "Beaver c + e b + a d (+ e d on rank 0) and the truncation, range by range",
     "total": "whole product",
-    "peer_send_to_first_chunk": "wire: peer starts queuing -> its first chunk taken by this party",
-    "peer_send_done_to_last_chunk": "wire: peer done queuing -> its last chunk in this party's tensor",
-    "handler": "reading the chunks: checks and the copy of each chunk into the tensor",
+    "peer_fill_to_first_chunk": "wire: peer starts filling -> its first chunk here",
+    "peer_fill_done_to_last_chunk": "wire: peer's last frame queued -> its last chunk summed here",
     "faults_main": "minor page faults, main thread (count)",
-    "faults_chunk": "minor page faults, reading the chunks (count)",
 }
 
 

@@ -43,7 +43,7 @@ def test_profile_mul_stages_times_every_stage(tmp_path):
     for party in run["parties"]:
         assert party["products"] == 2 and party["chunks"] == 2, party
         assert set(gen.MUL_STAGES) <= set(party), set(gen.MUL_STAGES) - set(party)
-        assert party["total"] > 0 and party["wait"] > 0 and party["encode"] > 0
+        assert party["total"] > 0 and party["fill"] > 0 and party["sum"] > 0 and party["recombine"] > 0
     assert "| whole product |" in gen.architecture_mul_stages({}, {}, {"mul_profile": run})
 
 
