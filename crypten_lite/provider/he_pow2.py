@@ -278,6 +278,30 @@ class Pow2Unit:
         self.decryptor.decrypt(ct, low)
         return combine(he._Prime.coeffs_of(top, where), he._Prime.coeffs_of(low, where), self.k)
 
+    def true_noise(self, files: "he._Files", data: bytes, v: np.ndarray) -> np.ndarray:
+        """Diagnostics (tests, benchmarks/pairwise_noise.py): the true noise e of a returned
+        ciphertext of known v (phase = Q/2^64 v + e), with this party's secret key: c0 minus
+        round(Q v / 2^64) leaves the phase e (+ a rounding below 1), and SEAL's decryption
+        of that times c = 2^(k-2) is round(2^k c e / Q) mod 2^k: e to within Q / 2^(2k-1).
+        Returns e per coefficient (float64, signed)."""
+        s = he._sealapi()
+        level = self.params.mm_return
+        moduli = self.data_moduli[:level]
+        body = _body(data, _HEAD + 16 * level * self.n + 4096)
+        c0 = np.frombuffer(body, dtype="<u8", count=level * self.n, offset=_HEAD).reshape(level, self.n)
+        q = math.prod(moduli)
+        shift = [(q * int(x) + (1 << 63)) >> 64 for x in v]
+        for i, m in enumerate(moduli):
+            c0[i] = (c0[i] + np.array([m - t % m for t in shift], dtype=np.uint64)) % np.uint64(m)
+        ct = files.load(s.Ciphertext, self.ctx, he._seal_object(bytes(body)), "ciphertext")
+        c = 1 << (self.k - 2)
+        self.evaluator.multiply_plain_inplace(ct, s.Plaintext(format(c, "x")))
+        pt = s.Plaintext()
+        self.decryptor.decrypt(ct, pt)
+        raw = he._Prime.coeffs_of(pt, list(range(self.n))).astype(np.float64)
+        raw = np.where(raw >= 2.0 ** (self.k - 1), raw - 2.0 ** self.k, raw)
+        return raw * (float(q) / 2.0 ** self.k / c)
+
     # -- evaluator: plaintexts, finish
     def ntt_plains(self, files: "he._Files", rows: np.ndarray) -> list:
         """NTT-form plaintexts (for multiply_plain) of the rows (uint64 [r, N], read as

@@ -118,31 +118,6 @@ def test_float_mulmod_and_words_mod_are_exact():
         assert [int(v) for v in he_pow2.words_mod(w, q)] == want
 
 
-def _phase_noise(u, files, data: bytes, v: np.ndarray) -> np.ndarray:
-    """The true noise e of a returned ciphertext, phase = Q/2^64 v + e, measured with the
-    secret key: c0 -= round(Q v / 2^64) (the phase becomes e + a rounding), then SEAL's
-    decryption of (ct * c) gives round(2^k c e / Q) mod 2^k, so e to within Q / (2^(k+1) c)."""
-    s = he._sealapi()
-    L = u.params.mm_return
-    moduli = u.data_moduli[:L]
-    body = he_pow2._body(data, he_pow2._HEAD + 16 * L * u.n + 4096)
-    c0 = np.frombuffer(body, dtype="<u8", count=L * u.n, offset=he_pow2._HEAD).reshape(L, u.n)
-    qq = 1
-    for m in moduli:
-        qq *= m
-    shift = np.array([[(qq * int(x) + (1 << 63)) >> 64 for x in v]], dtype=object)
-    for i, m in enumerate(moduli):
-        c0[i] = ((c0[i].astype(object) - shift[0] % m) % m).astype(np.uint64)
-    ct = files.load(s.Ciphertext, u.ctx, he._seal_object(bytes(body)), "t")
-    c = 1 << (u.k - 2)
-    u.evaluator.multiply_plain_inplace(ct, s.Plaintext(format(c, "x")))
-    pt = s.Plaintext()
-    u.decryptor.decrypt(ct, pt)
-    raw = np.array([pt.data(i) if i < pt.coeff_count() else 0 for i in range(u.n)], dtype=object)
-    centred = np.where(raw >= (1 << (u.k - 1)), raw - (1 << u.k), raw)
-    return centred * qq / float(1 << u.k) / c                   # float: e's magnitude
-
-
 def test_true_noise_is_below_the_bound_and_flooded(unit):
     """A returned ciphertext's true noise (secret key, not SEAL's budget): below Q / 2^65 (it
     decrypts exactly), and of the flood's size (2^F scaled to the return modulus), F at least
@@ -167,7 +142,7 @@ def test_true_noise_is_below_the_bound_and_flooded(unit):
     prod = (-(1 << 63) * (2 * i + 2 - nd)) % M64
     v = ((prod + masks[0].astype(object)) % M64).astype(np.uint64)
     assert np.array_equal(u.open(files, back, list(range(nd))), v)
-    e = np.abs(_phase_noise(u, files, back, v).astype(float))
+    e = np.abs(u.true_noise(files, back, v))
     L = u.params.mm_return
     qret = float(np.prod([float(m) for m in u.data_moduli[:L]]))
     qdata = float(np.prod([float(m) for m in u.data_moduli]))
@@ -318,3 +293,27 @@ def test_a_peer_on_the_crt_matmul_engine_is_refused_at_the_handshake():
     out = both([lambda: PairwiseProvider(cfg[0], comms[0]), lambda: Crt(cfg[1], comms[1])])
     for r in range(2):
         assert isinstance(out[r][1], ProtocolError) and "parameters differ" in str(out[r][1]), out[r]
+
+
+def test_noise_table_in_the_docs_comes_from_the_measurements():
+    """docs/protocols.md's Z_2^64 noise table is benchmarks/pairwise_noise_pow2.py's rendering
+    of docs/pairwise_noise_pow2.jsonl; every row decrypts exactly, keeps its largest noise
+    under the limit and its flood 53 bits above the bound, at the parameters in use."""
+    import json
+    import pathlib
+    import sys
+    root = pathlib.Path(__file__).resolve().parents[2]
+    sys.path.insert(0, str(root / "benchmarks"))
+    try:
+        import pairwise_noise_pow2
+    finally:
+        sys.path.pop(0)
+    assert pairwise_noise_pow2.noise_table() in (root / "docs" / "protocols.md").read_text()
+    rows = [json.loads(line) for line in (root / "docs" / "pairwise_noise_pow2.jsonl").read_text().splitlines()]
+    params = he.default_params()
+    assert len(rows) == len(pairwise_noise_pow2.CASES)
+    for r in rows:
+        bound = he_pow2.Pow2Unit.noise_bound(None, r["products"], r["nonzero"])
+        assert r["bound_bits"] == bound.bit_length() and r["flood_bits"] == params.flood_bits(bound)
+        assert r["decrypts_exactly"] and r["noise_max_bits"] < r["limit_bits"]
+        assert r["margin"] >= he.STAT_BITS + 13
