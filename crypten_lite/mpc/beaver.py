@@ -78,9 +78,10 @@ def _mul_by_ranges(rank: int, triple, x: torch.Tensor, y: torch.Tensor, shift: i
         lo, hi = max(start, n), end
         if lo < hi:
             d, out = total[lo:hi], zf[lo - n:hi - n]
-            out.addcmul_(a[lo - n:hi - n], d)
-            if rank == 0:
-                out.addcmul_(total[lo - n:hi - n], d)
+            if rank == 0:  # (a + e) d in one product: e's range of the opening is used no more
+                out.addcmul_(total[lo - n:hi - n].add_(a[lo - n:hi - n]), d)
+            else:
+                out.addcmul_(a[lo - n:hi - n], d)
             _shift(out, rank, shift)  # this range of the product is complete
 
     open_differences([(x, triple[0]), (y, triple[1])], on_range=on_range)
