@@ -254,6 +254,48 @@ def test_block_choice_keeps_the_noise_within_room(unit):
         u.room(u.params.flood_bits(big), big)
 
 
+def test_no_secret_key_of_the_z2_64_unit_on_the_wire():
+    """A matmul triple through two providers (the Z_2^64 unit keyed on first use): neither
+    party's secret key of that unit, compressed as SEAL saves it or raw, appears in anything
+    either party sends, and the triple holds."""
+    import torch
+
+    from crypten_lite.comm.inprocess import InProcessCommunicator, InProcessHub
+    from crypten_lite.config import Config
+    from crypten_lite.provider.pairwise import PairwiseProvider
+
+    hub = InProcessHub(2, timeout=120.0)
+    seed = os.urandom(32)
+    comms = [InProcessCommunicator(hub, r) for r in range(2)]
+    for r, c in enumerate(comms):
+        c.pair_seeds = {1 - r: seed}
+    sent = [[], []]
+    real = [c._send for c in comms]
+
+    def spy(r):
+        def send(tensor, dst):
+            sent[r].append(tensor.numpy().tobytes())
+            real[r](tensor, dst)
+        return send
+    for r, c in enumerate(comms):
+        c._send = spy(r)
+    cfg = [Config(rank=r, world_size=2, provider="pairwise", session="t") for r in range(2)]
+    ps = _both([lambda r=r: PairwiseProvider(cfg[r], comms[r]) for r in range(2)])
+    shapes = [(4, 6), (6, 3)]
+    out = _both([lambda p=p: [t.clone() for t in p.get("triple", shapes, "matmul").corrected()] for p in ps])
+    a, b, c = (x + y for x, y in zip(out[0], out[1]))
+    assert torch.equal(c, a @ b)
+    wire = b"".join(sent[0] + sent[1])
+    assert len(wire) > 400_000                      # ciphertexts did go both ways
+    for p in ps:
+        unit = p._engine._pow2
+        assert unit is not None
+        key = p._engine._files.dump(unit.secret_key)
+        assert key[len(key) // 2: len(key) // 2 + 64] not in wire
+        raw = he_pow2._body(key, 8 * 5 * unit.n + 4096)
+        assert raw[len(raw) // 2: len(raw) // 2 + 64] not in wire
+
+
 def test_a_peer_on_the_crt_matmul_engine_is_refused_at_the_handshake():
     """A peer whose matmul / conv triples still use the CRT plaintext primes (no mm=pow2-64 in
     its parameters) never exchanges a ciphertext: both get a ProtocolError."""
