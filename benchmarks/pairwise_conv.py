@@ -47,6 +47,7 @@ def _party(rank: int, conn, method: str, x, w, out) -> None:
     eng, send, recv = link.engine, link.send, link.recv
     try:
         eng._ready(eng.params.primes_for(136))            # keys first: not timed
+        eng._mm_units()                                   # (the Z_2^64 unit's too)
         send(b"go")
         recv()
         before = link.sent
