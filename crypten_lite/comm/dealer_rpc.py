@@ -96,6 +96,11 @@ class Request:
         return request_encoding(self.counter, self.kind, self.op, self.shapes, self.params)
 
 
+# A request's corrections of at most this many bytes in all are sent as one flat tensor (one
+# protobuf message to build and decode instead of one per correction: a masked polynomial has
+# dozens); larger ones one tensor each (each within the message limit).
+JOINT_ANSWER_BYTES = 1 << 20
+
 # Only this rank receives corrections (provider.correlations.CORRECTING_RANK).
 REQUESTER_RANK = 0
 MAC_BYTES = 32
@@ -407,8 +412,13 @@ class DealerServer:
         """The reply with rank 0's corrections of `requests` (claimed already)."""
         tensors: list[pb.TensorProto] = []
         counts: list[int] = []
+        joint = min(JOINT_ANSWER_BYTES, self.config.max_message_bytes)  # one tensor's limit
         for req in requests:
             answer = self.handler(keys, req)
+            if len(answer) > 1 and 8 * sum(t.numel() for t in answer) <= joint:
+                # several small corrections (a masked polynomial's monomials) travel as one
+                # flat tensor, in order: rank 0's provider cuts it by their shapes
+                answer = [torch.cat([t.reshape(-1) for t in answer])]
             counts.append(len(answer))
             tensors.extend(tensor_to_proto(t) for t in answer)
             del answer

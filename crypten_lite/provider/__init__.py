@@ -23,7 +23,7 @@ import torch
 from ..comm.dealer_prefetch import ChunkPuller
 from ..comm.dealer_rpc import DealerClient, Request
 from ..config import Config
-from ..errors import ProtocolError, UnsupportedError
+from ..errors import CommunicationError, ProtocolError, UnsupportedError
 from ..random import canonical, subkey
 from . import correlations
 from .correlations import CORRECTING_RANK
@@ -277,7 +277,7 @@ class DealerProvider(Provider):
                     answers.extend(result())
                     self.stats["dealer_bytes"] += sum(t.numel() * t.element_size()
                                                       for answer in answers for t in answer)
-                return answers[i]
+                return _unjoin(requests[i], answers[i])
             return fetch
         return [fetcher(i) for i in range(len(requests))]
 
@@ -289,12 +289,33 @@ class DealerProvider(Provider):
         stream = self._stream = _Prefetch(self.client.prepare(requests), total, self.stats)
 
         def fetcher(i: int) -> Callable[[], list[torch.Tensor]]:
-            return lambda: stream.puller().answer(i)
+            return lambda: _unjoin(requests[i], stream.puller().answer(i))
         return [fetcher(i) for i in range(len(requests))]
 
     def close(self) -> None:
         self._drop_prefetched()
         self.client.close()
+
+
+def _unjoin(request: Request, answer: list[torch.Tensor]) -> list[torch.Tensor]:
+    """A request's corrections as the dealer sent them: one tensor each, or, for several small
+    ones, one flat tensor of them all in order (DealerServer.answer), cut here by their shapes.
+    Anything else is the dealer's error (CommunicationError), never a wrong correlation."""
+    kind, op, shapes, params = request.kind, request.op, request.shapes, request.params
+    n = correlations.correction_count(kind, params)
+    if len(answer) == n and n != 1:
+        return answer
+    wanted = correlations.component_shapes(kind, op, shapes, params)[-n:] if n else []
+    if len(answer) == n and tuple(answer[0].shape) == tuple(wanted[0]):
+        return answer
+    sizes = [math.prod(shape) for shape in wanted]
+    if (len(answer) == 1 and n > 1 and answer[0].dim() == 1 and answer[0].numel() == sum(sizes)
+            and answer[0].dtype == torch.int64):
+        return [part.view(shape) for part, shape in zip(answer[0].split(sizes), wanted)]
+    raise CommunicationError(f"party {CORRECTING_RANK}: the dealer's answer to request {request.counter} "
+                             f"({kind}/{op or '-'}) holds {[tuple(t.shape) for t in answer]}, expected "
+                             f"{n} corrections of shapes {wanted}; check that the dealer runs the "
+                             "same crypten_lite version as the parties", peer="dealer")
 
 
 class _Prefetch:

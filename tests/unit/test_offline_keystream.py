@@ -100,3 +100,23 @@ def test_vectorised_monomial_corrections_match_their_definition(world):
         assert len(got) == len(subsets)
         for g, w in zip(got, want):
             assert g.shape == w.shape and torch.equal(g, w)
+
+
+def test_rank0_cuts_a_joint_answer_and_refuses_a_wrong_one():
+    from crypten_lite.comm.dealer_rpc import Request
+    from crypten_lite.errors import CommunicationError
+    from crypten_lite.provider import _unjoin
+    params = correlations.monomial_params([-1, -1, -1], [3, 5, 6, 7])
+    req = Request("binary_monomials", 9, "", ((2, 3),), params)
+    keys = {r: subkey(fresh_seed(), "correlations") for r in range(2)}
+    fixes = correlations.corrections(keys, 9, req.kind, req.op, req.shapes, req.params)
+    joint = torch.cat([f.reshape(-1) for f in fixes])  # as DealerServer.answer sends them
+    for got in (_unjoin(req, [joint]), _unjoin(req, fixes)):
+        assert len(got) == 4 and all(torch.equal(g, f) for g, f in zip(got, fixes))
+    for wrong in ([joint[:-1]], [joint.view(4, 6)], fixes[:3], [joint.to(torch.int32)]):
+        with pytest.raises(CommunicationError, match="dealer's answer to request 9"):
+            _unjoin(req, wrong)
+    single = Request("triple", 3, "mul", ((4,), (4,)), ())
+    with pytest.raises(CommunicationError, match="expected 1 corrections of shapes"):
+        _unjoin(single, [torch.zeros(5, dtype=torch.int64)])
+    assert _unjoin(single, [torch.zeros(4, dtype=torch.int64)])[0].shape == (4,)
