@@ -11,6 +11,7 @@ consumes them (comm/dealer_prefetch.py): rank 0 holds a few chunks, not the whol
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import math
@@ -60,6 +61,12 @@ def _spec(kind: str, op: str, shapes, params) -> tuple:
     """A request's public description (kind, op, shapes, params) in one canonical form."""
     return (str(kind), str(op), tuple(tuple(int(s) for s in shape) for shape in shapes),
             tuple(int(p) for p in params))
+
+
+@functools.lru_cache(maxsize=4096)
+def _entry_encoding(entry: tuple) -> bytes:
+    """canonical()'s encoding of one plan entry (kind, op, shapes, params) inside a sequence."""
+    return canonical(entry)[5:]  # without the one-field tuple around it
 
 
 def _relative(spec: tuple, index: dict[int, int]) -> tuple:
@@ -237,9 +244,14 @@ class Provider:
         self._derive_ahead()
 
     def plan_digest(self) -> bytes:
-        """SHA-256 of the prefetched range and its plan (parties compare it: see offline)."""
-        return hashlib.sha256(canonical("plan/v1", self._plan_start, len(self._plan),
-                                        [[k, o, list(sh), list(p)] for k, o, sh, p in self._plan])).digest()
+        """SHA-256 of the prefetched range and its plan (parties compare it: see offline):
+        canonical("plan/v1", start, len(plan), [[kind, op, shapes, params], ...]), each
+        entry's encoding cached (_entry_encoding; the same bytes as canonical's)."""
+        plan = self._plan
+        head = canonical("plan/v1", self._plan_start, len(plan), ())
+        body = b"".join(_entry_encoding(entry) for entry in plan)
+        # canonical's empty sequence ends the head; the plan's sequence of entries replaces it
+        return hashlib.sha256(head[:-5] + b"t" + len(plan).to_bytes(4, "little") + body).digest()
 
     def wait_prefetched(self) -> None:
         """Block until the prefetched corrections are ready (end of the offline phase): with
@@ -284,8 +296,8 @@ class DealerProvider(Provider):
     def _prefetch_corrections(self, requests: list[Request]) -> list[Callable[[], list[torch.Tensor]]]:
         """The dealer prepares the batch now (offline); each request's corrections are
         pulled, a few chunks ahead, when the run needs them (comm/dealer_prefetch.py)."""
-        total = sum(correlations.check_request(r.kind, r.op, r.shapes, r.params, self.world_size,
-                                               self.client.config.max_message_bytes) for r in requests)
+        total = sum(_answer_bytes(r.kind, r.op, r.shapes, r.params, self.world_size,
+                                  self.client.config.max_message_bytes) for r in requests)
         stream = self._stream = _Prefetch(self.client.prepare(requests), total, self.stats)
 
         def fetcher(i: int) -> Callable[[], list[torch.Tensor]]:
@@ -295,6 +307,13 @@ class DealerProvider(Provider):
     def close(self) -> None:
         self._drop_prefetched()
         self.client.close()
+
+
+@functools.lru_cache(maxsize=4096)
+def _answer_bytes(kind: str, op: str, shapes: tuple, params: tuple, world_size: int,
+                  max_message_bytes: int) -> int:
+    """correlations.check_request, cached (a plan repeats its requests' shapes at every prefetch)."""
+    return correlations.check_request(kind, op, shapes, params, world_size, max_message_bytes)
 
 
 def _unjoin(request: Request, answer: list[torch.Tensor]) -> list[torch.Tensor]:
