@@ -812,6 +812,13 @@ class GrpcCommunicator(Communicator):
 
     def _recv(self, src: int) -> torch.Tensor:
         inbox, mailbox = self.inboxes[src], self.mailbox
+        sink = inbox.sink
+        if sink is not None and sink.thread == threading.get_ident():
+            # on_range of a streamed opening (whose read holds inbox.lock) may not wait for
+            # this peer: the message would come after the opening's own chunks
+            raise CommunicationError(f"party {self.rank}: a receive from party {src} inside a "
+                                     "streamed opening's on_range (it would wait forever); "
+                                     "receive before or after the opening", peer=src)
         with inbox.lock:
             if inbox.live and not mailbox.ready(src):
                 inbox.deadline = time.monotonic() + self.config.timeout

@@ -32,6 +32,7 @@ what CPython's own C API allows of a bytes object made by PyBytes_FromStringAndS
 from __future__ import annotations
 
 import ctypes
+import threading
 from typing import Callable
 
 import numpy
@@ -143,6 +144,7 @@ class SumSink:
         self.mine, self.total, self.on_range = mine, total, on_range
         self.chunk_bytes = chunk_bytes
         self.done = False
+        self.thread = threading.get_ident()  # the thread that reads into this sink
         self.mismatch: tuple | None = None  # (shape, dtype name, tag) of a message that differs
         self.error: BaseException | None = None
 

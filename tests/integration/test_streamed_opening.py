@@ -145,6 +145,23 @@ def test_the_callers_error_stays_the_callers_and_the_peer_stays_well():
             c.close()
 
 
+def test_a_receive_inside_on_range_is_refused_not_a_hang():
+    comms = _pair(timeout=120)
+    try:
+        def party(c):
+            def on_range(s, e, t):
+                c.recv(1 - c.rank)  # would wait for a message behind the opening's own chunks
+            try:
+                c.sum_streamed((PER,), b"", _filler(_values(c.rank, PER)), on_range=on_range)
+            except CommunicationError as e:
+                return "inside a streamed opening" in str(e)
+            return False
+        assert _both(comms, party) == [True, True]
+    finally:
+        for c in comms:
+            c.close()
+
+
 def test_a_streamed_wait_ends_at_its_deadline_and_at_a_goodbye():
     comms = _pair(timeout=1.0)
     try:
