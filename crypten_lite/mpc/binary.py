@@ -270,9 +270,12 @@ def _mask_shares(p: _Plan, rank: int):
     """This party's shares of the masks and of every needed monomial."""
     comps = p.corr.corrected()
     shape = p.job.inputs[0].shape
-    masks = [comps[k].view(shape) if o in (-1, rank) else torch.zeros(shape, dtype=torch.int64)
+    # components already of the inputs' shape (the usual 1-D words) are taken as they are:
+    # a view each costs more than the comparison
+    comps = [c if c.shape == shape else c.view(shape) for c in comps]
+    masks = [comps[k] if o in (-1, rank) else torch.zeros(shape, dtype=torch.int64)
              for k, o in enumerate(p.job.owners)]
-    mono = {m: comps[len(masks) + i].view(shape) for i, m in enumerate(p.dealt)}
+    mono = {m: comps[len(masks) + i] for i, m in enumerate(p.dealt)}
     for m in p.monos:
         if m not in mono:  # every mask in it belongs to one owner, who computes it
             v = torch.zeros(shape, dtype=torch.int64)

@@ -316,21 +316,29 @@ def _answer_bytes(kind: str, op: str, shapes: tuple, params: tuple, world_size: 
     return correlations.check_request(kind, op, shapes, params, world_size, max_message_bytes)
 
 
+@functools.lru_cache(maxsize=4096)
+def _corrections_layout(kind: str, op: str, shapes: tuple, params: tuple) -> tuple:
+    """(shapes of a request's corrections, their sizes, whether every one is 1-D)."""
+    n = correlations.correction_count(kind, params)
+    wanted = tuple(tuple(s) for s in correlations.component_shapes(kind, op, shapes, params)[-n:]) if n else ()
+    return wanted, [math.prod(shape) for shape in wanted], all(len(shape) == 1 for shape in wanted)
+
+
 def _unjoin(request: Request, answer: list[torch.Tensor]) -> list[torch.Tensor]:
     """A request's corrections as the dealer sent them: one tensor each, or, for several small
     ones, one flat tensor of them all in order (DealerServer.answer), cut here by their shapes.
     Anything else is the dealer's error (CommunicationError), never a wrong correlation."""
     kind, op, shapes, params = request.kind, request.op, request.shapes, request.params
-    n = correlations.correction_count(kind, params)
+    wanted, sizes, flat = _corrections_layout(kind, op, shapes, params)
+    n = len(wanted)
     if len(answer) == n and n != 1:
         return answer
-    wanted = correlations.component_shapes(kind, op, shapes, params)[-n:] if n else []
-    if len(answer) == n and tuple(answer[0].shape) == tuple(wanted[0]):
+    if len(answer) == n and tuple(answer[0].shape) == wanted[0]:
         return answer
-    sizes = [math.prod(shape) for shape in wanted]
     if (len(answer) == 1 and n > 1 and answer[0].dim() == 1 and answer[0].numel() == sum(sizes)
             and answer[0].dtype == torch.int64):
-        return [part.view(shape) for part, shape in zip(answer[0].split(sizes), wanted)]
+        parts = answer[0].split(sizes)
+        return list(parts) if flat else [part.view(shape) for part, shape in zip(parts, wanted)]
     raise CommunicationError(f"party {CORRECTING_RANK}: the dealer's answer to request {request.counter} "
                              f"({kind}/{op or '-'}) holds {[tuple(t.shape) for t in answer]}, expected "
                              f"{n} corrections of shapes {wanted}; check that the dealer runs the "
