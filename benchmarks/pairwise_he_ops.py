@@ -2,7 +2,9 @@
 pairwise's parameters and the former ones: a coefficient plaintext's load, lift and NTT, a
 symmetric encryption and its serialization, a ciphertext's load and NTT, a plaintext product
 in NTT form, a public-key encryption of zero, and the sizes of a ciphertext as sent (seeded)
-and as returned (switched down). docs/protocols.md, "Parameters (128-bit security)":
+and as returned (switched down); then the Z_2^64 matmul / conv engine's operations
+(measure_pow2). docs/protocols.md, "Parameters (128-bit security)" and "Z_2^64 matmul and
+conv engine":
 
     timeout 300 python benchmarks/pairwise_he_ops.py
 """
@@ -84,10 +86,54 @@ def measure(qbits: list[int], tbits: int, ret: int) -> dict:
     return out
 
 
+def measure_pow2(rows: int = 16) -> dict:
+    """The Z_2^64 matmul / conv engine (provider/he_pow2.py), per operation: an encryption of
+    64-bit values (seeded zero, c0 shifted), a 64-bit NTT-form plaintext (batched NTT through
+    a ciphertext), against one 32-bit half as a SEAL-native coefficient plaintext (the split
+    alternative takes two, and twice the products), a plaintext product in NTT form, a
+    returned ciphertext (finish: public-key zero, flood, Delta'(R), switch, serialize) and its
+    read-out (two decryptions); ms of one thread's CPU, and the sizes as sent and returned."""
+    from crypten_lite.provider import he_pow2
+    from crypten_lite.random import PRG
+    params = he.default_params()
+    unit = he_pow2.Pow2Unit(params)
+    files = he._Files()
+    prg = PRG(os.urandom(32))
+
+    def rand(shape):
+        return prg.draw(tuple(shape)).numpy().view(np.uint64)
+    s = he._sealapi()
+    try:
+        unit.peer_key(files, unit.keygen(files))
+        vals = rand((rows, unit.n))
+        cts = unit.encrypt_rows(files, vals[:1])
+        ct = files.load(s.Ciphertext, unit.ctx, cts[0], "ciphertext")
+        unit.evaluator.transform_to_ntt_inplace(ct)
+        pt = unit.ntt_plains(files, vals[:1])[0]
+        half = vals & np.uint64(0xFFFFFFFF)
+        native = type("P", (), {"ctx": unit.ctx, "pid": unit.pid, "evaluator": unit.evaluator,
+                                "plain_bytes": lambda self, c: he._Prime.plain_bytes(self, c)})()
+        out = s.Ciphertext()
+        bound = unit.noise_bound(22, 156)
+        back = unit.finish(files, he._dot(unit, [(ct, pt)]), vals[0], bound, rand)
+        where = list(range(0, unit.n, 12))
+        return {"encrypt_64bit": round(_ms(lambda: unit.encrypt_rows(files, vals), 3) / rows, 3),
+                "plaintext_64bit_ntt": round(_ms(lambda: unit.ntt_plains(files, vals), 3) / rows, 3),
+                "plaintext_32bit_half_native": round(_ms(lambda: he._ntt_plains(native, files, half), 3) / rows, 3),
+                "product_ntt": _ms(lambda: unit.evaluator.multiply_plain(ct, pt, out), 100),
+                "finish_returned": _ms(lambda: unit.finish(files, he._dot(unit, [(ct, pt)]), vals[0], bound, rand), 10),
+                "read_out": _ms(lambda: unit.open(files, back, where), 10),
+                "kb_sent": round(len(cts[0]) / 1024, 1), "kb_returned": round(len(back) / 1024, 1)}
+    finally:
+        files.close()
+
+
 def main() -> None:
     for name, (qbits, tbits, ret) in SETS.items():
         print(json.dumps({"params": name, **measure(qbits, tbits, ret),
                           "load": round(os.getloadavg()[0], 1)}), flush=True)
+    print(json.dumps({"params": "Z_2^64 matmul/conv engine (4x50+18, t 2^40 for SEAL, returned at 2)",
+                      **measure_pow2(), "load": round(os.getloadavg()[0], 1)}), flush=True)
 
 
 if __name__ == "__main__":
