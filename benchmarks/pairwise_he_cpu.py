@@ -18,6 +18,11 @@ prime); docs/protocols.md, "Parameters (128-bit security)":
 party 0's largest shares of CPU by function (SEAL's calls are native: each is one entry):
 
     timeout 900 python benchmarks/pairwise_he_cpu.py --matmul 256 --mul 0 --profile
+
+`--lenet B` times LeNet's HE weight triples at batch B (both convolutions, the three linear
+layers), CPU seconds and MB sent per party:
+
+    timeout 900 python benchmarks/pairwise_he_cpu.py --mul 0 --matmul 0 --lenet 1 --lenet 64
 """
 
 from __future__ import annotations
@@ -156,6 +161,54 @@ def measure(what: str, n: int, plain_bits: int = 0, profile: bool = False) -> di
             **({"party0_cpu_shares": res[0][4]} if profile else {})}
 
 
+def _lenet_party(rank: int, conn, batch: int, out) -> None:
+    """LeNet's HE weight triples' cross products as provider pairwise makes them (conv1 and
+    conv2 direct or unfolded by he_conv.preferred, the three linear layers as matmuls):
+    CPU seconds and bytes sent per step, keys made first (not timed)."""
+    from crypten_lite.provider import he_conv
+    params = he.default_params()
+    link = PipeLink(rank, conn, params)
+    eng = link.engine
+    try:
+        eng._ready(params.primes_for(137))
+        if hasattr(eng, "_mm_units"):
+            eng._mm_units()
+        link.send(b"go")
+        link.recv()
+        rng = np.random.default_rng(3 + rank)  # insecure-ok: benchmark inputs
+
+        def ring(*shape):
+            return rng.integers(0, 2 ** 63, shape, dtype=np.uint64)
+
+        def conv(xs, ws, bits):
+            x, w = ring(*xs), ring(*ws)
+            if he_conv.preferred(xs, ws, (1, 1), (0, 0), (1, 1), 1, he.N):
+                return he_conv.cross_conv(eng, 1 << 27, x, w, (1, 1), (0, 0), (1, 1), bits)
+            lay = he_conv.layout(xs, ws, (1, 1), he.N)     # unfolded: [M, C kh kw] x [C kh kw, B L]
+            k = ws[1] * ws[2] * ws[3]
+            return eng.matmul(w.reshape(1, ws[0], k), ring(1, k, xs[0] * lay.hout * lay.wout), bits)
+        steps = [("conv1", lambda: conv((batch, 1, 28, 28), (6, 1, 5, 5), 134)),
+                 ("conv2", lambda: conv((batch, 6, 12, 12), (16, 6, 5, 5), 137)),
+                 ("fc", lambda: [eng.matmul(ring(1, batch, k), ring(1, k, n), 137)
+                                 for k, n in ((256, 120), (120, 84), (84, 10))])]
+        res = {}
+        for name, fn in steps:
+            c, before = time.process_time(), link.sent
+            fn()
+            res[name] = [round(time.process_time() - c, 3), round((link.sent - before) / 1e6, 2)]
+        out.put((rank, res))
+    finally:
+        link.close()
+
+
+def measure_lenet(batch: int) -> dict:
+    res = run_pair(_lenet_party, lambda r: (batch,))
+    return {"lenet_weight_triples": batch,
+            "cpu_s": [round(sum(v[0] for v in res[r][0].values()), 2) for r in range(2)],
+            "sent_mb": [round(sum(v[1] for v in res[r][0].values()), 1) for r in range(2)],
+            "rank0_steps": res[0][0], "load": round(os.getloadavg()[0], 1)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mul", type=int, default=131072, help="elements (0: skip)")
@@ -165,7 +218,13 @@ def main() -> None:
                              "alternative; repeat to run both in one go")
     parser.add_argument("--profile", action="store_true",
                         help="one thread per party, cProfile: party 0's CPU shares by function")
+    parser.add_argument("--lenet", type=int, action="append", default=[],
+                        help="batch of LeNet's HE weight triples (conv1, conv2, fc) to time; repeat")
     args = parser.parse_args()
+    for batch in args.lenet:
+        print(json.dumps(measure_lenet(batch)), flush=True)
+    if args.lenet and not (args.mul or args.matmul):
+        return
     if args.profile:
         os.environ[he.THREADS_ENV] = "1"        # the spawned parties inherit it
     for bits in args.plain_bits or [0]:
