@@ -63,6 +63,7 @@ THREADS_ENV = "CRYPTEN_LITE_HE_THREADS"   # threads (one prime each); default 4
 CT_BYTES = 236 << 10           # a bound on a ciphertext as sent (seeded, 3 primes: 197 KB) or back (1 prime: 131 KB)
 MAX_NOISE_TERMS = 12288        # products x nonzero plaintext coefficients in one matmul / conv output
                                # (he_pow2.py: |B| <= 2^63, 200-bit q; see Pow2Unit.room)
+K_CHUNK = MAX_NOISE_TERMS // 4   # a longer inner dimension is summed from chunks of this size
 SECURITY = "128-bit classical (HE standard, N=8192, log2 q=218 = 3x60 + 38, ternary secret)"
 
 
@@ -402,7 +403,12 @@ def _blocks_cost(m: int, k: int, n: int, degree: int, joint: bool = True) -> tup
     """(cost, mw, kw, nw): block sizes of the coefficient encoding, mw*kw*nw + kw - 1 <= degree
     (no negacyclic wrap), chosen to minimise the work of one matmul: `joint`, both operands
     encrypted by party 0 (A0 B1 + A1 B0 in one set of ciphertexts), else one product with
-    only the left operand encrypted."""
+    only the left operand encrypted. An inner dimension past K_CHUNK is made in chunks
+    (CrossEngine.matmul): the blocks of one chunk, the cost of all."""
+    if k > K_CHUNK:
+        chunks = -(-k // K_CHUNK)
+        cost, mw, kw, nw = _blocks_cost(m, -(-k // chunks), n, degree, joint)
+        return cost * chunks, mw, kw, nw
     best = None
     for kw in sorted(_sizes(k)):
         for nw in sorted(_sizes(n)):
@@ -702,6 +708,14 @@ class CrossEngine:
         its own lhs with the peer's rhs and evaluates the peer's (both CPUs work)."""
         bsz, m, k = lhs.shape
         n = rhs.shape[2]
+        if k > K_CHUNK:              # the noise limit: the sum of products of K_CHUNK-long pieces
+            chunks = -(-k // K_CHUNK)
+            step = -(-k // chunks)
+            out = np.zeros((bsz, m, n), dtype=np.uint64)
+            with np.errstate(over="ignore"):
+                for k0 in range(0, k, step):
+                    out += self.matmul(lhs[:, :, k0:k0 + step], rhs[:, k0:k0 + step], bound_bits)
+            return out
         if split_products(m, k, n, self.params.n):
             if split_transposed(m, k, n, self.params.n):
                 out = self._matmul_split(np.ascontiguousarray(rhs.transpose(0, 2, 1)),

@@ -213,6 +213,22 @@ def test_matmul_cross_terms_exact_with_adversarial_inputs(monkeypatch, mode):
         e.close()
 
 
+def test_long_inner_dimension_is_summed_from_chunks():
+    """An inner dimension past he.K_CHUNK (beyond the noise limit of one product) is made from
+    chunks and stays exact; the block chooser costs it instead of refusing it."""
+    k = he.K_CHUNK + 5
+    assert he._blocks_cost(2, k, 3, he.N)[0] > 0 and he._blocks_cost(2, k, 3, he.N, joint=False)[0] > 0
+    engines = _engines()
+    rng = np.random.default_rng(9)  # test data only
+    a0, a1 = (_adversarial((1, 2, k), kind, rng) for kind in ("ones", "random"))
+    b0, b1 = (_adversarial((1, k, 3), kind, rng) for kind in ("random", "top"))
+    got = _both([lambda: engines[0].matmul(a0, b0, 150), lambda: engines[1].matmul(a1, b1, 150)])
+    with np.errstate(over="ignore"):
+        assert np.array_equal(got[0] + got[1], _matmul_ref(a0, b0, a1, b1))
+    for e in engines:
+        e.close()
+
+
 def test_direct_conv_cross_terms_exact_with_adversarial_inputs():
     """conv(x0, w1) + conv(x1, w0) in Z_2^64, inputs all -1 and kernels all 2^63 (and the
     reverse), two images per polynomial, several channel blocks."""
