@@ -1,5 +1,8 @@
 """Lattice homomorphic encryption for the pairwise provider: BFV (Microsoft SEAL, through
-TenSEAL's ``sealapi`` bindings) over a CRT of plaintext primes, exact in Z_2^64.
+TenSEAL's ``sealapi`` bindings) over a CRT of plaintext primes, exact in Z_2^64, for the
+elementwise (batched) products; matrix products and convolutions (the coefficient encoding
+below, he_conv.py) run on the Z_2^64 engine of he_pow2.py instead (plaintext modulus 2^64,
+one set of ciphertexts, R uniform mod 2^64), through the same exchange (_two_way).
 
 Each party holds its own key pair. For each product one party is the *owner*: it encrypts
 its operands under its own key; the other (the *evaluator*) multiplies them by its own

@@ -17,8 +17,8 @@ channel of each image group is one returned ciphertext. A product costs cipherte
 proportion to the input (sent) plus the outputs (returned), not to the unfolded input.
 
 Each party owns conv(its input, the peer's kernel): it encrypts its own input; the peer
-multiplies by its kernel's plaintexts and returns flooded, masked ciphertexts
-(he.CrossEngine's _finish); both parties do so at once (he.CrossEngine._two_way).
+multiplies by its kernel's plaintexts and returns flooded, masked ciphertexts (the Z_2^64
+engine, he_pow2.Pow2Unit.finish); both parties do so at once (he.CrossEngine._two_way).
 """
 
 from __future__ import annotations
