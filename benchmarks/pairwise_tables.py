@@ -62,6 +62,36 @@ def breakdown_table() -> str:
     return "\n".join(out)
 
 
+def bert_breakdown_table() -> str:
+    """Where one BERT-base layer's offline phase goes under pairwise, per correlation kind,
+    with the shapes of each kind's largest correlation (docs/pairwise_bert_breakdown.jsonl,
+    from `python benchmarks/pairwise_breakdown.py --workload bert_layer --bert-seq S --out
+    docs/pairwise_bert_breakdown.jsonl`; the last run of each size)."""
+    runs: dict[str, list[dict]] = {}
+    current: list[dict] = []
+    for line in (DOCS / "pairwise_bert_breakdown.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        current.append(row)
+        if row["kind"] == "total (prefetch)":
+            runs[row["workload"]], current = current, []
+    out = ["| workload | correlation kind (op) | correlations | MB both ways | seconds | largest (shapes: MB, s) |",
+           "|---|---|---|---|---|---|"]
+    for workload, rows in runs.items():
+        for r in rows:
+            if r["kind"] == "total (prefetch)":
+                out.append(f"| {workload} | whole prefetch ({r['plan_requests']} requests; load "
+                           f"{r['load_average_1min']}, {r['date']}) | | | {r['seconds']:.2f} | online "
+                           f"{r['online_seconds']:.2f} s, {r['rounds']} rounds, {r['online_mb_both_ways']} MB |")
+            elif "correlations" in r:
+                big = r.get("largest", [{}])[0]
+                shapes = " x ".join("[" + ",".join(map(str, s)) + "]" for s in big.get("shapes", [])
+                                    if not isinstance(s, str))
+                shapes += "".join(f" (first of {s[1:]} batched)" for s in big.get("shapes", []) if isinstance(s, str))
+                out.append(f"| {workload} | {r['kind']} | {r['correlations']} | {r['mb_both_ways']:.1f} | "
+                           f"{r['seconds']:.2f} | {shapes}: {big.get('mb')} MB, {big.get('seconds')} s |")
+    return "\n".join(out)
+
+
 def quick_table() -> str:
     """The table of `python benchmarks/pairwise_vs_cheetah.py --quick` (docs/pairwise_quick.jsonl)."""
     import sys
@@ -82,3 +112,5 @@ if __name__ == "__main__":
     print(quick_table())
     print()
     print(breakdown_table())
+    print()
+    print(bert_breakdown_table())

@@ -95,3 +95,19 @@ def test_sliced_matmul_recombines_exactly():
     assert got.dtype == np.uint64 and np.array_equal(got, want)
     assert len(calls) > 1                                  # it was sliced
     assert any(c[0][2] < 20 for c in calls)                # k among the cuts (sums checked above)
+
+
+def test_docs_quote_the_bert_breakdown():
+    """docs/protocols.md's BERT-base breakdown table is the one benchmarks/pairwise_tables.py
+    renders from docs/pairwise_bert_breakdown.jsonl (pairwise_breakdown.py's lines)."""
+    import pathlib
+    import sys
+    root = pathlib.Path(__file__).resolve().parents[2]
+    sys.path.insert(0, str(root / "benchmarks"))
+    try:
+        import pairwise_tables
+    finally:
+        sys.path.pop(0)
+    table = pairwise_tables.bert_breakdown_table()
+    assert "bert_layer_h768_a12_f3072_s32" in table and "weight_triple/matmul" in table
+    assert table in (root / "docs" / "protocols.md").read_text()
