@@ -150,8 +150,8 @@ if rank == 0:
         corr = get(kind, shapes, op, params)
         captured.setdefault("triple", (provider.counter - 1, corr))
         return corr
-    def spy_open(pairs, dst=None):
-        return captured.setdefault("opened", open_diffs(pairs, dst))
+    def spy_open(pairs, dst=None, **kw):  # on_range (streamed openings) passed through
+        return captured.setdefault("opened", open_diffs(pairs, dst, **kw))
     provider.get, beaver.open_differences = spy_get, spy_open
 z = (x * y).get_plain_text()
 kt = provider.counter - 1
