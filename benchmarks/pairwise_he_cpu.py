@@ -50,7 +50,9 @@ def _params(plain_bits: int) -> he.HEParams:
     data, ret = ([50, 50, 50, 50, 18], 2) if plain_bits > 46 else ([60, 60, 60, 38], 1)
     coeff = tuple(m.value() for m in s.CoeffModulus.Create(he.N, data))
     plain = tuple(m.value() for m in s.PlainModulus.Batching(he.N, [plain_bits] * he.MAX_PRIMES))
-    return he.HEParams(he.N, coeff, plain, return_primes=ret)
+    mm = he.default_params()                      # matmul: the Z_2^64 engine either way
+    return he.HEParams(he.N, coeff, plain, return_primes=ret, mm_moduli=mm.mm_moduli,
+                       mm_t_bits=mm.mm_t_bits, mm_return=mm.mm_return)
 
 
 def _shares(prof, top: int = 8) -> dict:

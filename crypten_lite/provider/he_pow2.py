@@ -152,6 +152,9 @@ class Pow2Unit:
 
     def __init__(self, params: "he.HEParams"):
         s = he._sealapi()
+        if len(params.mm_moduli) < 2:
+            raise ConfigError("pairwise: these HE parameters name no Z_2^64 matmul engine moduli "
+                              "(he.default_params() has them)")
         self.n = params.n
         self.params = params
         parms = s.EncryptionParameters(s.SCHEME_TYPE.BFV)
