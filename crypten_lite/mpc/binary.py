@@ -246,9 +246,14 @@ def _open_masked(plans: Sequence[_Plan]) -> list[list[torch.Tensor]]:
         for part in parts[1:]:
             total = total ^ part
         opened_all, offset = [], 0
+        # a small job's opened values as numpy views (expand_terms works on numpy there):
+        # slicing an array costs a fraction of a tensor's view
+        whole = total.numpy() if any(p.job.inputs[0].numel() <= circuits.SMALL_EXPAND_WORDS
+                                     for p in plans) else None
         for p in plans:
             numel = p.job.inputs[0].numel()
-            opened_all.append([total[offset + k * numel:offset + (k + 1) * numel].view(x.shape)
+            src = whole if numel <= circuits.SMALL_EXPAND_WORDS else total
+            opened_all.append([src[offset + k * numel:offset + (k + 1) * numel].reshape(tuple(x.shape))
                                for k, x in enumerate(p.job.inputs)])
             offset += numel * len(p.job.inputs)
         return opened_all

@@ -194,12 +194,14 @@ def expand_terms(terms: Sequence[Sequence[int]], opened: Sequence[torch.Tensor],
     monomial share. Pure; a la Beaver's multiplication generalised to products of k bits.
     """
     if lead.numel() > SMALL_EXPAND_WORDS:
-        return _expand_terms_torch(terms, opened, mask, mono, lead)
+        return _expand_terms_torch(terms, [torch.from_numpy(x) if isinstance(x, np.ndarray) else x
+                                           for x in opened], mask, mono, lead)
     # On numpy views of the same memory (no copies): for the few words of a small op, each
     # torch operator's dispatch costs more than its arithmetic, numpy's less (a LeNet b1
     # level: about a third less CPU). Products of opened values are computed once per call
-    # (terms share their prefixes).
-    o = [None if x is None else x.numpy() for x in opened]
+    # (terms share their prefixes). `opened` may hold numpy arrays already (binary's
+    # masked openings of small jobs).
+    o = [x if x is None or isinstance(x, np.ndarray) else x.numpy() for x in opened]
     out = np.zeros(lead.shape, dtype=np.int64)
     pubs: dict[tuple[int, ...], np.ndarray] = {}
     shares: dict[tuple[int, ...], np.ndarray] = {(): lead.numpy()}
