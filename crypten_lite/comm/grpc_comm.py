@@ -97,6 +97,7 @@ CHANNEL_OPTIONS = [(k, MAX_REPLY_BYTES if k == "grpc.max_receive_message_length"
 LOOKAHEAD_BYTES = 16 * CHUNK_BYTES
 PEER_CHANNEL_OPTIONS = GRPC_OPTIONS + [("grpc.http2.lookahead_bytes", LOOKAHEAD_BYTES)]
 WATCH_TICK = 0.25  # seconds between the watchdog's looks at the reads in progress
+GONE_READ_SECONDS = 10.0  # a send to a departed peer reads its stream this long for its abort frame
 
 
 def make_hello(config: Config, rank: int, public_key: bytes) -> pb.Hello:
@@ -810,7 +811,35 @@ class GrpcCommunicator(Communicator):
                     inbox.call.cancel()
 
     def _send(self, tensor: torch.Tensor, dst: int) -> None:
-        self.outboxes[dst].send(self.config.session, self.rank, tensor)
+        outbox = self.outboxes[dst]
+        if outbox.failed:
+            self._why_gone(dst)
+        outbox.send(self.config.session, self.rank, tensor)
+
+    def _why_gone(self, dst: int) -> None:
+        """`dst`'s subscription to this party ended: read what `dst`'s own stream still holds
+        before this send fails, since a party that failed (or stopped because another did) sent
+        an abort frame naming the party that failed first. Without this, a party whose next
+        operation was a send blamed the peer's departure, and `launch` then named the wrong
+        party first. Raises that account when there is one; otherwise returns (the send fails
+        as before)."""
+        inbox, mailbox = self.inboxes[dst], self.mailbox
+        if not inbox.lock.acquire(timeout=self.config.timeout):
+            return
+        try:
+            inbox.deadline = time.monotonic() + min(self.config.timeout, GONE_READ_SECONDS)
+            try:
+                while inbox.live and mailbox.failure(dst) is None:
+                    inbox.read()
+            finally:
+                inbox.deadline = 0.0
+        finally:
+            inbox.lock.release()
+        reason = mailbox.failure(dst)
+        if reason is not None and reason.startswith(("failed: ", "stopped because")):
+            origin = mailbox.origin(dst)[0]
+            raise CommunicationError(f"party {self.rank}: cannot send to party {dst}: party {dst} "
+                                     f"{reason}; see party {origin}'s output for the cause", peer=dst)
 
     def _recv(self, src: int) -> torch.Tensor:
         inbox, mailbox = self.inboxes[src], self.mailbox

@@ -323,6 +323,20 @@ def test_a_party_that_raises_stops_the_others_at_once(mode):
     assert "stopped rank" not in r.stderr  # every party ended by itself
 
 
+@pytest.mark.timeout(240)
+def test_a_send_to_a_party_that_failed_names_its_failure():
+    """Rank 1 raises; rank 0 only sends to it afterwards. The send that fails reports rank 1's
+    own failure (read from rank 1's abort frame), and launch names rank 1 first: a send
+    used to fail with "its subscription to this party ended" without reading why, and launch
+    then blamed rank 0 (seen beside a CPU hog, where rank 0's next op was a barrier's send)."""
+    r = _launch("-n", "2", "--timeout", "600", str(SCRIPTS / "send_after_failure.py"), timeout=200)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "rank 0 got CommunicationError: party 0: cannot send to party 1: party 1 failed: " \
+           "ValueError" in r.stdout, r.stdout + r.stderr
+    assert "crypten-lite launch: rank 1 failed first: exited with code 1" in r.stderr, r.stderr
+    assert "subscription to this party ended" not in r.stdout + r.stderr
+
+
 @pytest.mark.slow
 def test_failure_report_is_complete_every_time():
     """20 launches: rank 1 writes 2000 lines to each pipe, then raises; every line and the whole
