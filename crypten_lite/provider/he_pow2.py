@@ -98,24 +98,33 @@ def _body(data: bytes, capacity: int) -> bytearray:
     if mode != 2:
         raise ProtocolError(f"pairwise: SEAL object with compression mode {mode}")
     lib = _zstd()
-    dst = ctypes.create_string_buffer(capacity)
-    n = lib.ZSTD_decompress(dst, capacity, data[16:], len(data) - 16)
+    out = bytearray(capacity)                      # decompressed in place, no copies
+    dst = (ctypes.c_char * capacity).from_buffer(out)
+    data = data if isinstance(data, bytes) else bytes(data)
+    src = ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p).value + 16
+    n = lib.ZSTD_decompress(dst, capacity, src, len(data) - 16)
+    del dst
     if lib.ZSTD_isError(n):
         raise ProtocolError("pairwise: a SEAL object does not decompress")
-    return bytearray(dst.raw[:n])
+    del out[n:]
+    return out
 
 
 def _compressed(body: bytes | bytearray) -> bytes:
     """A SEAL object of this body, zstd-compressed as SEAL's own saves are."""
     lib = _zstd()
     cap = lib.ZSTD_compressBound(len(body))
-    dst = ctypes.create_string_buffer(cap)
-    n = lib.ZSTD_compress(dst, cap, bytes(body), len(body), 1)
+    out = bytearray(16 + cap)                      # compressed behind its header, no copies
+    dst = ctypes.addressof((ctypes.c_char * len(out)).from_buffer(out)) + 16
+    src = (ctypes.c_char * len(body)).from_buffer(body) if isinstance(body, bytearray) else body
+    n = lib.ZSTD_compress(dst, cap, src, len(body), 1)
+    del src
     if lib.ZSTD_isError(n):
         raise ProtocolError("pairwise: zstd compression failed")
-    head = bytearray(he._seal_header(16 + n))
-    head[5] = 2
-    return bytes(head) + dst.raw[:n]
+    out[:16] = he._seal_header(16 + n)
+    out[5] = 2
+    del out[16 + n:]
+    return bytes(out)
 
 
 def mulmod(x: np.ndarray, c: int, q: int) -> np.ndarray:
