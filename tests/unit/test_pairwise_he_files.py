@@ -1,0 +1,89 @@
+"""The RAM-disk files through which sealapi loads SEAL objects (he._Files): each thread's one
+input file is overwritten in place, so a shorter object after a longer one must load as
+itself (SEAL reads only the size its header states), a header that does not state the
+object's own length is refused before SEAL could read the previous object's stale tail, and
+close() leaves nothing behind."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import numpy as np
+import pytest
+
+from crypten_lite.errors import ProtocolError
+from crypten_lite.provider import he, he_pow2
+
+
+@pytest.fixture(scope="module")
+def unit():
+    return he_pow2.Pow2Unit(he.default_params())
+
+
+def _polys(unit, size: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)   # test data only; the library draws from its PRG
+    mods = np.array(unit.data_moduli, dtype=np.uint64)[:, None]
+    return np.stack([rng.integers(0, 1 << 50, (len(mods), unit.n), dtype=np.uint64) % mods
+                     for _ in range(size)]).reshape(size, -1)
+
+
+def test_shorter_after_longer_loads_as_itself(unit):
+    s = he._sealapi()
+    files = he._Files()
+    try:
+        for size, seed in ((5, 1), (2, 2), (3, 3), (2, 4)):
+            polys = _polys(unit, size, seed)
+            ct = files.load(s.Ciphertext, unit.ctx, unit._ct_bytes(polys), "ciphertext")
+            assert ct.size() == size
+            arr = ct.dyn_array()
+            for j in (0, 1, polys.size // 2, polys.size - 1):   # SEAL's layout: poly, prime, coeff
+                assert arr.at(j) == int(polys.reshape(-1)[j])
+    finally:
+        files.close()
+    assert not os.path.exists(files.dir)
+
+
+def test_header_not_stating_its_length_is_refused(unit):
+    s = he._sealapi()
+    files = he._Files()
+    try:
+        data = unit._ct_bytes(_polys(unit, 3, 5))
+        files.load(s.Ciphertext, unit.ctx, data, "ciphertext")            # a longer file first
+        short = unit._ct_bytes(_polys(unit, 2, 6))
+        for bad in (short + b"\0" * 8, short[:-8], short[:10]):
+            with pytest.raises(ProtocolError, match="does not state"):
+                files.load(s.Ciphertext, unit.ctx, bad, "ciphertext")
+        # a header claiming the longer object's size over the shorter body: refused here,
+        # never read from the stale tail of the file
+        forged = bytearray(short)
+        forged[8:16] = len(data).to_bytes(8, "little")
+        with pytest.raises(ProtocolError, match="does not state"):
+            files.load(s.Ciphertext, unit.ctx, bytes(forged), "ciphertext")
+    finally:
+        files.close()
+
+
+def test_one_input_file_per_thread_all_removed(unit):
+    s = he._sealapi()
+    files = he._Files()
+    errors: list[BaseException] = []
+
+    def work(seed: int) -> None:
+        try:
+            for i in range(3):
+                polys = _polys(unit, 2 + (seed + i) % 3, 10 * seed + i)
+                ct = files.load(s.Ciphertext, unit.ctx, unit._ct_bytes(polys), "ciphertext")
+                assert ct.dyn_array().at(polys.size - 1) == int(polys.reshape(-1)[-1])
+        except BaseException as e:  # reported below, not lost in the thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not errors, errors
+    assert len(os.listdir(files.dir)) == 3
+    files.close()
+    assert not os.path.exists(files.dir)
