@@ -873,6 +873,8 @@ class GrpcCommunicator(Communicator):
                 or numel * 8 > self.config.max_message_bytes):
             return None
         peer = 1 - self.rank
+        if self.outboxes[peer].failed:
+            self._why_gone(peer)  # as _send: the peer's abort frame names who failed first
         self._stats["rounds"] += 1
         self._stats["bytes_sent"] += numel * 8
         self._stats["messages"] += 1
