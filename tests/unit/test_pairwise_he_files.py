@@ -87,3 +87,24 @@ def test_one_input_file_per_thread_all_removed(unit):
     assert len(os.listdir(files.dir)) == 3
     files.close()
     assert not os.path.exists(files.dir)
+
+
+@pytest.mark.parametrize("size", [2, 16])
+def test_ct_data_matches_seals_own_save(unit, size):
+    """he_pow2._ct_data (the NTT'd plaintext rows read in memory) is what SEAL's zstd save
+    holds, coefficient for coefficient; a wrong expected shape gives None (the save path)."""
+    s = he._sealapi()
+    files = he._Files()
+    try:
+        polys = _polys(unit, size, 7 + size)
+        ct = files.load(s.Ciphertext, unit.ctx, unit._ct_bytes(polys), "ciphertext")
+        unit.evaluator.transform_to_ntt_inplace(ct)
+        got = he_pow2._ct_data(ct, size, len(unit.data_moduli), unit.n)
+        body = he_pow2._body(files.dump(ct), he_pow2._HEAD + 8 * polys.size + 4096)
+        ref = np.frombuffer(body, dtype="<u8", count=polys.size, offset=he_pow2._HEAD)
+        assert got is not None and np.array_equal(got, ref)
+        assert not np.array_equal(ref, polys.reshape(-1))          # the NTT did happen
+        assert he_pow2._ct_data(ct, size + 1, len(unit.data_moduli), unit.n) is None
+        assert he_pow2._ct_data(ct, size, len(unit.data_moduli) - 1, unit.n) is None
+    finally:
+        files.close()
