@@ -151,7 +151,7 @@ def words_mod(words: list[np.ndarray], q: int) -> np.ndarray:
     return out
 
 
-def _ct_data(ct, size: int, levels: int, n: int) -> np.ndarray | None:
+def _ct_data(ct, size: int, levels: int, n: int, writable: bool = False) -> np.ndarray | None:
     """A read-only view of a SEAL Ciphertext's coefficients in memory ([size * levels * n],
     SEAL's order), instead of a zstd save (~9 ms) and decompression (~3 ms) of a 16-poly
     ciphertext. pybind11 keeps the C++ object's address after the Python object's header;
@@ -175,9 +175,9 @@ def _ct_data(ct, size: int, levels: int, n: int) -> np.ndarray | None:
         arr = np.ctypeslib.as_array((ctypes.c_uint64 * count).from_address(head[14]))
         if any(int(arr[j * levels * n]) != ct.data(j) for j in range(size)):
             return None
-        arr.flags.writeable = False
+        arr.flags.writeable = writable
         return arr
-    except (AttributeError, TypeError, ValueError, OverflowError):
+    except (AttributeError, TypeError, ValueError, OverflowError, IndexError):
         return None
 
 
@@ -355,21 +355,38 @@ class Pow2Unit:
         live = [i for i in range(len(rows)) if rows[i].any()]
         for start in range(0, len(live), _MAX_SIZE):
             idx = live[start:start + _MAX_SIZE]
-            polys = np.zeros((max(2, len(idx)), nl), dtype=np.uint64)
-            polys[:len(idx)] = self.centred(rows[idx]).transpose(1, 0, 2).reshape(len(idx), nl)
+            shape = (max(2, len(idx)), nl)
+            ct, view = self._new_ct(shape[0])
+            if view is None:           # not the layout _ct_data knows: through a file
+                view = np.zeros(shape, dtype=np.uint64)
+            view = view.reshape(shape)
+            view[:len(idx)] = self.centred(rows[idx]).transpose(1, 0, 2).reshape(len(idx), nl)
             if len(idx) == 1:
-                polys[1] = 1           # SEAL refuses to NTT a ciphertext whose c1 is zero
-            ct = files.load(s.Ciphertext, self.ctx, self._ct_bytes(polys), "plaintext rows")
+                view[1] = 1            # SEAL refuses to NTT a ciphertext whose c1 is zero
+            if ct is None:
+                ct = files.load(s.Ciphertext, self.ctx, self._ct_bytes(view), "plaintext rows")
             self.evaluator.transform_to_ntt_inplace(ct)
-            data = _ct_data(ct, polys.shape[0], len(self.data_moduli), self.n)
+            data = _ct_data(ct, shape[0], len(self.data_moduli), self.n)
             if data is None:           # not the layout _ct_data knows: SEAL's zstd save
-                body = _body(files.dump(ct), _HEAD + 8 * polys.size + 4096)
-                data = np.frombuffer(body, dtype="<u8", count=polys.size, offset=_HEAD)
-            data = data.reshape(polys.shape)
+                body = _body(files.dump(ct), _HEAD + 8 * view.size + 4096)
+                data = np.frombuffer(body, dtype="<u8", count=view.size, offset=_HEAD)
+            data = data.reshape(shape)
             for j, i in enumerate(idx):
                 raw = he._seal_object(struct.pack("<4QQd", *self.pid, nl, 1.0) + he._seal_array(data[j]))
                 out[i] = files.load(s.Plaintext, self.ctx, raw, "plaintext")
         return out
+
+    def _new_ct(self, size: int) -> tuple:
+        """(a zero data-level Ciphertext of `size` polynomials, not NTT form, and a writable
+        view [size, L, N] of its coefficients), or (None, None) where _ct_data does not
+        recognise the layout (the caller then loads its polynomials from a file)."""
+        s = he._sealapi()
+        ct = s.Ciphertext(self.ctx, self.pid, size)     # size is its capacity here
+        ct.resize(self.ctx, self.pid, size)
+        view = _ct_data(ct, size, len(self.data_moduli), self.n, writable=True)
+        if view is None or ct.is_ntt_form():
+            return None, None
+        return ct, view.reshape(size, len(self.data_moduli), self.n)
 
     def _ct_bytes(self, polys: np.ndarray, ntt: bool = False) -> bytes:
         """A data-level ciphertext of these polynomials ([size, L*N] residues), uncompressed."""
@@ -394,7 +411,9 @@ class Pow2Unit:
         if top < 64:
             w[-1] &= np.uint64((1 << top) - 1)
         shift = self.delta(mask)
-        polys = np.zeros((2, len(self.data_moduli), nd), dtype=np.uint64)
+        noise, polys = self._new_ct(2)        # (e_flood + Delta'(mask), 0), written in place
+        if polys is None:
+            polys = np.zeros((2, len(self.data_moduli), nd), dtype=np.uint64)
         for j, q in enumerate(self.data_moduli):
             mq = np.uint64(q)
             r = words_mod([w[i] for i in range(words)], q)
@@ -402,7 +421,8 @@ class Pow2Unit:
             e = np.where(r >= sh, r - sh, r + mq - sh)
             v = e + shift[j]
             polys[0, j] = np.where(v >= mq, v - mq, v)
-        noise = files.load(s.Ciphertext, self.ctx, self._ct_bytes(polys.reshape(2, -1)), "flooding term")
+        if noise is None:
+            noise = files.load(s.Ciphertext, self.ctx, self._ct_bytes(polys.reshape(2, -1)), "flooding term")
         self.evaluator.add_inplace(out, noise)
         if acc_ntt is not None:
             self.evaluator.transform_from_ntt_inplace(acc_ntt)

@@ -108,3 +108,14 @@ def test_ct_data_matches_seals_own_save(unit, size):
         assert he_pow2._ct_data(ct, size, len(unit.data_moduli) - 1, unit.n) is None
     finally:
         files.close()
+
+
+def test_new_ct_is_written_in_place(unit):
+    """he_pow2.Pow2Unit._new_ct: a zero data-level ciphertext whose view writes through to
+    SEAL's own coefficients (what the flood term and the plaintext rows are built in)."""
+    ct, view = unit._new_ct(3)
+    assert ct is not None and view.shape == (3, len(unit.data_moduli), unit.n)
+    assert not view.any() and not ct.is_ntt_form()
+    view[2, 0, 0] = 12345
+    view[1, 0, 0] = 777
+    assert ct.data(2) == 12345 and ct.data(1) == 777 and ct.data(0) == 0
