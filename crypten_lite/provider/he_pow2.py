@@ -24,8 +24,10 @@ plaintext lift and its decryptor, and this engine bypasses all three:
   2^(64-k) gives the low k bits of v = round(2^64 phase / Q) exactly; decrypting ct itself
   gives v's top k bits up to +-1; the 2k - 64 overlapping bits fix the carry.
 
-SEAL serializes with zstd; the seeded encryption's c0 and an NTT's output are read with
-the zstd that SEAL's own library exports (ctypes), nothing else.
+SEAL serializes with zstd; the seeded encryption's c0 is read with the zstd that SEAL's own
+library exports (ctypes), nothing else. An NTT's output is read, and the NTT's input and
+the flood term written, in the SEAL object's own memory where its layout checks against
+sealapi's accessors (_ct_data), else through SEAL's save and load as before.
 """
 
 from __future__ import annotations
