@@ -153,6 +153,24 @@ def words_mod(words: list[np.ndarray], q: int) -> np.ndarray:
     return out
 
 
+# TenSEAL builds whose object layout _ct_data was checked on: another build could lay its
+# objects out otherwise, and reading a pointer from the wrong place may crash before any check
+# can refuse it, so an unlisted version takes SEAL's save and load instead (slower, same values).
+LAYOUT_CHECKED_TENSEAL = ("0.3.18",)
+_LAYOUT_OK: bool | None = None
+
+
+def _layout_known() -> bool:
+    global _LAYOUT_OK
+    if _LAYOUT_OK is None:
+        try:
+            import tenseal
+            _LAYOUT_OK = getattr(tenseal, "__version__", "") in LAYOUT_CHECKED_TENSEAL
+        except ImportError:
+            _LAYOUT_OK = False
+    return _LAYOUT_OK
+
+
 def _ct_data(ct, size: int, levels: int, n: int, writable: bool = False) -> np.ndarray | None:
     """A read-only view of a SEAL Ciphertext's coefficients in memory ([size * levels * n],
     SEAL's order), instead of a zstd save (~9 ms) and decompression (~3 ms) of a 16-poly
@@ -162,6 +180,8 @@ def _ct_data(ct, size: int, levels: int, n: int, writable: bool = False) -> np.n
     is checked against sealapi's own accessors (and each polynomial's first coefficient
     against ct.data(j)); anything else returns None and the caller saves as before. The view
     is valid while `ct` lives and is not resized."""
+    if not _layout_known():
+        return None
     try:
         if type(ct).__basicsize__ < 24:
             return None

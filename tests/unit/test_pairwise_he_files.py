@@ -123,3 +123,20 @@ def test_new_ct_is_written_in_place(unit):
     view[2, 0, 0] = 12345
     view[1, 0, 0] = 777
     assert ct.data(2) == 12345 and ct.data(1) == 777 and ct.data(0) == 0
+
+
+def test_unchecked_tenseal_takes_the_save_path(unit, monkeypatch):
+    """A TenSEAL build whose object layout was not checked never has its memory read by
+    pointer (that could crash before any check): _ct_data gives None, _new_ct no view, and the
+    engine's plaintext rows still come out as SEAL's own save has them."""
+    s = he._sealapi()
+    files = he._Files()
+    try:
+        polys = _polys(unit, 2, 99)
+        ct = files.load(s.Ciphertext, unit.ctx, unit._ct_bytes(polys), "ciphertext")
+        assert he_pow2._ct_data(ct, 2, len(unit.data_moduli), unit.n) is not None
+        monkeypatch.setattr(he_pow2, "_LAYOUT_OK", False)
+        assert he_pow2._ct_data(ct, 2, len(unit.data_moduli), unit.n) is None
+        assert unit._new_ct(2)[1] is None
+    finally:
+        files.close()

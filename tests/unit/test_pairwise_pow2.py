@@ -195,10 +195,14 @@ def _matmul_ref(a0, b0, a1, b1):
     return ((np.matmul(o[0], o[1]) + np.matmul(o[2], o[3])) % M64).astype(np.uint64)
 
 
-@pytest.mark.parametrize("mode", ["split", "transposed", "joint"])
-def test_matmul_cross_terms_exact_with_adversarial_inputs(monkeypatch, mode):
+@pytest.mark.parametrize("mode,in_memory", [("split", True), ("transposed", True), ("joint", True),
+                                             ("split", False)])
+def test_matmul_cross_terms_exact_with_adversarial_inputs(monkeypatch, mode, in_memory):
     """lhs0 @ rhs1 + lhs1 @ rhs0 in Z_2^64 for every encoding, operands all -1, all 2^63 and
-    uniform (each party's and each side's kind differ), batched, with several blocks."""
+    uniform (each party's and each side's kind differ), batched, with several blocks; also
+    through SEAL's save and load where the TenSEAL build's layout is unchecked (in_memory off)."""
+    if not in_memory:
+        monkeypatch.setattr(he_pow2, "_LAYOUT_OK", False)
     monkeypatch.setattr(he, "split_products", lambda *a: mode != "joint")
     monkeypatch.setattr(he, "split_transposed", lambda *a: mode == "transposed")
     engines = _engines()
