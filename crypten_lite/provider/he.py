@@ -45,6 +45,7 @@ import os
 import struct
 import tempfile
 import threading
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
@@ -211,6 +212,9 @@ class _Files:
     def __init__(self):
         base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
         self.dir = tempfile.mkdtemp(prefix="crypten_lite_he_", dir=base)
+        # an engine never closed (a dropped provider, a test) still leaves no folder behind:
+        # removed when this object is collected or at the interpreter's exit
+        self._finalizer = weakref.finalize(self, _rmdir, self.dir)
         self._n = 0
         self._local = threading.local()
         self._inputs: list[tuple[int, str]] = []    # (fd, path): one input file per thread
@@ -274,10 +278,14 @@ class _Files:
             os.close(fd)
             if not path.startswith("/proc/"):
                 _unlink(path)
-        try:
-            os.rmdir(self.dir)
-        except OSError:
-            pass
+        self._finalizer()
+
+
+def _rmdir(path: str) -> None:
+    try:
+        os.rmdir(path)
+    except OSError:
+        pass
 
 
 def _unlink(path: str) -> None:

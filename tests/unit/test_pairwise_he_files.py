@@ -140,3 +140,16 @@ def test_unchecked_tenseal_takes_the_save_path(unit, monkeypatch):
         assert unit._new_ct(2)[1] is None
     finally:
         files.close()
+
+
+def test_an_engine_never_closed_leaves_no_folder():
+    """A _Files dropped without close() (a provider discarded, a failed test) removes its
+    private folder when collected (and at exit): runs used to leave thousands on /dev/shm."""
+    import gc
+    import os
+    files = he._Files()
+    folder = files.dir
+    assert os.path.isdir(folder)
+    del files
+    gc.collect()
+    assert not os.path.exists(folder)
