@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import queue
-import threading
 
 import numpy as np
 import pytest
@@ -20,6 +19,7 @@ pytest.importorskip("tenseal")
 
 from crypten_lite.provider import he, he_conv  # noqa: E402
 from crypten_lite.random import PRG  # noqa: E402
+from two_party_threads import run_both  # noqa: E402
 
 
 def _negacyclic(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -76,23 +76,7 @@ def _engines():
 
 
 def _both(fns):
-    out = [None, None]
-
-    def run(r):
-        try:
-            out[r] = fns[r]()
-        except Exception as e:  # noqa: BLE001 (re-raised below)
-            out[r] = e
-    threads = [threading.Thread(target=run, args=(r,)) for r in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(300)
-        assert not t.is_alive(), "a party hung"
-    for o in out:
-        if isinstance(o, Exception):
-            raise o
-    return out
+    return run_both(fns, 300)
 
 
 def _ring(shape, g):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import queue
-import threading
 
 import numpy as np
 import pytest
@@ -21,6 +20,7 @@ pytest.importorskip("tenseal")
 from crypten_lite.errors import ProtocolError  # noqa: E402
 from crypten_lite.provider import he, he_conv, he_pow2  # noqa: E402
 from crypten_lite.random import PRG  # noqa: E402
+from two_party_threads import run_both  # noqa: E402
 
 M64 = 1 << 64
 
@@ -163,23 +163,7 @@ def _engines():
 
 
 def _both(fns):
-    out = [None, None]
-
-    def run(r):
-        try:
-            out[r] = fns[r]()
-        except Exception as e:  # noqa: BLE001 (re-raised below)
-            out[r] = e
-    threads = [threading.Thread(target=run, args=(r,)) for r in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(600)
-        assert not t.is_alive(), "a party hung"
-    for o in out:
-        if isinstance(o, Exception):
-            raise o
-    return out
+    return run_both(fns, 600)
 
 
 def _adversarial(shape, kind, rng):
@@ -330,20 +314,7 @@ def test_a_peer_on_the_crt_matmul_engine_is_refused_at_the_handshake():
         c.pair_seeds = {1 - r: seed}
 
     def both(fns):
-        out = [(None, None), (None, None)]
-
-        def run(r):
-            try:
-                out[r] = (fns[r](), None)
-            except Exception as e:  # noqa: BLE001 (the test inspects it)
-                out[r] = (None, e)
-        threads = [threading.Thread(target=run, args=(r,)) for r in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(120)
-            assert not t.is_alive(), "a party hung"
-        return out
+        return run_both(fns, 120, capture=True)
 
     class Crt(PairwiseProvider):
         def _parameters(self):

@@ -24,6 +24,7 @@ from crypten_lite.config import Config  # noqa: E402
 from crypten_lite.errors import ConfigError, ProtocolError  # noqa: E402
 from crypten_lite.provider import he  # noqa: E402
 from crypten_lite.provider.pairwise import DATA, PairwiseProvider  # noqa: E402
+from two_party_threads import run_both  # noqa: E402
 
 
 def _pair(providers=(PairwiseProvider, PairwiseProvider), timeout=60.0):
@@ -38,20 +39,7 @@ def _pair(providers=(PairwiseProvider, PairwiseProvider), timeout=60.0):
 
 def _both(fns):
     """Run fns[r]() on two threads; each rank's (result, exception)."""
-    out = [(None, None), (None, None)]
-
-    def run(r):
-        try:
-            out[r] = (fns[r](), None)
-        except Exception as e:  # noqa: BLE001 (the test inspects it)
-            out[r] = (None, e)
-    threads = [threading.Thread(target=run, args=(r,)) for r in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-        assert not t.is_alive(), "a party hung"
-    return out
+    return run_both(fns, 120, capture=True)
 
 
 def _providers(comms, cls=(PairwiseProvider, PairwiseProvider)):

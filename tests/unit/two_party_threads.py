@@ -1,0 +1,33 @@
+"""Two parties of an in-process test as two threads (HE engines joined by queues, providers on
+an in-process hub): shared by the pairwise unit tests."""
+
+from __future__ import annotations
+
+import threading
+from typing import Callable
+
+
+def run_both(fns: list[Callable], join_timeout: float = 300.0, capture: bool = False) -> list:
+    """Run fns[r]() for r = 0, 1 on two threads; a thread still running after join_timeout
+    fails the test ("a party hung"). Returns both results, re-raising the first party's
+    exception; with `capture`, each rank's (result, exception) instead, for a test that
+    inspects the errors."""
+    out: list = [(None, None), (None, None)]
+
+    def run(r: int) -> None:
+        try:
+            out[r] = (fns[r](), None)
+        except Exception as e:  # noqa: BLE001 (re-raised or returned below)
+            out[r] = (None, e)
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(join_timeout)
+        assert not t.is_alive(), "a party hung"
+    if capture:
+        return out
+    for _, e in out:
+        if e is not None:
+            raise e
+    return [value for value, _ in out]
