@@ -320,6 +320,27 @@ def _seal_array(values: np.ndarray) -> bytes:
     return _seal_object(struct.pack("<Q", values.size) + values.astype("<u8", copy=False).tobytes())
 
 
+def check_room(data_moduli: tuple[int, ...], t: int, n: int, keep: int, flood_bits: int,
+               noise_bound: int) -> None:
+    """Refuse a flood that would make a returned ciphertext decrypt wrongly: the noise (flood
+    + evaluation + the public-key encryption's, below 2^20) must stay under q / 2t at the data
+    level and after each switch down to `keep` primes (a switch adds at most (1 + N) / 2).
+    Both engines' check (t = 2^64 for he_pow2's)."""
+    q = math.prod(data_moduli)
+    noise = (1 << flood_bits) + noise_bound + (1 << 20)
+    level = list(data_moduli)
+    while True:
+        if 2 * t * noise >= q:
+            raise ProtocolError(f"pairwise: a product of {noise_bound.bit_length()}-bit "
+                                f"noise leaves no room for {flood_bits}-bit flooding at "
+                                f"{len(level)} primes; split the operation into smaller ones")
+        if len(level) <= keep:
+            return
+        last = level.pop()
+        q //= last
+        noise = noise // last + 1 + (1 + n) // 2
+
+
 class _Prime:
     """One plaintext prime's SEAL context, encoder and evaluator."""
 
@@ -576,22 +597,7 @@ class CrossEngine:
         return FRESH_NOISE * products * nonzero * t + 1
 
     def _room(self, p: _Prime, flood_bits: int, noise_bound: int) -> None:
-        """Refuse a flood that would make the returned ciphertext decrypt wrongly: the noise
-        (flood + evaluation + the public-key encryption's, below 2^20) must stay under
-        q / 2t at the data level and after each switch (which adds at most (1 + N) / 2)."""
-        q = math.prod(p.data_moduli)
-        noise = (1 << flood_bits) + noise_bound + (1 << 20)
-        level = list(p.data_moduli)
-        while True:
-            if 2 * p.t * noise >= q:
-                raise ProtocolError(f"pairwise: a product of {noise_bound.bit_length()}-bit "
-                                    f"noise leaves no room for {flood_bits}-bit flooding at "
-                                    f"{len(level)} primes; split the operation into smaller ones")
-            if len(level) <= self.params.return_primes:
-                return
-            last = level.pop()
-            q //= last
-            noise = noise // last + 1 + (1 + self.params.n) // 2
+        check_room(p.data_moduli, p.t, self.params.n, self.params.return_primes, flood_bits, noise_bound)
 
     def _flooded(self, p: _Prime, noise_bound: int, rand: Callable | None = None):
         """A fresh public-key encryption of zero (re-randomises the returned ciphertext)

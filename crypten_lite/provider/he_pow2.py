@@ -234,7 +234,6 @@ class Pow2Unit:
         self.k = params.mm_t_bits
         self.evaluator = s.Evaluator(self.ctx)
         q = math.prod(self.data_moduli)
-        self._q = q
         self._qh = [(q >> 64) % m for m in self.data_moduli]
         self._ql = np.uint64(q & (_M64 - 1))
         self._scale = s.Plaintext(format(1 << (64 - self.k), "x"))   # 2^(64-k) < t / 2
@@ -292,20 +291,8 @@ class Pow2Unit:
     def room(self, flood_bits: int, noise_bound: int) -> None:
         """Refuse a flood that would make the result decrypt wrongly: the noise (flood +
         evaluation + the public-key encryption's, below 2^20) must stay under q / 2^65 at
-        the data level and after each switch (which adds at most (1 + N) / 2)."""
-        q = self._q
-        noise = (1 << flood_bits) + noise_bound + (1 << 20)
-        level = list(self.data_moduli)
-        while True:
-            if (noise << 65) >= q:
-                raise ProtocolError(f"pairwise: a product of {noise_bound.bit_length()}-bit "
-                                    f"noise leaves no room for {flood_bits}-bit flooding at "
-                                    f"{len(level)} primes; split the operation into smaller ones")
-            if len(level) <= self.params.mm_return:
-                return
-            last = level.pop()
-            q //= last
-            noise = noise // last + 1 + (1 + self.n) // 2
+        the data level and after each switch (he.check_room with t = 2^64)."""
+        he.check_room(self.data_moduli, 1 << 64, self.n, self.params.mm_return, flood_bits, noise_bound)
 
     # -- owner: encrypt, open
     def encrypt_rows(self, files: "he._Files", rows: np.ndarray) -> list[bytes]:
