@@ -20,7 +20,7 @@ pytest.importorskip("tenseal")
 from crypten_lite.errors import ProtocolError  # noqa: E402
 from crypten_lite.provider import he, he_conv, he_pow2  # noqa: E402
 from crypten_lite.random import PRG  # noqa: E402
-from two_party_threads import run_both  # noqa: E402
+from two_party_threads import record_sends, run_both  # noqa: E402
 
 M64 = 1 << 64
 
@@ -273,16 +273,7 @@ def test_no_secret_key_of_the_z2_64_unit_on_the_wire():
     comms = [InProcessCommunicator(hub, r) for r in range(2)]
     for r, c in enumerate(comms):
         c.pair_seeds = {1 - r: seed}
-    sent = [[], []]
-    real = [c._send for c in comms]
-
-    def spy(r):
-        def send(tensor, dst):
-            sent[r].append(tensor.numpy().tobytes())
-            real[r](tensor, dst)
-        return send
-    for r, c in enumerate(comms):
-        c._send = spy(r)
+    sent = record_sends(comms)
     cfg = [Config(rank=r, world_size=2, provider="pairwise", session="t") for r in range(2)]
     ps = _both([lambda r=r: PairwiseProvider(cfg[r], comms[r]) for r in range(2)])
     shapes = [(4, 6), (6, 3)]

@@ -24,7 +24,7 @@ from crypten_lite.config import Config  # noqa: E402
 from crypten_lite.errors import ConfigError, ProtocolError  # noqa: E402
 from crypten_lite.provider import he  # noqa: E402
 from crypten_lite.provider.pairwise import DATA, PairwiseProvider  # noqa: E402
-from two_party_threads import run_both  # noqa: E402
+from two_party_threads import record_sends, run_both, stop_recording  # noqa: E402
 
 
 def _pair(providers=(PairwiseProvider, PairwiseProvider), timeout=60.0):
@@ -100,22 +100,12 @@ def test_no_secret_key_or_seed_on_the_wire(pair):
     """Both parties own a key pair (each owns half of a two-block product): neither secret
     key, nor a seed or MAC key, appears in anything either party sends."""
     comms, (p0, p1) = pair
-    sent = [[], []]
-    real = [c._send for c in comms]
-
-    def spy(r):
-        def send(tensor, dst):
-            sent[r].append(tensor.numpy().tobytes())
-            real[r](tensor, dst)
-        return send
-    for r, c in enumerate(comms):
-        c._send = spy(r)
+    sent = record_sends(comms)
     try:
         out = _both([lambda: _get(p0, shapes=((9000,), (9000,))),
                      lambda: _get(p1, shapes=((9000,), (9000,)))])
     finally:
-        for r, c in enumerate(comms):
-            c._send = real[r]
+        stop_recording(comms)
     assert out[0][1] is None and out[1][1] is None
     for r, p in enumerate((p0, p1)):
         wire = b"".join(sent[0] + sent[1])

@@ -31,3 +31,24 @@ def run_both(fns: list[Callable], join_timeout: float = 300.0, capture: bool = F
         if e is not None:
             raise e
     return [value for value, _ in out]
+
+
+def record_sends(comms: list) -> list[list[bytes]]:
+    """Wrap each communicator's _send so that every tensor it sends is also kept (its raw
+    bytes), per rank: what a test then searches for secrets that must not be on the wire.
+    stop_recording(comms) puts the real _send back (communicators a fixture shares)."""
+    sent: list[list[bytes]] = [[] for _ in comms]
+    for r, c in enumerate(comms):
+        real = c._recorded_from = c._send
+
+        def send(tensor, dst, r=r, real=real):
+            sent[r].append(tensor.numpy().tobytes())
+            real(tensor, dst)
+        c._send = send
+    return sent
+
+
+def stop_recording(comms: list) -> None:
+    """Undo record_sends."""
+    for c in comms:
+        c._send = c.__dict__.pop("_recorded_from")
