@@ -190,10 +190,6 @@ class CounterLedger:
 
 
 def tensor_to_proto(tensor: torch.Tensor) -> pb.TensorProto:
-    if type(tensor) is torch.Tensor and tensor.dtype == torch.int64 and tensor.is_contiguous() \
-            and tensor.device.type == "cpu" and not tensor.requires_grad:
-        # a correction (the common case): its bytes copied once, no checks above serde's own
-        return pb.TensorProto(dtype="int64", shape=tuple(tensor.shape), data=tensor.numpy().tobytes())
     dtype, shape, data = serde.to_bytes(tensor)
     return pb.TensorProto(dtype=dtype, shape=shape, data=bytes(data))
 

@@ -382,8 +382,6 @@ class _Inbox:
     """This party's subscription to one peer's messages, read by the thread that waits for
     one (the channel's thread only receives and parses the frame it asked for)."""
 
-    sink: "streamed.SumSink | None" = None  # takes the chunks of a streamed opening
-
     def __init__(self, comm: "GrpcCommunicator", peer: int, method):
         self.comm = comm
         self.peer = peer
@@ -393,7 +391,7 @@ class _Inbox:
         self.live = True  # frames may still come (no goodbye, no failure)
         self.deadline = 0.0  # of the read in progress (0: none); the watchdog's to check
         self.timed_out = False
-        self.sink = None
+        self.sink: streamed.SumSink | None = None  # takes the chunks of a streamed opening
         token = subscribe_token(comm.pair_seeds[peer], comm.config.session, comm.rank, peer)
         self.call = method(pb.Frame(session=comm.config.session, src=comm.rank, seq=OPEN_SEQ,
                                     data=token))
@@ -811,10 +809,15 @@ class GrpcCommunicator(Communicator):
                     inbox.call.cancel()
 
     def _send(self, tensor: torch.Tensor, dst: int) -> None:
+        self._outbox(dst).send(self.config.session, self.rank, tensor)
+
+    def _outbox(self, dst: int) -> "_Outbox":
+        """The outbox to `dst`; where `dst` went away first, the failure its own stream names
+        is raised (_why_gone) before the outbox's own "cannot send"."""
         outbox = self.outboxes[dst]
         if outbox.failed:
             self._why_gone(dst)
-        outbox.send(self.config.session, self.rank, tensor)
+        return outbox
 
     def _why_gone(self, dst: int) -> None:
         """`dst`'s subscription to this party ended: read what `dst`'s own stream still holds
@@ -873,12 +876,11 @@ class GrpcCommunicator(Communicator):
                 or numel * 8 > self.config.max_message_bytes):
             return None
         peer = 1 - self.rank
-        if self.outboxes[peer].failed:
-            self._why_gone(peer)  # as _send: the peer's abort frame names who failed first
+        outbox = self._outbox(peer)
         self._stats["rounds"] += 1
         self._stats["bytes_sent"] += numel * 8
         self._stats["messages"] += 1
-        mine = streamed.send_filled(self.outboxes[peer], self.config.session, self.rank, shape, tag,
+        mine = streamed.send_filled(outbox, self.config.session, self.rank, shape, tag,
                                     fill, CHUNK_BYTES)
         total = torch.empty(shape, dtype=torch.int64)
         sink = streamed.SumSink(-1, shape, tag, mine, total.view(-1), on_range, CHUNK_BYTES)

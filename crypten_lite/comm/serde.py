@@ -31,7 +31,9 @@ def to_bytes(tensor: torch.Tensor) -> tuple[str, tuple[int, ...], memoryview]:
     """(dtype name, shape, little-endian bytes) of a CPU tensor."""
     if tensor.dtype not in NAMES:
         raise CommunicationError(f"cannot send tensors of dtype {tensor.dtype}")
-    t = tensor.detach().contiguous().cpu()
+    t = tensor
+    if t.requires_grad or not t.is_contiguous() or t.device.type != "cpu":
+        t = t.detach().contiguous().cpu()  # a plain contiguous CPU tensor (the usual) is used as is
     data = memoryview(t.numpy()).cast("B") if t.numel() else memoryview(b"")
     return NAMES[t.dtype], tuple(t.shape), data
 
