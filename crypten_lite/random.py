@@ -25,7 +25,7 @@ import hmac
 import os
 import struct
 import threading
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 from cryptography.hazmat.primitives import hashes, serialization
@@ -67,31 +67,41 @@ _zeros = bytes(0)
 _AES, _CTR = algorithms.AES, modes.CTR  # looked up once (the modules' attribute hooks are slow)
 
 
+def _zero_plain(n: int):
+    """n zero bytes to encrypt (the keystream's plaintext): a view of one shared buffer up to
+    _ZEROS_MAX bytes, grown by doubling; a fresh bytes object beyond."""
+    global _zeros
+    if n > _ZEROS_MAX:
+        return bytes(n)
+    if len(_zeros) < n:
+        _zeros = bytes(max(n, min(2 * len(_zeros), _ZEROS_MAX)))
+    return memoryview(_zeros)[:n]
+
+
+def _stream_tensor(update_into: Callable, numel: int) -> torch.Tensor:
+    """A 1-D int64 tensor of numel words of keystream, written by `update_into(plain, out)`
+    (an AES-CTR context's) straight into the tensor's memory: no bytes object, no copy."""
+    n = 8 * numel
+    out = torch.empty(numel + 2, dtype=torch.int64)  # update_into needs 15 spare bytes
+    written = update_into(_zero_plain(n), memoryview(out.numpy()).cast("B"))
+    if written != n:
+        raise RuntimeError(f"AES-CTR wrote {written} bytes, expected {n}")
+    return out.resize_(numel)
+
+
 def keystream_ring(seed: "bytes | algorithms.AES | _CtrContext", nonce: bytes, shape: tuple[int, ...], numel: int) -> torch.Tensor:
     """int64 tensor of `shape` holding the AES-256-CTR keystream under `seed` from block
     `nonce` (the bytes random_bytes returns), written by the cipher straight into the
     tensor's memory: no intermediate bytes object, no copy."""
-    global _zeros
     if numel == 0:
         return torch.zeros(shape, dtype=torch.int64)
-    n = 8 * numel
-    if n <= _ZEROS_MAX:
-        if len(_zeros) < n:
-            _zeros = bytes(max(n, min(2 * len(_zeros), _ZEROS_MAX)))
-        plain = memoryview(_zeros)[:n]
-    else:
-        plain = bytes(n)
-    out = torch.empty(numel + 2, dtype=torch.int64)  # update_into needs 15 spare bytes
     if isinstance(seed, _CtrContext):
-        written = seed.keystream_into(nonce, plain, memoryview(out.numpy()).cast("B"))
-    else:
-        algorithm = seed if isinstance(seed, _AES) else _AES(seed)
-        encryptor = Cipher(algorithm, _CTR(nonce + b"\x00" * 4)).encryptor()
-        written = encryptor.update_into(plain, memoryview(out.numpy()).cast("B"))
-        encryptor.finalize()
-    if written != n:
-        raise RuntimeError(f"AES-CTR wrote {written} bytes, expected {n}")
-    return out.resize_(numel).view(shape)
+        return _stream_tensor(lambda plain, buf: seed.keystream_into(nonce, plain, buf), numel).view(shape)
+    algorithm = seed if isinstance(seed, _AES) else _AES(seed)
+    encryptor = Cipher(algorithm, _CTR(nonce + b"\x00" * 4)).encryptor()
+    out = _stream_tensor(encryptor.update_into, numel)
+    encryptor.finalize()
+    return out.view(shape)
 
 
 class _CtrContext:
@@ -123,7 +133,6 @@ def keystream_parts(key: bytes, shapes: Sequence[tuple[int, ...]]) -> list[torch
     counter 0 starts: the first part equals that draw). One cipher context and, for parts of
     at most JOINT_PARTS_BYTES in all, one tensor: a request's components (a masked polynomial's
     dozens of small ones) cost one keystream call, not a context and an allocation each."""
-    global _zeros
     numels = []
     for shape in shapes:
         numel = 1
@@ -133,33 +142,13 @@ def keystream_parts(key: bytes, shapes: Sequence[tuple[int, ...]]) -> list[torch
     total = sum(numels)
     if total == 0:
         return [torch.zeros(tuple(shape), dtype=torch.int64) for shape in shapes]
-    encryptor = Cipher(_AES(key), _CTR(bytes(16))).encryptor()
+    fill = Cipher(_AES(key), _CTR(bytes(16))).encryptor().update_into
     if 8 * total <= JOINT_PARTS_BYTES:
-        n = 8 * total
-        if len(_zeros) < n:
-            _zeros = bytes(max(n, min(2 * len(_zeros), _ZEROS_MAX)))
-        buf = torch.empty(total + 2, dtype=torch.int64)  # update_into needs 15 spare bytes
-        written = encryptor.update_into(memoryview(_zeros)[:n], memoryview(buf.numpy()).cast("B"))
-        if written != n:
-            raise RuntimeError(f"AES-CTR wrote {written} bytes, expected {n}")
-        return [part.view(tuple(shape)) for part, shape in zip(buf[:total].split(numels), shapes)]
-    out = []
-    for shape, numel in zip(shapes, numels):
-        if numel == 0:
-            out.append(torch.zeros(tuple(shape), dtype=torch.int64))
-            continue
-        n = 8 * numel
-        plain = bytes(n) if n > _ZEROS_MAX else None
-        if plain is None:
-            if len(_zeros) < n:
-                _zeros = bytes(max(n, min(2 * len(_zeros), _ZEROS_MAX)))
-            plain = memoryview(_zeros)[:n]
-        t = torch.empty(numel + 2, dtype=torch.int64)
-        written = encryptor.update_into(plain, memoryview(t.numpy()).cast("B"))  # the stream goes on
-        if written != n:
-            raise RuntimeError(f"AES-CTR wrote {written} bytes, expected {n}")
-        out.append(t.resize_(numel).view(tuple(shape)))
-    return out
+        buf = _stream_tensor(fill, total)
+        return [part.view(tuple(shape)) for part, shape in zip(buf.split(numels), shapes)]
+    # one tensor per part, in order: the stream goes on from one part to the next
+    return [_stream_tensor(fill, numel).view(tuple(shape)) if numel else
+            torch.zeros(tuple(shape), dtype=torch.int64) for shape, numel in zip(shapes, numels)]
 
 
 class PRG:
