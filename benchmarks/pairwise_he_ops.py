@@ -24,6 +24,18 @@ SETS = {"3x60+38, t 45 (provider)": ([60, 60, 60, 38], 45, 1),
         "4x50+18, t 60 (former)": ([50, 50, 50, 50, 18], 60, 2)}
 
 
+
+def _native_plains(p, files, rows: np.ndarray) -> list:
+    """SEAL-native coefficient plaintexts (each coefficient < t) lifted and NTT'd by SEAL: the
+    alternative the Z_2^64 engine measured against (two 32-bit halves of each row)."""
+    s = he._sealapi()
+    out = []
+    for row in rows:
+        pt = files.load(s.Plaintext, p.ctx, p.plain_bytes(row), "plaintext")
+        p.evaluator.transform_to_ntt_inplace(pt, p.pid)
+        out.append(pt)
+    return out
+
 def _ms(fn, n: int = 30) -> float:
     fn()
     start = time.process_time()
@@ -119,7 +131,7 @@ def measure_pow2(rows: int = 16) -> dict:
         where = list(range(0, unit.n, 12))
         return {"encrypt_64bit": round(_ms(lambda: unit.encrypt_rows(files, vals), 3) / rows, 3),
                 "plaintext_64bit_ntt": round(_ms(lambda: unit.ntt_plains(files, vals), 3) / rows, 3),
-                "plaintext_32bit_half_native": round(_ms(lambda: he._ntt_plains(native, files, half), 3) / rows, 3),
+                "plaintext_32bit_half_native": round(_ms(lambda: _native_plains(native, files, half), 3) / rows, 3),
                 "product_ntt": _ms(lambda: unit.evaluator.multiply_plain(ct, pt, out), 100),
                 "finish_returned": _ms(lambda: unit.finish(files, he._dot(unit, [(ct, pt)]), vals[0], bound, rand), 10),
                 "read_out": _ms(lambda: unit.open(files, back, where), 10),

@@ -442,21 +442,6 @@ def _threads() -> int:
     return min(4, max(cpus, 4))      # a product's 4 primes at once (no prime waits for a thread)
 
 
-def _ntt_plains(p: "_Prime", files: "_Files", rows: np.ndarray) -> list:
-    """Plaintexts (NTT form, for multiply_plain) of polynomials given by coefficient rows
-    (< t); None for an all-zero row."""
-    s = _sealapi()
-    out: list = []
-    for row in rows:
-        if not row.any():
-            out.append(None)
-            continue
-        pt = files.load(s.Plaintext, p.ctx, p.plain_bytes(row), "plaintext")
-        p.evaluator.transform_to_ntt_inplace(pt, p.pid)
-        out.append(pt)
-    return out
-
-
 def _sizes(x: int) -> set[int]:
     """Candidate block sizes along a dimension of size x: powers of two and x / j."""
     return {min(x, 1 << e) for e in range(0, 14)} | {-(-x // j) for j in range(1, 65)}
@@ -577,9 +562,6 @@ class CrossEngine:
         """Symmetric encryption of a plaintext under this party's own key, serialized with its
         random half replaced by a seed (SEAL's seeded ciphertexts: half the bytes)."""
         return self._files.dump(p.sym.encrypt_symmetric(pt))
-
-    def _plain_coeffs(self, p: _Prime, coeffs: np.ndarray):
-        return self._files.load(_sealapi().Plaintext, p.ctx, p.plain_bytes(coeffs), "plaintext")
 
     # -- evaluator helpers -----------------------------------------------------------------
     def _uniform(self, t: int, shape: tuple, rand: Callable | None = None) -> np.ndarray:
