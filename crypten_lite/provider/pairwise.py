@@ -564,8 +564,7 @@ class PairwiseProvider(Provider):
 
     def _he_matmul_bytes(self, bsz: int, m: int, k: int, n: int, bound_bits: int) -> int:
         """Ciphertext bytes (both ways) of one engine.matmul call (he.py's block choice)."""
-        nd = self.params.n
-        primes = 1                  # one Z_2^64 set of ciphertexts (he_pow2.py)
+        nd = self.params.n  # one Z_2^64 set of ciphertexts (he_pow2.py): bound_bits sets no prime count
 
         def one(m_: int, n_: int, joint: bool) -> int:
             _, mw, kw, nw = he._blocks_cost(m_, k, n_, nd, joint=joint)
@@ -575,7 +574,7 @@ class PairwiseProvider(Provider):
             per = 2 * (one(n, m, False) if he.split_transposed(m, k, n, nd) else one(m, n, False))
         else:
             per = one(m, n, True)
-        return bsz * primes * per
+        return bsz * per
 
     def _matmul(self, lhs: np.ndarray, rhs: np.ndarray, bound_bits: int) -> np.ndarray:
         """engine.matmul in pieces of at most `self._chunk` ciphertext bytes, halved along
