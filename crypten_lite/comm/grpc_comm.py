@@ -382,6 +382,10 @@ class _Inbox:
     """This party's subscription to one peer's messages, read by the thread that waits for
     one (the channel's thread only receives and parses the frame it asked for)."""
 
+    # takes the chunks of a streamed opening; a class default too, for inboxes made without
+    # __init__ (benchmarks/profile_reveal.py parses frames through one)
+    sink: "streamed.SumSink | None" = None
+
     def __init__(self, comm: "GrpcCommunicator", peer: int, method):
         self.comm = comm
         self.peer = peer
@@ -391,7 +395,7 @@ class _Inbox:
         self.live = True  # frames may still come (no goodbye, no failure)
         self.deadline = 0.0  # of the read in progress (0: none); the watchdog's to check
         self.timed_out = False
-        self.sink: streamed.SumSink | None = None  # takes the chunks of a streamed opening
+        self.sink = None
         token = subscribe_token(comm.pair_seeds[peer], comm.config.session, comm.rank, peer)
         self.call = method(pb.Frame(session=comm.config.session, src=comm.rank, seq=OPEN_SEQ,
                                     data=token))
