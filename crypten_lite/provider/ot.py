@@ -286,7 +286,7 @@ class CorrelatedOT:
         SILENT_MIN OTs on (mode 'ferret') a silent COT (provider/ferret.py) derandomized by
         one bit per OT (c xor its random bit, uniform), else an IKNP extension."""
         m = choices.size
-        if not self._silent_for(m):
+        if not self._silent_for(m, self.rank):
             return self._iknp_receiver(choices)
         bits, t = self._silent_pool(self.rank).take(m)
         flip = (choices.astype(np.uint8) & 1) ^ bits
@@ -295,7 +295,7 @@ class CorrelatedOT:
 
     def _extend_sender(self, m: int) -> np.ndarray:
         """Sender's side of m OTs: returns Q [m, 16] (the other side of _extend_receiver)."""
-        if not self._silent_for(m):
+        if not self._silent_for(m, 1 - self.rank):
             return self._iknp_sender(m)
         q = self._silent_pool(1 - self.rank).take(m)
         data = self._recv()
@@ -307,8 +307,13 @@ class CorrelatedOT:
         q64 ^= (np.uint64(0) - flip.astype(np.uint64))[:, None] & self._delta.view(np.uint64)
         return q
 
-    def _silent_for(self, m: int) -> bool:
-        return self.mode == "ferret" and m >= SILENT_MIN
+    def _silent_for(self, m: int, d: int) -> bool:
+        """Whether m OTs of direction d come from the silent pool: in mode 'ferret' from
+        SILENT_MIN OTs on, and at any size once the direction's pool is bootstrapped (its
+        current step's outputs are already made and kept: a small request takes the next ones
+        with no IKNP matrix, 16 bytes per OT, and no extra message). Both parties decide alike
+        (the same requests in the same order make the same pools)."""
+        return self.mode == "ferret" and (m >= SILENT_MIN or self._silent[d] is not None)
 
     def _silent_pool(self, d: int):
         if self._silent[d] is None:
@@ -480,7 +485,7 @@ class CorrelatedOT:
     def _free_receiver_parts(self, m: int) -> list[tuple[np.ndarray, np.ndarray]]:
         """m COTs with choice bits of the extension's own choosing: [(bits, T)] pieces (a
         silent pool's steps as made, no copy; IKNP: one)."""
-        if self._silent_for(m):
+        if self._silent_for(m, self.rank):
             return self._silent_pool(self.rank).take_parts(m)
         raw = np.frombuffer(self._rand(-(-m // 8)), dtype=np.uint8)
         bits = np.unpackbits(raw, bitorder="little")[:m].copy()
@@ -488,7 +493,7 @@ class CorrelatedOT:
 
     def _free_sender_parts(self, m: int) -> list[np.ndarray]:
         """The other side of _free_receiver_parts: [Q [c, 16]] pieces."""
-        if self._silent_for(m):
+        if self._silent_for(m, 1 - self.rank):
             return [q for _, q in self._silent_pool(1 - self.rank).take_parts(m)]
         return [self._iknp_sender(m)]
 
@@ -564,6 +569,53 @@ class CorrelatedOT:
             raise ProtocolError(f"pairwise OT: transfer of {values.shape} values, expected {(g, nb)}")
         self._send((second[start:start + g] ^ values).tobytes())
         return first[start:start + g].copy()
+
+    def transfer_packed_many(self, items: list[tuple]) -> list[np.ndarray]:
+        """Several transfer_packed at once, in one message each way: items are (keys, values,
+        g) in the same order on both parties (values: as transfer_packed's, None where this
+        party chooses). This party sends the masked values of every item where it is the
+        non-chooser in one message, then reads the peer's one message for the items where it
+        chooses, so a layer of transfers with both choosers costs one message per party sent
+        at the same time, not one half round trip per item. Each pad row is used once."""
+        plan, out_parts = [], []
+        for keys, values, g in items:
+            if keys.rows is None:
+                raise ProtocolError("pairwise OT: transfer_packed needs prepared pads (prepare)")
+            start = keys.offset
+            if start + g > keys.bits:
+                raise ProtocolError(f"pairwise OT: {g} more pad rows asked for, {keys.bits - start} "
+                                    "left (pads are never reused)")
+            nb = keys.m // 8
+            choosing = self.rank == keys.chooser
+            if not choosing and (values is None or values.shape != (g, nb)):
+                got = None if values is None else values.shape
+                raise ProtocolError(f"pairwise OT: transfer of {got} values, expected {(g, nb)}")
+            plan.append((keys, start, g, nb, choosing))
+        for keys, start, g, nb, choosing in plan:
+            keys.offset = start + g                  # claimed before any message: never reused
+        results: list = [None] * len(items)
+        for i, ((keys, start, g, nb, choosing), (_, values, _)) in enumerate(zip(plan, items)):
+            if not choosing:
+                first, second = keys.rows
+                out_parts.append((second[start:start + g] ^ values).reshape(-1))
+                results[i] = first[start:start + g].copy()
+        if out_parts:
+            self._send(np.concatenate(out_parts).tobytes())
+        need = sum(g * nb for _, _, g, nb, choosing in plan if choosing)
+        if need:
+            data = self._recv()
+            if len(data) != need:
+                raise ProtocolError(f"pairwise OT: expected {need} bytes of packed transfers, "
+                                    f"got {len(data)}; the parties are out of step")
+            y_all = np.frombuffer(data, dtype=np.uint8)
+            at = 0
+            for i, (keys, start, g, nb, choosing) in enumerate(plan):
+                if choosing:
+                    first, second = keys.rows
+                    y = y_all[at:at + g * nb].reshape(g, nb)
+                    at += g * nb
+                    results[i] = first[start:start + g] ^ (y & second)
+        return results
 
     def transfer(self, keys: OTKeys, values: np.ndarray | None, g: int) -> np.ndarray:
         """XOR shares of c_j & x_ij for i < g: the non-chooser passes values [g, m] (bits), the

@@ -905,11 +905,15 @@ def _binary_monomials(pv: PairwiseProvider, parts, op, shapes, params):
                 groups.setdefault((top, 0), []).append((m, x))
             plans.append((m, x, y, -1))
         crosses: dict[int, torch.Tensor] = {}
+        items = []
         for (top, chooser), members in sorted(groups.items()):
             sender = None
             if pv.rank != chooser:   # x's words as bytes are its bits packed (OT i*64 + j: bit j of word i)
                 sender = np.stack([_u(x).reshape(-1).view(np.uint8) for _, x in members])
-            share = pv._ot.transfer_packed(keys[(top, chooser)], sender, len(members))
+            items.append((keys[(top, chooser)], sender, len(members)))
+        # the layer's transfers of both choosers in one message per party (sent at once)
+        shares = pv._ot.transfer_packed_many(items)
+        for ((top, chooser), members), share in zip(sorted(groups.items()), shares):
             for (m, _), bits in zip(members, share):
                 word = _t(bits.view(np.uint64)).view(shape)
                 crosses[m] = crosses[m] ^ word if m in crosses else word
@@ -943,6 +947,11 @@ _ELEMENT_BYTES: dict[str, Callable] = {
     "trunc": lambda params: 6144,             # 64 bits as words, their products (5.7 KB measured)
     "trunc_exact": lambda params: 6144,
     "binary_monomials": _monomial_bytes,
+    # one (bit) and three (bit_mul) 64-bit OT products per element, _OT_BYTES each: so that
+    # prefetch makes a plan's small ones of a kind in one exchange (_ot_groups; bit_mul only
+    # where its two shapes are alike, (m, 1): otherwise it is made alone, unsliced)
+    "bit": lambda params: _OT_BYTES,
+    "bit_mul": lambda params: 3 * _OT_BYTES,
 }
 
 
