@@ -373,10 +373,10 @@ class CorrelatedOT:
             self.made += part.size
         return out
 
-    def _give(self, x: np.ndarray, width: int) -> np.ndarray:
+    def _give(self, x: np.ndarray, width: int, q: np.ndarray | None = None) -> np.ndarray:
         d = 1 - self.rank
         m = x.size
-        q = self._extend_sender(m)
+        q = self._extend_sender(m) if q is None else q
         first = self._index[d]
         self._index[d] += m
         h0 = self._hash(q, first, d)[:, 0]
@@ -389,11 +389,11 @@ class CorrelatedOT:
         self._send(np.packbits(y.astype(np.uint8), bitorder="little").tobytes())
         return h0 & np.uint64(1)
 
-    def _receive(self, c: np.ndarray, width: int) -> np.ndarray:
+    def _receive(self, c: np.ndarray, width: int, t: np.ndarray | None = None) -> np.ndarray:
         d = self.rank
         m = c.size
         bits = (c & np.uint64(1)).astype(np.uint8)
-        t = self._extend_receiver(bits)
+        t = self._extend_receiver(bits) if t is None else t
         first = self._index[d]
         self._index[d] += m
         h = self._hash(t, first, d)[:, 0]
@@ -408,6 +408,50 @@ class CorrelatedOT:
             raise ProtocolError(f"pairwise OT: expected {-(-m // 8)} bytes of corrections, got {len(data)}")
         y = np.unpackbits(np.frombuffer(data, dtype=np.uint8), bitorder="little")[:m].astype(np.uint64)
         return (h ^ (bits.astype(np.uint64) & y)) & np.uint64(1)
+
+    def products_both(self, mines: tuple[np.ndarray, np.ndarray], width: int) -> tuple:
+        """product() for both choosers at once: mines[c] is this party's input to the products
+        where party c chooses (its bits if it is c, else its values); returns the two shares.
+        With silent COTs (both directions' pools bootstrapped, or large enough to start them)
+        each chunk is one message each way for the choice-bit flips and one for the
+        corrections, both parties sending at the same time, instead of two half round trips
+        per chooser; the COTs of the two directions are taken in the same order on both
+        parties (direction 0 first), so a pool step that moves GGM level messages never waits
+        on the other direction. Otherwise the two products one after the other."""
+        if width not in (1, 64):
+            raise ProtocolError(f"pairwise OT: width {width} is not 1 or 64")
+        self.setup()
+        flats = [np.ascontiguousarray(m, dtype=np.uint64).reshape(-1) for m in mines]
+        if not all(f.size == 0 or self._silent_for(min(f.size, self.chunk), d)
+                   for d, f in enumerate(flats)):
+            return tuple(self.product(flats[c], c, width) for c in (0, 1))
+        outs = [np.empty(f.size, dtype=np.uint64) for f in flats]
+        me, other = self.rank, 1 - self.rank
+        for start in range(0, max(f.size for f in flats), self.chunk):
+            parts = [f[start:start + self.chunk] for f in flats]
+            cots: list = [None, None]
+            for d in (0, 1):                   # the same order on both parties
+                if parts[d].size:
+                    cots[d] = self._silent_pool(d).take(parts[d].size)
+            if parts[me].size:                 # derandomize my choices: c xor the COT's bit
+                bits, t = cots[me]
+                c = (parts[me] & np.uint64(1)).astype(np.uint8)
+                self._send(np.packbits(c ^ bits, bitorder="little").tobytes())
+            m = parts[other].size
+            if m:
+                q = cots[other]
+                data = self._recv()
+                if len(data) != -(-m // 8):
+                    raise ProtocolError(f"pairwise OT: expected {-(-m // 8)} bytes of choice-bit "
+                                        f"flips for {m} silent OTs, got {len(data)}")
+                flip = np.unpackbits(np.frombuffer(data, dtype=np.uint8), bitorder="little")[:m]
+                q64 = q.view(np.uint64).reshape(m, 2)
+                q64 ^= (np.uint64(0) - flip.astype(np.uint64))[:, None] & self._delta.view(np.uint64)
+                outs[other][start:start + m] = self._give(parts[other], width, q=q)
+            if parts[me].size:
+                outs[me][start:start + parts[me].size] = self._receive(parts[me], width, t=cots[me][1])
+            self.made += sum(p.size for p in parts)
+        return tuple(outs)
 
     # -- random OT keys, many transfers per OT -----------------------------------------------
     def random_ot(self, mine: np.ndarray | None, m: int, chooser: int,

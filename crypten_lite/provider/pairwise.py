@@ -824,12 +824,16 @@ def _trunc_exact(pv: PairwiseProvider, parts, op, shapes, params):
 
 def _bit_mul(pv: PairwiseProvider, parts, op, shapes, params):
     r, a = parts[0], parts[1]
-    ra = _bit_shares(pv, r)
     rb = r.expand_as(a)
     w = (1 - 2 * rb) * a
-    # rb0 * w1 (rank 0 chooses) + w0 * rb1 (rank 1 chooses): one correlated OT each way
-    first = pv.ot_product(_u(rb if pv.rank == 0 else w).reshape(-1), 0, 64)
-    second = pv.ot_product(_u(w if pv.rank == 0 else rb).reshape(-1), 1, 64)
+    # r0 * r1 (ra = r - 2 r0 r1) and w0 * rb1 (rank 1 chooses), rb0 * w1 (rank 0 chooses):
+    # correlated OTs both ways at once (ot.products_both: one message each way per step)
+    n = r.numel()
+    first, both = pv._ot.products_both(
+        (_u(rb if pv.rank == 0 else w).reshape(-1),
+         np.concatenate([_u(r).reshape(-1), _u(w if pv.rank == 0 else rb).reshape(-1)])), 64)
+    ra = r - 2 * _t(both[:n]).view(r.shape)
+    second = both[n:]
     with np.errstate(over="ignore"):
         cross = _t(first + second).view(a.shape)
     return [r, a, ra, rb * a + cross]
