@@ -32,7 +32,8 @@ a sequence number, the request it belongs to and an HMAC under a key derived fro
 seed both parties agreed in the transport's handshake, so a tampered, replayed or
 misplaced message is a ProtocolError on both parties (the detecting party tells the other).
 Every exchange ends with an acknowledgement, so no offline message is ever left for the
-online protocol to read.
+online protocol to read (and where rank 0's message ended the exchange, one back, so that
+a tampered last message stops both parties in that exchange).
 
 Working set: a correlation larger than the chunk budget (CRYPTEN_LITE_PAIRWISE_CHUNK_MB,
 announced in the handshake) is made in slices streamed over its request's messages
@@ -146,6 +147,7 @@ class PairwiseProvider(Provider):
         self._seq_out = 0
         self._seq_in = 0
         self._tag = b"\0" * 32
+        self._last_sent = False   # this party's last offline message of an exchange: sent
         self._ready: dict[int, list[torch.Tensor]] = {}
         # per kind (and op): [correlations, bytes both ways, seconds] (where the offline time goes)
         self.by_kind: dict[str, list] = {}
@@ -205,10 +207,13 @@ class PairwiseProvider(Provider):
         return body[_HEADER.size:]
 
     def _send_data(self, payload: bytes) -> None:
+        self._last_sent = True            # before the send: a receive it causes comes later
         self._send(DATA, payload)
 
     def _recv_data(self) -> bytes:
-        return self._recv(DATA)
+        data = self._recv(DATA)
+        self._last_sent = False
+        return data
 
     def _rand(self, shape: tuple) -> np.ndarray:
         return self._masks.draw(tuple(shape)).numpy().view(np.uint64)
@@ -225,11 +230,23 @@ class PairwiseProvider(Provider):
         self._tag = hashlib.sha256(canonical("pairwise/v1", *tag_fields)).digest()
         start = time.perf_counter()
         try:
+            self._last_sent = False
             out = fn()
+            # rank 0 acknowledges; where its own last message ended the exchange (the peer
+            # checks it last), it says so and waits for the peer's acknowledgement too, so
+            # that a tampered last message is a ProtocolError on both parties here
             if self.rank == 0:
-                self._send(ACK, b"")
+                last = self._last_sent
+                self._send(ACK, b"\x01" if last else b"")
+                if last:
+                    self._recv(ACK)
             else:
-                self._recv(ACK)
+                flag = self._recv(ACK)
+                if flag not in (b"", b"\x01"):
+                    raise ProtocolError(f"party {self.rank}: malformed acknowledgement from "
+                                        f"party {self._peer} ({len(flag)} bytes)")
+                if flag:
+                    self._send(ACK, b"")
             return out
         except CommunicationError:
             self._broken = "transport failure"

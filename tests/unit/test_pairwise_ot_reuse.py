@@ -1,0 +1,250 @@
+"""Provider 'pairwise', the OT correlations of small requests (issue 29's per-inference cost):
+once a direction's silent pool is bootstrapped, a small request takes the pool's next COTs
+(no IKNP matrix); a COT is handed out once, in the same order on both parties, across
+requests, across a pool step and after a failed request; OT products of both choosers in one
+step (ot.products_both) and a layer's packed transfers in one message per party
+(ot.transfer_packed_many) are exact and refuse a malformed message; prefetch makes a plan's
+small bit / bit_mul correlations in one exchange each; a tampered message of these new
+exchanges is a ProtocolError on both parties."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("tenseal")
+pytest.importorskip("nacl")
+
+from crypten_lite.errors import ProtocolError  # noqa: E402
+from crypten_lite.provider import correlations as C  # noqa: E402
+from crypten_lite.provider import ferret, ot  # noqa: E402
+from tests.unit.test_pairwise_ferret import _ots  # noqa: E402
+from tests.unit.test_pairwise_security import _both, _pair, _providers  # noqa: E402
+
+
+def _ok(got):
+    assert got[0][1] is None and got[1][1] is None, got
+    return got[0][0], got[1][0]
+
+
+def _record_takes(monkeypatch):
+    """Every COT the silent pools hand out, per (party, direction), in order: (bits, values)."""
+    seen: dict = {}
+    real = ferret.SilentCOT.take_parts
+
+    def take_parts(self, m):
+        pieces = real(self, m)
+        mine = seen.setdefault((self._ot.rank, self.direction), [])
+        mine.extend((None if b is None else b.copy(), v.copy()) for b, v in pieces)
+        return pieces
+    monkeypatch.setattr(ferret.SilentCOT, "take_parts", take_parts)
+    return seen
+
+
+def _joined(pieces):
+    vals = np.concatenate([v for _, v in pieces])
+    bits = None if pieces[0][0] is None else np.concatenate([b for b, _ in pieces])
+    return bits, vals
+
+
+def test_small_requests_take_the_bootstrapped_pool():
+    """Below SILENT_MIN a product is IKNP until its direction's pool exists, then silent:
+    the chooser sends one bit per OT (its flips), not IKNP's 16 bytes, and stays exact."""
+    wire = {0: [], 1: []}
+    pair = _ots(spy=lambda r, d: wire[r].append(len(d)))
+    m = 1000                                                  # < ot.SILENT_MIN
+    bits = np.frombuffer(os.urandom(8 * m), dtype=np.uint64) & np.uint64(1)
+    x = np.frombuffer(os.urandom(8 * m), dtype=np.uint64)
+
+    def product():
+        for r in (0, 1):
+            wire[r].clear()
+        s0, s1 = _ok(_both([lambda r=r: pair[r].product(bits if r == 1 else x, 1, 64) for r in range(2)]))
+        with np.errstate(over="ignore"):
+            assert np.array_equal(s0 + s1, bits * x)
+        return list(wire[1])
+    assert product() == [ot.KAPPA * m // 8]                   # IKNP: the matrix U
+    assert pair[0]._silent[1] is None
+    _ok(_both([lambda r=r: pair[r]._silent_pool(1).take(8) for r in range(2)]))   # bootstrap
+    assert product() == [m // 8]                              # silent: the flips only
+    assert pair[1]._silent[0] is None                         # the other direction untouched
+
+
+def test_a_cot_is_handed_out_once_across_requests_steps_and_failures(monkeypatch):
+    """Requests of every OT entry point, one of them larger than what the pool holds (a new
+    step; its leftover kept for the next request), and one that fails (a short flip
+    message): every COT a pool hands out is new (no 128-bit value twice), the two parties
+    take the same positions in the same order (M = K ^ b*Delta row by row), the failed
+    request's COTs are consumed, not handed out again, and nothing produced is thrown away."""
+    seen = _record_takes(monkeypatch)
+    monkeypatch.setattr(ot, "SILENT_MIN", 8)
+    pair = _ots()
+    n = 3000
+    bits = np.frombuffer(os.urandom(8 * n), dtype=np.uint64) & np.uint64(1)
+    x = np.frombuffer(os.urandom(8 * n), dtype=np.uint64)
+    _ok(_both([lambda r=r: pair[r].product(bits if r == 0 else x, 0, 64) for r in range(2)]))
+    _ok(_both([lambda r=r: pair[r].products_both((bits if r == 0 else x, x if r == 0 else bits), 1)
+               for r in range(2)]))
+    _ok(_both([lambda r=r: pair[r].random_ots_both(([64, 8], [128])) for r in range(2)]))
+    left = pair[1]._silent[1]._have
+    big = left + 1000                                          # more than the pool holds: a step
+    _ok(_both([lambda r=r: pair[r].random_ot(None, big, 1, free=True) for r in range(2)]))
+    assert pair[1]._silent[1]._have > 0                        # the step's leftover is kept
+
+    def short_flips():                                         # party 1's flips one byte short
+        b, _ = pair[1]._silent_pool(1).take(64)
+        pair[1]._send(np.packbits(b[:56], bitorder="little").tobytes())
+    got = _both([lambda: pair[0]._extend_sender(64), short_flips])
+    assert isinstance(got[0][1], ProtocolError) and "flips" in str(got[0][1]), got[0]
+    _ok(_both([lambda r=r: pair[r].product(bits[:100] if r == 1 else x[:100], 1, 1) for r in range(2)]))
+    for d in (0, 1):
+        delta = pair[1 - d]._delta
+        b, mine = _joined(seen[(d, d)])                        # the receiver's (bits, M)
+        _, theirs = _joined(seen[(1 - d, d)])                  # the sender's K
+        assert mine.shape == theirs.shape
+        assert np.array_equal(mine, theirs ^ (b[:, None] * delta[None, :]))   # same positions
+        rows = theirs.view(np.dtype((np.void, 16))).reshape(-1)
+        assert np.unique(rows).size == rows.size               # never the same COT twice
+        pool = pair[d]._silent[d]
+        assert pool.produced == mine.shape[0] + pool._have     # all handed out or still kept
+    assert seen[(1, 1)][-1][1].shape[0] == 100                 # after the failure: fresh ones
+
+
+@pytest.mark.parametrize("silent", [True, False])
+def test_products_of_both_choosers_at_once_are_exact(monkeypatch, silent):
+    """products_both: both widths, unequal sizes per chooser, several chunks; silent: each
+    party sends two messages per chunk (flips, corrections); else the two products in turn."""
+    monkeypatch.setattr(ot, "SILENT_MIN", 8 if silent else 1 << 40)
+    counts = {0: 0, 1: 0}
+    pair = _ots(spy=lambda r, d: counts.__setitem__(r, counts[r] + 1))
+    for p in pair:
+        p.chunk = 1024
+    sizes = (2500, 1300)
+    c = [np.frombuffer(os.urandom(8 * s), dtype=np.uint64) & np.uint64(1) for s in sizes]
+    v = [np.frombuffer(os.urandom(8 * s), dtype=np.uint64) for s in sizes]
+    for width in (64, 1):
+        for r in (0, 1):
+            counts[r] = 0
+        ins = [tuple(c[k] if r == k else v[k] for k in (0, 1)) for r in range(2)]
+        a, b = _ok(_both([lambda r=r: pair[r].products_both(ins[r], width) for r in range(2)]))
+        for k in (0, 1):
+            with np.errstate(over="ignore"):
+                if width == 64:
+                    assert np.array_equal(a[k] + b[k], c[k] * v[k])
+                else:
+                    assert np.array_equal(a[k] ^ b[k], c[k] & v[k] & np.uint64(1))
+        if silent and width == 1:                      # the pools exist: no level messages now
+            # chunks of 1024: two with both choosers (flips and corrections from each party),
+            # the third with chooser 0 only (its flips, party 1's corrections)
+            assert counts[0] == counts[1] == 2 + 2 + 1
+
+
+def test_a_layer_of_packed_transfers_is_one_message_each_way(monkeypatch):
+    """transfer_packed_many over sets of both choosers: exact (x & c), one message sent by
+    each party, pads never reused, a short message refused."""
+    monkeypatch.setattr(ot, "SILENT_MIN", 8)
+    sent = {0: [], 1: []}
+    pair = _ots(spy=lambda r, d: sent[r].append(len(d)))
+    m = 512
+    keys = _ok(_both([lambda r=r: pair[r].random_ots_both(([m, m], [m])) for r in range(2)]))
+    sets = [(0, 0, 2), (0, 1, 1), (1, 0, 3)]           # (chooser, set, transfers it serves)
+    choice = {(ch, i): np.packbits(keys[ch][ch][i].choice, bitorder="little") for ch, i, _ in sets}
+    for r in (0, 1):
+        for chooser, i, g in sets:
+            pair[r].prepare(keys[r][chooser][i], g)
+    vals = {(ch, i): np.frombuffer(os.urandom(g * m // 8), dtype=np.uint8).reshape(g, m // 8)
+            for ch, i, g in sets}
+
+    def items(r, take):
+        return [(keys[r][ch][i], None if r == ch else vals[(ch, i)][:take], take)
+                for ch, i, g in sets]
+    for r in (0, 1):
+        sent[r].clear()
+    got = _ok(_both([lambda r=r: pair[r].transfer_packed_many(items(r, 1)) for r in range(2)]))
+    for j, (ch, i, _) in enumerate(sets):
+        assert np.array_equal(got[0][j] ^ got[1][j], vals[(ch, i)][:1] & choice[(ch, i)][None, :])
+    # one message each: party 1 masks for chooser 0's two sets, party 0 for chooser 1's set
+    assert sent == {0: [m // 8], 1: [2 * m // 8]}
+    # set (0, 1) served its one transfer: asking again is refused before anything is sent
+    again = _both([lambda r=r: pair[r].transfer_packed_many(items(r, 1)) for r in range(2)])
+    assert all(isinstance(e, ProtocolError) and "never reused" in str(e) for _, e in again)
+    short = _both([lambda: pair[0]._send(b"\0" * 5),
+                   lambda: pair[1].transfer_packed_many([(keys[1][1][0], None, 1)])])
+    assert isinstance(short[1][1], ProtocolError) and "packed transfers" in str(short[1][1])
+
+
+
+MONOMIALS = ("binary_monomials", "", [(6,)], C.monomial_params([-1, -1, 0, -1], [0b0011, 0b0111, 0b1111, 0b1101]))
+BIT_MUL = ("bit_mul", "", [(5, 1), (5, 1)], ())
+
+
+def _relation(kind, params, a, b):
+    s = [x + y for x, y in zip(a, b)]
+    x = [u ^ v for u, v in zip(a, b)]
+    if kind == "bit":
+        assert set(x[0].unique().tolist()) <= {0, 1} and torch.equal(s[1], x[0])
+    elif kind == "bit_mul":
+        assert torch.equal(s[2], x[0] & 1) and torch.equal(s[3], s[1] * (x[0] & 1))
+    else:
+        k, owners, subsets = C._split_monomial_params(params)
+        masks = [x[j] if o == -1 else (a, b)[o][j] for j, o in enumerate(owners)]
+        for i, sub in enumerate(subsets):
+            want = None
+            for j in range(k):
+                if sub >> j & 1:
+                    want = masks[j] if want is None else want & masks[j]
+            assert torch.equal(x[k + i], want), (i, sub)
+
+
+def test_prefetch_makes_small_bits_and_bit_muls_in_one_exchange_each(monkeypatch):
+    """A plan of small bit and bit_mul requests (and monomials, whose layers go one message
+    per party each): one exchange per kind, every correlation combines to its relation, and
+    with the pools bootstrapped the silent path carries them."""
+    monkeypatch.setattr(ot, "SILENT_MIN", 8)
+    plan = [("bit", "", [(4,)], ()), BIT_MUL, ("bit", "", [(6,)], ()),
+            ("bit_mul", "", [(3, 1), (3, 1)], ()), MONOMIALS, ("bit_mul", "", [(2, 1), (2, 3)], ())]
+    ps = _providers(_pair())
+
+    def run(p):
+        p.get(*BIT_MUL[:1], [(2, 1), (2, 1)]).corrected()          # both pools start here
+        p.prefetch(plan)
+        got = [[t.clone() for t in p.get(k, s, op, par).corrected()] for k, op, s, par in plan]
+        return got, dict(p.by_kind)
+    (g0, kinds), (g1, _) = _ok(_both([lambda p=p: run(p) for p in ps]))
+    for (kind, _, _, params), a, b in zip(plan, g0, g1):
+        _relation(kind, params, a, b)
+    assert kinds["bit batch"][0] == 2 and kinds["bit_mul batch"][0] == 2
+    assert kinds["bit_mul"][0] == 2          # the first request, and (2, 1) x (2, 3): alone
+    assert all(p._ot._silent[d].produced > 0 for p in ps for d in (0, 1))
+
+
+@pytest.mark.parametrize("request_, frame", [(BIT_MUL, 0), (BIT_MUL, 1), (MONOMIALS, 0), (MONOMIALS, 1)])
+def test_a_tampered_message_of_the_merged_ot_exchanges_is_refused_by_both(monkeypatch, request_, frame):
+    """Rank 0's flips or corrections (bit_mul: ot.products_both) or its packed transfers of a
+    monomial layer (ot.transfer_packed_many), one bit flipped in transit: ProtocolError on
+    both parties (no hang, no result), and the channel stays refused."""
+    monkeypatch.setattr(ot, "SILENT_MIN", 8)
+    comms = _pair()
+    ps = _providers(comms)
+    kind, op, shapes, params = request_
+    _ok(_both([lambda p=p: p.get(kind, shapes, op, params).corrected() for p in ps]))   # clean
+    real = comms[0]._send
+    count = {"n": 0}
+
+    def evil(tensor, dst):
+        if count["n"] == frame:
+            b = bytearray(tensor.numpy().tobytes())
+            b[len(b) // 2] ^= 0x01
+            tensor = torch.frombuffer(b, dtype=torch.uint8)
+        count["n"] += 1
+        real(tensor, dst)
+    comms[0]._send = evil
+    out = _both([lambda p=p: p.get(kind, shapes, op, params).corrected() for p in ps])
+    for r in range(2):
+        assert out[r][0] is None and isinstance(out[r][1], ProtocolError), (r, out[r])
+    assert "integrity" in str(out[1][1])
+    with pytest.raises(ProtocolError, match="unusable"):
+        ps[0].get(kind, shapes, op, params)
