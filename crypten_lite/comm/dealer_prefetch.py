@@ -8,10 +8,12 @@ BERT-base at sequence 128, twice while decoded), and no plan could exceed one gR
 1. ``Prepare`` (offline): rank 0 sends the plan's authenticated batch. The dealer checks every
    request, claims every counter in its ledger (each is answered once), cuts the batch into
    chunks of whole requests of at most CHUNK_BYTES (and the session's max_message_bytes) of
-   answers (`chunk_counts`; a larger request alone), computes the
-   chunks in order while at most PREPARED_BYTES_MAX are held for the session (the rest when
-   pulled), and answers with the number of requests of each chunk and chunk 0 itself (handed
-   out there, never pulled: the offline phase is one exchange with the dealer).
+   answers (`chunk_counts`; a larger request alone), the first ones small (chunk k at most
+   FIRST_CHUNK_REQUESTS * 2**k requests), computes chunk 0 only, and answers with the number
+   of requests of each chunk and chunk 0 itself (handed out there, never pulled: the offline
+   phase is one exchange with the dealer, and it waits only for the plan's first requests).
+   Every later chunk is computed when rank 0 pulls it, while the parties run: the offline
+   phase and the run overlap (issue 32).
 2. ``Pull`` (online, in the background): rank 0 asks for chunk i of the batch prepared at
    counter ``start``, with an HMAC under its request MAC key over (session, start, i)
    (`pull_mac`). The dealer hands each chunk out once and forgets it; a second pull of a chunk,
@@ -42,20 +44,28 @@ from ..random import canonical
 CHUNK_BYTES = 8 << 20
 # Chunks rank 0 requests ahead of the one in use.
 PULL_AHEAD = 2
-# Answer bytes the dealer computes ahead and holds for one session; beyond, chunks are
-# computed when pulled (any plan can be prefetched, its tail then computed during the run).
-PREPARED_BYTES_MAX = 8 << 30
+# Requests of a prepared batch's chunk 0, the only one the dealer computes before it answers
+# Prepare; chunk k holds at most FIRST_CHUNK_REQUESTS * 2**k (and CHUNK_BYTES of answers), so
+# that the offline phase waits for the plan's first requests only and each later chunk is
+# computed, pulled ahead, while the run uses the one before. LeNet b1's 36 requests: chunks
+# of 4, 8, 16 and 8 (the dealer's CPU per request is mostly per-request work at that size).
+FIRST_CHUNK_REQUESTS = 4
 
 
-def chunk_counts(sizes: Sequence[int], chunk_bytes: int = CHUNK_BYTES) -> list[int]:
+def chunk_counts(sizes: Sequence[int], chunk_bytes: int = CHUNK_BYTES,
+                 first: int | None = None) -> list[int]:
     """Cut requests with answers of `sizes` bytes, in order, into chunks of whole requests of
-    at most `chunk_bytes` (a larger request alone); the number of requests of each chunk."""
+    at most `chunk_bytes` (a larger request alone); the number of requests of each chunk.
+    `first`: chunk k also holds at most first * 2**k requests (None: no such limit)."""
     counts: list[int] = []
     n = total = 0
+    most = first if first is not None and first > 0 else None
     for size in sizes:
-        if n and total + size > chunk_bytes:
+        if n and (total + size > chunk_bytes or (most is not None and n >= most)):
             counts.append(n)
             n = total = 0
+            if most is not None:
+                most *= 2
         n += 1
         total += size
     if n:

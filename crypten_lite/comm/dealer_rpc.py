@@ -24,9 +24,10 @@ The dealer logic itself (which values to derive, which correction to send) lives
       counter it did not answer as a ``weight_mask`` of that weight's shape.
    Then it derives every party's components and answers with rank 0's corrections only.
 3. An offline phase's whole plan goes through `Prepare` and `Pull` instead (same checks as
-   in 2, then the answers are computed ahead, kept by the dealer and pulled by rank 0 in
-   chunks, each delivered once: comm/dealer_prefetch.py), so that no plan is limited by one
-   message and rank 0 never holds more than a few chunks.
+   in 2, then the answers are cut into chunks, chunk 0 answered with Prepare and each later
+   one computed when rank 0 pulls it during the run, each delivered once:
+   comm/dealer_prefetch.py), so that no plan is limited by one message, rank 0 never holds
+   more than a few chunks, and the offline phase waits only for the plan's first requests.
 
 Hostile input (tests/integration/test_fuzz.py, test_dealer_attacks.py): without TLS nobody's
 identity is proven, so a rank's first handshake wins and a second one with another key is
@@ -54,7 +55,7 @@ from ..config import Config
 from ..errors import CommunicationError, ConfigError, CryptenLiteError, ProtocolError
 from ..random import KeyPair, canonical, pair_info, request_encoding, subkey
 from . import serde
-from .dealer_prefetch import (CHUNK_BYTES, PREPARED_BYTES_MAX, ChunkPuller, PreparedBatch,
+from .dealer_prefetch import (CHUNK_BYTES, FIRST_CHUNK_REQUESTS, ChunkPuller, PreparedBatch,
                               chunk_counts, pull_mac)
 from .grpc_comm import (MAX_REPLY_BYTES, TlsContext, check_hello, handshake, hello_origin, make_hello,
                         start_server, warn_plaintext)
@@ -422,15 +423,17 @@ class DealerServer:
 
     def prepare(self, keys: dict[int, bytes], requests: Sequence[Request],
                 sizes: Sequence[int]) -> PreparedBatch:
-        """Cut a claimed batch into chunks and compute them ahead (within PREPARED_BYTES_MAX);
-        it supersedes the session's earlier prepared batch (its undelivered chunks dropped:
+        """Cut a claimed batch into chunks (the first ones small: FIRST_CHUNK_REQUESTS) and
+        compute chunk 0; every later chunk is computed when rank 0 pulls it, during the run.
+        It supersedes the session's earlier prepared batch (its undelivered chunks dropped:
         rank 0 moved past them)."""
         chunk_bytes = min(CHUNK_BYTES, self.config.max_message_bytes)
-        batch = PreparedBatch(requests[0].counter, requests, chunk_counts(sizes, chunk_bytes), sizes,
+        counts = chunk_counts(sizes, chunk_bytes, FIRST_CHUNK_REQUESTS)
+        batch = PreparedBatch(requests[0].counter, requests, counts, sizes,
                               lambda chunk: self.answer(keys, chunk))
         with self.cond:
             self.prepared = None
-        batch.compute_ahead(PREPARED_BYTES_MAX)
+        batch.compute_ahead(0)  # chunk 0 only
         with self.cond:
             self.prepared = batch
         return batch

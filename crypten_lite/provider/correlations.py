@@ -356,6 +356,8 @@ def corrections(keys: dict[int, bytes], counter: int, kind: str, op: str, shapes
     `keys` maps every rank to its correlation key. `weight_mask(keys, counter, shape)` gives
     the B of a ``weight_triple`` (default: weight_mask_of; the dealer caches it)."""
     world = sorted(keys)
+    if kind == "weight_mask":  # no correction: nothing to derive (B is drawn for its triples)
+        return []
     # Rank 0's last components are what the dealer replaces: never drawn here.
     ncomp = len(component_shapes(kind, op, shapes, params))
     upto = {r: ncomp - correction_count(kind, params) if r == CORRECTING_RANK else None for r in world}
@@ -375,8 +377,6 @@ def corrections(keys: dict[int, bytes], counter: int, kind: str, op: str, shapes
     if kind == "triple":
         c = TRIPLE_OPS[op](arith_sum(0, world), arith_sum(1, world), params)
         return [c - arith_sum(2, others)]
-    if kind == "weight_mask":
-        return []
     if kind == "weight_triple":
         b = (weight_mask or weight_mask_of)(keys, params[0], tuple(shapes[1]))
         c = TRIPLE_OPS[op](arith_sum(0, world), b, params[1:])

@@ -4,6 +4,7 @@ three parties make themselves, at the end of this file)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import crypten_lite
@@ -368,3 +369,51 @@ def test_first_forward_plan_draws_masks_and_a_later_plan_is_used_whole(pool2):
         assert second["len"] < first["len"]
         assert max(first["err"], second["err"]) <= 1e-3
     assert results[0]["second"]["used"] == results[0]["second"]["len"]  # rank 0 took the batch
+
+
+# --- the dealer computes a prefetched plan's later chunks during the run (issue 32): a dealer
+# that dies after the offline phase is a clear error on both parties, not a hang -------------
+
+_after_offline: dict = {}
+
+
+def prefetch_then_wait():
+    """Record a plan of several chunks and prefetch it: the offline phase ends with chunk 0."""
+    x = crypten_lite.cryptensor(torch.linspace(-3, 3, 50), src=0)
+    y = crypten_lite.cryptensor(torch.linspace(1, 2, 50), src=1)
+
+    def program():
+        z = x * y
+        for _ in range(3):
+            z = (z * y).relu()
+        return z.get_plain_text()
+    with offline.record() as plan:
+        program()
+    offline.prefetch(plan)
+    _after_offline["program"] = program
+    stream = current().provider._stream
+    return stream.puller().chunks if stream is not None else 0
+
+
+def run_prefetched():
+    return _after_offline.pop("program")()
+
+
+def test_a_dealer_dead_after_the_offline_phase_is_a_clear_error_on_every_party():
+    import os
+    import signal
+
+    from crypten_lite.mpc import PartyPool
+    from crypten_lite.mpc.launcher import PartyFailure
+    with PartyPool(2, provider="dealer", timeout=30) as pool:
+        chunks = pool.run(prefetch_then_wait)[0]
+        assert chunks >= 3  # chunk 2 is pulled during the run, after the kill
+        dealer = pool._procs[0]
+        os.kill(dealer.pid, signal.SIGKILL)
+        dealer.join(10)
+        with pytest.raises(PartyFailure) as info:
+            pool.run(run_prefetched)
+    text = str(info.value)
+    # rank 0's pull fails naming the dealer; party 1 stops because of it (not its own timeout)
+    assert "CommunicationError" in text and "the dealer at" in text, text
+    assert "party 1" in text and "CRYPTEN_LITE_TIMEOUT" not in text, text

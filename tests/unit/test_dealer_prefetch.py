@@ -202,3 +202,54 @@ def test_cached_weight_masks_and_skipped_components_give_the_plain_corrections()
         else:
             assert torch.equal(xor[2], xor[0] & xor[1])
     assert len(handler._masks) == 1  # one weight: its B derived once
+
+
+def test_first_chunks_grow_from_a_few_requests():
+    """Prepare's chunks (issue 32): chunk k holds at most first * 2**k requests, and at most
+    chunk_bytes of answers (a larger request alone), in order."""
+    assert chunk_counts([1] * 36, 1 << 30, 4) == [4, 8, 16, 8]
+    assert chunk_counts([1] * 3, 1 << 30, 4) == [3]
+    assert chunk_counts([], 1 << 30, 4) == []
+    assert chunk_counts([4] * 10, 10, 4) == [2, 2, 2, 2, 2]   # the byte limit still cuts
+    assert chunk_counts([1, 1, 1, 30, 1, 1], 10, 2) == [2, 1, 1, 2]
+    assert chunk_counts([1] * 36, 1 << 30) == [36]             # no request limit by default
+
+
+def test_prepare_computes_chunk_0_only_and_the_rest_when_pulled():
+    """The dealer answers Prepare after chunk 0 (the plan's first FIRST_CHUNK_REQUESTS
+    requests); every later chunk is computed when rank 0 pulls it (while the parties run),
+    each once, and the answers are those of one unchunked reply."""
+    import threading
+
+    from crypten_lite.comm import dealer_prefetch
+    from crypten_lite.comm.dealer_rpc import DealerServer
+    from crypten_lite.config import Config
+
+    requests = _requests() + _requests(start=112)[:9]  # 21 requests, masks before their triples
+    handler = DealerHandler()
+    computed: list[int] = []
+
+    class Dealer:  # DealerServer.prepare's collaborators, without a gRPC server
+        config = Config(world_size=2)
+        cond = threading.Condition()
+        prepared = None
+
+        def answer(self, keys, chunk):
+            computed.extend(r.counter for r in chunk)
+            return _reply(handler, chunk)
+    dealer = Dealer()
+    sizes = _sizes(requests)
+    batch = DealerServer.prepare(dealer, KEYS, requests, sizes)
+    first = dealer_prefetch.FIRST_CHUNK_REQUESTS
+    assert batch.counts == chunk_counts(sizes, dealer_prefetch.CHUNK_BYTES, first) == [first, 2 * first, 9]
+    assert computed == [r.counter for r in requests[:first]] and dealer.prepared is batch
+    got = _decode(batch.take(0))
+    got += _decode(batch.take(1))
+    assert computed == [r.counter for r in requests[:3 * first]]  # chunk 1 computed by its pull
+    got += _decode(batch.take(2))
+    assert computed == [r.counter for r in requests] and batch.held == 0
+    whole = _decode(_reply(DealerHandler(), requests))
+    assert len(got) == len(whole)
+    assert all(torch.equal(a, b) for g, w in zip(got, whole) for a, b in zip(g, w))
+    with pytest.raises(ProtocolError, match="already delivered"):
+        batch.take(1)
