@@ -12,9 +12,17 @@ polynomial
 and the coefficient b D + O + i' W + j' of x w_o is output (b, o, i', j') for i' < H - (kh-1) dh,
 j' < W - (kw-1) dw: every term landing there has i' + i dh < H and j' + j dw < W, so it is a
 value of image b, and a product's terms past N (negacyclic wrap) land below O, where no
-output lies, since nb D <= N. Channel blocks are summed in the ciphertexts; each output
-channel of each image group is one returned ciphertext. A product costs ciphertexts in
-proportion to the input (sent) plus the outputs (returned), not to the unfolded input.
+output lies, since nb D <= N. Channel blocks are summed in the ciphertexts.
+
+Several output channels per returned ciphertext: mo kernels in one plaintext, kernel o at
+X^(o S), S = nb D + O (the span of one channel's product), w(X) = Sum_o X^(o S) w_o(X).
+x w_o occupies degrees [o S, o S + S), so output (b, o, i', j') lies at o S + b D + O + i' W
++ j', apart from every other channel's product; the last one's wrap lands below
+(mo - 1) S + nb D + O - N <= O, where channel 0 has no output, when (mo - 1) S + nb D <= N
+(mo = 1 is the condition above). A LeNet conv1 at batch 1 (6 channels of 24 x 24) comes
+back in one ciphertext instead of six. A product costs ciphertexts in proportion to the
+input (sent) plus the outputs (returned), not to the unfolded input, nor to the number of
+output channels.
 
 Each party owns conv(its input, the peer's kernel): it encrypts its own input; the peer
 multiplies by its kernel's plaintexts and returns flooded, masked ciphertexts (the Z_2^64
@@ -23,6 +31,7 @@ engine, he_pow2.Pow2Unit.finish); both parties do so at once (he.CrossEngine._tw
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable
 
@@ -30,6 +39,8 @@ import numpy as np
 
 from ..errors import ProtocolError
 from . import he, he_pow2
+
+LAYOUT = "cb-mo-v2"   # the layout's version (named in provider pairwise's handshake)
 
 
 @dataclass(frozen=True)
@@ -48,6 +59,17 @@ class ConvLayout:
     cblocks: int     # channel blocks (summed in the ciphertexts)
     nb: int          # images per block
     gblocks: int     # image groups
+    mo: int = 1      # output channels per returned ciphertext (kernel o at X^(o S))
+
+    @property
+    def oblocks(self) -> int:
+        """Output-channel groups (returned ciphertexts per image group)."""
+        return -(-self.out_channels // self.mo)
+
+    @property
+    def span(self) -> int:
+        """S: the degrees one output channel's product occupies (nb D + O)."""
+        return self.nb * self.block + self.offset
 
     @property
     def hout(self) -> int:
@@ -67,51 +89,79 @@ class ConvLayout:
         return (self.cb - 1) * self.height * self.width + (self.kh - 1) * dh * self.width + (self.kw - 1) * dw
 
     def positions(self) -> tuple[np.ndarray, np.ndarray]:
-        """(kernel positions [cb*kh*kw], output positions [nb*hout*wout]) in a polynomial."""
+        """(kernel positions [mo, cb*kh*kw], output positions [mo*nb*hout*wout]) in a
+        polynomial: kernel o of a group at X^(o S), its outputs after those of kernel o - 1."""
         dh, dw = self.dilation
         c, i, j = np.meshgrid(np.arange(self.cb), np.arange(self.kh), np.arange(self.kw), indexing="ij")
         pos_w = self.offset - (c * self.height * self.width + i * dh * self.width + j * dw)
         b, io, jo = np.meshgrid(np.arange(self.nb), np.arange(self.hout), np.arange(self.wout), indexing="ij")
         pos_out = b * self.block + self.offset + io * self.width + jo
-        return pos_w.reshape(-1), pos_out.reshape(-1)
+        shift = self.span * np.arange(self.mo).reshape(-1, 1)
+        return pos_w.reshape(1, -1) + shift, (pos_out.reshape(1, -1) + shift).reshape(-1)
 
     def ciphertexts(self) -> tuple[int, int]:
-        """(sent, returned) ciphertexts per plaintext prime of one one-sided product."""
-        return self.gblocks * self.cblocks, self.gblocks * self.out_channels
+        """(sent, returned) ciphertexts of one one-sided product."""
+        return self.gblocks * self.cblocks, self.gblocks * self.oblocks
+
+    def plaintexts(self) -> int:
+        """Kernel plaintexts of one one-sided product (products: returned x cblocks)."""
+        return self.oblocks * self.cblocks
 
     def cost(self) -> int:
         """The work of one one-sided product in he._blocks_cost's units (a ciphertext sent or
         returned 72, a plaintext 14, a product 2)."""
         up, back = self.ciphertexts()
-        return 72 * up + 72 * back + 14 * self.out_channels * self.cblocks + 2 * back * self.cblocks
+        return 72 * up + 72 * back + 14 * self.plaintexts() + 2 * back * self.cblocks
 
 
 def layout(x_shape: tuple, w_shape: tuple, dilation: tuple[int, int], degree: int,
-           cb: int | None = None) -> ConvLayout | None:
+           cb: int | None = None, mo: int | None = None) -> ConvLayout | None:
     """The layout of a direct conv of a padded input [B, C, H, W] with a kernel [M, C, kh, kw]
-    (`cb` channels per block, default: the cheapest by ConvLayout.cost; fewer channels per
-    block put more images in a polynomial, so fewer ciphertexts come back: the channel blocks
-    are summed in the ciphertexts); None where one channel of one image does not fit a
-    polynomial, or the kernel's extent exceeds the input (the caller unfolds instead)."""
+    (`cb` channels per block and `mo` output channels per returned ciphertext, default: the
+    cheapest by ConvLayout.cost; fewer channels per block put more images or more output
+    channels in a polynomial, so fewer ciphertexts come back: the channel blocks are summed in
+    the ciphertexts); None where one channel of one image does not fit a polynomial, or the
+    kernel's extent exceeds the input (the caller unfolds instead)."""
     bsz, channels, height, width = (int(v) for v in x_shape)
     out_channels, cin, kh, kw = (int(v) for v in w_shape)
     if cin != channels or min(bsz, channels, out_channels, kh, kw) < 1:
         return None
     if height * width > degree or height - (kh - 1) * dilation[0] < 1 or width - (kw - 1) * dilation[1] < 1:
         return None
-    if cb is None:
-        options = [layout(x_shape, w_shape, dilation, degree, c)
-                   for c in range(1, min(channels, degree // (height * width)) + 1)]
-        options = [o for o in options if o is not None]
-        return min(options, key=lambda o: (o.cost(), o.cb)) if options else None
+    if cb is None or mo is None:
+        return _cheapest((bsz, channels, height, width), (out_channels, cin, kh, kw),
+                         tuple(dilation), degree, cb, mo)
     cblocks = -(-channels // cb)
     cb = -(-channels // cblocks)                    # balanced blocks, fewest zero channels
-    nb = min(bsz, degree // (cb * height * width))
+    oblocks = -(-out_channels // mo)
+    mo = -(-out_channels // oblocks)                # balanced groups, fewest zero kernels
+    block = cb * height * width
+    offset = (cb - 1) * height * width + (kh - 1) * dilation[0] * width + (kw - 1) * dilation[1]
+    # (mo - 1) S + nb D <= N with S = nb D + O: nb <= (N - (mo - 1) O) / (mo D)
+    nb = min(bsz, (degree - (mo - 1) * offset) // (mo * block))
+    if nb < 1:
+        return None
     lay = ConvLayout(bsz, channels, height, width, out_channels, kh, kw, tuple(dilation),
-                     cb, cblocks, nb, -(-bsz // nb))
-    if cblocks * cb * kh * kw > he.MAX_NOISE_TERMS:
+                     cb, cblocks, nb, -(-bsz // nb), mo)
+    if cblocks * mo * cb * kh * kw > he.MAX_NOISE_TERMS:
         return None
     return lay
+
+
+@functools.lru_cache(maxsize=256)
+def _cheapest(x_shape: tuple, w_shape: tuple, dilation: tuple, degree: int, cb: int | None,
+              mo: int | None) -> ConvLayout | None:
+    """layout()'s choice: every channel block size, and every output group size that gives
+    a distinct number of groups and fits a polynomial (memoised: both parties, every call)."""
+    channels, height, width = x_shape[1], x_shape[2], x_shape[3]
+    out_channels = w_shape[0]
+    options = []
+    for c in ([cb] if cb else range(1, min(channels, degree // (height * width)) + 1)):
+        fits = degree // (c * height * width)
+        groups = [mo] if mo else sorted({-(-out_channels // g) for g in range(1, out_channels + 1)})
+        options += [layout(x_shape, w_shape, dilation, degree, c, o) for o in groups if o <= fits]
+    options = [o for o in options if o is not None]
+    return min(options, key=lambda o: (o.cost(), o.cb, o.mo)) if options else None
 
 
 def _input_rows(lay: ConvLayout, x: np.ndarray, t: int, nd: int) -> np.ndarray:
@@ -126,20 +176,22 @@ def _input_rows(lay: ConvLayout, x: np.ndarray, t: int, nd: int) -> np.ndarray:
 
 
 def _kernel_rows(lay: ConvLayout, w: np.ndarray, pos_w: np.ndarray, t: int, nd: int) -> np.ndarray:
-    """[out_channels * cblocks, nd] coefficient rows (mod t) of the kernel blocks."""
-    pad = np.zeros((lay.out_channels, lay.cblocks * lay.cb, lay.kh, lay.kw), dtype=np.uint64)
-    pad[:, :lay.channels] = w
-    blk = pad.reshape(lay.out_channels * lay.cblocks, lay.cb * lay.kh * lay.kw)
+    """[oblocks * cblocks, nd] coefficient rows (mod t) of the kernel blocks (pos_w
+    [mo, cb*kh*kw]: the mo kernels of an output group in one row)."""
+    pad = np.zeros((lay.oblocks * lay.mo, lay.cblocks * lay.cb, lay.kh, lay.kw), dtype=np.uint64)
+    pad[:lay.out_channels, :lay.channels] = w
+    blk = pad.reshape(lay.oblocks, lay.mo, lay.cblocks, lay.cb * lay.kh * lay.kw).transpose(0, 2, 1, 3)
+    blk = blk.reshape(lay.oblocks * lay.cblocks, lay.mo * lay.cb * lay.kh * lay.kw)
     rows = np.zeros((blk.shape[0], nd), dtype=np.uint64)
-    rows[:, pos_w] = he.residues(blk, t)
+    rows[:, pos_w.reshape(-1)] = he.residues(blk, t)
     return rows
 
 
 def _from_blocks(lay: ConvLayout, blocks: np.ndarray) -> np.ndarray:
-    """[gblocks, M, nb*hout*wout] -> [B, M, hout, wout]."""
-    out = blocks.reshape(lay.gblocks, lay.out_channels, lay.nb, lay.hout, lay.wout)
-    out = out.transpose(0, 2, 1, 3, 4).reshape(lay.gblocks * lay.nb, lay.out_channels, lay.hout, lay.wout)
-    return out[:lay.bsz]
+    """[gblocks, oblocks, mo*nb*hout*wout] -> [B, M, hout, wout]."""
+    out = blocks.reshape(lay.gblocks, lay.oblocks * lay.mo, lay.nb, lay.hout, lay.wout)
+    out = out.transpose(0, 2, 1, 3, 4).reshape(lay.gblocks * lay.nb, lay.oblocks * lay.mo, lay.hout, lay.wout)
+    return out[:lay.bsz, :lay.out_channels]
 
 
 def conv2d(engine: "he.CrossEngine", x: np.ndarray, w: np.ndarray, dilation: tuple[int, int],
@@ -169,19 +221,19 @@ def conv2d(engine: "he.CrossEngine", x: np.ndarray, w: np.ndarray, dilation: tup
         coeffs = np.stack([p.open(engine._files, got[j], where) for j in range(back)])
         return _from_blocks(lay, coeffs)
 
-    r = engine._mask_words((lay.gblocks, lay.out_channels, pos_out.size), 64)
+    r = engine._mask_words((lay.gblocks, lay.oblocks, pos_out.size), 64)
 
     def evaluate(pi: int, p, rand: Callable, got: list[bytes]) -> list[bytes]:
         cts = [engine._load_ntt(p, got[j]) for j in range(up)]
         pts = p.ntt_plains(engine._files, _kernel_rows(lay, ws, pos_w, p.t, nd))
-        bound = p.noise_bound(lay.cblocks, lay.cb * lay.kh * lay.kw)
-        masks = engine._block_masks(p, r, (lay.gblocks, lay.out_channels), pos_out, rand)
+        bound = p.noise_bound(lay.cblocks, lay.mo * lay.cb * lay.kh * lay.kw)
+        masks = engine._block_masks(p, r, (lay.gblocks, lay.oblocks), pos_out, rand)
         out = []
         for g in range(lay.gblocks):
-            for o in range(lay.out_channels):
+            for o in range(lay.oblocks):
                 acc = he._dot(p, [(cts[g * lay.cblocks + c], pts[o * lay.cblocks + c])
                                   for c in range(lay.cblocks)])
-                out.append(p.finish(engine._files, acc, masks[g * lay.out_channels + o], bound, rand))
+                out.append(p.finish(engine._files, acc, masks[g * lay.oblocks + o], bound, rand))
         return out
 
     res = engine._two_way(primes, he._Own(encrypt, back, decrypt), he._Eval(up, evaluate))

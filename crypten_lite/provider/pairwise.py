@@ -280,7 +280,7 @@ class PairwiseProvider(Provider):
     def _handshake(self, config: Config) -> None:
         """Both parties send their parameters and refuse a mismatch (ProtocolError on both)."""
         hello = (f"{self.params.describe()};security={he.SECURITY};ot={ot_description(self._ot_mode)};"
-                 f"chunk={self._chunk}")
+                 f"chunk={self._chunk};convlayout={he_conv.LAYOUT}")
         self._tag = hashlib.sha256(b"pairwise-hello/v1").digest()
         self._send(HELLO, hello.encode())
         got = self._recv(HELLO).decode(errors="replace")

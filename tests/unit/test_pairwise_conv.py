@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 pytest.importorskip("tenseal")
 
-from crypten_lite.provider import he, he_conv  # noqa: E402
+from crypten_lite.provider import he, he_conv, he_pow2  # noqa: E402
 from crypten_lite.random import PRG  # noqa: E402
 from two_party_threads import run_both  # noqa: E402
 
@@ -31,14 +31,18 @@ def _negacyclic(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return out
 
 
-@pytest.mark.parametrize("shape,kernel,dil", [((3, 2, 5, 4), (2, 2, 3, 2), (1, 1)),
-                                              ((2, 3, 6, 6), (1, 3, 2, 2), (2, 1)),
-                                              ((1, 5, 4, 4), (2, 5, 3, 3), (1, 1))])
-def test_layout_products_are_the_convolution(shape, kernel, dil):
-    """With N = 64 (a layout of several images, or of channel blocks), the polynomial
-    products read at the output positions are conv2d, whatever the other coefficients."""
-    nd = 64
-    lay = he_conv.layout(shape, kernel, dil, nd)
+@pytest.mark.parametrize("shape,kernel,dil,nd,mo", [((3, 2, 5, 4), (2, 2, 3, 2), (1, 1), 64, None),
+                                                    ((2, 3, 6, 6), (1, 3, 2, 2), (2, 1), 64, None),
+                                                    ((1, 5, 4, 4), (2, 5, 3, 3), (1, 1), 64, None),
+                                                    ((1, 1, 5, 5), (5, 1, 3, 3), (1, 1), 64, None),
+                                                    ((2, 2, 4, 4), (5, 2, 2, 3), (1, 1), 128, 3),
+                                                    ((3, 2, 4, 3), (4, 2, 2, 2), (1, 1), 64, 2)])
+def test_layout_products_are_the_convolution(shape, kernel, dil, nd, mo):
+    """With N = 64 or 128 (a layout of several images, of channel blocks, of several output
+    channels per polynomial: kernel o at X^(o S), a group padded with a zero kernel), the
+    polynomial products read at the output positions are conv2d, whatever the other
+    coefficients (a wrapped term landing on an output would show)."""
+    lay = he_conv.layout(shape, kernel, dil, nd, mo=mo)
     g = torch.Generator().manual_seed(1)     # test data only
     x = torch.randint(-50, 50, shape, generator=g)
     w = torch.randint(-50, 50, kernel, generator=g)
@@ -47,16 +51,17 @@ def test_layout_products_are_the_convolution(shape, kernel, dil):
     t = 1 << 40
     xr = he_conv._input_rows(lay, (x % t).numpy().astype(np.uint64), t, nd).astype(object)
     wr = he_conv._kernel_rows(lay, (w % t).numpy().astype(np.uint64), pos_w, t, nd).astype(object)
-    blocks = np.zeros((lay.gblocks, lay.out_channels, pos_out.size), dtype=object)
+    blocks = np.zeros((lay.gblocks, lay.oblocks, pos_out.size), dtype=object)
     for gi in range(lay.gblocks):
-        for o in range(lay.out_channels):
+        for o in range(lay.oblocks):
             acc = np.zeros(nd, dtype=object)
             for c in range(lay.cblocks):
                 acc = acc + _negacyclic(xr[gi * lay.cblocks + c], wr[o * lay.cblocks + c])
             blocks[gi, o] = acc[pos_out] % t
     got = he_conv._from_blocks(lay, blocks)
     centred = np.vectorize(lambda v: v - t if v >= t // 2 else v)(got).astype(np.int64)
-    assert lay.gblocks * lay.cblocks > 1 or lay.nb > 1
+    assert lay.gblocks * lay.cblocks > 1 or lay.nb > 1 or lay.mo > 1
+    assert mo is None or lay.mo == mo
     assert np.array_equal(centred, want.numpy())
 
 
@@ -103,27 +108,32 @@ def test_direct_conv_cross_terms_are_exact_in_z2_64():
 
 
 def test_lenet_convs_go_direct_and_their_noise_fits():
-    """LeNet's convolutions at batch 64 take the direct encoding (cheaper than unfolding by
-    the cost model; at batch 1 they cost about the same and stay unfolded), conv2's with one
-    channel per block (56 images per polynomial: 32 ciphertexts back per prime, not 128), and
-    every product's flood fits the noise budget."""
+    """LeNet's convolutions take the direct encoding at batch 64 and at batch 1 (cheaper than
+    unfolding by the cost model): at batch 1 all of conv1's 6 output channels come back in one
+    ciphertext and conv2's 16 in one (2 channels per block: 3 sent); conv2 at batch 64 with
+    one channel per block, 2 output channels and 28 images per polynomial (18 sent, 24 back;
+    one output channel per ciphertext needed 12 and 32). Every layout's flood fits the noise
+    budget of the Z_2^64 engine."""
     nd = he.N
-    params = he.default_params()
-    engine = he.CrossEngine(1, params, lambda d: None, lambda: b"", lambda s: np.zeros(s, np.uint64))
-    p = he._Prime(params, params.plain_primes[0])
-    for xs, ws in (((64, 1, 28, 28), (6, 1, 5, 5)), ((64, 6, 12, 12), (16, 6, 5, 5))):
+    unit = he_pow2.Pow2Unit(he.default_params())
+    for xs, ws in (((64, 1, 28, 28), (6, 1, 5, 5)), ((64, 6, 12, 12), (16, 6, 5, 5)),
+                   ((1, 1, 28, 28), (6, 1, 5, 5)), ((1, 6, 12, 12), (16, 6, 5, 5))):
         assert he_conv.preferred(xs, ws, (1, 1), (0, 0), (1, 1), 1, nd), (xs, ws)
     lay = he_conv.layout((64, 6, 12, 12), (16, 6, 5, 5), (1, 1), nd)
-    assert (lay.cb, lay.nb, lay.ciphertexts()) == (1, 56, (12, 32))
-    assert not he_conv.preferred((1, 6, 12, 12), (16, 6, 5, 5), (1, 1), (0, 0), (1, 1), 1, nd)
+    assert (lay.cb, lay.mo, lay.nb, lay.ciphertexts()) == (1, 2, 28, (18, 24))
+    assert he_conv.layout((64, 6, 12, 12), (16, 6, 5, 5), (1, 1), nd, mo=1).ciphertexts() == (12, 32)
+    lay = he_conv.layout((1, 1, 28, 28), (6, 1, 5, 5), (1, 1), nd)
+    assert (lay.mo, lay.ciphertexts(), lay.plaintexts()) == (6, (1, 1), 1)
+    lay = he_conv.layout((1, 6, 12, 12), (16, 6, 5, 5), (1, 1), nd)
+    assert (lay.cb, lay.mo, lay.ciphertexts(), lay.plaintexts()) == (2, 16, (3, 1), 3)
     for xs, ws in (((64, 6, 12, 12), (16, 6, 5, 5)), ((1, 512, 14, 14), (4, 512, 3, 3)),
-                   ((1, 3, 90, 90), (8, 3, 7, 7))):
+                   ((1, 3, 90, 90), (8, 3, 7, 7)), ((1, 6, 12, 12), (16, 6, 5, 5)),
+                   ((1, 1, 28, 28), (6, 1, 5, 5))):
         lay = he_conv.layout(xs, ws, (1, 1), nd)
-        bound = engine.noise_bound(p.t, lay.cblocks, lay.cb * lay.kh * lay.kw)
-        engine._room(p, params.flood_bits(bound), bound)
+        bound = unit.noise_bound(lay.cblocks, lay.mo * lay.cb * lay.kh * lay.kw)
+        unit.room(unit.params.flood_bits(bound), bound)
     assert not he_conv.preferred((1, 4, 5, 4), (4, 2, 2, 3), (1, 1), (0, 0), (1, 1), 2, nd)  # groups
     assert he_conv.layout((1, 1, 100, 100), (1, 1, 3, 3), (1, 1), nd) is None        # H W > N
-    engine.close()
 
 
 def _unfolded_counts(m: int, k: int, n: int) -> tuple[int, int, int, int]:
@@ -138,10 +148,11 @@ def test_docs_ciphertext_counts():
     and direct (sent, returned, plaintexts, products)."""
     import pathlib
     doc = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "protocols.md").read_text()
-    for name, xs, ws in (("conv1", (64, 1, 28, 28), (6, 1, 5, 5)), ("conv2", (64, 6, 12, 12), (16, 6, 5, 5))):
+    for name, xs, ws in (("conv1", (64, 1, 28, 28), (6, 1, 5, 5)), ("conv2", (64, 6, 12, 12), (16, 6, 5, 5)),
+                         ("conv1", (1, 1, 28, 28), (6, 1, 5, 5)), ("conv2", (1, 6, 12, 12), (16, 6, 5, 5))):
         lay = he_conv.layout(xs, ws, (1, 1), he.N)
         up, back = lay.ciphertexts()
-        direct = (up, back, lay.out_channels * lay.cblocks, back * lay.cblocks)
+        direct = (up, back, lay.plaintexts(), back * lay.cblocks)
         unfolded = _unfolded_counts(ws[0], ws[1] * ws[2] * ws[3], xs[0] * lay.hout * lay.wout)
         row = (f"| LeNet {name}, [{','.join(map(str, xs))}] x [{','.join(map(str, ws))}] | "
                f"{', '.join(map(str, unfolded))} | {', '.join(map(str, direct))} |")
