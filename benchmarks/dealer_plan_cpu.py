@@ -8,7 +8,8 @@ thread's CPU clock (time.thread_time: another process's load does not count), --
 - rank 0: the plan's authenticated batch (protobuf and MAC);
 - dealer: parsing, the checks, every party's seeded components and rank 0's corrections
   (DealerServer.answer's work: the handler, joining a request's small corrections, protobuf),
-  serializing the reply;
+  serializing the reply; and chunk 0's corrections alone, what the dealer computes before it
+  answers Prepare (the rest is computed when pulled, during the run);
 - rank 0: parsing and decoding the reply, and cutting each request's corrections
   (provider._unjoin) as the run does;
 - each party's own derivation of the plan's seeded components (rank 1 draws every
@@ -56,6 +57,8 @@ def measure(plan: list, n: int) -> dict:
 
     from crypten_lite._proto import crypten_lite_pb2 as pb
     from crypten_lite.comm import dealer_rpc
+    from crypten_lite.comm import dealer_prefetch
+    from crypten_lite.comm.dealer_prefetch import CHUNK_BYTES
     from crypten_lite.comm.dealer_rpc import Request, batch_mac_proto, tensor_from_proto
     from crypten_lite.config import Config
     from crypten_lite.provider import DealerHandler, correlations
@@ -76,6 +79,10 @@ def measure(plan: list, n: int) -> dict:
         def __init__(self):
             self.handler = handler
     server = _Server()
+    sizes = [handler.check(r, 2, server.config.max_message_bytes) for r in requests]
+    chunk_counts = dealer_prefetch.chunk_counts
+    if getattr(dealer_prefetch, "FIRST_CHUNK_REQUESTS", None) is None:  # before issue 32's chunks
+        chunk_counts = lambda sizes, limit, first: dealer_prefetch.chunk_counts(sizes, limit)  # noqa: E731
     unjoin = getattr(provider_mod, "_unjoin", lambda request, answer: answer)
     stages: dict[str, list[float]] = {}
 
@@ -97,6 +104,10 @@ def measure(plan: list, n: int) -> dict:
             return got
         got = timed("dealer: parse and check", accept)
         reply = timed("dealer: corrections (derive, compute, protobuf)", lambda: server.answer(keys, got))
+        # what the dealer computes before it answers Prepare: chunk 0 (the whole plan before
+        # issue 32's streamed chunks, on a tree without FIRST_CHUNK_REQUESTS)
+        first = chunk_counts(sizes, CHUNK_BYTES, getattr(dealer_prefetch, "FIRST_CHUNK_REQUESTS", None))
+        timed("dealer: chunk 0, before it answers Prepare", lambda: server.answer(keys, got[:first[0]]))
         data = timed("dealer: reply serialized", lambda: pb.PrepareReply(chunks=[len(got)], first=reply).SerializeToString())
 
         def decode():

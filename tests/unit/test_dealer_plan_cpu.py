@@ -21,7 +21,8 @@ def test_dealer_plan_cpu_reports_every_stage():
             ["trunc", "", [[4]], [16]]]
     figures = script.measure(plan, 1)
     for stage in ("rank 0: batch (protobuf, MAC)", "dealer: parse and check",
-                  "dealer: corrections (derive, compute, protobuf)", "dealer: reply serialized",
+                  "dealer: corrections (derive, compute, protobuf)",
+                  "dealer: chunk 0, before it answers Prepare", "dealer: reply serialized",
                   "rank 0: reply decoded and cut", "party 0: its seeded components",
                   "party 1: its seeded components"):
         assert figures[stage] >= 0, stage
