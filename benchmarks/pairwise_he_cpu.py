@@ -55,7 +55,7 @@ def _params(plain_bits: int) -> he.HEParams:
                        mm_t_bits=mm.mm_t_bits, mm_return=mm.mm_return)
 
 
-def _shares(prof, top: int = 8) -> dict:
+def _shares(prof, top: int = 14) -> dict:
     """The `top` functions' shares of the profiled time (own time, SEAL's native calls by name)."""
     import pstats
     stats = pstats.Stats(prof).stats
