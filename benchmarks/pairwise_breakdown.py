@@ -7,6 +7,12 @@ kind (rank 0's view; both parties take part in every exchange), plus a total lin
     timeout 900 python benchmarks/pairwise_breakdown.py --workload relu --n 65536
     timeout 1800 python benchmarks/pairwise_breakdown.py --workload lenet_b64
 
+--served (LeNet): a later inference of the loaded model, the one a service runs: a first
+forward draws the weight masks (and each party keeps the peer's encrypted B, he_kept.py),
+then a later forward's plan is recorded and prefetched (no weight_mask in it):
+
+    timeout 900 python benchmarks/pairwise_breakdown.py --workload lenet_b1 --served
+
 --workload bert_layer: one BERT encoder layer (benchmarks/pairwise_vs_cheetah.py's model and
 input builders and its party job: the plan recorded under the dealer provider, then
 prefetched under pairwise and the layer run online, checked against torch); its lines also
@@ -24,7 +30,7 @@ import os
 import time
 
 
-def _run(workload: str, n: int) -> dict:
+def _run(workload: str, n: int, served: bool = False) -> dict:
     import torch
 
     import crypten_lite
@@ -46,6 +52,8 @@ def _run(workload: str, n: int) -> dict:
         def program():
             with torch.no_grad():
                 return private(x)
+    if served:           # a loaded model's later inference: its weight masks drawn (B kept)
+        program()
     with offline.record() as plan:
         program()
     provider = current().provider
@@ -136,6 +144,9 @@ def main() -> None:
     parser.add_argument("--bert-ffn", type=int, default=3072)
     parser.add_argument("--bert-seq", type=int, default=128)
     parser.add_argument("--top", type=int, default=3, help="bert_layer: largest correlations shown")
+    parser.add_argument("--served", action="store_true",
+                        help="lenet: a later inference of the loaded model (its weight masks drawn and "
+                             "their B kept by a first forward: provider/he_kept.py), not a first one")
     parser.add_argument("--out", help="append the lines to this file (docs/pairwise_breakdown.jsonl feeds "
                         "docs/protocols.md's table: benchmarks/pairwise_tables.py)")
     args = parser.parse_args()
@@ -148,7 +159,9 @@ def main() -> None:
         name = "bert_layer_h{hidden}_a{heads}_f{ffn}_s{seq}".format(**sizes)
     else:
         with PartyPool(2, provider="pairwise", timeout=1800) as pool:
-            got = pool.run(_run, args.workload, args.n)[0]
+            got = pool.run(_run, args.workload, args.n, args.served)[0]
+        if args.served:
+            name += "_served"
     load = round(os.getloadavg()[0], 1)
     records = got.get("records", [])
     lines = []

@@ -59,7 +59,7 @@ import torch.nn.functional as F
 from ..config import Config
 from ..errors import CommunicationError, ConfigError, ProtocolError
 from ..random import PRG, canonical, derive_key, fresh_seed
-from . import correlations, he, he_conv, he_pow2, ot, pairwise_slices, store
+from . import correlations, he, he_conv, he_kept, he_pow2, ot, pairwise_slices, store
 from .pairwise_progress import PROGRESS_ENV, _Progress, progress_wanted  # noqa: F401 (re-exported)
 from . import Correlation, Provider, _absolute, _relative, _spec
 from .correlations import TRIPLE_OPS, _conv_params
@@ -280,7 +280,7 @@ class PairwiseProvider(Provider):
     def _handshake(self, config: Config) -> None:
         """Both parties send their parameters and refuse a mismatch (ProtocolError on both)."""
         hello = (f"{self.params.describe()};security={he.SECURITY};ot={ot_description(self._ot_mode)};"
-                 f"chunk={self._chunk};convlayout={he_conv.LAYOUT}")
+                 f"chunk={self._chunk};convlayout={he_conv.LAYOUT};weights={he_kept.VERSION}")
         self._tag = hashlib.sha256(b"pairwise-hello/v1").digest()
         self._send(HELLO, hello.encode())
         got = self._recv(HELLO).decode(errors="replace")
@@ -665,6 +665,7 @@ class PairwiseProvider(Provider):
 
     def close(self) -> None:
         self._ready = {}
+        self.__dict__.pop("_kept", None)      # the peer's kept weight ciphertexts (he_kept.py)
         self._engine.close()
 
 
@@ -778,8 +779,12 @@ def _triple(pv: PairwiseProvider, parts, op, shapes, params):
 def _weight_triple(pv: PairwiseProvider, parts, op, shapes, params):
     (b,) = correlations.derive(pv._key, params[0], "weight_mask", "", [tuple(shapes[1])], ())
     a = parts[0]
-    c = TRIPLE_OPS[op](a, b, params[1:]) + pv.bilinear(op, a, b, params[1:])
-    return [a, c]
+    # the peer's B (the weight mask) encrypted once and kept (he_kept.py), else as any triple
+    kept = he_kept.cross(pv._engine, pv.__dict__.setdefault("_kept", {}), pv._chunk, params[0],
+                         op, _u(a).reshape(a.shape), _u(b).reshape(b.shape), tuple(params[1:]))
+    local = TRIPLE_OPS[op](a, b, params[1:])
+    cross = pv.bilinear(op, a, b, params[1:]) if kept is None else _t(kept).view(local.shape)
+    return [a, local + cross]
 
 
 def _square(pv: PairwiseProvider, parts, op, shapes, params):

@@ -1,0 +1,217 @@
+"""Kept weight ciphertexts: a fixed-weight triple's B encrypted once per loaded model.
+
+A ``weight_triple`` (provider/correlations.py) has a fresh A per inference and the model's
+FIXED weight mask B (one ``weight_mask`` counter per weight layout, mpc/fixed.py). Its cross
+terms op(a0, b1) + op(a1, b0) were made as any triple's: each party encrypted its fresh A and
+the peer multiplied by its B as plaintext. Here instead each party encrypts its own B share
+once (seeded symmetric BFV under its own key, the Z_2^64 engine of he_pow2.py) and sends it;
+the peer keeps those ciphertexts (NTT form) for as long as the provider lives. Per inference
+a party only encodes its fresh A as NTT plaintexts, multiplies the kept ciphertexts of the
+peer's B by them, floods, re-randomises (a fresh public-key encryption of zero under the
+peer's key), masks with R uniform mod 2^64 and switches down (Pow2Unit.finish, as every
+returned ciphertext), and sends the result back: one message each way at once, where the
+product of the fresh A took two (A up, the product back), and no encryption, upload or NTT of
+an A ciphertext. The peer decrypts op(a_mine, b_peer) + R; this party keeps -R.
+
+Why it is safe to keep them: a ciphertext of a fixed B under its owner's key reveals nothing
+to the peer (semantic security of BFV, RLWE): holding it for many inferences is holding one
+ciphertext. What goes back to B's owner is, per inference, a fresh flood and a fresh
+re-randomisation over the product with a fresh A, masked by a fresh R: the owner learns
+op(A, B) + R, uniform. Keys never leave their owners; every A, R, flood and zero encryption
+is fresh and used once; the kept B is only ever the model's weight mask (a new mask counter,
+as after any weight change, is a new entry).
+
+Encodings (public, both parties derive them from the shapes): a matmul A [m, k] x B [k, n]
+(A's leading dimensions folded into m) in Cheetah's coefficient blocks (he._positions: A
+block (i, c) at i kw nw + c, B block (c, j) at j kw + kw - 1 - c), the block sizes chosen for
+the fewest returned ciphertexts, then plaintexts; a conv2d (groups 1) in he_conv's direct
+layout, the kernel blocks kept, the input blocks as plaintexts. Anything else (another op, a
+layout past KEEP_MAX_CTS kept ciphertexts, or one whose flood would not fit) returns None and
+the caller makes the product as before.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import he, he_conv, he_pow2
+
+KEEP_MAX_CTS = 64        # kept ciphertexts per weight layout (NTT form: 512 KB each in memory)
+KEEP_TOTAL_CTS = 512     # kept per provider (256 MB); past it, products are made as before
+VERSION = "kept-b-v1"    # named in provider pairwise's handshake
+
+
+def _matmul_blocks(m: int, k: int, n: int, nd: int) -> tuple[int, int, int] | None:
+    """(mw, kw, nw) of the coefficient blocks with A as plaintext and B kept: per inference
+    72 per returned ciphertext, 14 per plaintext, 2 per product (he._blocks_cost's units),
+    fewest kept ciphertexts on a tie; the noise of kb products of mw kw nonzero coefficients
+    within he_pow2.MAX_TERMS."""
+    best = None
+    for kw in sorted(he._sizes(k)):
+        for nw in sorted(he._sizes(n)):
+            mw = min(m, (nd - kw + 1) // (kw * nw))
+            if mw < 1:
+                continue
+            mb, kb, nb = -(-m // mw), -(-k // kw), -(-n // nw)
+            if kb * mw * kw > he_pow2.MAX_TERMS or kb * nb > KEEP_MAX_CTS:
+                continue
+            cost = (72 * mb * nb + 14 * mb * kb + 2 * mb * kb * nb, kb * nb)
+            if best is None or cost < best[0]:
+                best = (cost, mw, kw, nw)
+    return None if best is None else best[1:]
+
+
+class _Matmul:
+    """A [m, k] (plaintext, fresh) x B [k, n] (kept)."""
+
+    def __init__(self, m: int, k: int, n: int, nd: int, blocks: tuple[int, int, int]):
+        self.m, self.k, self.n, self.nd = m, k, n, nd
+        self.mw, self.kw, self.nw = blocks
+        self.mb, self.kb, self.nb = -(-m // self.mw), -(-k // self.kw), -(-n // self.nw)
+        self.pos_a, self.pos_b, self.pos_out = he._positions(self.mw, self.kw, self.nw)
+        self.kept = self.kb * self.nb
+        self.back = self.mb * self.nb
+
+    def kept_rows(self, b: np.ndarray) -> np.ndarray:
+        pad = np.zeros((self.kb * self.kw, self.nb * self.nw), dtype=np.uint64)
+        pad[:self.k, :self.n] = b
+        blk = pad.reshape(self.kb, self.kw, self.nb, self.nw).transpose(0, 2, 1, 3)
+        return he._polys(blk.reshape(self.kb, self.nb, -1), self.pos_b, 1 << 64, self.nd).reshape(-1, self.nd)
+
+    def plain_rows(self, a: np.ndarray) -> np.ndarray:
+        pad = np.zeros((self.mb * self.mw, self.kb * self.kw), dtype=np.uint64)
+        pad[:self.m, :self.k] = a
+        blk = pad.reshape(self.mb, self.mw, self.kb, self.kw).transpose(0, 2, 1, 3)
+        return he._polys(blk.reshape(self.mb, self.kb, -1), self.pos_a, 1 << 64, self.nd).reshape(-1, self.nd)
+
+    def pairs(self, j: int, kept: list, pts: list) -> tuple[list, int]:
+        """The (kept ciphertext, plaintext) products of returned ciphertext j, its noise terms."""
+        mi, nj = divmod(j, self.nb)
+        return ([(kept[kk * self.nb + nj], pts[mi * self.kb + kk]) for kk in range(self.kb)],
+                self.mw * self.kw)
+
+    def mask_shape(self) -> tuple:
+        return (1, self.mb, self.nb)
+
+    def terms(self) -> int:
+        return self.kb
+
+    def out(self, blocks: np.ndarray) -> np.ndarray:
+        """[back, mw*nw] output coefficients -> [m, n]."""
+        blk = blocks.reshape(self.mb, self.nb, self.mw, self.nw).transpose(0, 2, 1, 3)
+        return blk.reshape(self.mb * self.mw, self.nb * self.nw)[:self.m, :self.n]
+
+
+class _Conv:
+    """conv2d (stride 1 on the padded input; the caller subsamples) with the kernel kept."""
+
+    def __init__(self, lay: he_conv.ConvLayout, nd: int):
+        self.lay, self.nd = lay, nd
+        self.pos_w, self.pos_out = lay.positions()
+        self.kept = lay.plaintexts()
+        self.back = lay.ciphertexts()[1]
+
+    def kept_rows(self, w: np.ndarray) -> np.ndarray:
+        return he_conv._kernel_rows(self.lay, w, self.pos_w, 1 << 64, self.nd)
+
+    def plain_rows(self, x: np.ndarray) -> np.ndarray:
+        return he_conv._input_rows(self.lay, x, 1 << 64, self.nd)
+
+    def pairs(self, j: int, kept: list, pts: list) -> tuple[list, int]:
+        lay = self.lay
+        g, o = divmod(j, lay.oblocks)
+        return ([(kept[o * lay.cblocks + c], pts[g * lay.cblocks + c]) for c in range(lay.cblocks)],
+                lay.nb * lay.block)
+
+    def mask_shape(self) -> tuple:
+        return (self.lay.gblocks, self.lay.oblocks)
+
+    def terms(self) -> int:
+        return self.lay.cblocks
+
+    def out(self, blocks: np.ndarray) -> np.ndarray:
+        return he_conv._from_blocks(self.lay, blocks.reshape(self.lay.gblocks, self.lay.oblocks, -1))
+
+
+def _plan(op: str, a_shape: tuple, b_shape: tuple, params: tuple, nd: int, chunk: int):
+    """(encoding, prepare(a) -> A in its layout, finish(share) -> op's output shape), or None."""
+    if op in ("matmul", "linear") and len(b_shape) == 2 and len(a_shape) >= 1:
+        k, n = (b_shape if op == "matmul" else b_shape[::-1])
+        if a_shape[-1] != k:
+            return None
+        m = int(np.prod(a_shape[:-1])) if len(a_shape) > 1 else 1
+        blocks = _matmul_blocks(m, k, n, nd)
+        if blocks is None:
+            return None
+        enc = _Matmul(m, k, n, nd, blocks)
+        out_shape = tuple(a_shape[:-1]) + (n,)
+        return (enc, lambda a: a.reshape(m, k),
+                (lambda b: b) if op == "matmul" else (lambda b: np.ascontiguousarray(b.T)),
+                lambda s: s.reshape(out_shape))
+    if op == "conv2d" and len(a_shape) == 4 and len(b_shape) == 4:
+        from .correlations import _conv_params
+        cp = _conv_params(params, 2)
+        stride, padding, dilation = tuple(cp["stride"]), tuple(cp["padding"]), tuple(cp["dilation"])
+        if cp["groups"] != 1:
+            return None
+        lay = he_conv.layout(he_conv.padded_shape(a_shape, padding), b_shape, dilation, nd)
+        if (lay is None or lay.plaintexts() > KEEP_MAX_CTS
+                or lay.cblocks * lay.nb * lay.block > he_pow2.MAX_TERMS):   # the noise of x's blocks
+            return None
+        enc = _Conv(lay, nd)
+        ph, pw = padding
+
+        def prepare(x: np.ndarray) -> np.ndarray:
+            return np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw))) if ph or pw else x
+        return (enc, prepare, lambda w: w,
+                lambda s: np.ascontiguousarray(s[:, :, ::stride[0], ::stride[1]]))
+    return None
+
+
+def cross(engine: "he.CrossEngine", cache: dict, chunk: int, mask_counter: int, op: str,
+          a: np.ndarray, b: np.ndarray, params: tuple) -> np.ndarray | None:
+    """This party's share (uint64) of op(a0, b1) + op(a1, b0) for a weight triple whose B is
+    the weight mask of `mask_counter` (a: this party's fresh A, b: its B share), with the
+    peer's B kept in `cache` (the provider's: filled by this exchange on first use, the same
+    on both parties); None where this op or layout is not kept (the caller makes it as before).
+    Both parties call it at the same point of the same exchange."""
+    nd = engine.params.n
+    plan = _plan(op, tuple(a.shape), tuple(b.shape), tuple(params), nd, chunk)
+    if plan is None:
+        return None
+    enc, prepare, weight, finish = plan
+    key = (mask_counter, op, tuple(a.shape), tuple(b.shape), tuple(params))
+    have = sum(len(v) for v in cache.values())
+    if key not in cache and (have + enc.kept > KEEP_TOTAL_CTS
+                             or (enc.kept + enc.back) * he_pow2.CT_BYTES > chunk):
+        return None
+    unit = engine._mm_units()[0]
+    files = engine._files
+    if key not in cache:            # once per weight layout: my B up, the peer's B kept
+        engine._send(he.pack(unit.encrypt_rows(files, enc.kept_rows(weight(b)))))
+        got = he.unpack(engine._recv(), enc.kept, "kept weight ciphertexts")
+        cache[key] = [engine._load_ntt(unit, d) for d in got]
+    kept = cache[key]
+    pts = unit.ntt_plains(files, enc.plain_rows(prepare(a)))
+    r = engine._mask_words(enc.mask_shape() + (enc.pos_out.size,), 64)
+    masks = engine._block_masks(unit, r, enc.mask_shape(), enc.pos_out, engine._rand)
+    back = []
+    for j in range(enc.back):
+        pairs, nonzero = enc.pairs(j, kept, pts)
+        bound = unit.noise_bound(enc.terms(), nonzero)
+        back.append(unit.finish(files, he._dot(unit, pairs), masks[j], bound, engine._rand))
+    engine._send(he.pack(back))
+    got = he.unpack(engine._recv(), enc.back, "kept-weight product ciphertexts")
+    where = enc.pos_out.tolist()
+    mine = enc.out(np.stack([unit.open(files, d, where) for d in got]))
+    with np.errstate(over="ignore"):
+        share = mine + enc.out(np.uint64(0) - r[0])
+    return finish(share)
+
+
+def fits(engine: "he.CrossEngine", op: str, a_shape: tuple, b_shape: tuple, params: tuple,
+         chunk: int) -> bool:
+    """Whether cross() would keep this product's B (tests, benchmarks)."""
+    plan = _plan(op, tuple(a_shape), tuple(b_shape), tuple(params), engine.params.n, chunk)
+    return plan is not None and (plan[0].kept + plan[0].back) * he_pow2.CT_BYTES <= chunk
+

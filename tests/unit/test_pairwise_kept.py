@@ -1,0 +1,162 @@
+"""Provider 'pairwise', kept weight ciphertexts (provider/he_kept.py): a weight triple's B is
+the model's fixed weight mask, so each party's B share is encrypted and sent once and the
+peer keeps it; per inference only the fresh A is encoded, multiplied and sent back. Two
+in-process parties (threads, no gRPC): the triples of two inferences on one kept B are
+correct (C = op(A, B) against torch) and fresh, the second moves no kept ciphertexts (fewer
+bytes, one message each way), and a tampered or replayed kept-B message is a ProtocolError
+on both parties."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("tenseal")
+pytest.importorskip("nacl")
+
+from crypten_lite.comm.inprocess import InProcessCommunicator, InProcessHub  # noqa: E402
+from crypten_lite.config import Config  # noqa: E402
+from crypten_lite.errors import ProtocolError  # noqa: E402
+from crypten_lite.provider import he, he_kept  # noqa: E402
+from crypten_lite.provider.correlations import TRIPLE_OPS  # noqa: E402
+from crypten_lite.provider.pairwise import PairwiseProvider  # noqa: E402
+from two_party_threads import run_both  # noqa: E402
+
+CONV = (1, 1, 1, 1, 1, 1, 1)        # stride 1, padding 1, dilation 1, groups 1
+CONV_S = (2, 1, 0, 2, 1, 1, 1)      # stride (2, 1), padding (0, 2)
+
+
+def _pair():
+    hub = InProcessHub(2, timeout=60.0)
+    seed = os.urandom(32)
+    comms = [InProcessCommunicator(hub, r) for r in range(2)]
+    for r, c in enumerate(comms):
+        c.pair_seeds = {1 - r: seed}
+    cfg = [Config(rank=r, world_size=2, provider="pairwise", session="kept") for r in range(2)]
+    got = run_both([lambda r=r: PairwiseProvider(cfg[r], comms[r]) for r in range(2)], 120, capture=True)
+    assert got[0][1] is None and got[1][1] is None, got
+    return comms, [g[0] for g in got]
+
+
+def _both(providers, fn):
+    got = run_both([lambda p=p: fn(p) for p in providers], 120, capture=True)
+    return got
+
+
+def _moved(p) -> int:
+    return p.stats["pairwise_bytes_sent"] + p.stats["pairwise_bytes_received"]
+
+
+@pytest.fixture(scope="module")
+def pair():
+    comms, providers = _pair()
+    yield comms, providers
+    for p in providers:
+        p.close()
+
+
+@pytest.mark.parametrize("op,xs,ws,params", [
+    ("matmul", (1, 256), (256, 120), ()),          # LeNet's fc1 at batch 1
+    ("linear", (2, 3, 20), (7, 20), ()),           # leading dimensions folded into m
+    ("conv2d", (1, 2, 6, 6), (3, 2, 3, 3), CONV),  # direct layout, padding
+    ("conv2d", (2, 1, 7, 5), (4, 1, 2, 3), CONV_S),
+])
+def test_kept_weight_across_two_inferences(pair, op, xs, ws, params):
+    """One weight mask, two weight triples: both satisfy C = op(A, B) exactly in Z_2^64, A and
+    C differ between them (fresh), B was kept after the first (the cache holds one entry for
+    it) and the second moves fewer bytes (no kept ciphertexts go up again)."""
+    comms, (p0, p1) = pair
+    got = _both((p0, p1), lambda p: p.get("weight_mask", [ws]).corrected())
+    b = got[0][0][0] + got[1][0][0]
+    counter = p0.counter - 1
+    assert he_kept.fits(p0._engine, op, xs, ws, params, p0._chunk)
+    seen, moved = [], []
+    for _ in range(2):
+        before = _moved(p0)
+        got = _both((p0, p1), lambda p: p.get("weight_triple", [xs, ws], op, (counter, *params)).corrected())
+        assert got[0][1] is None and got[1][1] is None, got
+        moved.append(_moved(p0) - before)
+        a = got[0][0][0] + got[1][0][0]
+        c = got[0][0][1] + got[1][0][1]
+        assert torch.equal(c, TRIPLE_OPS[op](a, b, params)), op
+        seen.append((a, got[0][0][1]))
+        assert any(k[0] == counter for k in p0._kept) and any(k[0] == counter for k in p1._kept)
+    assert not torch.equal(seen[0][0], seen[1][0]) and not torch.equal(seen[0][1], seen[1][1])
+    assert moved[1] < moved[0]
+
+
+def test_an_op_without_a_kept_layout_is_made_as_before(pair):
+    """conv1d and grouped convolutions are not kept: the triple is made as any (exact)."""
+    comms, (p0, p1) = pair
+    xs, ws, params = (1, 4, 5, 4), (4, 2, 2, 3), (2, 1, 0, 1, 1, 1, 2)   # groups 2
+    assert not he_kept.fits(p0._engine, "conv2d", xs, ws, params, p0._chunk)
+    got = _both((p0, p1), lambda p: p.get("weight_mask", [ws]).corrected())
+    b = got[0][0][0] + got[1][0][0]
+    counter = p0.counter - 1
+    before = len(p0._kept)
+    got = _both((p0, p1), lambda p: p.get("weight_triple", [xs, ws], "conv2d", (counter, *params)).corrected())
+    a, c = got[0][0][0] + got[1][0][0], got[0][0][1] + got[1][0][1]
+    assert torch.equal(c, TRIPLE_OPS["conv2d"](a, b, params)) and len(p0._kept) == before
+
+
+def _attack(mutate):
+    """Rank 0's frame carrying its kept B ciphertexts (the first DATA frame of the first
+    weight triple) is replaced by mutate(frame, recorded); both parties must raise
+    ProtocolError, and neither keeps anything from it."""
+    comms, (p0, p1) = _pair()
+    xs, ws = (1, 64), (64, 10)
+    _both((p0, p1), lambda p: p.get("weight_mask", [ws]).corrected())
+    counter = p0.counter - 1
+    real = comms[0]._send
+    frames: list = []
+
+    def record(tensor, dst):
+        frames.append(tensor.numpy().tobytes())
+        real(tensor, dst)
+    comms[0]._send = record
+    _both((p0, p1), lambda p: p.get("triple", [(8,), (8,)], "mul").corrected())   # an earlier exchange
+    state = {"done": False}
+
+    def evil(tensor, dst):
+        data = tensor.numpy().tobytes()
+        if not state["done"] and len(data) > 100_000:       # the kept B ciphertexts
+            state["done"] = True
+            tensor = torch.frombuffer(bytearray(mutate(data, frames)), dtype=torch.uint8)
+        real(tensor, dst)
+    comms[0]._send = evil
+    out = _both((p0, p1), lambda p: p.get("weight_triple", [xs, ws], "matmul", (counter,)).corrected())
+    assert state["done"]
+    for r in range(2):
+        assert out[r][0] is None and isinstance(out[r][1], ProtocolError), (r, out[r])
+    assert not any(k[0] == counter for k in p1._kept)
+    for p in (p0, p1):
+        p.close()
+    return [str(out[r][1]) for r in range(2)]
+
+
+def test_tampered_kept_weight_message_is_refused_by_both():
+    def flip(frame, frames):
+        b = bytearray(frame)
+        b[len(b) // 2] ^= 0x01
+        return bytes(b)
+    assert "integrity" in _attack(flip)[1]
+
+
+def test_replayed_kept_weight_message_is_refused_by_both():
+    """An earlier frame of rank 0 (valid MAC, old sequence number) in place of its kept B."""
+    msgs = _attack(lambda frame, frames: frames[0])
+    assert "replayed" in msgs[1] or "sequence" in msgs[1]
+
+
+def test_kept_matmul_blocks_return_one_ciphertext_for_lenet():
+    """LeNet's linear layers at batch 1 come back in one ciphertext each (A as plaintext: the
+    k blocks are summed in the ciphertexts), their kept B in 4, 2 and 1."""
+    for (k, n), kept in (((256, 120), 4), ((120, 84), 2), ((84, 10), 1)):
+        enc = he_kept._Matmul(1, k, n, he.N, he_kept._matmul_blocks(1, k, n, he.N))
+        assert (enc.back, enc.kept) == (1, kept), (k, n)
+    assert he_kept._matmul_blocks(1, 256, 120, he.N) is not None
+    rows = np.zeros((1, 3), dtype=np.uint64)
+    assert rows.shape == (1, 3)
