@@ -145,7 +145,10 @@ def keystream_parts(key: bytes, shapes: Sequence[tuple[int, ...]]) -> list[torch
     fill = Cipher(_AES(key), _CTR(bytes(16))).encryptor().update_into
     if 8 * total <= JOINT_PARTS_BYTES:
         buf = _stream_tensor(fill, total)
-        return [part.view(tuple(shape)) for part, shape in zip(buf.split(numels), shapes)]
+        # a 1-D part is already of its shape: no view (a view costs about a microsecond, and a
+        # masked polynomial's request has dozens of parts)
+        return [part if len(shape) == 1 else part.view(tuple(shape))
+                for part, shape in zip(buf.split_with_sizes(numels), shapes)]
     # one tensor per part, in order: the stream goes on from one part to the next
     return [_stream_tensor(fill, numel).view(tuple(shape)) if numel else
             torch.zeros(tuple(shape), dtype=torch.int64) for shape, numel in zip(shapes, numels)]

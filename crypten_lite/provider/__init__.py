@@ -337,7 +337,7 @@ def _unjoin(request: Request, answer: list[torch.Tensor]) -> list[torch.Tensor]:
         return answer
     if (len(answer) == 1 and n > 1 and answer[0].dim() == 1 and answer[0].numel() == sum(sizes)
             and answer[0].dtype == torch.int64):
-        parts = answer[0].split(sizes)
+        parts = answer[0].split_with_sizes(sizes)
         return list(parts) if flat else [part.view(shape) for part, shape in zip(parts, wanted)]
     raise CommunicationError(f"party {CORRECTING_RANK}: the dealer's answer to request {request.counter} "
                              f"({kind}/{op or '-'}) holds {[tuple(t.shape) for t in answer]}, expected "
