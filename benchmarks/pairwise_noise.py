@@ -6,7 +6,8 @@ encryptions and full-size plaintexts, every slot uniform mod t). With 3 x 60 + 3
 plaintext prime is below every data prime, so SEAL lifts plaintexts by its fast path, and the
 results return at one prime; the other two moduli return at two.
 
-The flood is the engine's own (provider/he.py): a public-key encryption of zero plus (e, 0),
+The flood is the engine's own (provider/he.py): a public-key encryption of zero (made at the
+data primes, _Prime.zero_ntt, as the engine makes it) plus (e, 0),
 e uniform in [-2^F, 2^F) per coefficient, F = log2(the engine's noise bound) + 40 + 13.
 Circuit privacy needs the flood's noise 2^(40 + 13) above the products' (margin >= 53 bits:
 40 statistical bits, union over N = 2^13 coefficients); correctness needs a positive budget
@@ -56,7 +57,7 @@ def measure(modulus: str, bits: int) -> dict:
     sk = gen.secret_key()
     pk = s.PublicKey()
     gen.create_public_key(pk)
-    p.encryptor = s.Encryptor(p.ctx, pk)
+    p.set_peer_key(evaluator._files, pk)     # as the engine re-randomises (zero_ntt)
     enc, dec = s.Encryptor(p.ctx, sk), s.Decryptor(p.ctx, sk)
     acc, want = None, np.zeros(n, dtype=object)
     for _ in range(2):

@@ -394,6 +394,7 @@ class _Prime:
         self.encoder = s.BatchEncoder(self.ctx)
         self.evaluator = s.Evaluator(self.ctx)
         self.encryptor = None      # the peer's public key: re-randomises returned results
+        self.pk_ntt = None         # the same key at the data primes, NTT form (zero_ntt)
         self.sym = None            # this party's secret key: encrypts its own operands
         self.decryptor = None
         self.secret_key = None
@@ -421,9 +422,10 @@ class _Prime:
         np.frombuffer(buf, dtype="<u8", count=residues_.size, offset=start)[:] = residues_.reshape(-1)
         return buf
 
-    def noise_ct(self, residues_: np.ndarray):
-        """The ciphertext (e, 0) of noise_bytes written in place into a fresh SEAL Ciphertext
-        (he_pow2._ct_data's checked view), or None where that view is not available."""
+    def noise_ct(self, residues_: np.ndarray, c1: np.ndarray | None = None):
+        """The ciphertext (e, 0) of noise_bytes (or (e, c1)) written in place into a fresh
+        SEAL Ciphertext (he_pow2._ct_data's checked view), or None where that view is not
+        available."""
         from .he_pow2 import _ct_data
         s = _sealapi()
         levels = residues_.shape[0]
@@ -432,8 +434,55 @@ class _Prime:
         view = _ct_data(ct, 2, levels, self.n, writable=True)
         if view is None or ct.is_ntt_form():
             return None
-        view[:residues_.size] = residues_.reshape(-1)     # c0; c1 stays zero
+        view[:residues_.size] = residues_.reshape(-1)     # c0; c1 stays zero unless given
+        if c1 is not None:
+            view[residues_.size:] = c1.reshape(-1)
         return ct
+
+    def set_peer_key(self, files: "_Files", public) -> None:
+        """The peer's public key: SEAL's Encryptor of it, and pk_ntt, the key's two
+        polynomials at the data primes only (NTT form, as SEAL keeps a key), for zero_ntt.
+        pk_ntt stays None (SEAL's encrypt_zero is used) where the saved key is not laid out
+        as SEAL 4 saves one."""
+        s = _sealapi()
+        from .he_pow2 import _HEAD, _body
+        self.encryptor = s.Encryptor(self.ctx, public)
+        self.pk_ntt = None
+        levels, total = len(self.data_moduli), len(self.data_moduli) + 1
+        body = _body(files.dump(public), _HEAD + 16 * total * self.n + 4096)
+        if (len(body) < _HEAD + 16 * total * self.n or body[32] != 1
+                or struct.unpack_from("<QQQ", body, 33) != (2, self.n, total)
+                or struct.unpack_from("<Q", body, _HEAD - 8)[0] != 2 * total * self.n):
+            return
+        polys = np.frombuffer(body, dtype="<u8", count=2 * total * self.n, offset=_HEAD)
+        polys = np.ascontiguousarray(polys.reshape(2, total, self.n)[:, :levels])
+        raw = _seal_object(struct.pack("<4Q", *self.pid) + b"\x01"
+                           + struct.pack("<QQQdQ", 2, self.n, levels, 1.0, 1) + _seal_array(polys.reshape(-1)))
+        self.pk_ntt = files.load(s.Ciphertext, self.ctx, raw, "public key")
+
+    def zero_ntt(self, files: "_Files", rand: Callable) -> tuple:
+        """A public-key encryption of zero under the peer's key, made at the data primes:
+        (pk0 u, pk1 u) in NTT form (u uniform ternary) and the errors (e1, e2) (SEAL's
+        centred binomial, 21 + 21 bits) as residues [2, L, N], for the caller to add after
+        its one inverse NTT. SEAL's own encrypt_zero makes the same at the key level and
+        switches down (12 NTTs instead of 9, and per-coefficient samplers); the noise here,
+        |-e_pk u + e1 + e2 s| < 2^19, is within what check_room allows for it (2^20)."""
+        s = _sealapi()
+        nd = self.n
+        got = np.zeros(0, dtype=np.uint8)
+        while got.size < nd:          # u_i = b mod 3 - 1 for bytes b < 255: uniform ternary
+            b = rand((nd // 4,)).view(np.uint8)
+            got = np.concatenate([got, b[b < 255]])
+        u = got[:nd] % np.uint8(3)
+        coeffs = np.where(u == 0, np.uint64(self.t - 1), (u - np.uint8(1)).astype(np.uint64))
+        pt = files.load(s.Plaintext, self.ctx, self.plain_bytes(coeffs), "ternary plaintext")
+        self.evaluator.transform_to_ntt_inplace(pt, self.pid)   # lifted centred: t - 1 -> -1
+        z = s.Ciphertext()
+        self.evaluator.multiply_plain(self.pk_ntt, pt, z)
+        w = rand((4, nd)) & np.uint64((1 << 21) - 1)
+        e = np.bitwise_count(w[:2]).astype(np.int64) - np.bitwise_count(w[2:]).astype(np.int64)
+        mods = np.array(self.data_moduli, dtype=np.int64)[None, :, None]
+        return z, (e[:, None, :] + mods) % mods
 
     def slots_of(self, pt) -> np.ndarray:
         return np.array(self.encoder.decode_uint64(pt), dtype=np.uint64)
@@ -593,8 +642,7 @@ class CrossEngine:
         self._send(pack(keys))
         theirs = unpack(self._recv(), len(fresh), "public keys")
         for p, data in zip(fresh, theirs):
-            public = self._files.load(s.PublicKey, p.ctx, data, "public key")
-            p.encryptor = s.Encryptor(p.ctx, public)
+            p.set_peer_key(self._files, self._files.load(s.PublicKey, p.ctx, data, "public key"))
         self._primes.extend(fresh)
         return self._primes[:count]
 
@@ -632,14 +680,29 @@ class CrossEngine:
     def _room(self, p: _Prime, flood_bits: int, noise_bound: int) -> None:
         check_room(p.data_moduli, p.t, self.params.n, self.params.return_primes, flood_bits, noise_bound)
 
-    def _flooded(self, p: _Prime, noise_bound: int, rand: Callable | None = None):
+    def _flooded(self, p: _Prime, noise_bound: int, rand: Callable | None = None, acc_ntt=None):
         """A fresh public-key encryption of zero (re-randomises the returned ciphertext)
-        plus (e, 0), e uniform in [-2^F, 2^F) per coefficient, F = flood_bits(noise_bound)."""
+        plus (e, 0), e uniform in [-2^F, 2^F) per coefficient, F = flood_bits(noise_bound),
+        plus acc_ntt (an NTT-form evaluation, or None), in coefficient form. With the peer's
+        key at the data primes (_Prime.zero_ntt) the zero encryption's (pk0 u, pk1 u) is
+        added to acc_ntt in NTT form, so one inverse NTT serves both, and its errors join the
+        flood term; else SEAL's encrypt_zero, and acc_ntt leaves NTT form on its own."""
         s = _sealapi()
         bits = self.params.flood_bits(noise_bound)
         self._room(p, bits, noise_bound)
-        z = s.Ciphertext()
-        p.encryptor.encrypt_zero(z)
+        rand = rand or self._rand
+        errors = None
+        if p.pk_ntt is not None:
+            z, errors = p.zero_ntt(self._files, rand)
+            if acc_ntt is not None:
+                p.evaluator.add_inplace(z, acc_ntt)
+            p.evaluator.transform_from_ntt_inplace(z)
+        else:
+            z = s.Ciphertext()
+            p.encryptor.encrypt_zero(z)
+            if acc_ntt is not None:
+                p.evaluator.transform_from_ntt_inplace(acc_ntt)
+                p.evaluator.add_inplace(z, acc_ntt)
         nd = self.params.n
         words = -(-(bits + 1) // 64)
         w = (rand or self._rand)((words, nd))
@@ -651,9 +714,18 @@ class CrossEngine:
             r = words_mod([w[i] for i in range(words)], q)
             shift = np.uint64((1 << bits) % q)               # e = w - 2^F
             res[j] = np.where(r >= shift, r - shift, r + np.uint64(q) - shift)
-        noise = p.noise_ct(res)
+        c1 = None
+        if errors is not None:     # e1 joins the flood, e2 is the term's c1
+            mods = np.array(p.data_moduli, dtype=np.uint64)[:, None]
+            res += errors[0].astype(np.uint64)
+            res = np.where(res >= mods, res - mods, res)
+            c1 = errors[1].astype(np.uint64)
+        noise = p.noise_ct(res, c1)
         if noise is None:          # not the layout he_pow2._ct_data knows: through a file
-            noise = self._files.load(s.Ciphertext, p.ctx, p.noise_bytes(res), "flooding term")
+            raw = p.noise_bytes(res)
+            if c1 is not None:
+                np.frombuffer(raw, dtype="<u8", count=c1.size, offset=len(raw) - 8 * c1.size)[:] = c1.reshape(-1)
+            noise = self._files.load(s.Ciphertext, p.ctx, bytes(raw), "flooding term")
         p.evaluator.add_inplace(z, noise)
         return z
 
@@ -662,11 +734,12 @@ class CrossEngine:
         """Leave NTT form (unless `in_ntt` is False), flood, mask every slot/coefficient
         (mask_pt), switch down, serialize."""
         ev = p.evaluator
-        out = self._flooded(p, noise_bound, rand)
-        if acc_ntt is not None:
-            if in_ntt:
-                ev.transform_from_ntt_inplace(acc_ntt)
-            ev.add_inplace(out, acc_ntt)
+        if in_ntt:
+            out = self._flooded(p, noise_bound, rand, acc_ntt)
+        else:
+            out = self._flooded(p, noise_bound, rand)
+            if acc_ntt is not None:
+                ev.add_inplace(out, acc_ntt)
         ev.add_plain_inplace(out, mask_pt)
         while out.coeff_modulus_size() > self.params.return_primes:
             ev.mod_switch_to_next_inplace(out)
@@ -772,14 +845,15 @@ class CrossEngine:
                     k += 1
                     if not row.any():
                         continue
-                    pt = p.plain(row)
-                    prod = _sealapi().Ciphertext()
-                    ev.multiply_plain(ct, pt, prod)
+                    pt = p.plain(row)          # products in NTT form: one inverse NTT per
+                    ev.transform_to_ntt_inplace(pt, p.pid)      # block, with the zero
+                    ev.transform_to_ntt_inplace(ct)             # encryption's (_flooded)
+                    ev.multiply_plain_inplace(ct, pt)
                     if accs[c] is None:
-                        accs[c] = prod
+                        accs[c] = ct
                     else:
-                        ev.add_inplace(accs[c], prod)
-            return [self._finish(p, accs[c], p.plain(r_t[c]), bound, rand, in_ntt=False)
+                        ev.add_inplace(accs[c], ct)
+            return [self._finish(p, accs[c], p.plain(r_t[c]), bound, rand, in_ntt=True)
                     for c in range(chunks)]
         with np.errstate(over="ignore"):
             share = (np.uint64(0) - r[0]).reshape(-1)[:n]

@@ -96,8 +96,9 @@ def test_noise_term_in_place_equals_the_serialized_one(params):
 
 def test_flood_without_the_in_place_view_takes_the_file_path(params, monkeypatch):
     """Where _ct_data does not know the layout, noise_ct gives None and _flooded loads the
-    term from SEAL's serialization format: the re-randomised flood still decrypts to zero
-    with the room check_room promises."""
+    term from SEAL's serialization format (with the zero encryption's e2 as its c1 where
+    the peer's key is held at the data primes): the re-randomised flood still decrypts to
+    zero with the room check_room promises."""
     import tenseal.sealapi as s
     monkeypatch.setattr(he_pow2, "_LAYOUT_OK", False)
     p = he._Prime(params, params.plain_primes[0])
@@ -111,11 +112,15 @@ def test_flood_without_the_in_place_view_takes_the_file_path(params, monkeypatch
     eng = he.CrossEngine(0, params, lambda d: None, lambda: b"",
                          lambda shape: prg.integers(0, 1 << 64, shape, dtype=np.uint64))
     try:
-        z = eng._flooded(p, eng.noise_bound(p.t, 2, params.n))
-        assert dec.invariant_noise_budget(z) > 0
-        pt = s.Plaintext()
-        dec.decrypt(z, pt)
-        assert not p.slots_of(pt).any()
+        for peer_key in (False, True):   # SEAL's encrypt_zero; then zero_ntt, its e2 as c1
+            if peer_key:
+                p.set_peer_key(eng._files, pk)
+                assert p.pk_ntt is not None
+            z = eng._flooded(p, eng.noise_bound(p.t, 2, params.n))
+            assert dec.invariant_noise_budget(z) > 0
+            pt = s.Plaintext()
+            dec.decrypt(z, pt)
+            assert not p.slots_of(pt).any()
     finally:
         eng.close()
 
@@ -135,3 +140,84 @@ def test_pack_unpack_round_trip_with_views():
         he.unpack(msg[:-1], len(chunks), "chunks")
     with pytest.raises(ProtocolError, match="trailing"):
         he.unpack(msg + b"x", len(chunks), "chunks")
+
+
+def _keys(params, p):
+    import tenseal.sealapi as s
+    gen = s.KeyGenerator(p.ctx)
+    sk = gen.secret_key()
+    pk = s.PublicKey()
+    gen.create_public_key(pk)
+    return s, pk, s.Encryptor(p.ctx, sk), s.Decryptor(p.ctx, sk)
+
+
+def test_zero_encryption_at_the_data_primes_is_a_fresh_encryption_of_zero(params):
+    """_Prime.zero_ntt (the peer's public key at the data primes, u uniform ternary, e1, e2
+    centred binomial) decrypts to zero, with its noise within the 2^20 check_room allows
+    for it (SEAL's noise budget: at most 21 bits below the data modulus's q / t), and two
+    draws differ (fresh u and errors)."""
+    p = he._Prime(params, params.plain_primes[0])
+    s, pk, _, dec = _keys(params, p)
+    files = he._Files()
+    prg = np.random.default_rng(8)  # insecure-ok: test stand-in for the evaluator's PRG
+    try:
+        p.set_peer_key(files, pk)
+        assert p.pk_ntt is not None and p.pk_ntt.is_ntt_form()
+        assert p.pk_ntt.coeff_modulus_size() == len(p.data_moduli)
+        cts = []
+        for _ in range(2):
+            z, errors = p.zero_ntt(files, lambda shape: prg.integers(0, 1 << 64, shape, dtype=np.uint64))
+            assert errors.shape == (2, len(p.data_moduli), params.n)
+            noise = p.noise_ct(errors[0].astype(np.uint64), errors[1].astype(np.uint64))
+            p.evaluator.transform_from_ntt_inplace(z)
+            p.evaluator.add_inplace(z, noise)
+            room = math.log2(math.prod(p.data_moduli) / p.t) - 1
+            assert dec.invariant_noise_budget(z) >= room - 21
+            pt = s.Plaintext()
+            dec.decrypt(z, pt)
+            assert pt.is_zero()
+            cts.append(z.data(0))
+        assert cts[0] != cts[1]
+    finally:
+        files.close()
+
+
+def test_flood_on_the_engine_path_keeps_its_margin_and_decrypts_exactly(params):
+    """The elementwise evaluation as the engine now makes it (products accumulated in NTT
+    form, the zero encryption's (pk0 u, pk1 u) added before the one inverse NTT, its errors
+    in the flood term): SEAL's noise budget shows the flood 2^(40 + 13) above the worst-case
+    products (two full-size plaintexts), and the returned ciphertext (masked, switched down)
+    decrypts to X + R."""
+    p = he._Prime(params, params.plain_primes[0])
+    s, pk, enc, dec = _keys(params, p)
+    prg = np.random.default_rng(9)  # insecure-ok: test stand-in for the evaluator's PRG
+    eng = he.CrossEngine(1, params, lambda d: None, lambda: b"",
+                         lambda shape: prg.integers(0, 1 << 64, shape, dtype=np.uint64))
+    try:
+        p.set_peer_key(eng._files, pk)
+        acc, plain_acc, want = None, None, np.zeros(params.n, dtype=object)
+        for _ in range(2):
+            x, y = eng._uniform(p.t, (params.n,)), eng._uniform(p.t, (params.n,))
+            want = (want + x.astype(object) * y.astype(object)) % p.t
+            ct = s.Ciphertext()
+            enc.encrypt_symmetric(p.plain(x), ct)
+            prod = s.Ciphertext()
+            p.evaluator.multiply_plain(ct, p.plain(y), prod)
+            plain_acc = prod if plain_acc is None else (p.evaluator.add_inplace(plain_acc, prod) or plain_acc)
+            pt = p.plain(y)
+            p.evaluator.transform_to_ntt_inplace(pt, p.pid)
+            p.evaluator.transform_to_ntt_inplace(ct)
+            p.evaluator.multiply_plain_inplace(ct, pt)
+            acc = ct if acc is None else (p.evaluator.add_inplace(acc, ct) or acc)
+        bound = eng.noise_bound(p.t, 2, params.n)
+        flood = eng._flooded(p, bound)
+        assert dec.invariant_noise_budget(plain_acc) - dec.invariant_noise_budget(flood) >= params.stat_bits + 13
+        mask = eng._uniform(p.t, (params.n,))
+        back = eng._files.load(s.Ciphertext, p.ctx, eng._finish(p, acc, p.plain(mask), bound), "test")
+        assert back.coeff_modulus_size() == params.return_primes
+        assert dec.invariant_noise_budget(back) >= 1
+        out = s.Plaintext()
+        dec.decrypt(back, out)
+        assert np.array_equal(p.slots_of(out).astype(object), (want + mask.astype(object)) % p.t)
+    finally:
+        eng.close()
