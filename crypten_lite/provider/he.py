@@ -30,7 +30,9 @@ SEAL's (uncompressed) serialization format and loaded: no NTT in Python, no per-
 call.
 
 Circuit privacy: every returned ciphertext is the evaluation plus a fresh public-key
-encryption of zero (re-randomises c1 and c0) plus a ciphertext (e, 0) whose e is uniform in
+encryption of zero (re-randomises c1 and c0; for elementwise products made at the data
+primes with the peer's key reduced to them, _Prime.zero_ntt, and added in NTT form to the
+products before their one inverse NTT) plus a ciphertext (e, 0) whose e is uniform in
 [-2^F, 2^F) per coefficient, F = log2(a bound on the evaluation's noise) + STAT_BITS +
 log2 N (noise flooding: each coefficient's noise is within 2^-(STAT_BITS + log2 N) of e's
 distribution whatever the evaluator's operand; tests/unit/test_pairwise_security.py measures
