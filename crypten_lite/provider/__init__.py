@@ -162,7 +162,7 @@ class Provider:
     def _drawn(self, kind: str, op: str, shapes, params) -> tuple[int, int]:
         """(components of a request, how many of them this party draws): rank 0 never draws
         the ones the dealer's corrections replace (nor does the dealer, for rank 0)."""
-        n = len(correlations.component_shapes(kind, op, shapes, params))
+        n = len(correlations.request_shapes(kind, op, shapes, params))
         if self.rank != CORRECTING_RANK:
             return n, n
         return n, n - correlations.correction_count(kind, params)
@@ -181,7 +181,7 @@ class Provider:
         budget = DERIVE_AHEAD_BYTES
         for i, (kind, op, shapes, params) in enumerate(self._plan):
             n, upto = self._drawn(kind, op, shapes, params)
-            sizes = correlations.component_shapes(kind, op, shapes, params)[:upto]
+            sizes = correlations.request_shapes(kind, op, shapes, params)[:upto]
             nbytes = 8 * sum(math.prod(shape) for shape in sizes)
             if nbytes > budget:
                 return

@@ -333,6 +333,21 @@ def component_shapes(kind: str, op: str, shapes, params) -> list[tuple[int, ...]
     raise UnsupportedError(f"unknown correlation kind {kind!r}")
 
 
+@functools.lru_cache(maxsize=4096)
+def _cached_shapes(kind: str, op: str, shapes: tuple, params: tuple) -> tuple:
+    return tuple(component_shapes(kind, op, shapes, params))
+
+
+def request_shapes(kind: str, op: str, shapes, params) -> tuple:
+    """component_shapes as a tuple, cached for a request given by tuples (a plan's requests
+    repeat a few shapes, and each is asked for several times per request: by the party's
+    offline phase, its derivation and the dealer's)."""
+    try:
+        return _cached_shapes(kind, op, shapes, params)
+    except TypeError:  # lists: not hashable (component_shapes raises its own errors again)
+        return tuple(component_shapes(kind, op, shapes, params))
+
+
 def derive(key: bytes, counter: int, kind: str, op: str, shapes, params,
            upto: int | None = None) -> list[torch.Tensor]:
     """Every seeded component of request `counter` for the holder of correlation key `key`
@@ -341,7 +356,7 @@ def derive(key: bytes, counter: int, kind: str, op: str, shapes, params,
     only the first `upto` components (the stream's prefix: the dealer skips the ones it
     corrects)."""
     out = keystream_parts(correlation_key(key, counter, kind, op, shapes, params),
-                          component_shapes(kind, op, shapes, params)[:upto])
+                          request_shapes(kind, op, shapes, params)[:upto])
     if kind == "bit":
         out[0] &= 1
     if kind in EXTRA_KINDS:
@@ -359,7 +374,7 @@ def corrections(keys: dict[int, bytes], counter: int, kind: str, op: str, shapes
     if kind == "weight_mask":  # no correction: nothing to derive (B is drawn for its triples)
         return []
     # Rank 0's last components are what the dealer replaces: never drawn here.
-    ncomp = len(component_shapes(kind, op, shapes, params))
+    ncomp = len(request_shapes(kind, op, shapes, params))
     upto = {r: ncomp - correction_count(kind, params) if r == CORRECTING_RANK else None for r in world}
     if kind == "binary_monomials":  # on each party's keystream as one array
         return _monomial_corrections(keys, counter, shapes, params, world)
