@@ -484,7 +484,8 @@ class _Prime:
         w = rand((4, nd)) & np.uint64((1 << 21) - 1)
         e = np.bitwise_count(w[:2]).astype(np.int64) - np.bitwise_count(w[2:]).astype(np.int64)
         mods = np.array(self.data_moduli, dtype=np.int64)[None, :, None]
-        return z, (e[:, None, :] + mods) % mods
+        e = e[:, None, :]
+        return z, np.where(e < 0, e + mods, e)       # |e| <= 21: residues in [0, q_i)
 
     def slots_of(self, pt) -> np.ndarray:
         return np.array(self.encoder.decode_uint64(pt), dtype=np.uint64)
