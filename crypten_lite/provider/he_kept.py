@@ -168,45 +168,93 @@ def _plan(op: str, a_shape: tuple, b_shape: tuple, params: tuple, nd: int, chunk
     return None
 
 
-def cross(engine: "he.CrossEngine", cache: dict, chunk: int, mask_counter: int, op: str,
-          a: np.ndarray, b: np.ndarray, params: tuple) -> np.ndarray | None:
-    """This party's share (uint64) of op(a0, b1) + op(a1, b0) for a weight triple whose B is
-    the weight mask of `mask_counter` (a: this party's fresh A, b: its B share), with the
-    peer's B kept in `cache` (the provider's: filled by this exchange on first use, the same
-    on both parties); None where this op or layout is not kept (the caller makes it as before).
-    Both parties call it at the same point of the same exchange."""
+Item = tuple   # (mask counter, op, a: this party's fresh A, b: its B share, op params)
+
+
+def _entries(engine: "he.CrossEngine", cache: dict, chunk: int, shapes: list) -> list | None:
+    """[(key, plan)] for items of public (mask counter, op, a shape, b shape, params), or None
+    where any is not kept: no encoding, the provider's kept total past KEEP_TOTAL_CTS, or the
+    exchange's ciphertexts (kept B sent now, products back) past the chunk budget."""
     nd = engine.params.n
-    plan = _plan(op, tuple(a.shape), tuple(b.shape), tuple(params), nd, chunk)
-    if plan is None:
-        return None
-    enc, prepare, weight, finish = plan
-    key = (mask_counter, op, tuple(a.shape), tuple(b.shape), tuple(params))
     have = sum(len(v) for v in cache.values())
-    if key not in cache and (have + enc.kept > KEEP_TOTAL_CTS
-                             or (enc.kept + enc.back) * he_pow2.CT_BYTES > chunk):
+    fresh: set = set()
+    out, total = [], 0
+    for mask_counter, op, a_shape, b_shape, params in shapes:
+        plan = _plan(op, tuple(a_shape), tuple(b_shape), tuple(params), nd, chunk)
+        if plan is None:
+            return None
+        key = (mask_counter, op, tuple(a_shape), tuple(b_shape), tuple(params))
+        total += plan[0].back
+        if key not in cache and key not in fresh:
+            fresh.add(key)
+            have += plan[0].kept
+            total += plan[0].kept
+        out.append((key, plan))
+    if have > KEEP_TOTAL_CTS or total * he_pow2.CT_BYTES > chunk:
+        return None
+    return out
+
+
+def cross_many(engine: "he.CrossEngine", cache: dict, chunk: int, items: list) -> list | None:
+    """This party's shares (uint64) of op(a0, b1) + op(a1, b0) for weight triples whose B is
+    the weight mask of their mask counter, in one exchange: the B shares not kept yet go up
+    in one message (each layout once) and the peer's are kept in `cache` (the provider's,
+    the same on both parties), then every product comes back in one message each way. None
+    where any item is not kept (the caller makes them as before). Both parties call it at
+    the same point of the same exchange with items of the same public shapes."""
+    entries = _entries(engine, cache, chunk, [(mc, op, a.shape, b.shape, p) for mc, op, a, b, p in items])
+    if entries is None:
         return None
     unit = engine._mm_units()[0]
     files = engine._files
-    if key not in cache:            # once per weight layout: my B up, the peer's B kept
-        engine._send(he.pack(unit.encrypt_rows(files, enc.kept_rows(weight(b)))))
-        got = he.unpack(engine._recv(), enc.kept, "kept weight ciphertexts")
-        cache[key] = [engine._load_ntt(unit, d) for d in got]
-    kept = cache[key]
-    pts = unit.ntt_plains(files, enc.plain_rows(prepare(a)))
-    r = engine._mask_words(enc.mask_shape() + (enc.pos_out.size,), 64)
-    masks = engine._block_masks(unit, r, enc.mask_shape(), enc.pos_out, engine._rand)
-    back = []
-    for j in range(enc.back):
-        pairs, nonzero = enc.pairs(j, kept, pts)
-        bound = unit.noise_bound(enc.terms(), nonzero)
-        back.append(unit.finish(files, he._dot(unit, pairs), masks[j], bound, engine._rand))
+    uploads: dict = {}                  # once per weight layout: my B up, the peer's B kept
+    for (key, plan), item in zip(entries, items):
+        if key not in cache and key not in uploads:
+            uploads[key] = (plan[0], plan[2](item[3]))
+    if uploads:
+        mine = []
+        for enc, b in uploads.values():
+            mine += unit.encrypt_rows(files, enc.kept_rows(b))
+        engine._send(he.pack(mine))
+        got = he.unpack(engine._recv(), sum(enc.kept for enc, _ in uploads.values()),
+                        "kept weight ciphertexts")
+        at = 0
+        for key, (enc, _) in uploads.items():
+            cache[key] = [engine._load_ntt(unit, d) for d in got[at:at + enc.kept]]
+            at += enc.kept
+    back, masks_r = [], []
+    for (key, (enc, prepare, _, _)), item in zip(entries, items):
+        pts = unit.ntt_plains(files, enc.plain_rows(prepare(item[2])))
+        r = engine._mask_words(enc.mask_shape() + (enc.pos_out.size,), 64)
+        masks = engine._block_masks(unit, r, enc.mask_shape(), enc.pos_out, engine._rand)
+        for j in range(enc.back):
+            pairs, nonzero = enc.pairs(j, cache[key], pts)
+            bound = unit.noise_bound(enc.terms(), nonzero)
+            back.append(unit.finish(files, he._dot(unit, pairs), masks[j], bound, engine._rand))
+        masks_r.append(r)
     engine._send(he.pack(back))
-    got = he.unpack(engine._recv(), enc.back, "kept-weight product ciphertexts")
-    where = enc.pos_out.tolist()
-    mine = enc.out(np.stack([unit.open(files, d, where) for d in got]))
-    with np.errstate(over="ignore"):
-        share = mine + enc.out(np.uint64(0) - r[0])
-    return finish(share)
+    got = he.unpack(engine._recv(), len(back), "kept-weight product ciphertexts")
+    shares, at = [], 0
+    for (key, (enc, _, _, finish)), r in zip(entries, masks_r):
+        where = enc.pos_out.tolist()
+        mine = enc.out(np.stack([unit.open(files, d, where) for d in got[at:at + enc.back]]))
+        at += enc.back
+        with np.errstate(over="ignore"):
+            shares.append(finish(mine + enc.out(np.uint64(0) - r[0])))
+    return shares
+
+
+def cross(engine: "he.CrossEngine", cache: dict, chunk: int, mask_counter: int, op: str,
+          a: np.ndarray, b: np.ndarray, params: tuple) -> np.ndarray | None:
+    """cross_many of one weight triple: its share, or None where it is not kept."""
+    got = cross_many(engine, cache, chunk, [(mask_counter, op, a, b, tuple(params))])
+    return None if got is None else got[0]
+
+
+def keeps(engine: "he.CrossEngine", cache: dict, chunk: int, shapes: list) -> bool:
+    """Whether cross_many would keep every item of these public (mask counter, op, a shape,
+    b shape, params) (provider pairwise groups a plan's weight triples by it)."""
+    return _entries(engine, cache, chunk, shapes) is not None
 
 
 def fits(engine: "he.CrossEngine", op: str, a_shape: tuple, b_shape: tuple, params: tuple,

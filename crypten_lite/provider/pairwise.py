@@ -325,6 +325,7 @@ class PairwiseProvider(Provider):
         done = units = 0
         try:
             batches = [(self._make_elementwise, g) for g in self._elementwise_groups()]
+            batches += [(self._make_weight_batch, g) for g in self._weight_groups()]
             batches += [(self._make_ot_batch, g) for g in self._ot_groups()]
             for make, group in batches:
                 make(start, group)
@@ -454,6 +455,62 @@ class PairwiseProvider(Provider):
         row[0] += len(group)
         row[1] += self.stats["pairwise_bytes_sent"] + self.stats["pairwise_bytes_received"] - before
         row[2] += self.stats["pairwise_seconds"] - t0
+
+    def _weight_groups(self) -> list[list[int]]:
+        """Plan positions of the weight triples whose B is kept already (he_kept.py: a
+        loaded model's later inference), in groups whose ciphertexts fit the chunk budget:
+        each group is one exchange (every product back in one message each way, one
+        acknowledgement), where each triple alone pays its own. Public shapes and the kept
+        entries only: the same on both parties."""
+        cache = self.__dict__.setdefault("_kept", {})
+        groups, current = [], []
+        for i, (kind, op, shapes, params) in enumerate(self._plan):
+            if kind != "weight_triple":
+                continue
+            item = (params[0], op, tuple(shapes[0]), tuple(shapes[1]), tuple(params[1:]))
+            if item not in cache or not he_kept.keeps(self._engine, cache, self._chunk, [item]):
+                continue   # a B sent now: alone (its upload and products pipelined per triple)
+            if current and not he_kept.keeps(self._engine, cache, self._chunk,
+                                             [it for _, it in current] + [item]):
+                groups.append([j for j, _ in current])
+                current = []
+            current.append((i, item))
+        if current:
+            groups.append([j for j, _ in current])
+        return [g for g in groups if len(g) > 1]
+
+    def _make_weight_batch(self, start: int, group: list[int]) -> None:
+        """A group of weight triples with kept B in one exchange (he_kept.cross_many); were
+        the kept total reached meanwhile, each is made as any triple, in the same exchange."""
+        entries, items = [], []
+        for i in group:
+            kind, op, shapes, params = self._plan[i]
+            correlations.check_request(kind, op, shapes, params, self.world_size,
+                                       self._comm_max_bytes())
+            a = correlations.derive(self._key, start + i, kind, op, shapes, params)[0]
+            (b,) = correlations.derive(self._key, params[0], "weight_mask", "", [tuple(shapes[1])], ())
+            entries.append((i, op, a, b, tuple(params[1:])))
+            items.append((params[0], op, _u(a).reshape(a.shape), _u(b).reshape(b.shape), tuple(params[1:])))
+        tag = (start + group[0], "weight-batch", [start + i for i in group])
+        before = (self.stats["pairwise_bytes_sent"] + self.stats["pairwise_bytes_received"],
+                  self.stats["pairwise_seconds"])
+
+        def make() -> list[torch.Tensor]:
+            kept = he_kept.cross_many(self._engine, self.__dict__.setdefault("_kept", {}), self._chunk, items)
+            out = []
+            for j, (i, op, a, b, p) in enumerate(entries):
+                local = TRIPLE_OPS[op](a, b, p)
+                cross = self.bilinear(op, a, b, p) if kept is None else _t(kept[j]).view(local.shape)
+                out.append(local + cross)
+            return out
+        cs = self._exchange(tag, make)
+        for (i, op, a, b, p), c in zip(entries, cs):
+            self._ready[start + i] = [a, c]
+        self.stats["pairwise_made"] += len(group)
+        row = self.by_kind.setdefault("weight_triple batch", [0, 0, 0.0])
+        row[0] += len(group)
+        row[1] += self.stats["pairwise_bytes_sent"] + self.stats["pairwise_bytes_received"] - before[0]
+        row[2] += self.stats["pairwise_seconds"] - before[1]
 
     def _ot_groups(self) -> list[list[int]]:
         """Plan positions of small elementwise OT correlations (_ELEMENT_BYTES' kinds) with

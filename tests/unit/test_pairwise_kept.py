@@ -160,3 +160,30 @@ def test_kept_matmul_blocks_return_one_ciphertext_for_lenet():
     assert he_kept._matmul_blocks(1, 256, 120, he.N) is not None
     rows = np.zeros((1, 3), dtype=np.uint64)
     assert rows.shape == (1, 3)
+
+
+def test_prefetch_makes_kept_weight_triples_in_one_exchange():
+    """A loaded model's later inference: the plan's weight triples whose B is kept are made in
+    one exchange (one message of products each way and one acknowledgement: two frames from
+    party 0 instead of two per triple), each still exact and fresh."""
+    comms, ps = _pair()
+    layers = [("matmul", (1, 64), (64, 10), ()), ("conv2d", (1, 1, 8, 8), (2, 1, 3, 3), CONV)]
+    masks = []
+    for op, xs, ws, params in layers:
+        got = _both(ps, lambda p: p.get("weight_mask", [ws]).corrected())
+        counter = ps[0].counter - 1
+        masks.append((counter, got[0][0][0] + got[1][0][0]))
+        _both(ps, lambda p: p.get("weight_triple", [xs, ws], op, (counter, *params)).corrected())
+    plan = [("weight_triple", op, [xs, ws], (counter, *params))
+            for (op, xs, ws, params), (counter, _) in zip(layers, masks)]
+    frames = ps[0]._seq_out
+    got = _both(ps, lambda p: p.prefetch(plan))
+    assert got[0][1] is None and got[1][1] is None, got
+    assert ps[0]._seq_out - frames == 2 and ps[0].by_kind["weight_triple batch"][0] == 2  # products, ACK
+    for (op, xs, ws, params), (counter, b) in zip(layers, masks):
+        got = _both(ps, lambda p: p.get("weight_triple", [xs, ws], op, (counter, *params)).corrected())
+        a, c = got[0][0][0] + got[1][0][0], got[0][0][1] + got[1][0][1]
+        assert torch.equal(c, TRIPLE_OPS[op](a, b, params)), op
+    assert ps[0].stats["prefetched"] == 2
+    for p in ps:
+        p.close()
