@@ -187,3 +187,26 @@ def test_prefetch_makes_kept_weight_triples_in_one_exchange():
     assert ps[0].stats["prefetched"] == 2
     for p in ps:
         p.close()
+
+
+def test_kept_layouts_flood_fits_the_noise_room():
+    """The returned ciphertext's noise is the kept B's encryption error times A's plaintext:
+    every kept layout keeps products x A's nonzero coefficients within he_pow2.MAX_TERMS, so
+    its flood fits (Pow2Unit.room), the limit itself included; a layout past it is not kept."""
+    from crypten_lite.provider import he_pow2
+    unit = he_pow2.Pow2Unit(he.default_params())
+    shapes = [("matmul", (1, 256), (256, 120), ()), ("matmul", (64, 256), (256, 120), ()),
+              ("linear", (128, 768), (768, 768), ()), ("conv2d", (1, 1, 28, 28), (6, 1, 5, 5), CONV),
+              ("conv2d", (1, 6, 12, 12), (16, 6, 5, 5), CONV), ("conv2d", (64, 6, 12, 12), (16, 6, 5, 5), CONV)]
+    for op, xs, ws, params in shapes:
+        plan = he_kept._plan(op, xs, ws, params, he.N, 1 << 27)
+        if plan is None:
+            continue
+        enc = plan[0]
+        _, nonzero = enc.pairs(0, [None] * enc.kept, [None] * 10 ** 5)
+        assert enc.terms() * nonzero <= he_pow2.MAX_TERMS, (op, xs, ws)
+        bound = unit.noise_bound(enc.terms(), nonzero)
+        unit.room(unit.params.flood_bits(bound), bound)
+    bound = unit.noise_bound(1, he_pow2.MAX_TERMS)
+    unit.room(unit.params.flood_bits(bound), bound)
+    assert he_kept._plan("conv2d", (1, 3, 90, 90), (8, 3, 7, 7), CONV, he.N, 1 << 27) is None
