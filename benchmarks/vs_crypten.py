@@ -19,7 +19,8 @@ batch 1 end to end against SPU 0.9.5 SEMI2K's (SPU_PROGRAM: the same layers,
 both SPU parties as threads over its in-memory link, from `bash benchmarks/peer_envs.sh spu`).
 LeNet's end to end is one inference with its own offline phase plus its run (bench's
 end_to_end_seconds_median: the plan recorded once, in the warm-up, as a model is deployed;
-each inference's correlations fetched from the dealer in one exchange before its first op);
+each inference's plan sent to the dealer in one exchange before its first op, which returns
+the plan's first chunk of corrections, the rest pulled during the run);
 the figure without a plan (--no-offline: the dealer asked op by op, online) is printed beside.
 
 Seconds depend on the load of the machine: the rows record the 1-minute load average.
@@ -228,7 +229,8 @@ def main() -> int:
                ("reveal_4 time / raw TCP round trip", online["reveal_4"].get("times_raw_tcp_rtt"), 3.0),
                ("mul_4 time / reveal_4", online["mul_4"].get("times_reveal_4"), 2.0)]
     # LeNet b1 end to end: one inference with its own offline phase (the plan recorded in the
-    # warm-up; its correlations fetched from the dealer in one exchange before the first op),
+    # warm-up; its plan sent to the dealer in one exchange before the first op, which returns
+    # the first chunk of corrections: the later chunks are pulled during the run),
     # then its run; SPU's figure is its run alone (its Beaver triples made inside it).
     lenet_e2e = online["lenet_b1"]["end_to_end_seconds_median"]
     if spu:

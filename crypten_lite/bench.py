@@ -808,8 +808,9 @@ def run(names: list[str], parties: int, provider: str, repeat: int, tls_dir: str
                    "bytes_sent_per_party": [r["bytes_sent"] for r in first],
                    "online_dealer_bytes": first[0]["dealer_bytes"],
                    "offline_seconds": statistics.median(max(r.get("offline_seconds", 0.0) for r in s) for s in samples),
-                   # one inference with its own offline phase (the recorded plan's correlations
-                   # fetched in one exchange before the first op) and its run: the slower
+                   # one inference with its own offline phase (the recorded plan sent to the
+                   # dealer in one exchange before the first op, its first chunk of
+                   # corrections returned; later chunks pulled in the run) and its run: the slower
                    # party's sum per repetition, median
                    "end_to_end_seconds_median": statistics.median(
                        max(r.get("offline_seconds", 0.0) + r["seconds"] for r in s) for s in samples),
