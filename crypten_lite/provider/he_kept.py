@@ -32,15 +32,19 @@ the caller makes the product as before.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from . import he, he_conv, he_pow2
+from .correlations import _conv_params
 
 KEEP_MAX_CTS = 64        # kept ciphertexts per weight layout (NTT form: 512 KB each in memory)
 KEEP_TOTAL_CTS = 512     # kept per provider (256 MB); past it, products are made as before
 VERSION = "kept-b-v1"    # named in provider pairwise's handshake
 
 
+@functools.lru_cache(maxsize=1024)
 def _matmul_blocks(m: int, k: int, n: int, nd: int) -> tuple[int, int, int] | None:
     """(mw, kw, nw) of the coefficient blocks with A as plaintext and B kept: per inference
     72 per returned ciphertext, 14 per plaintext, 2 per product (he._blocks_cost's units),
@@ -133,8 +137,9 @@ class _Conv:
         return he_conv._from_blocks(self.lay, blocks.reshape(self.lay.gblocks, self.lay.oblocks, -1))
 
 
-def _plan(op: str, a_shape: tuple, b_shape: tuple, params: tuple, nd: int, chunk: int):
-    """(encoding, prepare(a) -> A in its layout, finish(share) -> op's output shape), or None."""
+def _plan(op: str, a_shape: tuple, b_shape: tuple, params: tuple, nd: int):
+    """(encoding, prepare(a): A in the encoding's layout, weight(b): B as the kept operand,
+    finish(share): the op's output), or None where this product is not kept."""
     if op in ("matmul", "linear") and len(b_shape) == 2 and len(a_shape) >= 1:
         k, n = (b_shape if op == "matmul" else b_shape[::-1])
         if a_shape[-1] != k:
@@ -149,7 +154,6 @@ def _plan(op: str, a_shape: tuple, b_shape: tuple, params: tuple, nd: int, chunk
                 (lambda b: b) if op == "matmul" else (lambda b: np.ascontiguousarray(b.T)),
                 lambda s: s.reshape(out_shape))
     if op == "conv2d" and len(a_shape) == 4 and len(b_shape) == 4:
-        from .correlations import _conv_params
         cp = _conv_params(params, 2)
         stride, padding, dilation = tuple(cp["stride"]), tuple(cp["padding"]), tuple(cp["dilation"])
         if cp["groups"] != 1:
@@ -180,7 +184,7 @@ def _entries(engine: "he.CrossEngine", cache: dict, chunk: int, shapes: list) ->
     fresh: set = set()
     out, total = [], 0
     for mask_counter, op, a_shape, b_shape, params in shapes:
-        plan = _plan(op, tuple(a_shape), tuple(b_shape), tuple(params), nd, chunk)
+        plan = _plan(op, tuple(a_shape), tuple(b_shape), tuple(params), nd)
         if plan is None:
             return None
         key = (mask_counter, op, tuple(a_shape), tuple(b_shape), tuple(params))
@@ -260,6 +264,6 @@ def keeps(engine: "he.CrossEngine", cache: dict, chunk: int, shapes: list) -> bo
 def fits(engine: "he.CrossEngine", op: str, a_shape: tuple, b_shape: tuple, params: tuple,
          chunk: int) -> bool:
     """Whether cross() would keep this product's B (tests, benchmarks)."""
-    plan = _plan(op, tuple(a_shape), tuple(b_shape), tuple(params), engine.params.n, chunk)
+    plan = _plan(op, tuple(a_shape), tuple(b_shape), tuple(params), engine.params.n)
     return plan is not None and (plan[0].kept + plan[0].back) * he_pow2.CT_BYTES <= chunk
 
