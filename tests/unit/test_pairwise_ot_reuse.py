@@ -177,7 +177,8 @@ def test_a_layer_of_packed_transfers_is_one_message_each_way(monkeypatch):
 
 
 
-MONOMIALS = ("binary_monomials", "", [(6,)], C.monomial_params([-1, -1, 0, -1], [0b0011, 0b0111, 0b1111, 0b1101]))
+MONOMIALS = ("binary_monomials", "", [(6,)],
+             C.monomial_params([-1, -1, 0, -1], [0b0011, 0b0111, 0b1111, 0b1101]))
 BIT_MUL = ("bit_mul", "", [(5, 1), (5, 1)], ())
 
 
@@ -248,3 +249,30 @@ def test_a_tampered_message_of_the_merged_ot_exchanges_is_refused_by_both(monkey
     assert "integrity" in str(out[1][1])
     with pytest.raises(ProtocolError, match="unusable"):
         ps[0].get(kind, shapes, op, params)
+
+
+def test_docs_quote_the_measured_small_inference_ot_figures():
+    """docs/protocols.md's figures for LeNet b1's OT kinds are those of
+    docs/pairwise_ot_small.jsonl (benchmarks/pairwise_ot_small.py's median lines, before and
+    after)."""
+    import json
+    import pathlib
+    root = pathlib.Path(__file__).resolve().parents[2]
+    rows = [json.loads(line) for line in (root / "docs/pairwise_ot_small.jsonl").read_text().splitlines()]
+    med = {("before" if "before" in r["workload"] else "after"): r for r in rows if r["run"] == "median"}
+    ots = {r["ots"] for r in rows if r["run"] != "median"}
+    doc = " ".join((root / "docs/protocols.md").read_text().split())
+
+    def pair(v):
+        return " / ".join(str(x) for x in v)
+    b, a = med["before"], med["after"]
+    assert len(ots) == 1 and f"{ots.pop():,} OTs per inference" in doc
+    assert f"{pair(b['messages_sent'])} offline messages sent by rank 0 / rank 1 per inference" in doc
+    assert (f"offline messages sent per inference {pair(b['messages_sent'])} before, "
+            f"{pair(a['messages_sent'])} after") in doc
+    assert f"MB sent {pair(b['mb_sent_median'])} before, {pair(a['mb_sent_median'])} after" in doc
+    assert (f"CPU seconds per party {pair(b['cpu_seconds'])} before, "
+            f"{pair(a['cpu_seconds'])} after") in doc
+    assert f"{b['seconds']} before and {a['seconds']} after" in doc
+    assert f"load average {b['load_average_1min']} and {a['load_average_1min']}" in doc
+    assert a["messages_sent"][0] < b["messages_sent"][0] and a["messages_sent"][1] < b["messages_sent"][1]
