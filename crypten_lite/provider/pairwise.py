@@ -77,6 +77,10 @@ CHUNK_MB = 128             # default working set of one offline exchange (CHUNK_
 _CT_UP, _CT_BACK = he.CT_BYTES, he.CT_BYTES   # bytes of a sent / a returned ciphertext
 _OT_BYTES = 256            # working set of one OT in an IKNP extension (matrices, hashes)
 OT_DESCRIPTION = f"iknp;base=co15-ed25519;kappa={ot.KAPPA};hash=tmmo-aes128;prg=aes256ctr"
+# the OT exchanges' message pattern (v2: small extensions from a bootstrapped silent pool, a
+# monomial layer's transfers and bit_mul's products one message per party, an acknowledgement
+# back where rank 0 ends an exchange): a peer on the former pattern is refused at the handshake
+OT_EXCHANGES = "exchanges=v2"
 OT_ENV = "CRYPTEN_LITE_PAIRWISE_OT"   # ferret (default: silent OT for large extensions) or iknp
 
 
@@ -92,9 +96,9 @@ def ot_mode() -> str:
 def ot_description(mode: str) -> str:
     """The OT parameters both parties must share (compared in the handshake)."""
     if mode == "iknp":
-        return OT_DESCRIPTION
+        return f"{OT_DESCRIPTION};{OT_EXCHANGES}"
     from . import ferret
-    return f"{OT_DESCRIPTION};{ferret.DESCRIPTION};silent_min={ot.SILENT_MIN}"
+    return f"{OT_DESCRIPTION};{ferret.DESCRIPTION};silent_min={ot.SILENT_MIN};{OT_EXCHANGES}"
 
 
 def _u(t: torch.Tensor) -> np.ndarray:

@@ -276,3 +276,30 @@ def test_docs_quote_the_measured_small_inference_ot_figures():
     assert f"{b['seconds']} before and {a['seconds']} after" in doc
     assert f"load average {b['load_average_1min']} and {a['load_average_1min']}" in doc
     assert a["messages_sent"][0] < b["messages_sent"][0] and a["messages_sent"][1] < b["messages_sent"][1]
+
+
+def test_a_peer_on_the_former_ot_exchanges_is_refused_at_the_handshake(monkeypatch):
+    """The OT description both parties compare names the exchanges' message pattern: a peer
+    whose description lacks it (the pattern before this one) is refused on both parties."""
+    import threading
+
+    from crypten_lite.config import Config
+    from crypten_lite.provider import pairwise
+    from crypten_lite.provider.pairwise import PairwiseProvider
+    assert pairwise.OT_EXCHANGES in pairwise.ot_description("ferret")
+    assert pairwise.OT_EXCHANGES in pairwise.ot_description("iknp")
+    real, old = pairwise.ot_description, threading.local()
+
+    def description(mode):
+        got = real(mode)
+        return got.replace(";" + pairwise.OT_EXCHANGES, "") if getattr(old, "on", False) else got
+    monkeypatch.setattr(pairwise, "ot_description", description)
+    comms = _pair()
+    cfg = [Config(rank=r, world_size=2, provider="pairwise", session="t") for r in range(2)]
+
+    def former():
+        old.on = True
+        return PairwiseProvider(cfg[1], comms[1])
+    out = _both([lambda: PairwiseProvider(cfg[0], comms[0]), former])
+    for r in range(2):
+        assert isinstance(out[r][1], ProtocolError) and "parameters differ" in str(out[r][1]), out[r]
