@@ -281,10 +281,15 @@ class PairwiseProvider(Provider):
         """The working-set budget this party proposes (the handshake refuses a mismatch)."""
         return chunk_bytes()
 
+    def _encodings(self) -> str:
+        """The product encodings this party uses (the handshake refuses a mismatch): the
+        direct convolution layout (he_conv.py) and the kept weight ciphertexts (he_kept.py)."""
+        return f"convlayout={he_conv.LAYOUT};weights={he_kept.VERSION}"
+
     def _handshake(self, config: Config) -> None:
         """Both parties send their parameters and refuse a mismatch (ProtocolError on both)."""
         hello = (f"{self.params.describe()};security={he.SECURITY};ot={ot_description(self._ot_mode)};"
-                 f"chunk={self._chunk};convlayout={he_conv.LAYOUT};weights={he_kept.VERSION}")
+                 f"chunk={self._chunk};{self._encodings()}")
         self._tag = hashlib.sha256(b"pairwise-hello/v1").digest()
         self._send(HELLO, hello.encode())
         got = self._recv(HELLO).decode(errors="replace")

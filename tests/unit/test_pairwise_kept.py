@@ -206,3 +206,22 @@ def test_kept_layouts_flood_fits_the_noise_room():
     bound = unit.noise_bound(1, he_pow2.MAX_TERMS)
     unit.room(unit.params.flood_bits(bound), bound)
     assert he_kept._plan("conv2d", (1, 3, 90, 90), (8, 3, 7, 7), CONV, he.N) is None
+
+
+def test_a_peer_without_kept_weights_is_refused_at_the_handshake():
+    """A peer of the former encodings (one output channel per returned ciphertext, no kept
+    weight ciphertexts) would make its weight triples another way: both parties get a
+    ProtocolError at the handshake, before any ciphertext."""
+    class Former(PairwiseProvider):
+        def _encodings(self):
+            return "convlayout=cb-v1;weights=none"
+    hub = InProcessHub(2, timeout=60.0)
+    seed = os.urandom(32)
+    comms = [InProcessCommunicator(hub, r) for r in range(2)]
+    for r, c in enumerate(comms):
+        c.pair_seeds = {1 - r: seed}
+    cfg = [Config(rank=r, world_size=2, provider="pairwise", session="kept") for r in range(2)]
+    out = run_both([lambda: PairwiseProvider(cfg[0], comms[0]), lambda: Former(cfg[1], comms[1])], 120,
+                   capture=True)
+    for r in range(2):
+        assert isinstance(out[r][1], ProtocolError) and "parameters differ" in str(out[r][1]), out[r]
