@@ -225,3 +225,42 @@ def test_a_peer_without_kept_weights_is_refused_at_the_handshake():
                    capture=True)
     for r in range(2):
         assert isinstance(out[r][1], ProtocolError) and "parameters differ" in str(out[r][1]), out[r]
+
+
+def test_kept_products_received_are_uniform_and_fresh():
+    """Fixed operands (every A and B all ones, the same B kept for both calls): what each
+    party keeps is uniform bytes (chi-square, 255 dof: below 400, which a uniform sample
+    exceeds with probability about 1e-8) and
+    different at each call, and the shares add up to the cross terms (2 k per output)."""
+    import queue
+
+    import numpy as np
+
+    from crypten_lite.random import PRG
+    boxes = [queue.Queue(), queue.Queue()]
+
+    def engine(r):
+        prg = PRG(os.urandom(32))
+        return he.CrossEngine(r, he.default_params(), lambda d, r=r: boxes[1 - r].put(d),
+                              lambda r=r: boxes[r].get(timeout=120),
+                              lambda shape: prg.draw(tuple(shape)).numpy().view(np.uint64))
+    engines = [engine(0), engine(1)]
+    caches = [{}, {}]
+    ones_a, ones_b = np.ones((64, 64), dtype=np.uint64), np.ones((64, 64), dtype=np.uint64)
+    calls = []
+    for _ in range(2):
+        got = run_both([lambda r=r: he_kept.cross_many(engines[r], caches[r], 1 << 30,
+                                                       [(7, "matmul", ones_a, ones_b, ())])[0]
+                        for r in range(2)], 120)
+        with np.errstate(over="ignore"):
+            assert np.all(got[0] + got[1] == 128)
+        calls.append(got)
+    assert len(caches[0]) == 1 and len(caches[1]) == 1
+    for r in range(2):
+        assert not np.array_equal(calls[0][r], calls[1][r])
+        for c in calls:
+            counts = np.bincount(np.frombuffer(c[r].tobytes(), dtype=np.uint8), minlength=256)
+            expected = counts.sum() / 256
+            assert float(((counts - expected) ** 2 / expected).sum()) < 400
+    for e in engines:
+        e.close()
