@@ -27,6 +27,8 @@ output channels.
 Each party owns conv(its input, the peer's kernel): it encrypts its own input; the peer
 multiplies by its kernel's plaintexts and returns flooded, masked ciphertexts (the Z_2^64
 engine, he_pow2.Pow2Unit.finish); both parties do so at once (he.CrossEngine._two_way).
+A weight triple's kernel (a fixed weight mask) is instead encrypted once in this layout and
+kept by the peer, the input then the plaintext (he_kept.py).
 """
 
 from __future__ import annotations

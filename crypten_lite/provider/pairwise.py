@@ -17,7 +17,9 @@ plus the correction.
     triple, weight_triple   op(a0, b1) + op(a1, b0): batched (mul) or    HE
                             coefficient (matmul; conv2d direct, he_conv.py,
                             or by unfolding; conv_transpose by folding the
-                            shares) encoding
+                            shares) encoding; a weight_triple's B (the fixed
+                            weight mask) encrypted once and kept by the peer,
+                            only the fresh A per inference (he_kept.py)
     square            a0 * 2 a1                                          HE
     bit               r0 * r1 (then ra = r - 2 r0 r1)                    OT, mod 2^64
     binary_triple     a0 & b1 ^ a1 & b0, bit by bit                      OT, mod 2
@@ -928,8 +930,54 @@ def _bit_mul(pv: PairwiseProvider, parts, op, shapes, params):
 
 
 def _binary_monomials(pv: PairwiseProvider, parts, op, shapes, params):
-    """XOR shares of AND-products of masks. A product is built from its prefix (the subset
-    less its largest mask, the *top*), one AND layer per degree, each prefix once; a product
+    """XOR shares of AND-products of masks (_monomial_steps, driven alone)."""
+    return _drive_monomials(pv, [_monomial_steps(pv, parts, params)])[0]
+
+
+def _drive_monomials(pv: PairwiseProvider, steps: list) -> list:
+    """Run _monomial_steps generators in lockstep: their random OTs in one
+    ot.random_ots_both call, then, round by round, the next layer of every one still running
+    in one ot.transfer_packed_many (one message per party per round, however many
+    correlations). Both parties run the same generators in the same order. Returns each
+    generator's components."""
+    out: list = [None] * len(steps)
+    wants = [next(g) for g in steps]                       # ("ots", (sizes0, sizes1))
+    joined = tuple([n for _, sizes in wants for n in sizes[c]] for c in (0, 1))
+    made = pv._ot.random_ots_both(joined)
+    replies, at = [], [0, 0]
+    for _, sizes in wants:
+        mine = []
+        for c in (0, 1):
+            mine.append(made[c][at[c]:at[c] + len(sizes[c])])
+            at[c] += len(sizes[c])
+        replies.append(tuple(mine))
+    active = list(range(len(steps)))
+    while active:
+        layers, still = [], []
+        for i, reply in zip(active, replies):
+            try:
+                _, items = steps[i].send(reply)            # ("layer", items)
+            except StopIteration as done:
+                out[i] = done.value
+                continue
+            layers.append(items)
+            still.append(i)
+        if not still:
+            break
+        shares = pv._ot.transfer_packed_many([item for items in layers for item in items])
+        replies, at = [], 0
+        for items in layers:
+            replies.append(shares[at:at + len(items)])
+            at += len(items)
+        active = still
+    return out
+
+
+def _monomial_steps(pv: PairwiseProvider, parts, params):
+    """XOR shares of AND-products of masks, as a generator (yields what it needs from the
+    peer: ("ots", sizes) for random_ots_both, then ("layer", items) for each layer's
+    transfer_packed_many; returns the components). A product is built from its prefix (the
+    subset less its largest mask, the *top*), one AND layer per degree, each prefix once; a product
     of masks that one party owns is local, and only the cross terms that are not zero are
     computed: x0 & y1 (party 1 chooses with its share of the top y) and y0 & x1 (party 0
     chooses with its share). Every cross term with the same top and chooser, in every layer,
@@ -970,7 +1018,7 @@ def _binary_monomials(pv: PairwiseProvider, parts, op, shapes, params):
     # bits, no derandomizing message) and it replaces the drawn one; both choosers' OTs are
     # made at once, their extensions interleaved (ot.random_ots_both)
     tops = [sorted(t for t, c in sets if c == chooser) for chooser in (0, 1)]
-    made = pv._ot.random_ots_both(tuple([n * 64] * len(tops[c]) for c in (0, 1)))
+    made = yield ("ots", tuple([n * 64] * len(tops[c]) for c in (0, 1)))
     for chooser in (0, 1):
         for t, got in zip(tops[chooser], made[chooser]):
             if pv.rank == chooser:
@@ -1003,8 +1051,9 @@ def _binary_monomials(pv: PairwiseProvider, parts, op, shapes, params):
             if pv.rank != chooser:   # x's words as bytes are its bits packed (OT i*64 + j: bit j of word i)
                 sender = np.stack([_u(x).reshape(-1).view(np.uint8) for _, x in members])
             items.append((keys[(top, chooser)], sender, len(members)))
-        # the layer's transfers of both choosers in one message per party (sent at once)
-        shares = pv._ot.transfer_packed_many(items)
+        # the layer's transfers of both choosers in one message per party (sent at once,
+        # with the same round's layers of the other correlations driven alongside)
+        shares = yield ("layer", items)
         for ((top, chooser), members), share in zip(sorted(groups.items()), shares):
             for (m, _), bits in zip(members, share):
                 word = _t(bits.view(np.uint64)).view(shape)
