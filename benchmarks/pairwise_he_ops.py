@@ -1,7 +1,9 @@
 """CPU milliseconds of SEAL's single operations (one thread, TenSEAL's sealapi) under provider
 pairwise's parameters and the former ones: a coefficient plaintext's load, lift and NTT, a
 symmetric encryption and its serialization, a ciphertext's load and NTT, a plaintext product
-in NTT form, a public-key encryption of zero, and the sizes of a ciphertext as sent (seeded)
+in NTT form, a public-key encryption of zero (SEAL's, at the key level then switched down, and
+the CRT engine's own at the data primes, he._Prime.zero_ntt, with its inverse NTT), and the
+sizes of a ciphertext as sent (seeded)
 and as returned (switched down); then the Z_2^64 matmul / conv engine's operations
 (measure_pow2). docs/protocols.md, "Parameters (128-bit security)" and "Z_2^64 matmul and
 conv engine":
@@ -11,6 +13,7 @@ conv engine":
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import struct
@@ -90,10 +93,25 @@ def measure(qbits: list[int], tbits: int, ret: int) -> dict:
     back = zero()
     while back.coeff_modulus_size() > ret:
         ev.mod_switch_to_next_inplace(back)
+    # the engine's own encryption of zero (he._Prime.zero_ntt: at the data primes, numpy
+    # samplers), with its inverse NTT and errors added, as SEAL's above gives it
+    params = dataclasses.replace(he.default_params(), coeff_moduli=tuple(m.value() for m in
+                                 s.CoeffModulus.Create(he.N, qbits)), plain_primes=(t.value(),))
+    prime = he._Prime(params, t.value())
+    prime_pk = s.PublicKey()
+    s.KeyGenerator(prime.ctx).create_public_key(prime_pk)
+    prime.set_peer_key(files, prime_pk)
+
+    def zero_data_primes():
+        z, errors = prime.zero_ntt(files, lambda shape: rng.integers(0, 1 << 64, shape, dtype=np.uint64))
+        prime.evaluator.transform_from_ntt_inplace(z)
+        prime.evaluator.add_inplace(z, prime.noise_ct(errors[0].astype(np.uint64), errors[1].astype(np.uint64)))
+        return z
     out = {"plaintext_load_lift_ntt_ms": _ms(lift), "encrypt_serialize_ms": _ms(encrypt),
            "ciphertext_load_ntt_ms": _ms(load_ntt), "product_ntt_ms": _ms(product, 100),
-           "public_key_zero_ms": _ms(zero), "sent_bytes": len(sent),
-           "returned_bytes": len(files.dump(back))}
+           "public_key_zero_ms": _ms(zero),
+           "zero_at_data_primes_ms": _ms(zero_data_primes) if prime.pk_ntt is not None else None,
+           "sent_bytes": len(sent), "returned_bytes": len(files.dump(back))}
     files.close()
     return out
 
