@@ -337,7 +337,7 @@ class PairwiseProvider(Provider):
         try:
             batches = [(self._make_elementwise, g) for g in self._elementwise_groups()]
             batches += [(self._make_weight_batch, g) for g in self._weight_groups()]
-            batches += [(self._make_ot_batch, g) for g in self._ot_groups()]
+            batches += self._ot_batches(self._ot_groups())
             for make, group in batches:
                 make(start, group)
                 done += len(group)
@@ -577,6 +577,66 @@ class PairwiseProvider(Provider):
         self.stats["pairwise_made"] += len(group)
         row = self.by_kind.setdefault(f"{kind} batch", [0, 0, 0.0])
         row[0] += len(group)
+        row[1] += self.stats["pairwise_bytes_sent"] + self.stats["pairwise_bytes_received"] - before[0]
+        row[2] += self.stats["pairwise_seconds"] - before[1]
+
+    def _ot_batches(self, groups: list[list[int]]) -> list[tuple]:
+        """prefetch's (maker, plan positions) for the OT groups: binary_monomials groups of
+        different parameters are made together, in bins of at most half the chunk budget
+        (_make_monomial_bins: one exchange, one message per party per layer round for all of
+        them); the other groups one exchange each (_make_ot_batch)."""
+        out, bins, size = [], [[]], 0
+        for g in groups:
+            kind, _, shapes, params = self._plan[g[0]]
+            if kind != "binary_monomials":
+                out.append((self._make_ot_batch, g))
+                continue
+            n = sum(math.prod(tuple(self._plan[i][2][0])) for i in g) * _monomial_bytes(params)
+            if bins[-1] and size + n > self._chunk // 2:
+                bins.append([])
+                size = 0
+            bins[-1].append(g)
+            size += n
+        for b in bins:
+            if len(b) == 1:
+                out.append((self._make_ot_batch, b[0]))
+            elif b:
+                out.append((lambda start, flat, b=b: self._make_monomial_bins(start, b),
+                            [i for g in b for i in g]))
+        return sorted(out, key=lambda e: e[1][0])
+
+    def _make_monomial_bins(self, start: int, groups: list[list[int]]) -> None:
+        """Groups of small binary_monomials requests, each group of one parameter set made
+        as one correlation over its concatenated elements (as _make_ot_batch), all groups in
+        one exchange driven in lockstep (_drive_monomials)."""
+        work = []
+        for group in groups:
+            kind, op, _, params = self._plan[group[0]]
+            entries = []
+            for i in group:
+                shapes_i = self._plan[i][2]
+                correlations.check_request(kind, op, shapes_i, params, self.world_size,
+                                           self._comm_max_bytes())
+                entries.append((i, tuple(shapes_i[0]),
+                                correlations.derive(self._key, start + i, kind, op, shapes_i, params)))
+            joined = [torch.cat([parts[j].reshape(-1) for _, _, parts in entries])
+                      for j in range(len(entries[0][2]))]
+            work.append((entries, joined, params))
+        flat = [start + i for g in groups for i in g]
+        tag = (flat[0], "ot-monomial-bins", [[start + i for i in g] for g in groups])
+        before = (self.stats["pairwise_bytes_sent"] + self.stats["pairwise_bytes_received"],
+                  self.stats["pairwise_seconds"])
+        outs = self._exchange(tag, lambda: _drive_monomials(
+            self, [_monomial_steps(self, joined, params) for _, joined, params in work]))
+        for (entries, _, _), out in zip(work, outs):
+            offset = 0
+            for i, shape, _ in entries:
+                n = math.prod(shape)
+                self._ready[start + i] = [o[offset:offset + n].reshape(shape).clone() for o in out]
+                offset += n
+        self.stats["pairwise_made"] += len(flat)
+        row = self.by_kind.setdefault("binary_monomials bins", [0, 0, 0.0])
+        row[0] += len(flat)
         row[1] += self.stats["pairwise_bytes_sent"] + self.stats["pairwise_bytes_received"] - before[0]
         row[2] += self.stats["pairwise_seconds"] - before[1]
 

@@ -303,3 +303,36 @@ def test_a_peer_on_the_former_ot_exchanges_is_refused_at_the_handshake(monkeypat
     out = _both([lambda: PairwiseProvider(cfg[0], comms[0]), former])
     for r in range(2):
         assert isinstance(out[r][1], ProtocolError) and "parameters differ" in str(out[r][1]), out[r]
+
+
+def test_prefetch_makes_monomial_groups_of_different_parameters_in_one_exchange(monkeypatch):
+    """Small binary_monomials requests of three parameter sets (two requests each, so three
+    groups; the sets with different layer counts): one exchange for all of them, driven in
+    lockstep, every request combining to its products; then a fourth group beyond half the
+    chunk budget goes in an exchange of its own."""
+    monkeypatch.setattr(ot, "SILENT_MIN", 8)
+    two = C.monomial_params([-1, -1], [0b11])
+    owned = C.monomial_params([0, 1, -1], [0b011, 0b111, 0b101])
+    kinds = [MONOMIALS[3], two, owned]
+    plan = [("binary_monomials", "", [(n,)], params) for params in kinds for n in (3, 5)]
+    ps = _providers(_pair())
+
+    def run(p):
+        p.get("bit_mul", [(2, 1), (2, 1)]).corrected()            # both pools start here
+        p.by_kind.clear()
+        p.prefetch(plan)
+        got = [[t.clone() for t in p.get(k, s, op, par).corrected()] for k, op, s, par in plan]
+        rows = dict(p.by_kind)
+        p.by_kind.clear()
+        p.set_chunk_bytes(340_000)        # requests under a quarter, groups under half, the
+        # bins (at most half): [4 masks] alone (133,120 B), then [2 masks, 3 masks] (165,888 B)
+        p.prefetch(plan)
+        again = [[t.clone() for t in p.get(k, s, op, par).corrected()] for k, op, s, par in plan]
+        return got, again, rows, dict(p.by_kind)
+    (g0, a0, rows, small), (g1, a1, _, _) = _ok(_both([lambda p=p: run(p) for p in ps]))
+    for (kind, _, _, params), a, b, c, d in zip(plan, g0, g1, a0, a1):
+        _relation(kind, params, a, b)
+        _relation(kind, params, c, d)
+    assert rows == {"binary_monomials bins": rows["binary_monomials bins"]}
+    assert rows["binary_monomials bins"][0] == len(plan)
+    assert small["binary_monomials bins"][0] == 4 and small["binary_monomials batch"][0] == 2
