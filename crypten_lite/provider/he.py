@@ -220,7 +220,8 @@ def _crt_small(res: list[np.ndarray], primes: tuple[int, ...]) -> np.ndarray:
     for i, (r, t) in enumerate(zip(res, primes)):
         tt = np.uint64(t)
         v = np.asarray(r, dtype=np.uint64)
-        v = np.where(v >= tt, v % tt, v)
+        if (v >= tt).any():            # decrypted slots never are: no division for them
+            v = v % tt
         for j in range(i):
             d = digits[j]
             d = np.where(d >= tt, d - tt, d)          # d < t_j < 2 t_i
@@ -708,7 +709,7 @@ class CrossEngine:
                 p.evaluator.add_inplace(z, acc_ntt)
         nd = self.params.n
         words = -(-(bits + 1) // 64)
-        w = (rand or self._rand)((words, nd))
+        w = rand((words, nd))
         top = bits + 1 - 64 * (words - 1)
         if top < 64:
             w[-1] &= np.uint64((1 << top) - 1)
