@@ -48,8 +48,11 @@ VERSION = "kept-b-v1"    # named in provider pairwise's handshake
 def _matmul_blocks(m: int, k: int, n: int, nd: int) -> tuple[int, int, int] | None:
     """(mw, kw, nw) of the coefficient blocks with A as plaintext and B kept: per inference
     72 per returned ciphertext, 14 per plaintext, 2 per product (he._blocks_cost's units),
-    fewest kept ciphertexts on a tie; the noise of kb products of mw kw nonzero coefficients
-    within he_pow2.MAX_TERMS."""
+    plus the kept B's upload (72 per ciphertext) spread over two inferences, so that a
+    model's first inference costs about what a fresh A's product did (LeNet b64's fc1:
+    32 kept, 16 back, where the fewest per inference alone would keep 64); fewest kept
+    ciphertexts on a tie; the noise of kb products of mw kw nonzero coefficients within
+    he_pow2.MAX_TERMS."""
     best = None
     for kw in sorted(he._sizes(k)):
         for nw in sorted(he._sizes(n)):
@@ -59,10 +62,34 @@ def _matmul_blocks(m: int, k: int, n: int, nd: int) -> tuple[int, int, int] | No
             mb, kb, nb = -(-m // mw), -(-k // kw), -(-n // nw)
             if kb * mw * kw > he_pow2.MAX_TERMS or kb * nb > KEEP_MAX_CTS:
                 continue
-            cost = (72 * mb * nb + 14 * mb * kb + 2 * mb * kb * nb, kb * nb)
+            cost = (72 * mb * nb + 14 * mb * kb + 2 * mb * kb * nb + 36 * kb * nb, kb * nb)
             if best is None or cost < best[0]:
                 best = (cost, mw, kw, nw)
     return None if best is None else best[1:]
+
+
+@functools.lru_cache(maxsize=256)
+def _conv_layout(x_shape: tuple, w_shape: tuple, dilation: tuple, nd: int) -> "he_conv.ConvLayout | None":
+    """he_conv's direct layout for a kept kernel: every (channels per block, output channels
+    per ciphertext), costed as _matmul_blocks does (per inference 72 per returned ciphertext,
+    14 per input plaintext, 2 per product, the kept kernel's upload over two inferences), the
+    noise of cblocks products of an input block's nb D coefficients within MAX_TERMS."""
+    channels, height, width = x_shape[1], x_shape[2], x_shape[3]
+    out_channels = w_shape[0]
+    best = None
+    for cb in range(1, min(channels, nd // (height * width)) + 1):
+        for mo in sorted({-(-out_channels // g) for g in range(1, out_channels + 1)}):
+            if mo * cb * height * width > nd:
+                continue
+            lay = he_conv.layout(x_shape, w_shape, dilation, nd, cb, mo)
+            if (lay is None or lay.plaintexts() > KEEP_MAX_CTS
+                    or lay.cblocks * lay.nb * lay.block > he_pow2.MAX_TERMS):
+                continue
+            up, back = lay.ciphertexts()
+            cost = (72 * back + 14 * up + 2 * back * lay.cblocks + 36 * lay.plaintexts(), lay.plaintexts())
+            if best is None or cost < best[0]:
+                best = (cost, lay)
+    return None if best is None else best[1]
 
 
 class _Matmul:
@@ -158,9 +185,8 @@ def _plan(op: str, a_shape: tuple, b_shape: tuple, params: tuple, nd: int):
         stride, padding, dilation = tuple(cp["stride"]), tuple(cp["padding"]), tuple(cp["dilation"])
         if cp["groups"] != 1:
             return None
-        lay = he_conv.layout(he_conv.padded_shape(a_shape, padding), b_shape, dilation, nd)
-        if (lay is None or lay.plaintexts() > KEEP_MAX_CTS
-                or lay.cblocks * lay.nb * lay.block > he_pow2.MAX_TERMS):   # the noise of x's blocks
+        lay = _conv_layout(he_conv.padded_shape(a_shape, padding), tuple(b_shape), dilation, nd)
+        if lay is None:
             return None
         enc = _Conv(lay, nd)
         ph, pw = padding

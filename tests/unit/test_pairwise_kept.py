@@ -152,10 +152,19 @@ def test_replayed_kept_weight_message_is_refused_by_both():
 
 def test_kept_matmul_blocks_return_one_ciphertext_for_lenet():
     """LeNet's linear layers at batch 1 come back in one ciphertext each (A as plaintext: the
-    k blocks are summed in the ciphertexts), their kept B in 4, 2 and 1."""
+    k blocks are summed in the ciphertexts), their kept B in 4, 2 and 1; conv2's kernel in 3,
+    its product in one."""
     for (k, n), kept in (((256, 120), 4), ((120, 84), 2), ((84, 10), 1)):
         enc = he_kept._Matmul(1, k, n, he.N, he_kept._matmul_blocks(1, k, n, he.N))
         assert (enc.back, enc.kept) == (1, kept), (k, n)
+    # batch 64: the kept B's upload spread over two inferences keeps a first inference about
+    # as dear as a fresh A's product (fc1: 32 kept, not 64; conv2: 24 kernel blocks, not 48)
+    enc = he_kept._Matmul(64, 256, 120, he.N, he_kept._matmul_blocks(64, 256, 120, he.N))
+    assert (enc.kept, enc.back) == (32, 16)
+    lay = he_kept._conv_layout((64, 6, 12, 12), (16, 6, 5, 5), (1, 1), he.N)
+    assert (lay.plaintexts(), lay.ciphertexts()) == (24, (30, 20))
+    lay = he_kept._conv_layout((1, 6, 12, 12), (16, 6, 5, 5), (1, 1), he.N)
+    assert (lay.plaintexts(), lay.ciphertexts()) == (3, (3, 1))
 
 
 def test_prefetch_makes_kept_weight_triples_in_one_exchange():
