@@ -43,8 +43,6 @@ import hmac
 import logging
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
 
@@ -491,11 +489,6 @@ def _per_request(tensors: list, counts: Sequence[int]) -> list[list]:
     return out
 
 
-# Threads a party's DealerClient makes its calls on (rank 0 has a few in flight: a prefetch's
-# pulls, or without a plan the requests a circuit makes up front; more wait their turn).
-CALL_THREADS = 4
-
-
 class DealerClient:
     """A party's connection to the dealer: seed agreement, and (rank 0) correction requests."""
 
@@ -508,12 +501,6 @@ class DealerClient:
         self.tls = TlsContext(config.tls_dir, f"party{config.rank}")
         self.channel = self.tls.channel(config.dealer, "dealer")
         self.stub = pb_grpc.DealerStub(self.channel)
-        # Calls to the dealer run as blocking calls on these threads, started once per client:
-        # gRPC's future() starts a thread of its own (the channel's spin thread) whenever no
-        # other future is in flight on the channel, and starting a thread waits until the new
-        # thread is scheduled (milliseconds on a busy machine, on the offline phase's and the
-        # run's critical path: a prefetch made two such calls, a streamed one more in the run).
-        self._calls = ThreadPoolExecutor(max_workers=CALL_THREADS, thread_name_prefix="dealer-call")
         hello = make_hello(config, config.rank, keypair.public_bytes)
         theirs = handshake(self.stub, hello, config.timeout, config.dealer, "the dealer",
                            tls=self.tls, identity="dealer")
@@ -548,7 +535,7 @@ class DealerClient:
 
     def _call(self, requests: Sequence[Request]) -> Callable[[], tuple[list[torch.Tensor], list[int]]]:
         batch = self.batch_proto(requests)
-        call = [self._start(self.stub.Correlations, batch)]
+        call = [self.stub.Correlations.future(batch, timeout=self.config.timeout)]
         decoded: list = []
 
         def result() -> tuple[list[torch.Tensor], list[int]]:
@@ -557,19 +544,9 @@ class DealerClient:
             return decoded[0]
         return result
 
-    def _start(self, method, message):
-        """`method(message)` as a blocking call with the session's timeout on the client's call
-        threads; a concurrent future of its reply (read through _result)."""
-        return self._calls.submit(method, message, timeout=self.config.timeout)
-
     def _result(self, future):
         try:
-            # the call has its gRPC deadline; this bounds a wait behind earlier calls as well
-            reply = future.result(timeout=CALL_THREADS * self.config.timeout + 5.0)
-        except FutureTimeout:
-            raise CommunicationError(f"the dealer at {self.config.dealer} did not answer within "
-                                     f"{self.config.timeout:g} s (CRYPTEN_LITE_TIMEOUT)",
-                                     peer="dealer") from None
+            reply = future.result()
         except grpc.RpcError as e:
             raise CommunicationError(f"the dealer at {self.config.dealer} failed: "
                                      f"{e.code().name}: {e.details()}", peer="dealer") from e
@@ -585,7 +562,7 @@ class DealerClient:
     def prepare(self, requests: Sequence[Request]) -> Callable[[], ChunkPuller]:
         """Offline phase: send a whole plan's batch to be prepared (comm/dealer_prefetch.py);
         returns a function that waits for the dealer and returns the batch's ChunkPuller."""
-        future = self._start(self.stub.Prepare, self.batch_proto(requests))
+        future = self.stub.Prepare.future(self.batch_proto(requests), timeout=self.config.timeout)
         start = requests[0].counter
 
         def ready() -> ChunkPuller:
@@ -606,7 +583,7 @@ class DealerClient:
         session = self.config.session
         msg = pb.PullRequest(session=session, start=start, chunk=chunk,
                              mac=pull_mac(self._mac_key, session, start, chunk))
-        future = self._start(self.stub.Pull, msg)
+        future = self.stub.Pull.future(msg, timeout=self.config.timeout)
 
         def answers() -> list[list[torch.Tensor]]:
             tensors, counts = self._decode(self._result(future))
@@ -617,5 +594,4 @@ class DealerClient:
         return answers
 
     def close(self) -> None:
-        self._calls.shutdown(wait=False, cancel_futures=True)
-        self.channel.close()  # ends the calls in flight: their threads return at once
+        self.channel.close()
