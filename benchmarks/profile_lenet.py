@@ -3,15 +3,16 @@
 Two real party processes and the dealer process (PartyPool, gRPC) load LeNet (weights secret
 on party 0, the image secret on party 1), record the correlation plan of one inference (after
 a first one, which also masks the fixed weights), then run --n inferences, each with its own
-offline phase (`offline.prefetch(plan)`: the plan's correlations from the dealer in one
-exchange before the first op) and the forward with its result revealed, as `crypten-lite
+offline phase (`offline.prefetch(plan)`: the plan to the dealer in one exchange before the
+first op, which returns its first chunk of corrections; the rest are pulled in the run) and the forward with its result revealed, as `crypten-lite
 bench --only lenet_b1` does. For each party it prints:
 
 - wall seconds of the offline phase and of the run (medians), and the run's rounds;
 - the offline phase's parts (medians, ms): `derive` (this party's seeded components of the
   plan's first requests, AES: provider._derive_ahead), `plans` (the parties' check that
   their plans agree: one all-gather, which waits for the slower party), `dealer` (rank 0:
-  waiting for the dealer's answer to the plan, which it computes then: wait_prefetched);
+  waiting for the dealer's answer to the plan, with chunk 0's corrections, which it computes
+  then: wait_prefetched; the later chunks are computed and pulled during the run);
 - the main thread's CPU time in the run (time.thread_time) and the whole process's
   (time.process_time: the rest is gRPC's threads sending and receiving);
 - the main thread's CPU in the run by layer, from cProfile on the thread's CPU clock (so
