@@ -51,8 +51,9 @@ import logging
 import math
 import os
 import struct
+import contextlib
 import time
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -448,24 +449,18 @@ class PairwiseProvider(Provider):
             firsts.append(_u(x).reshape(-1))
             seconds.append(_u(y).reshape(-1))
         tag = (start + group[0], "elementwise-batch", [start + i for i in group])
-        before = self.stats["pairwise_bytes_sent"] + self.stats["pairwise_bytes_received"]
-        t0 = self.stats["pairwise_seconds"]
-        (cross,) = self._exchange(tag, lambda: [_t(self._engine.elementwise(
-            [np.concatenate(firsts), np.concatenate(seconds)], 129))])
-        offset = 0
-        for i, kind, params, parts, shape in entries:
-            n = math.prod(shape)
-            c = cross[offset:offset + n].view(shape)
-            offset += n
-            if kind == "triple":
-                self._ready[start + i] = [parts[0], parts[1], TRIPLE_OPS["mul"](parts[0], parts[1], params) + c]
-            else:
-                self._ready[start + i] = [parts[0], parts[0] * parts[0] + c]
-        self.stats["pairwise_made"] += len(group)
-        row = self.by_kind.setdefault("elementwise batch", [0, 0, 0.0])
-        row[0] += len(group)
-        row[1] += self.stats["pairwise_bytes_sent"] + self.stats["pairwise_bytes_received"] - before
-        row[2] += self.stats["pairwise_seconds"] - t0
+        with self._counted("elementwise batch", len(group)):
+            (cross,) = self._exchange(tag, lambda: [_t(self._engine.elementwise(
+                [np.concatenate(firsts), np.concatenate(seconds)], 129))])
+            offset = 0
+            for i, kind, params, parts, shape in entries:
+                n = math.prod(shape)
+                c = cross[offset:offset + n].view(shape)
+                offset += n
+                if kind == "triple":
+                    self._ready[start + i] = [parts[0], parts[1], TRIPLE_OPS["mul"](parts[0], parts[1], params) + c]
+                else:
+                    self._ready[start + i] = [parts[0], parts[0] * parts[0] + c]
 
     def _weight_groups(self) -> list[list[int]]:
         """Plan positions of the weight triples whose B is kept already (he_kept.py: a
@@ -503,8 +498,6 @@ class PairwiseProvider(Provider):
             entries.append((i, op, a, b, tuple(params[1:])))
             items.append((params[0], op, _u(a).reshape(a.shape), _u(b).reshape(b.shape), tuple(params[1:])))
         tag = (start + group[0], "weight-batch", [start + i for i in group])
-        before = (self.stats["pairwise_bytes_sent"] + self.stats["pairwise_bytes_received"],
-                  self.stats["pairwise_seconds"])
 
         def make() -> list[torch.Tensor]:
             kept = he_kept.cross_many(self._engine, self.__dict__.setdefault("_kept", {}), self._chunk, items)
@@ -514,14 +507,10 @@ class PairwiseProvider(Provider):
                 cross = self.bilinear(op, a, b, p) if kept is None else _t(kept[j]).view(local.shape)
                 out.append(local + cross)
             return out
-        cs = self._exchange(tag, make)
-        for (i, op, a, b, p), c in zip(entries, cs):
-            self._ready[start + i] = [a, c]
-        self.stats["pairwise_made"] += len(group)
-        row = self.by_kind.setdefault("weight_triple batch", [0, 0, 0.0])
-        row[0] += len(group)
-        row[1] += self.stats["pairwise_bytes_sent"] + self.stats["pairwise_bytes_received"] - before[0]
-        row[2] += self.stats["pairwise_seconds"] - before[1]
+        with self._counted("weight_triple batch", len(group)):
+            cs = self._exchange(tag, make)
+            for (i, op, a, b, p), c in zip(entries, cs):
+                self._ready[start + i] = [a, c]
 
     def _ot_groups(self) -> list[list[int]]:
         """Plan positions of small elementwise OT correlations (_ELEMENT_BYTES' kinds) with
@@ -554,31 +543,50 @@ class PairwiseProvider(Provider):
         """A group of small OT correlations of one kind and parameters as one correlation
         over their concatenated elements (each request keeps its own derived components)."""
         kind, op, shapes, params = self._plan[group[0]]
+        entries, joined = self._joined(start, group)
+        total = joined[0].numel()
+        tag = (start + group[0], "ot-batch", kind, list(params), [start + i for i in group])
+        with self._counted(f"{kind} batch", len(group)):
+            out = self._exchange(tag, lambda: self._chunked(_MAKERS[kind], kind, joined, op,
+                                                            [(total,)] * len(shapes), params))
+            self._unjoin(start, entries, out)
+
+    def _joined(self, start: int, group: list[int]) -> tuple[list, list[torch.Tensor]]:
+        """A group of requests of one kind and parameters, each checked and derived: their
+        entries (plan position, shape of the first component, derived components) and each
+        component's elements of all of them concatenated (made as one correlation)."""
+        kind, op, _, params = self._plan[group[0]]
         entries = []
         for i in group:
-            _, _, shapes_i, _ = self._plan[i]
+            shapes_i = self._plan[i][2]
             correlations.check_request(kind, op, shapes_i, params, self.world_size,
                                        self._comm_max_bytes())
             entries.append((i, tuple(shapes_i[0]),
                             correlations.derive(self._key, start + i, kind, op, shapes_i, params)))
         joined = [torch.cat([parts[j].reshape(-1) for _, _, parts in entries])
                   for j in range(len(entries[0][2]))]
-        total = joined[0].numel()
-        tag = (start + group[0], "ot-batch", kind, list(params), [start + i for i in group])
-        before = (self.stats["pairwise_bytes_sent"] + self.stats["pairwise_bytes_received"],
-                  self.stats["pairwise_seconds"])
-        out = self._exchange(tag, lambda: self._chunked(_MAKERS[kind], kind, joined, op,
-                                                        [(total,)] * len(shapes), params))
+        return entries, joined
+
+    def _unjoin(self, start: int, entries: list, out: list[torch.Tensor]) -> None:
+        """Each request of a joined group gets its own range of the made components."""
         offset = 0
         for i, shape, _ in entries:
             n = math.prod(shape)
             self._ready[start + i] = [o[offset:offset + n].reshape(shape).clone() for o in out]
             offset += n
-        self.stats["pairwise_made"] += len(group)
-        row = self.by_kind.setdefault(f"{kind} batch", [0, 0, 0.0])
-        row[0] += len(group)
-        row[1] += self.stats["pairwise_bytes_sent"] + self.stats["pairwise_bytes_received"] - before[0]
-        row[2] += self.stats["pairwise_seconds"] - before[1]
+
+    @contextlib.contextmanager
+    def _counted(self, name: str, count: int) -> Iterator[None]:
+        """Counts `count` correlations made by the block in stats and by_kind[name] (with
+        the bytes both ways and the seconds the block's exchanges took); nothing if it raises."""
+        moved = self.stats["pairwise_bytes_sent"] + self.stats["pairwise_bytes_received"]
+        seconds = self.stats["pairwise_seconds"]
+        yield
+        self.stats["pairwise_made"] += count
+        row = self.by_kind.setdefault(name, [0, 0, 0.0])
+        row[0] += count
+        row[1] += self.stats["pairwise_bytes_sent"] + self.stats["pairwise_bytes_received"] - moved
+        row[2] += self.stats["pairwise_seconds"] - seconds
 
     def _ot_batches(self, groups: list[list[int]]) -> list[tuple]:
         """prefetch's (maker, plan positions) for the OT groups: binary_monomials groups of
@@ -609,36 +617,14 @@ class PairwiseProvider(Provider):
         """Groups of small binary_monomials requests, each group of one parameter set made
         as one correlation over its concatenated elements (as _make_ot_batch), all groups in
         one exchange driven in lockstep (_drive_monomials)."""
-        work = []
-        for group in groups:
-            kind, op, _, params = self._plan[group[0]]
-            entries = []
-            for i in group:
-                shapes_i = self._plan[i][2]
-                correlations.check_request(kind, op, shapes_i, params, self.world_size,
-                                           self._comm_max_bytes())
-                entries.append((i, tuple(shapes_i[0]),
-                                correlations.derive(self._key, start + i, kind, op, shapes_i, params)))
-            joined = [torch.cat([parts[j].reshape(-1) for _, _, parts in entries])
-                      for j in range(len(entries[0][2]))]
-            work.append((entries, joined, params))
+        work = [self._joined(start, group) + (self._plan[group[0]][3],) for group in groups]
         flat = [start + i for g in groups for i in g]
         tag = (flat[0], "ot-monomial-bins", [[start + i for i in g] for g in groups])
-        before = (self.stats["pairwise_bytes_sent"] + self.stats["pairwise_bytes_received"],
-                  self.stats["pairwise_seconds"])
-        outs = self._exchange(tag, lambda: _drive_monomials(
-            self, [_monomial_steps(self, joined, params) for _, joined, params in work]))
-        for (entries, _, _), out in zip(work, outs):
-            offset = 0
-            for i, shape, _ in entries:
-                n = math.prod(shape)
-                self._ready[start + i] = [o[offset:offset + n].reshape(shape).clone() for o in out]
-                offset += n
-        self.stats["pairwise_made"] += len(flat)
-        row = self.by_kind.setdefault("binary_monomials bins", [0, 0, 0.0])
-        row[0] += len(flat)
-        row[1] += self.stats["pairwise_bytes_sent"] + self.stats["pairwise_bytes_received"] - before[0]
-        row[2] += self.stats["pairwise_seconds"] - before[1]
+        with self._counted("binary_monomials bins", len(flat)):
+            outs = self._exchange(tag, lambda: _drive_monomials(
+                self, [_monomial_steps(self, joined, params) for _, joined, params in work]))
+            for (entries, _, _), out in zip(work, outs):
+                self._unjoin(start, entries, out)
 
     def wait_prefetched(self) -> None:
         """Nothing to wait for: prefetch() returns once every correlation is made."""
@@ -653,15 +639,9 @@ class PairwiseProvider(Provider):
         if maker is None:
             raise ProtocolError(f"party {self.rank}: provider 'pairwise' has no protocol for "
                                 f"correlation kind {kind!r}")
-        before = (self.stats["pairwise_bytes_sent"] + self.stats["pairwise_bytes_received"],
-                  self.stats["pairwise_seconds"])
-        out = self._exchange((counter, kind, op, [list(s) for s in shapes], list(params)),
-                             lambda: self._chunked(maker, kind, parts, op, shapes, params))
-        self.stats["pairwise_made"] += 1
-        row = self.by_kind.setdefault(f"{kind}/{op}" if op else kind, [0, 0, 0.0])
-        row[0] += 1
-        row[1] += self.stats["pairwise_bytes_sent"] + self.stats["pairwise_bytes_received"] - before[0]
-        row[2] += self.stats["pairwise_seconds"] - before[1]
+        with self._counted(f"{kind}/{op}" if op else kind, 1):
+            out = self._exchange((counter, kind, op, [list(s) for s in shapes], list(params)),
+                                 lambda: self._chunked(maker, kind, parts, op, shapes, params))
         return out
 
     # ------------------------------------------------------------------ bounded working set
