@@ -219,6 +219,18 @@ class _Pads:
         return out[0] if len(out) == 1 else np.concatenate(out, axis=0)
 
 
+
+def _next_rows(keys: "OTKeys", g: int) -> int:
+    """The first of the next g prepared pad rows of `keys` (not yet claimed): a ProtocolError
+    without prepared pads or with fewer than g left (pads are never reused)."""
+    if keys.rows is None:
+        raise ProtocolError("pairwise OT: transfer_packed needs prepared pads (prepare)")
+    if keys.offset + g > keys.bits:
+        raise ProtocolError(f"pairwise OT: {g} more pad rows asked for, {keys.bits - keys.offset} "
+                            "left (pads are never reused)")
+    return keys.offset
+
+
 class CorrelatedOT:
     """Correlated OT in both directions between two parties (IKNP over 128 base OTs each way).
 
@@ -594,12 +606,7 @@ class CorrelatedOT:
         used once): the non-chooser passes values [g, m/8] (bit j of row i at byte j/8, bit
         j%8), the chooser None. One message (g bits per OT) from the non-chooser: pad0 ^ pad1
         ^ x; returns [g, m/8] uint8 (the non-chooser pad0, the chooser pad_c ^ c & y)."""
-        if keys.rows is None:
-            raise ProtocolError("pairwise OT: transfer_packed needs prepared pads (prepare)")
-        start = keys.offset
-        if start + g > keys.bits:
-            raise ProtocolError(f"pairwise OT: {g} more pad rows asked for, {keys.bits - start} "
-                                "left (pads are never reused)")
+        start = _next_rows(keys, g)
         keys.offset += g
         nb = keys.m // 8
         first, second = keys.rows
@@ -623,12 +630,7 @@ class CorrelatedOT:
         at the same time, not one half round trip per item. Each pad row is used once."""
         plan, out_parts = [], []
         for keys, values, g in items:
-            if keys.rows is None:
-                raise ProtocolError("pairwise OT: transfer_packed needs prepared pads (prepare)")
-            start = keys.offset
-            if start + g > keys.bits:
-                raise ProtocolError(f"pairwise OT: {g} more pad rows asked for, {keys.bits - start} "
-                                    "left (pads are never reused)")
+            start = _next_rows(keys, g)
             nb = keys.m // 8
             choosing = self.rank == keys.chooser
             if not choosing and (values is None or values.shape != (g, nb)):
