@@ -376,6 +376,56 @@ def check_room(data_moduli: tuple[int, ...], t: int, n: int, keep: int, flood_bi
         noise = noise // last + 1 + (1 + n) // 2
 
 
+def key_at_data_primes(files: "_Files", ctx, pid, n: int, levels: int, public):
+    """A SEAL PublicKey's two polynomials at the first `levels` (data) primes only, NTT form
+    (as SEAL keeps a key), as a data-level Ciphertext for zero_at_data_primes; None where
+    the saved key is not laid out as SEAL 4 saves one (the caller keeps SEAL's encrypt_zero).
+    Shared by the CRT engine (_Prime) and the Z_2^64 engine (he_pow2.Pow2Unit)."""
+    s = _sealapi()
+    from .he_pow2 import _HEAD, _body
+    total = levels + 1
+    body = _body(files.dump(public), _HEAD + 16 * total * n + 4096)
+    if (len(body) < _HEAD + 16 * total * n or body[32] != 1
+            or struct.unpack_from("<QQQ", body, 33) != (2, n, total)
+            or struct.unpack_from("<Q", body, _HEAD - 8)[0] != 2 * total * n):
+        return None
+    polys = np.frombuffer(body, dtype="<u8", count=2 * total * n, offset=_HEAD)
+    polys = np.ascontiguousarray(polys.reshape(2, total, n)[:, :levels])
+    raw = _seal_object(struct.pack("<4Q", *pid) + b"\x01"
+                       + struct.pack("<QQQdQ", 2, n, levels, 1.0, 1) + _seal_array(polys.reshape(-1)))
+    return files.load(s.Ciphertext, ctx, raw, "public key")
+
+
+def zero_at_data_primes(files: "_Files", ctx, pid, evaluator, pk_ntt, data_moduli: tuple,
+                        t: int, rand: Callable) -> tuple:
+    """A public-key encryption of zero under the peer's key (pk_ntt, key_at_data_primes),
+    made at the data primes: (pk0 u, pk1 u) in NTT form (u uniform ternary) and the errors
+    (e1, e2) (SEAL's centred binomial, 21 + 21 bits) as residues [2, L, N], for the caller to
+    add after its one inverse NTT. `t` is the context's SEAL plaintext modulus (u's -1 is
+    written t - 1, which SEAL's plaintext NTT lifts to -1). SEAL's own encrypt_zero makes the
+    same at the key level and switches down (12 NTTs instead of 9, and per-coefficient
+    samplers); the noise here, |-e_pk u + e1 + e2 s| < 2^19, is within what check_room
+    allows for it (2^20)."""
+    s = _sealapi()
+    nd = pk_ntt.poly_modulus_degree()
+    got = np.zeros(0, dtype=np.uint8)
+    while got.size < nd:          # u_i = b mod 3 - 1 for bytes b < 255: uniform ternary
+        b = rand((nd // 4,)).view(np.uint8)
+        got = np.concatenate([got, b[b < 255]])
+    u = got[:nd] % np.uint8(3)
+    coeffs = np.where(u == 0, np.uint64(t - 1), (u - np.uint8(1)).astype(np.uint64))
+    raw = _seal_object(struct.pack("<4QQd", 0, 0, 0, 0, coeffs.size, 1.0) + _seal_array(coeffs))
+    pt = files.load(s.Plaintext, ctx, raw, "ternary plaintext")
+    evaluator.transform_to_ntt_inplace(pt, pid)   # lifted centred: t - 1 -> -1
+    z = s.Ciphertext()
+    evaluator.multiply_plain(pk_ntt, pt, z)
+    w = rand((4, nd)) & np.uint64((1 << 21) - 1)
+    e = np.bitwise_count(w[:2]).astype(np.int64) - np.bitwise_count(w[2:]).astype(np.int64)
+    mods = np.array(data_moduli, dtype=np.int64)[None, :, None]
+    e = e[:, None, :]
+    return z, np.where(e < 0, e + mods, e)       # |e| <= 21: residues in [0, q_i)
+
+
 class _Prime:
     """One plaintext prime's SEAL context, encoder and evaluator."""
 
@@ -447,46 +497,14 @@ class _Prime:
         polynomials at the data primes only (NTT form, as SEAL keeps a key), for zero_ntt.
         pk_ntt stays None (SEAL's encrypt_zero is used) where the saved key is not laid out
         as SEAL 4 saves one."""
-        s = _sealapi()
-        from .he_pow2 import _HEAD, _body
-        self.encryptor = s.Encryptor(self.ctx, public)
-        self.pk_ntt = None
-        levels, total = len(self.data_moduli), len(self.data_moduli) + 1
-        body = _body(files.dump(public), _HEAD + 16 * total * self.n + 4096)
-        if (len(body) < _HEAD + 16 * total * self.n or body[32] != 1
-                or struct.unpack_from("<QQQ", body, 33) != (2, self.n, total)
-                or struct.unpack_from("<Q", body, _HEAD - 8)[0] != 2 * total * self.n):
-            return
-        polys = np.frombuffer(body, dtype="<u8", count=2 * total * self.n, offset=_HEAD)
-        polys = np.ascontiguousarray(polys.reshape(2, total, self.n)[:, :levels])
-        raw = _seal_object(struct.pack("<4Q", *self.pid) + b"\x01"
-                           + struct.pack("<QQQdQ", 2, self.n, levels, 1.0, 1) + _seal_array(polys.reshape(-1)))
-        self.pk_ntt = files.load(s.Ciphertext, self.ctx, raw, "public key")
+        self.encryptor = _sealapi().Encryptor(self.ctx, public)
+        self.pk_ntt = key_at_data_primes(files, self.ctx, self.pid, self.n, len(self.data_moduli), public)
 
     def zero_ntt(self, files: "_Files", rand: Callable) -> tuple:
-        """A public-key encryption of zero under the peer's key, made at the data primes:
-        (pk0 u, pk1 u) in NTT form (u uniform ternary) and the errors (e1, e2) (SEAL's
-        centred binomial, 21 + 21 bits) as residues [2, L, N], for the caller to add after
-        its one inverse NTT. SEAL's own encrypt_zero makes the same at the key level and
-        switches down (12 NTTs instead of 9, and per-coefficient samplers); the noise here,
-        |-e_pk u + e1 + e2 s| < 2^19, is within what check_room allows for it (2^20)."""
-        s = _sealapi()
-        nd = self.n
-        got = np.zeros(0, dtype=np.uint8)
-        while got.size < nd:          # u_i = b mod 3 - 1 for bytes b < 255: uniform ternary
-            b = rand((nd // 4,)).view(np.uint8)
-            got = np.concatenate([got, b[b < 255]])
-        u = got[:nd] % np.uint8(3)
-        coeffs = np.where(u == 0, np.uint64(self.t - 1), (u - np.uint8(1)).astype(np.uint64))
-        pt = files.load(s.Plaintext, self.ctx, self.plain_bytes(coeffs), "ternary plaintext")
-        self.evaluator.transform_to_ntt_inplace(pt, self.pid)   # lifted centred: t - 1 -> -1
-        z = s.Ciphertext()
-        self.evaluator.multiply_plain(self.pk_ntt, pt, z)
-        w = rand((4, nd)) & np.uint64((1 << 21) - 1)
-        e = np.bitwise_count(w[:2]).astype(np.int64) - np.bitwise_count(w[2:]).astype(np.int64)
-        mods = np.array(self.data_moduli, dtype=np.int64)[None, :, None]
-        e = e[:, None, :]
-        return z, np.where(e < 0, e + mods, e)       # |e| <= 21: residues in [0, q_i)
+        """A public-key encryption of zero under the peer's key, made at the data primes
+        (zero_at_data_primes, which says how and why its noise fits check_room)."""
+        return zero_at_data_primes(files, self.ctx, self.pid, self.evaluator, self.pk_ntt,
+                                   self.data_moduli, self.t, rand)
 
     def slots_of(self, pt) -> np.ndarray:
         return np.array(self.encoder.decode_uint64(pt), dtype=np.uint64)

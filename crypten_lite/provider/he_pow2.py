@@ -17,7 +17,9 @@ plaintext lift and its decryptor, and this engine bypasses all three:
   product's phase is q/2^64 (A B mod 2^64) + (e + rho) B mod q (q A B / 2^64 differs from
   q/2^64 (A B mod 2^64) by a multiple of q);
 - the result: flooded (c0 + e_flood, e_flood uniform in [-2^F, 2^F), F from the worst-case
-  noise bound), re-randomised by a fresh public-key encryption of zero, masked by
+  noise bound), re-randomised by a fresh public-key encryption of zero (made at the data
+  primes in NTT form before the one inverse NTT, he.zero_at_data_primes; SEAL's
+  encrypt_zero where the peer's key is not laid out as SEAL 4 saves one), masked by
   Delta'(R) with R uniform mod 2^64 in every coefficient (R at the outputs), switched down
   to RETURN_PRIMES primes. The owner's share is X + R mod 2^64, the evaluator's -R;
 - decryption with t = 2^k: SEAL returns round(2^k phase / Q) mod 2^k. Decrypting ct times
@@ -238,7 +240,7 @@ class Pow2Unit:
         self._ql = np.uint64(q & (_M64 - 1))
         self._scale = s.Plaintext(format(1 << (64 - self.k), "x"))   # 2^(64-k) < t / 2
         self._noise_template: bytes | None = None
-        self.encryptor = self.sym = self.decryptor = self.secret_key = None
+        self.encryptor = self.sym = self.decryptor = self.secret_key = self.pk_ntt = None
 
     # -- keys
     def keygen(self, files: "he._Files") -> bytes:
@@ -253,7 +255,11 @@ class Pow2Unit:
 
     def peer_key(self, files: "he._Files", data: bytes) -> None:
         s = he._sealapi()
-        self.encryptor = s.Encryptor(self.ctx, files.load(s.PublicKey, self.ctx, data, "public key"))
+        public = files.load(s.PublicKey, self.ctx, data, "public key")
+        self.encryptor = s.Encryptor(self.ctx, public)
+        # the same key at the data primes, NTT form, for finish's own encryption of zero
+        # (he.zero_at_data_primes); None keeps SEAL's encrypt_zero
+        self.pk_ntt = he.key_at_data_primes(files, self.ctx, self.pid, self.n, len(self.data_moduli), public)
 
     # -- arithmetic
     def delta(self, a: np.ndarray) -> np.ndarray:
@@ -407,12 +413,25 @@ class Pow2Unit:
     def finish(self, files: "he._Files", acc_ntt, mask: np.ndarray, noise_bound: int,
                rand: Callable) -> bytes:
         """The returned ciphertext: acc (NTT form) + a fresh public-key encryption of zero +
-        (e_flood + Delta'(mask), 0), switched down to mm_return primes, serialized."""
+        (e_flood + Delta'(mask), 0), switched down to mm_return primes, serialized. With the
+        peer's key at the data primes (pk_ntt) the zero encryption is made there
+        (he.zero_at_data_primes): its (pk0 u, pk1 u) joins acc in NTT form, one inverse NTT
+        serves both, its e1 joins the flood term's c0 and its e2 is that term's c1; else
+        SEAL's encrypt_zero (key level, switched down), and acc leaves NTT form on its own."""
         s = he._sealapi()
         bits = self.params.flood_bits(noise_bound)
         self.room(bits, noise_bound)
-        out = s.Ciphertext()
-        self.encryptor.encrypt_zero(out)
+        errors = None
+        if self.pk_ntt is not None:
+            out, errors = he.zero_at_data_primes(files, self.ctx, self.pid, self.evaluator, self.pk_ntt,
+                                                 self.data_moduli, 1 << self.k, rand)
+            if acc_ntt is not None:
+                self.evaluator.add_inplace(out, acc_ntt)
+            self.evaluator.transform_from_ntt_inplace(out)
+            acc_ntt = None
+        else:
+            out = s.Ciphertext()
+            self.encryptor.encrypt_zero(out)
         nd = self.n
         words = -(-(bits + 1) // 64)
         w = rand((words, nd))
@@ -429,7 +448,12 @@ class Pow2Unit:
             sh = np.uint64((1 << bits) % q)                  # e = w - 2^F
             e = np.where(r >= sh, r - sh, r + mq - sh)
             v = e + shift[j]
-            polys[0, j] = np.where(v >= mq, v - mq, v)
+            v = np.where(v >= mq, v - mq, v)
+            if errors is not None:
+                v = v + errors[0, j].astype(np.uint64)
+                v = np.where(v >= mq, v - mq, v)
+                polys[1, j] = errors[1, j]
+            polys[0, j] = v
         if noise is None:
             noise = files.load(s.Ciphertext, self.ctx, self._ct_bytes(polys.reshape(2, -1)), "flooding term")
         self.evaluator.add_inplace(out, noise)

@@ -341,3 +341,78 @@ def test_noise_table_in_the_docs_comes_from_the_measurements():
         assert r["bound_bits"] == bound.bit_length() and r["flood_bits"] == params.flood_bits(bound)
         assert r["decrypts_exactly"] and r["noise_max_bits"] < r["limit_bits"]
         assert r["margin"] >= he.STAT_BITS + 13
+
+
+def test_own_zero_encryption_at_the_data_primes_decrypts_to_zero_within_its_room(unit):
+    """The unit keeps the peer's public key at the four data primes in NTT form (pk_ntt), and
+    he.zero_at_data_primes under it (u uniform ternary, e1 and e2 centred binomial, SEAL's
+    t = 2^k for u's -1) decrypts to zero with its noise within the 2^20 that check_room
+    reserves for it (SEAL's noise budget: at most 21 bits below log2(q / t) - 1, and below
+    that, so not noiseless), and two draws differ (fresh u and errors)."""
+    import math
+    u, files = unit
+    s = he._sealapi()
+    assert u.pk_ntt is not None and u.pk_ntt.is_ntt_form()
+    assert u.pk_ntt.coeff_modulus_size() == len(u.data_moduli)
+    rand = _rand()
+    room = math.log2(math.prod(u.data_moduli) / 2.0 ** u.k) - 1
+    heads = []
+    for _ in range(2):
+        z, errors = he.zero_at_data_primes(files, u.ctx, u.pid, u.evaluator, u.pk_ntt,
+                                           u.data_moduli, 1 << u.k, rand)
+        assert errors.shape == (2, len(u.data_moduli), u.n)
+        u.evaluator.transform_from_ntt_inplace(z)
+        u.evaluator.add_inplace(z, files.load(s.Ciphertext, u.ctx, u._ct_bytes(
+            errors.astype(np.uint64).reshape(2, -1)), "errors"))
+        assert room - 21 <= u.decryptor.invariant_noise_budget(z) < room
+        pt = s.Plaintext()
+        u.decryptor.decrypt(z, pt)
+        assert pt.is_zero()
+        heads.append(z.data(0))
+    assert heads[0] != heads[1]
+
+
+@pytest.mark.parametrize("check", [test_edge_values_decrypt_exactly,
+                                   test_true_noise_is_below_the_bound_and_flooded])
+def test_seal_encrypt_zero_fallback_decrypts_exactly_and_floods(unit, monkeypatch, check):
+    """Without the peer's key at the data primes (a key not laid out as SEAL 4 saves one),
+    finish re-randomises with SEAL's encrypt_zero as before: the edge values still decrypt
+    exactly and the flood still arrives in full."""
+    u, _ = unit
+    monkeypatch.setattr(u, "pk_ntt", None)
+    check(unit)
+
+
+@pytest.mark.parametrize("own_zero", [True, False])
+def test_engine_products_exact_on_the_own_zero_path_and_the_fallback(monkeypatch, own_zero):
+    """A matmul's and a direct conv's cross terms through two engines, exact against torch's
+    plaintext product mod 2^64, once with the engine's own encryption of zero (every returned
+    ciphertext made through he.zero_at_data_primes) and once with SEAL's encrypt_zero (the key
+    at the data primes unavailable: zero_at_data_primes never called)."""
+    import torch
+    import torch.nn.functional as F
+    calls = []
+    made = he.zero_at_data_primes
+    monkeypatch.setattr(he, "zero_at_data_primes", lambda *a: calls.append(1) or made(*a))
+    if not own_zero:
+        monkeypatch.setattr(he, "key_at_data_primes", lambda *a: None)
+    engines = _engines()
+    rng = np.random.default_rng(11)  # test data only
+    try:
+        a0, b0, a1, b1 = (_adversarial(s, k, rng) for s, k in
+                          zip(((1, 3, 5), (1, 5, 4)) * 2, ("ones", "random", "random", "top")))
+        got = _both([lambda: engines[0].matmul(a0, b0, 140), lambda: engines[1].matmul(a1, b1, 140)])
+        with np.errstate(over="ignore"):
+            assert np.array_equal(got[0] + got[1], _matmul_ref(a0, b0, a1, b1))
+        x0, w0, x1, w1 = (_adversarial(s, k, rng) for s, k in
+                          zip(((1, 2, 5, 4), (2, 2, 3, 2)) * 2, ("random", "top", "ones", "random")))
+        got = _both([lambda: he_conv.conv2d(engines[0], x0, w0, (1, 1), 140),
+                     lambda: he_conv.conv2d(engines[1], x1, w1, (1, 1), 140)])
+        t = [torch.from_numpy(v.view(np.int64)) for v in (x0, w1, x1, w0)]
+        want = F.conv2d(t[0], t[1]) + F.conv2d(t[2], t[3])      # int64 wraps: mod 2^64
+        with np.errstate(over="ignore"):
+            assert np.array_equal((got[0] + got[1]).view(np.int64), want.numpy())
+    finally:
+        for e in engines:
+            e.close()
+    assert (len(calls) > 0) == own_zero
