@@ -301,7 +301,7 @@ def eval_polys(jobs: Sequence[PolyJob]) -> list[list[torch.Tensor]]:
     for p, opened in zip(plans, opened_all):
         masks, mono = _mask_shares(p, rank)
         lead = lead_of(p.job.inputs[0])
-        results.append([circuits.expand_terms(out, opened, masks, mono, lead) for out in p.job.outputs])
+        results.append(circuits.expand_outputs(p.job.outputs, opened, masks, mono, lead))
     return results
 
 

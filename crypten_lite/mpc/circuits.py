@@ -114,6 +114,7 @@ def _bit_luts() -> tuple[torch.Tensor, torch.Tensor]:
 
 
 _LUT_ODD, _LUT_EVEN = _bit_luts()
+_LUT_ODD_NP, _LUT_EVEN_NP = _LUT_ODD.numpy(), _LUT_EVEN.numpy()
 
 
 def halves(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -121,10 +122,16 @@ def halves(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     pack_lanes(compress_even(x >> 1), 32) and pack_lanes(compress_even(x), 32), computed by
     a table lookup per 16 bits (8 compressed bits), whose bytes in order are the 32-bit
     halves of two consecutive words already packed into one word (little-endian): a few
-    times less CPU than the shifts and masks."""
+    times less CPU than the shifts and masks. Up to SMALL_EXPAND_WORDS words the lookup runs
+    on numpy views of the same memory (numpy's take on the 16-bit view, no index conversion:
+    about half the CPU of torch's five dispatches at LeNet b1's sizes)."""
     x = _pad_last(x, 2)
-    idx = x.contiguous().view(-1).view(torch.uint16).to(torch.int32)
     shape = (*x.shape[:-1], x.shape[-1] // 2)
+    if x.numel() <= SMALL_EXPAND_WORDS:
+        idx = x.contiguous().numpy().reshape(-1).view(np.uint16)
+        return (torch.from_numpy(_LUT_ODD_NP.take(idx).view(np.int64).reshape(shape)),
+                torch.from_numpy(_LUT_EVEN_NP.take(idx).view(np.int64).reshape(shape)))
+    idx = x.contiguous().view(-1).view(torch.uint16).to(torch.int32)
     odd, even = _LUT_ODD.index_select(0, idx), _LUT_EVEN.index_select(0, idx)
     return odd.view(torch.int64).view(shape), even.view(torch.int64).view(shape)
 
@@ -193,30 +200,42 @@ def expand_terms(terms: Sequence[Sequence[int]], opened: Sequence[torch.Tensor],
     U empty is public (added through `lead`), |U| = 1 uses the mask share, |U| >= 2 the
     monomial share. Pure; a la Beaver's multiplication generalised to products of k bits.
     """
+    return expand_outputs([terms], opened, mask, mono, lead)[0]
+
+
+def expand_outputs(outputs: Sequence[Sequence[Sequence[int]]], opened: Sequence[torch.Tensor],
+                   mask: Sequence[torch.Tensor], mono: dict[tuple[int, ...], torch.Tensor],
+                   lead: torch.Tensor) -> list[torch.Tensor]:
+    """expand_terms of each output's terms over the same opened values and shares: on the
+    numpy path the numpy views of the shares and the products of opened values are made
+    once for all outputs (a carry level's G and P share most of them)."""
     if lead.numel() > SMALL_EXPAND_WORDS:
-        return _expand_terms_torch(terms, [torch.from_numpy(x) if isinstance(x, np.ndarray) else x
-                                           for x in opened], mask, mono, lead)
+        opened = [torch.from_numpy(x) if isinstance(x, np.ndarray) else x for x in opened]
+        return [_expand_terms_torch(terms, opened, mask, mono, lead) for terms in outputs]
     # On numpy views of the same memory (no copies): for the few words of a small op, each
     # torch operator's dispatch costs more than its arithmetic, numpy's less (a LeNet b1
     # level: about a third less CPU). Products of opened values are computed once per call
     # (terms share their prefixes). `opened` may hold numpy arrays already (binary's
     # masked openings of small jobs).
     o = [x if x is None or isinstance(x, np.ndarray) else x.numpy() for x in opened]
-    out = np.zeros(lead.shape, dtype=np.int64)
     pubs: dict[tuple[int, ...], np.ndarray] = {}
     shares: dict[tuple[int, ...], np.ndarray] = {(): lead.numpy()}
-    for u, rest in _expansion(tuple(tuple(term) for term in terms)):
-        pub = pubs.get(rest)
-        if pub is None and rest:
-            pub = o[rest[0]]
-            for j in rest[1:]:
-                pub = pub & o[j]
-            pubs[rest] = pub
-        share = shares.get(u)
-        if share is None:
-            share = shares[u] = (mask[u[0]] if len(u) == 1 else mono[u]).numpy()
-        out ^= share if pub is None else share & pub
-    return torch.from_numpy(out)
+    results = []
+    for terms in outputs:
+        out = np.zeros(lead.shape, dtype=np.int64)
+        for u, rest in _expansion(tuple(tuple(term) for term in terms)):
+            pub = pubs.get(rest)
+            if pub is None and rest:
+                pub = o[rest[0]]
+                for j in rest[1:]:
+                    pub = pub & o[j]
+                pubs[rest] = pub
+            share = shares.get(u)
+            if share is None:
+                share = shares[u] = (mask[u[0]] if len(u) == 1 else mono[u]).numpy()
+            out ^= share if pub is None else share & pub
+        results.append(torch.from_numpy(out))
+    return results
 
 
 @functools.lru_cache(maxsize=64)

@@ -348,3 +348,32 @@ def test_expand_terms_numpy_and_torch_paths_agree(words):
         want = circuits._expand_terms_torch(out, opened, mask, mono, lead)
         assert got.dtype == torch.int64 and torch.equal(got, want)
     assert all(torch.equal(a, b) for a, b in zip(before, opened + mask + list(mono.values())))
+
+
+@pytest.mark.parametrize("words", [5, circuits.SMALL_EXPAND_WORDS + 1])
+def test_expand_outputs_is_expand_terms_per_output(words):
+    """expand_outputs (a job's outputs over shared numpy views and opened products) gives
+    each output's expand_terms on torch's operators, and leaves its inputs unchanged."""
+    gen = torch.Generator().manual_seed(words + 1)
+    outputs = [circuits.CARRY4_G, circuits.CARRY4_P]
+    opened = [_rand(gen, words) for _ in range(7)]
+    mask = [_rand(gen, words) for _ in range(7)]
+    mono = {m: _rand(gen, words) for m in circuits.monomials(outputs[0] + outputs[1])}
+    lead = torch.full((words,), -1, dtype=torch.int64)
+    before = [t.clone() for t in opened + mask + list(mono.values())]
+    got = circuits.expand_outputs(outputs, opened, mask, mono, lead)
+    want = [circuits._expand_terms_torch(out, opened, mask, mono, lead) for out in outputs]
+    assert len(got) == 2 and all(torch.equal(g, w) for g, w in zip(got, want))
+    assert not torch.equal(got[0], got[1])
+    assert all(torch.equal(a, b) for a, b in zip(before, opened + mask + list(mono.values())))
+
+
+@pytest.mark.parametrize("words", [7, circuits.SMALL_EXPAND_WORDS + 3])
+def test_halves_numpy_and_torch_paths_agree(words):
+    """halves looks up on numpy up to SMALL_EXPAND_WORDS words, on torch above: both as the
+    shifts and masks of compress_even and pack_lanes give them, on rows and a transpose."""
+    x = _rand(torch.Generator().manual_seed(words), 2 * words).view(2, words)
+    for t in (x, x.t()):
+        hi, lo = circuits.halves(t)
+        assert torch.equal(hi, circuits.pack_lanes(circuits.compress_even(t >> 1), 32))
+        assert torch.equal(lo, circuits.pack_lanes(circuits.compress_even(t), 32))
