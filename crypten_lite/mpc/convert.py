@@ -30,7 +30,7 @@ from typing import Sequence
 
 import torch
 
-from ..provider.correlations import logical_shift
+from ..provider.correlations import broadcast_shape, logical_shift
 from ..session import current
 from . import circuits
 from .binary import PolyJob, PolyRounds, and_many, eval_polys, lead_of, provider_get, xor_polys
@@ -158,7 +158,7 @@ def finish_gen(b2as: Sequence[tuple[torch.Tensor, int]] = (),
         for d in bs:
             n *= d
         # Bits broadcast over value's trailing dims (bit_shape = leading dims + 1s).
-        target = torch.broadcast_shapes(tuple(bs), tuple(v.shape))
+        target = broadcast_shape(bs, v.shape)
         flat_m.append(v.expand(target).reshape(n, -1))
     corrs_m = [provider_get("bit_mul", v.shape[0], lambda m, w=v.shape[1]: [(m, 1), (m, w)], 1 + v.shape[1])
                for v in flat_m]
@@ -185,7 +185,7 @@ def finish_gen(b2as: Sequence[tuple[torch.Tensor, int]] = (),
         _, _, ra, ar = corr.corrected()
         xr = e * ra + ar
         out = c * v + (1 - 2 * c) * xr
-        out_m.append(out.view(torch.broadcast_shapes(tuple(bs), v0.shape)))
+        out_m.append(out.view(broadcast_shape(bs, v0.shape)))
     return out_b, out_m
 
 

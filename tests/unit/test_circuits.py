@@ -377,3 +377,14 @@ def test_halves_numpy_and_torch_paths_agree(words):
         hi, lo = circuits.halves(t)
         assert torch.equal(hi, circuits.pack_lanes(circuits.compress_even(t >> 1), 32))
         assert torch.equal(lo, circuits.pack_lanes(circuits.compress_even(t), 32))
+
+
+def test_broadcast_shape_is_torchs():
+    """correlations.broadcast_shape (memoised) gives torch.broadcast_shapes' shape, and
+    incompatible shapes raise torch's error on every call (errors are not memoised)."""
+    from crypten_lite.provider.correlations import broadcast_shape
+    for a, b in [((2, 1, 3), (4, 3)), ((), (5,)), (torch.Size([1, 6]), [7, 1])]:
+        assert broadcast_shape(a, b) == tuple(torch.broadcast_shapes(tuple(a), tuple(b)))
+    for _ in range(2):
+        with pytest.raises(RuntimeError):
+            broadcast_shape((2, 3), (4, 3))
