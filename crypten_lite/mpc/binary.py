@@ -25,7 +25,7 @@ import torch
 
 from ..comm.communicator import shape_tag, with_tag
 from ..errors import ProtocolError
-from ..provider.correlations import monomial_params
+from ..provider.correlations import broadcast_shape, monomial_params
 from ..session import current
 from . import circuits
 from .primitives import check_agree
@@ -128,7 +128,7 @@ def and_many(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], triple=None) ->
         z ^= e & d
     out, offset = [], 0
     for (px, py), flat in zip(pairs, xs):
-        shape = torch.broadcast_shapes(px.shape, py.shape)
+        shape = broadcast_shape(px.shape, py.shape)
         out.append(z[offset:offset + flat.numel()].view(shape))
         offset += flat.numel()
     return out

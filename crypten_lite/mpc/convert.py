@@ -80,7 +80,7 @@ def msb_words(x: torch.Tensor) -> torch.Tensor:
 
 def and_bits(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """AND of 0/1-valued XOR shares (int64, any shape), packed for the wire (one round)."""
-    shape = torch.broadcast_shapes(x.shape, y.shape)
+    shape = broadcast_shape(x.shape, y.shape)
     x, y = torch.broadcast_to(x, shape).reshape(-1), torch.broadcast_to(y, shape).reshape(-1)
     (z,) = and_many([(circuits.pack_bits(x), circuits.pack_bits(y))])
     return circuits.unpack_bits(z, x.numel()).view(shape)
