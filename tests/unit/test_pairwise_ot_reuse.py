@@ -22,6 +22,7 @@ from crypten_lite.errors import ProtocolError  # noqa: E402
 from crypten_lite.provider import correlations as C  # noqa: E402
 from crypten_lite.provider import ferret, ot  # noqa: E402
 from tests.unit.test_pairwise_ferret import _ots  # noqa: E402
+from tests.protocol.test_pairwise_provider import _check  # noqa: E402
 from tests.unit.test_pairwise_security import _both, _pair, _providers  # noqa: E402
 
 
@@ -183,21 +184,9 @@ BIT_MUL = ("bit_mul", "", [(5, 1), (5, 1)], ())
 
 
 def _relation(kind, params, a, b):
-    s = [x + y for x, y in zip(a, b)]
-    x = [u ^ v for u, v in zip(a, b)]
-    if kind == "bit":
-        assert set(x[0].unique().tolist()) <= {0, 1} and torch.equal(s[1], x[0])
-    elif kind == "bit_mul":
-        assert torch.equal(s[2], x[0] & 1) and torch.equal(s[3], s[1] * (x[0] & 1))
-    else:
-        k, owners, subsets = C._split_monomial_params(params)
-        masks = [x[j] if o == -1 else (a, b)[o][j] for j, o in enumerate(owners)]
-        for i, sub in enumerate(subsets):
-            want = None
-            for j in range(k):
-                if sub >> j & 1:
-                    want = masks[j] if want is None else want & masks[j]
-            assert torch.equal(x[k + i], want), (i, sub)
+    """The correlation's relation between the two parties' components: the provider tests' own
+    check (tests/protocol/test_pairwise_provider.py)."""
+    _check(kind, "", params, a, b)
 
 
 def test_prefetch_makes_small_bits_and_bit_muls_in_one_exchange_each(monkeypatch):
