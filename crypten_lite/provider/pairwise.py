@@ -156,6 +156,8 @@ class PairwiseProvider(Provider):
         self._tag = b"\0" * 32
         self._last_sent = False   # this party's last offline message of an exchange: sent
         self._ready: dict[int, list[torch.Tensor]] = {}
+        # the peer's kept weight ciphertexts, per (mask counter, op, shapes, params) (he_kept.py)
+        self._kept: dict = {}
         # per kind (and op): [correlations, bytes both ways, seconds] (where the offline time goes)
         self.by_kind: dict[str, list] = {}
         self._broken: str | None = None
@@ -468,7 +470,7 @@ class PairwiseProvider(Provider):
         each group is one exchange (every product back in one message each way, one
         acknowledgement), where each triple alone pays its own. Public shapes and the kept
         entries only: the same on both parties."""
-        cache = self.__dict__.setdefault("_kept", {})
+        cache = self._kept
         groups, current = [], []
         for i, (kind, op, shapes, params) in enumerate(self._plan):
             if kind != "weight_triple":
@@ -485,6 +487,11 @@ class PairwiseProvider(Provider):
             groups.append([j for j, _ in current])
         return [g for g in groups if len(g) > 1]
 
+    def _weight_mask(self, shapes, params) -> torch.Tensor:
+        """This party's share of a weight triple's B: the weight mask of its mask counter
+        (params[0]) for the weight's shape (shapes[1])."""
+        return correlations.derive(self._key, params[0], "weight_mask", "", [tuple(shapes[1])], ())[0]
+
     def _make_weight_batch(self, start: int, group: list[int]) -> None:
         """A group of weight triples with kept B in one exchange (he_kept.cross_many); were
         the kept total reached meanwhile, each is made as any triple, in the same exchange."""
@@ -494,13 +501,13 @@ class PairwiseProvider(Provider):
             correlations.check_request(kind, op, shapes, params, self.world_size,
                                        self._comm_max_bytes())
             a = correlations.derive(self._key, start + i, kind, op, shapes, params)[0]
-            (b,) = correlations.derive(self._key, params[0], "weight_mask", "", [tuple(shapes[1])], ())
+            b = self._weight_mask(shapes, params)
             entries.append((i, op, a, b, tuple(params[1:])))
             items.append((params[0], op, _u(a).reshape(a.shape), _u(b).reshape(b.shape), tuple(params[1:])))
         tag = (start + group[0], "weight-batch", [start + i for i in group])
 
         def make() -> list[torch.Tensor]:
-            kept = he_kept.cross_many(self._engine, self.__dict__.setdefault("_kept", {}), self._chunk, items)
+            kept = he_kept.cross_many(self._engine, self._kept, self._chunk, items)
             out = []
             for j, (i, op, a, b, p) in enumerate(entries):
                 local = TRIPLE_OPS[op](a, b, p)
@@ -773,7 +780,7 @@ class PairwiseProvider(Provider):
 
     def close(self) -> None:
         self._ready = {}
-        self.__dict__.pop("_kept", None)      # the peer's kept weight ciphertexts (he_kept.py)
+        self._kept = {}      # the peer's kept weight ciphertexts (he_kept.py)
         self._engine.close()
 
 
@@ -885,10 +892,10 @@ def _triple(pv: PairwiseProvider, parts, op, shapes, params):
 
 
 def _weight_triple(pv: PairwiseProvider, parts, op, shapes, params):
-    (b,) = correlations.derive(pv._key, params[0], "weight_mask", "", [tuple(shapes[1])], ())
+    b = pv._weight_mask(shapes, params)
     a = parts[0]
     # the peer's B (the weight mask) encrypted once and kept (he_kept.py), else as any triple
-    kept = he_kept.cross(pv._engine, pv.__dict__.setdefault("_kept", {}), pv._chunk, params[0],
+    kept = he_kept.cross(pv._engine, pv._kept, pv._chunk, params[0],
                          op, _u(a).reshape(a.shape), _u(b).reshape(b.shape), tuple(params[1:]))
     local = TRIPLE_OPS[op](a, b, params[1:])
     cross = pv.bilinear(op, a, b, params[1:]) if kept is None else _t(kept).view(local.shape)
