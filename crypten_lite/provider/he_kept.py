@@ -41,7 +41,7 @@ from .correlations import _conv_params
 
 KEEP_MAX_CTS = 64        # kept ciphertexts per weight layout (NTT form: 512 KB each in memory)
 KEEP_TOTAL_CTS = 512     # kept per provider (256 MB); past it, products are made as before
-VERSION = "kept-b-v1"    # named in provider pairwise's handshake
+VERSION = "kept-b-v2"    # named in provider pairwise's handshake (v2: output extraction)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -257,17 +257,18 @@ def cross_many(engine: "he.CrossEngine", cache: dict, chunk: int, items: list) -
         pts = unit.ntt_plains(files, enc.plain_rows(prepare(item[2])))
         r = engine._mask_words(enc.mask_shape() + (enc.pos_out.size,), 64)
         masks = engine._block_masks(unit, r, enc.mask_shape(), enc.pos_out, engine._rand)
+        keep = enc.pos_out.tolist()
         for j in range(enc.back):
             pairs, nonzero = enc.pairs(j, cache[key], pts)
             bound = unit.noise_bound(enc.terms(), nonzero)
-            back.append(unit.finish(files, he._dot(unit, pairs), masks[j], bound, engine._rand))
+            back.append(unit.finish(files, he._dot(unit, pairs), masks[j], bound, engine._rand, keep))
         masks_r.append(r)
     engine._send(he.pack(back))
     got = he.unpack(engine._recv(), len(back), "kept-weight product ciphertexts")
     shares, at = [], 0
     for (key, (enc, _, _, finish)), r in zip(entries, masks_r):
         where = enc.pos_out.tolist()
-        mine = enc.out(np.stack([unit.open(files, d, where) for d in got[at:at + enc.back]]))
+        mine = enc.out(np.stack([unit.open_extracted(files, d, where) for d in got[at:at + enc.back]]))
         at += enc.back
         with np.errstate(over="ignore"):
             shares.append(finish(mine + enc.out(np.uint64(0) - r[0])))

@@ -328,6 +328,37 @@ class Pow2Unit:
         ct = files.load(s.Ciphertext, self.ctx, data, "ciphertext")
         if ct.size() != 2 or ct.is_ntt_form() or ct.coeff_modulus_size() != self.params.mm_return:
             raise ProtocolError("pairwise: a returned ciphertext has the wrong form")
+        return self._open_ct(ct, where)
+
+    def open_extracted(self, files: "he._Files", data: bytes, where: list[int]) -> np.ndarray:
+        """open() of a returned ciphertext sent by finish(..., keep=where): only c0's
+        coefficients at `where` came (c1 whole); the others are zero here, so their phase is
+        garbage and only `where` is read."""
+        s = he._sealapi()
+        level, n, m = self.params.mm_return, self.n, len(where)
+        size = 8 * level * (m + n)
+        body = _body(data, size + 16)
+        if len(body) != size:
+            raise ProtocolError("pairwise: a returned (extracted) ciphertext has the wrong size")
+        vals = np.frombuffer(body, dtype="<u8")
+        polys = np.zeros((2, level, n), dtype=np.uint64)
+        polys[0][:, where] = vals[:level * m].reshape(level, m)
+        polys[1] = vals[level * m:].reshape(level, n)
+        raw = he._seal_object(struct.pack("<4Q", *self._return_pid()) + b"\x00"
+                              + struct.pack("<QQQdQ", 2, n, level, 1.0, 1) + he._seal_array(polys.reshape(-1)))
+        return self._open_ct(files.load(s.Ciphertext, self.ctx, raw, "ciphertext"), where)
+
+    def _return_pid(self) -> list[int]:
+        """The parms_id of the return level (mm_return primes)."""
+        if getattr(self, "_ret_pid", None) is None:
+            cd = self.ctx.get_context_data(self.pid)
+            while len(cd.parms().coeff_modulus()) > self.params.mm_return:
+                cd = cd.next_context_data()
+            self._ret_pid = list(cd.parms_id())
+        return self._ret_pid
+
+    def _open_ct(self, ct, where: list[int]) -> np.ndarray:
+        s = he._sealapi()
         top = s.Plaintext()
         self.decryptor.decrypt(ct, top)
         self.evaluator.multiply_plain_inplace(ct, self._scale)
@@ -411,13 +442,17 @@ class Pow2Unit:
         return he._seal_object(body)
 
     def finish(self, files: "he._Files", acc_ntt, mask: np.ndarray, noise_bound: int,
-               rand: Callable) -> bytes:
+               rand: Callable, keep: list[int] | None = None) -> bytes:
         """The returned ciphertext: acc (NTT form) + a fresh public-key encryption of zero +
         (e_flood + Delta'(mask), 0), switched down to mm_return primes, serialized. With the
         peer's key at the data primes (pk_ntt) the zero encryption is made there
         (he.zero_at_data_primes): its (pk0 u, pk1 u) joins acc in NTT form, one inverse NTT
         serves both, its e1 joins the flood term's c0 and its e2 is that term's c1; else
-        SEAL's encrypt_zero (key level, switched down), and acc leaves NTT form on its own."""
+        SEAL's encrypt_zero (key level, switched down), and acc leaves NTT form on its own.
+        With `keep` (the output coefficients, ascending) only c0's coefficients there are sent,
+        c1 whole (output extraction: about half the bytes where the outputs are few; the
+        owner opens it with open_extracted): every coefficient sent is flooded, re-randomised
+        and masked as before, the others are simply not sent."""
         s = he._sealapi()
         bits = self.params.flood_bits(noise_bound)
         self.room(bits, noise_bound)
@@ -462,7 +497,16 @@ class Pow2Unit:
             self.evaluator.add_inplace(out, acc_ntt)
         while out.coeff_modulus_size() > self.params.mm_return:
             self.evaluator.mod_switch_to_next_inplace(out)
-        return files.dump(out)
+        if keep is None:
+            return files.dump(out)
+        level = self.params.mm_return
+        data = _ct_data(out, 2, level, nd)
+        if data is None:               # not the layout _ct_data knows: SEAL's zstd save
+            body = _body(files.dump(out), _HEAD + 16 * level * nd + 4096)
+            data = np.frombuffer(body, dtype="<u8", count=2 * level * nd, offset=_HEAD)
+        polys = data.reshape(2, level, nd)
+        payload = np.concatenate([polys[0][:, keep].reshape(-1), polys[1].reshape(-1)])
+        return _compressed(bytearray(payload.astype("<u8").tobytes()))
 
 
 def combine(top: np.ndarray, low: np.ndarray, k: int) -> np.ndarray:

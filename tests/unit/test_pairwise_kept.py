@@ -273,3 +273,45 @@ def test_kept_products_received_are_uniform_and_fresh():
             assert float(((counts - expected) ** 2 / expected).sum()) < 400
     for e in engines:
         e.close()
+
+
+def test_output_extraction_opens_exactly_and_sends_only_the_outputs():
+    """finish(..., keep=where) sends c0 at the output coefficients only (c1 whole): opened by
+    its owner it gives A + R exactly at every kept coefficient (edge values included), in
+    about half the bytes of the whole ciphertext for few outputs; a payload of the wrong size
+    (truncated, or opened with other positions) is a ProtocolError, never a wrong value."""
+    import numpy as np
+
+    from crypten_lite.provider import he_pow2
+    from crypten_lite.random import PRG
+    prg = PRG(os.urandom(32))
+
+    def rand(shape):
+        return prg.draw(tuple(shape)).numpy().view(np.uint64)
+    u = he_pow2.Pow2Unit(he.default_params())
+    files = he._Files()
+    u.peer_key(files, u.keygen(files))
+    nd = u.n
+    where = sorted({0, 1, 5, 63, 64, 4095, nd - 1} | set(range(200, 320)))
+    edges = np.array([0, 1, (1 << 64) - 1, 1 << 63, (1 << 63) - 1, 1 << 24, (1 << 40) - 1],
+                     dtype=np.uint64)
+    rows, masks = rand((1, nd)), rand((1, nd))
+    rows[0, where[:edges.size]] = edges
+    masks[0, where[:edges.size]] = 0
+    with np.errstate(over="ignore"):
+        want = (rows + masks)[0, where]
+    ct = files.load(he._sealapi().Ciphertext, u.ctx, u.encrypt_rows(files, rows)[0], "t")
+    u.evaluator.transform_to_ntt_inplace(ct)
+    one = np.zeros((1, nd), dtype=np.uint64)
+    one[0, 0] = 1
+    pt = u.ntt_plains(files, one)[0]
+    whole = u.finish(files, he._dot(u, [(ct, pt)]), masks[0], u.noise_bound(1, 1), rand)
+    extracted = u.finish(files, he._dot(u, [(ct, pt)]), masks[0], u.noise_bound(1, 1), rand, where)
+    assert np.array_equal(u.open(files, whole, where), want)
+    assert np.array_equal(u.open_extracted(files, extracted, where), want)
+    assert len(extracted) < 0.6 * len(whole), (len(extracted), len(whole))
+    with pytest.raises(ProtocolError):
+        u.open_extracted(files, extracted[:len(extracted) // 2], where)
+    with pytest.raises(ProtocolError):
+        u.open_extracted(files, extracted, where[:-1])
+    files.close()
