@@ -1,0 +1,284 @@
+"""Provider pairwise's OT kinds: the correlations whose cross products have a bit as one
+factor, made by oblivious transfer (provider/ot.py) between the two parties alone.
+
+    kind              cross terms (rank 0's value x rank 1's value)      by
+    bit               r0 * r1 (then ra = r - 2 r0 r1)                    OT, mod 2^64
+    binary_triple     a0 & b1 ^ a1 & b0, bit by bit                      OT, mod 2
+    trunc(_exact)     r = w0 XOR w1 bit by bit: w0_j * w1_j, 64 bits     OT, mod 2^64
+    bit_mul           r0 * r1, and r0 (1 - 2 r1) a1 + (1 - 2 r0) a0 r1   OT both ways
+    binary_monomials  AND of XOR-shared masks, one AND layer per exchange OT, mod 2: one
+                      random OT per bit of each (top mask, chooser), reused
+
+Each maker takes the provider (its PRG, its CorrelatedOT `_ot`, its framed channel) and this
+party's derived components; PairwiseProvider (provider/pairwise.py) runs it inside one
+request's exchange. This module does not import pairwise.py (no import circle).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
+
+import numpy as np
+import torch
+
+from . import correlations
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .pairwise import PairwiseProvider
+
+OT_BYTES = 256             # working set of one OT in an IKNP extension (matrices, hashes)
+
+
+def _u(t: torch.Tensor) -> np.ndarray:
+    """A ring tensor's elements as uint64 (a copy, contiguous)."""
+    return t.detach().contiguous().clone().numpy().view(np.uint64)
+
+
+def _t(a: np.ndarray, shape=None) -> torch.Tensor:
+    out = torch.from_numpy(np.ascontiguousarray(a).view(np.int64).copy())
+    return out.view(shape) if shape is not None else out
+
+
+def _bits(words: torch.Tensor) -> np.ndarray:
+    """[n] words -> [n, 64] bits (uint64 0/1), least significant first."""
+    w = _u(words).reshape(-1, 1)
+    return (w >> np.arange(64, dtype=np.uint64)) & np.uint64(1)
+
+
+def _words8(bits: np.ndarray) -> np.ndarray:
+    """[n * 64] uint8 bits (bit 0 of each used; bit j of word i at i * 64 + j) -> [n] uint64
+    words."""
+    return np.packbits(bits & 1, bitorder="little").view(np.uint64)
+
+
+def _words(bits: np.ndarray) -> np.ndarray:
+    """[n, 64] bits (only bit 0 of each entry used) -> [n] words."""
+    return np.bitwise_or.reduce((bits & np.uint64(1)) << np.arange(64, dtype=np.uint64), axis=-1)
+
+
+def _bit_shares(pv: "PairwiseProvider", r: torch.Tensor) -> torch.Tensor:
+    """Arithmetic shares of r0 XOR r1 for bits r (r - 2 r0 r1)."""
+    return r - 2 * _t(pv.ot_product(_u(r).reshape(-1), 1, 64)).view(r.shape)
+
+
+def _bit(pv: "PairwiseProvider", parts, op, shapes, params):
+    r = parts[0]
+    return [r, _bit_shares(pv, r)]
+
+
+def _binary_triple(pv: "PairwiseProvider", parts, op, shapes, params):
+    a, b = parts[0], parts[1]
+    ab, bb = _bits(a), _bits(b)
+    x, y = (ab, bb) if pv.rank == 0 else (bb, ab)
+    cross = _t(_words(pv.cross_and(x, y))).view(a.shape)
+    return [a, b, (a & b) ^ cross]
+
+
+def _random_bits(pv: "PairwiseProvider", w: torch.Tensor) -> torch.Tensor:
+    """[n, 64] arithmetic shares of the bits of r = w0 XOR w1."""
+    bits = _bits(w.reshape(-1))
+    prod = _t(pv.ot_product(bits.reshape(-1), 1, 64)).view(bits.shape)
+    return _t(bits).view(bits.shape) - 2 * prod
+
+
+def _ring(values: list[int]) -> torch.Tensor:
+    """Python integers mod 2^64 as an int64 tensor."""
+    return torch.tensor([v - (1 << 64) if v >= 1 << 63 else v for v in values], dtype=torch.int64)
+
+
+def _combine(d: torch.Tensor, bits: int, shape) -> list[torch.Tensor]:
+    """Shares of r = Sum_j 2^j b_j, r >> bits (logical) and msb(r) from shares d of the bits."""
+    r = (d * _ring([1 << j for j in range(64)])).sum(-1)
+    rt = (d * _ring([1 << (j - bits) if j >= bits else 0 for j in range(64)])).sum(-1)
+    return [r.view(shape), rt.view(shape), d[:, 63].contiguous().view(shape)]
+
+
+def _trunc(pv: "PairwiseProvider", parts, op, shapes, params):
+    w = parts[0]
+    r, rt, m = _combine(_random_bits(pv, w), params[0], w.shape)
+    return [r, rt, m]
+
+
+def _trunc_exact(pv: "PairwiseProvider", parts, op, shapes, params):
+    w = parts[0]
+    bits = params[0]
+    r, rt, m = _combine(_random_bits(pv, w), bits, w.shape)
+    low = w & ((1 << bits) - 1) if bits < 64 else w
+    return [r, low, rt, m]
+
+
+def _bit_mul(pv: "PairwiseProvider", parts, op, shapes, params):
+    r, a = parts[0], parts[1]
+    rb = r.expand_as(a)
+    w = (1 - 2 * rb) * a
+    # r0 * r1 (ra = r - 2 r0 r1) and w0 * rb1 (rank 1 chooses), rb0 * w1 (rank 0 chooses):
+    # correlated OTs both ways at once (ot.products_both: one message each way per step)
+    n = r.numel()
+    first, both = pv._ot.products_both(
+        (_u(rb if pv.rank == 0 else w).reshape(-1),
+         np.concatenate([_u(r).reshape(-1), _u(w if pv.rank == 0 else rb).reshape(-1)])), 64)
+    ra = r - 2 * _t(both[:n]).view(r.shape)
+    second = both[n:]
+    with np.errstate(over="ignore"):
+        cross = _t(first + second).view(a.shape)
+    return [r, a, ra, rb * a + cross]
+
+
+def _binary_monomials(pv: "PairwiseProvider", parts, op, shapes, params):
+    """XOR shares of AND-products of masks (_monomial_steps, driven alone)."""
+    return _drive_monomials(pv, [_monomial_steps(pv, parts, params)])[0]
+
+
+def _drive_monomials(pv: "PairwiseProvider", steps: list) -> list:
+    """Run _monomial_steps generators in lockstep: their random OTs in one
+    ot.random_ots_both call, then, round by round, the next layer of every one still running
+    in one ot.transfer_packed_many (one message per party per round, however many
+    correlations). Both parties run the same generators in the same order. Returns each
+    generator's components."""
+    out: list = [None] * len(steps)
+    wants = [next(g) for g in steps]                       # ("ots", (sizes0, sizes1))
+    joined = tuple([n for _, sizes in wants for n in sizes[c]] for c in (0, 1))
+    made = pv._ot.random_ots_both(joined)
+    replies, at = [], [0, 0]
+    for _, sizes in wants:
+        mine = []
+        for c in (0, 1):
+            mine.append(made[c][at[c]:at[c] + len(sizes[c])])
+            at[c] += len(sizes[c])
+        replies.append(tuple(mine))
+    active = list(range(len(steps)))
+    while active:
+        layers, still = [], []
+        for i, reply in zip(active, replies):
+            try:
+                _, items = steps[i].send(reply)            # ("layer", items)
+            except StopIteration as done:
+                out[i] = done.value
+                continue
+            layers.append(items)
+            still.append(i)
+        if not still:
+            break
+        shares = pv._ot.transfer_packed_many([item for items in layers for item in items])
+        replies, at = [], 0
+        for items in layers:
+            replies.append(shares[at:at + len(items)])
+            at += len(items)
+        active = still
+    return out
+
+
+def _monomial_steps(pv: "PairwiseProvider", parts, params):
+    """XOR shares of AND-products of masks, as a generator (yields what it needs from the
+    peer: ("ots", sizes) for random_ots_both, then ("layer", items) for each layer's
+    transfer_packed_many; returns the components). A product is built from its prefix (the
+    subset less its largest mask, the *top*), one AND layer per degree, each prefix once; a product
+    of masks that one party owns is local, and only the cross terms that are not zero are
+    computed: x0 & y1 (party 1 chooses with its share of the top y) and y0 & x1 (party 0
+    chooses with its share). Every cross term with the same top and chooser, in every layer,
+    rides on the same random OTs (one per bit, made at the top's first use): each use is one
+    transfer of fresh pads derived from the OT keys (provider/ot.py, OTKeys)."""
+    k, owners, subsets = correlations._split_monomial_params(params)
+    shape = parts[0].shape
+    n = int(np.prod(shape)) if len(shape) else 1
+    # value of a subset (bitmask): (this party's XOR share as words, owner: -1 = shared)
+    values: dict[int, tuple[torch.Tensor, int]] = {}
+    for j, o in enumerate(owners):
+        share = parts[j] if o == -1 or o == pv.rank else torch.zeros_like(parts[j])
+        values[1 << j] = (share, o)
+    needed: set[int] = set()
+    for sub in subsets:
+        while sub and sub & (sub - 1) and sub not in needed:
+            needed.add(sub)
+            sub &= ~(1 << (sub.bit_length() - 1))
+    # which (top, chooser) sets of random OTs the layers use (owners are public): all of
+    # them made up front, one IKNP extension per chooser
+    owner = {1 << j: o for j, o in enumerate(owners)}
+    sets: dict[tuple[int, int], int] = {}       # (top, chooser) -> transfers (pad bits) it serves
+    for m in sorted(needed, key=lambda v: (bin(v).count("1"), v)):
+        top = 1 << (m.bit_length() - 1)
+        ox, oy = owner[m & ~top], owner[top]
+        if ox == oy and ox != -1:
+            owner[m] = ox
+            continue
+        if ox != 1 and oy != 0:
+            sets[(top, 1)] = sets.get((top, 1), 0) + 1
+        if ox != 0 and oy != 1:
+            sets[(top, 0)] = sets.get((top, 0), 0) + 1
+        owner[m] = -1
+    keys: dict[tuple[int, int], object] = {}     # (top, chooser) -> OTKeys
+    masks = list(parts[:k])
+    # the chooser's value of a top mask (its share, or the mask it owns) is a fresh uniform
+    # value of its own: the OTs choose it (ot.random_ot's `free`: silent COTs' own random
+    # bits, no derandomizing message) and it replaces the drawn one; both choosers' OTs are
+    # made at once, their extensions interleaved (ot.random_ots_both)
+    tops = [sorted(t for t, c in sets if c == chooser) for chooser in (0, 1)]
+    made = yield ("ots", tuple([n * 64] * len(tops[c]) for c in (0, 1)))
+    for chooser in (0, 1):
+        for t, got in zip(tops[chooser], made[chooser]):
+            if pv.rank == chooser:
+                word = _t(_words8(got.choice)).view(shape)
+                values[t] = (word, values[t][1])
+                masks[t.bit_length() - 1] = word
+            pv._ot.prepare(got, sets[(t, chooser)])    # one pad bit per OT and cross term
+            keys[(t, chooser)] = got
+    for degree in range(2, k + 1):
+        layer = sorted(m for m in needed if bin(m).count("1") == degree)
+        if not layer:
+            continue
+        groups: dict[tuple[int, int], list] = {}  # (top, chooser) -> [(m, sender's operand)]
+        plans = []
+        for m in layer:
+            top = 1 << (m.bit_length() - 1)
+            (x, ox), (y, oy) = values[m & ~top], values[top]
+            if ox == oy and ox != -1:                    # one owner: local
+                plans.append((m, x, y, ox))
+                continue
+            if ox != 1 and oy != 0:                      # x0 & y1: party 1 chooses with y1
+                groups.setdefault((top, 1), []).append((m, x))
+            if ox != 0 and oy != 1:                      # y0 & x1: party 0 chooses with y0
+                groups.setdefault((top, 0), []).append((m, x))
+            plans.append((m, x, y, -1))
+        crosses: dict[int, torch.Tensor] = {}
+        items = []
+        for (top, chooser), members in sorted(groups.items()):
+            sender = None
+            if pv.rank != chooser:   # x's words as bytes are its bits packed (OT i*64 + j: bit j of word i)
+                sender = np.stack([_u(x).reshape(-1).view(np.uint8) for _, x in members])
+            items.append((keys[(top, chooser)], sender, len(members)))
+        # the layer's transfers of both choosers in one message per party (sent at once,
+        # with the same round's layers of the other correlations driven alongside)
+        shares = yield ("layer", items)
+        for ((top, chooser), members), share in zip(sorted(groups.items()), shares):
+            for (m, _), bits in zip(members, share):
+                word = _t(bits.view(np.uint64)).view(shape)
+                crosses[m] = crosses[m] ^ word if m in crosses else word
+        for m, x, y, owner in plans:
+            value = x & y
+            if m in crosses:
+                value = value ^ crosses[m]
+            values[m] = (value, owner)
+    out = [values[sub][0] if sub & (sub - 1) else values[sub][0].clone() for sub in subsets]
+    return masks + out
+
+
+def _monomial_bytes(params) -> int:
+    """binary_monomials' working set per element: the random-OT keys of every (top mask,
+    chooser) (64 OTs of up to 32 bytes each), the transfers' pads and the subsets' words;
+    measured (tracemalloc, relu's k = 2, 4, 7 masks: 7.8, 11.4, 23.3 KB) below 4 KB per mask."""
+    k, _, subsets = correlations._split_monomial_params(params)
+    return 4096 * k + 64 * len(subsets)
+
+
+# working set per element of the elementwise OT kinds (bytes; _chunked slices by it)
+ELEMENT_BYTES: dict[str, Callable] = {
+    "binary_triple": lambda params: 6144,     # 2 x 64 bits as words, shares, OT outputs
+    "trunc": lambda params: 6144,             # 64 bits as words, their products (5.7 KB measured)
+    "trunc_exact": lambda params: 6144,
+    "binary_monomials": _monomial_bytes,
+    # one (bit) and three (bit_mul) 64-bit OT products per element, OT_BYTES each: so that
+    # prefetch makes a plan's small ones of a kind in one exchange (_ot_groups; bit_mul only
+    # where its two shapes are alike, (m, 1): otherwise it is made alone, unsliced)
+    "bit": lambda params: OT_BYTES,
+    "bit_mul": lambda params: 3 * OT_BYTES,
+}
