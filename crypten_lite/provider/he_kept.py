@@ -102,6 +102,7 @@ class _Matmul:
         self.pos_a, self.pos_b, self.pos_out = he._positions(self.mw, self.kw, self.nw)
         self.kept = self.kb * self.nb
         self.back = self.mb * self.nb
+        self.plains = self.mb * self.kb
 
     def kept_rows(self, b: np.ndarray) -> np.ndarray:
         pad = np.zeros((self.kb * self.kw, self.nb * self.nw), dtype=np.uint64)
@@ -141,6 +142,7 @@ class _Conv:
         self.pos_w, self.pos_out = lay.positions()
         self.kept = lay.plaintexts()
         self.back = lay.ciphertexts()[1]
+        self.plains = lay.gblocks * lay.cblocks
 
     def kept_rows(self, w: np.ndarray) -> np.ndarray:
         return he_conv._kernel_rows(self.lay, w, self.pos_w, 1 << 64, self.nd)
@@ -164,37 +166,170 @@ class _Conv:
         return he_conv._from_blocks(self.lay, blocks.reshape(self.lay.gblocks, self.lay.oblocks, -1))
 
 
+class _Stack:
+    """`parts` products of one encoding `sub` side by side, as one: a grouped convolution
+    (group g: the input's channel slice g, the kernel's output-channel slice g) or a weight
+    past KEEP_MAX_CTS kept ciphertexts (B's column slices, one A shared: its plaintexts are
+    made once). Kept and returned ciphertexts are sub's, part after part; the outputs are
+    joined along `axis` of sub's output."""
+
+    def __init__(self, sub, parts: int, split_a: bool, axis: int):
+        self.sub, self.parts, self.split_a, self.axis = sub, parts, split_a, axis
+        self.nd, self.pos_out = sub.nd, sub.pos_out
+        self.kept, self.back = sub.kept * parts, sub.back * parts
+        self.plains = sub.plains * (parts if split_a else 1)
+
+    def kept_rows(self, bs: list) -> np.ndarray:
+        return np.concatenate([self.sub.kept_rows(b) for b in bs])
+
+    def plain_rows(self, a) -> np.ndarray:
+        return np.concatenate([self.sub.plain_rows(x) for x in a]) if self.split_a else self.sub.plain_rows(a)
+
+    def pairs(self, j: int, kept: list, pts: list) -> tuple[list, int]:
+        g, jj = divmod(j, self.sub.back)
+        at = g * self.sub.plains if self.split_a else 0
+        return self.sub.pairs(jj, kept[g * self.sub.kept:(g + 1) * self.sub.kept],
+                              pts[at:at + self.sub.plains])
+
+    def mask_shape(self) -> tuple:
+        return (self.parts,) + self.sub.mask_shape()
+
+    def terms(self) -> int:
+        return self.sub.terms()
+
+    def out(self, blocks: np.ndarray) -> np.ndarray:
+        per = blocks.reshape(self.parts, self.sub.back, -1)
+        return np.concatenate([self.sub.out(per[g]) for g in range(self.parts)], axis=self.axis)
+
+
+def _kept_cost(enc) -> int:
+    """A kept encoding's work per inference in he._blocks_cost's units (72 per returned
+    ciphertext, 14 per plaintext, 2 per product) plus its kept B's upload over two inferences
+    (36 per kept ciphertext), as _matmul_blocks and _conv_layout cost theirs."""
+    return 72 * enc.back + 14 * enc.plains + 2 * enc.back * enc.terms() + 36 * enc.kept
+
+
+def _fresh_cost(m: int, k: int, n: int, nd: int) -> int:
+    """The same work for A [m, k] x B [k, n] made as any triple's one-sided product."""
+    return min(he._blocks_cost(m, k, n, nd, joint=False)[0], he._blocks_cost(n, k, m, nd, joint=False)[0])
+
+
+def _slices(size: int, parts: int) -> list[slice]:
+    step = size // parts
+    return [slice(g * step, (g + 1) * step) for g in range(parts)]
+
+
+def _matmul_plan(m: int, k: int, n: int, nd: int):
+    """(encoding, split(b): B's column slices or B) of A [m, k] x B [k, n], B in column slices
+    of equal width (a divisor of n) where whole it would pass KEEP_MAX_CTS, or None."""
+    for parts in (p for p in range(1, n + 1) if n % p == 0):
+        blocks = _matmul_blocks(m, k, n // parts, nd)
+        if blocks is None:
+            continue
+        enc = _Matmul(m, k, n // parts, nd, blocks)
+        if parts == 1:
+            return enc, lambda b: b
+        stack = _Stack(enc, parts, False, 1)
+        if stack.kept > KEEP_TOTAL_CTS or _kept_cost(stack) > _fresh_cost(m, k, n, nd):
+            return None     # (BERT's 768 x 768 at seq 128: 768 ciphertexts back, not kept)
+        return stack, lambda b: [b[:, sl] for sl in _slices(n, parts)]
+    return None
+
+
+def _conv_plan(x_shape: tuple, w_shape: tuple, groups: int, dilation: tuple, nd: int):
+    """he_conv's kept layout of a stride-1, padded input x_shape [B, C, H, W] and kernel
+    w_shape [M, C/groups, kh, kw]: (encoding, split_x, split_w), one _Conv per group stacked,
+    or None."""
+    bsz, channels, height, width = x_shape
+    cg, og = channels // groups, w_shape[0] // groups
+    lay = _conv_layout((bsz, cg, height, width), (og,) + tuple(w_shape[1:]), tuple(dilation), nd)
+    if lay is None:
+        return None
+    enc = _Conv(lay, nd)
+    if groups == 1:
+        return enc, (lambda x: x), (lambda w: w)
+    stack = _Stack(enc, groups, True, 1)
+    kdim, cols = int(np.prod(w_shape[1:])), bsz * lay.hout * lay.wout
+    if stack.kept > KEEP_TOTAL_CTS or _kept_cost(stack) > groups * _fresh_cost(og, kdim, cols, nd):
+        return None         # the groups' im2col products (pairwise._cross_conv) cost less
+    return (stack, lambda x: [x[:, sl] for sl in _slices(channels, groups)],
+            lambda w: [w[sl] for sl in _slices(w_shape[0], groups)])
+
+
+def _pad(x: np.ndarray, before: tuple, after: tuple) -> np.ndarray:
+    if not any(before) and not any(after):
+        return x
+    return np.pad(x, ((0, 0), (0, 0), (before[0], after[0]), (before[1], after[1])))
+
+
 def _plan(op: str, a_shape: tuple, b_shape: tuple, params: tuple, nd: int):
     """(encoding, prepare(a): A in the encoding's layout, weight(b): B as the kept operand,
-    finish(share): the op's output), or None where this product is not kept."""
+    finish(share): the op's output), or None where this product is not kept. conv1d is a
+    conv2d of height 1; conv_transpose2d the conv2d of its stride-dilated, padded input by
+    its flipped, channel-swapped kernel; groups and weights past KEEP_MAX_CTS are _Stacks."""
     if op in ("matmul", "linear") and len(b_shape) == 2 and len(a_shape) >= 1:
         k, n = (b_shape if op == "matmul" else b_shape[::-1])
         if a_shape[-1] != k:
             return None
         m = int(np.prod(a_shape[:-1])) if len(a_shape) > 1 else 1
-        blocks = _matmul_blocks(m, k, n, nd)
-        if blocks is None:
+        got = _matmul_plan(m, k, n, nd)
+        if got is None:
             return None
-        enc = _Matmul(m, k, n, nd, blocks)
+        enc, split = got
         out_shape = tuple(a_shape[:-1]) + (n,)
         return (enc, lambda a: a.reshape(m, k),
-                (lambda b: b) if op == "matmul" else (lambda b: np.ascontiguousarray(b.T)),
+                (lambda b: split(b)) if op == "matmul" else (lambda b: split(np.ascontiguousarray(b.T))),
                 lambda s: s.reshape(out_shape))
+    if op == "conv1d" and len(a_shape) == 3 and len(b_shape) == 3:
+        cp = _conv_params(params, 1)
+        inner = _plan("conv2d", a_shape[:2] + (1, a_shape[2]), b_shape[:2] + (1, b_shape[2]),
+                      (1, cp["stride"][0], 0, cp["padding"][0], 1, cp["dilation"][0], cp["groups"]), nd)
+        if inner is None:
+            return None
+        enc, prepare, weight, finish = inner
+        return (enc, lambda x: prepare(x[:, :, None, :]), lambda w: weight(w[:, :, None, :]),
+                lambda s: finish(s)[:, :, 0, :])
     if op == "conv2d" and len(a_shape) == 4 and len(b_shape) == 4:
         cp = _conv_params(params, 2)
         stride, padding, dilation = tuple(cp["stride"]), tuple(cp["padding"]), tuple(cp["dilation"])
-        if cp["groups"] != 1:
+        groups = cp["groups"]
+        if groups < 1 or a_shape[1] % groups or b_shape[0] % groups or a_shape[1] != b_shape[1] * groups:
             return None
-        lay = _conv_layout(he_conv.padded_shape(a_shape, padding), tuple(b_shape), dilation, nd)
-        if lay is None:
+        got = _conv_plan(he_conv.padded_shape(a_shape, padding), tuple(b_shape), groups, dilation, nd)
+        if got is None:
             return None
-        enc = _Conv(lay, nd)
-        ph, pw = padding
+        enc, split_x, split_w = got
+        return (enc, lambda x: split_x(_pad(x, padding, padding)), split_w,
+                lambda s: np.ascontiguousarray(s[:, :, ::stride[0], ::stride[1]]))
+    if op == "conv_transpose2d" and len(a_shape) == 4 and len(b_shape) == 4 and len(params) == 9:
+        stride, padding, out_pad, dilation, groups = (tuple(params[0:2]), tuple(params[2:4]),
+                                                      tuple(params[4:6]), tuple(params[6:8]), params[8])
+        bsz, cin, h, w = a_shape
+        _, og, kh, kw = b_shape
+        if groups < 1 or cin % groups or b_shape[0] != cin:
+            return None
+        before = (dilation[0] * (kh - 1) - padding[0], dilation[1] * (kw - 1) - padding[1])
+        if min(before) < 0:
+            return None     # padding past the kernel's reach: made as before
+        after = (before[0] + out_pad[0], before[1] + out_pad[1])
+        hu, wu = (h - 1) * stride[0] + 1, (w - 1) * stride[1] + 1
+        x_shape = (bsz, cin, hu + before[0] + after[0], wu + before[1] + after[1])
+        w_shape = (og * groups, cin // groups, kh, kw)
+        got = _conv_plan(x_shape, w_shape, groups, dilation, nd)
+        if got is None:
+            return None
+        enc, split_x, split_w = got
+        cg = cin // groups
 
         def prepare(x: np.ndarray) -> np.ndarray:
-            return np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw))) if ph or pw else x
-        return (enc, prepare, lambda w: w,
-                lambda s: np.ascontiguousarray(s[:, :, ::stride[0], ::stride[1]]))
+            up = np.zeros((bsz, cin, hu, wu), dtype=np.uint64)
+            up[:, :, ::stride[0], ::stride[1]] = x
+            return split_x(_pad(up, before, after))
+
+        def weight(wt: np.ndarray) -> np.ndarray:      # [cin, og, kh, kw] -> [cout, cin/g, kh, kw]
+            flipped = wt[:, :, ::-1, ::-1].reshape(groups, cg, og, kh, kw).transpose(0, 2, 1, 3, 4)
+            return split_w(np.ascontiguousarray(flipped.reshape(groups * og, cg, kh, kw)))
+        return enc, prepare, weight, lambda s: s
     return None
 
 

@@ -62,6 +62,13 @@ def pair():
     ("linear", (2, 3, 20), (7, 20), ()),           # leading dimensions folded into m
     ("conv2d", (1, 2, 6, 6), (3, 2, 3, 3), CONV),  # direct layout, padding
     ("conv2d", (2, 1, 7, 5), (4, 1, 2, 3), CONV_S),
+    ("conv1d", (2, 4, 11), (6, 4, 3), (2, 1, 1, 1)),                    # height-1 conv2d
+    ("conv1d", (1, 4, 9), (4, 2, 3), (1, 0, 2, 2)),                     # dilation 2, groups 2
+    ("conv2d", (1, 4, 6, 5), (6, 2, 3, 3), (1, 1, 1, 1, 1, 1, 2)),      # groups 2: a stack
+    ("conv2d", (2, 6, 7, 7), (6, 1, 3, 3), (2, 2, 1, 1, 1, 1, 6)),      # depthwise, stride 2
+    ("conv_transpose2d", (1, 4, 5, 5), (4, 3, 3, 3), (2, 2, 1, 1, 1, 1, 1, 1, 1)),
+    ("conv_transpose2d", (2, 4, 4, 3), (4, 2, 2, 3), (1, 2, 0, 1, 0, 1, 1, 2, 2)),  # groups 2
+    ("matmul", (2, 768), (768, 768), ()),         # past KEEP_MAX_CTS: B in column slices
 ])
 def test_kept_weight_across_two_inferences(pair, op, xs, ws, params):
     """One weight mask, two weight triples: both satisfy C = op(A, B) exactly in Z_2^64, A and
@@ -88,25 +95,35 @@ def test_kept_weight_across_two_inferences(pair, op, xs, ws, params):
 
 
 def test_an_op_without_a_kept_layout_is_made_as_before(pair):
-    """conv1d and grouped convolutions are not kept: the triple is made as any (exact)."""
+    """A conv_transpose2d whose padding passes its kernel's reach has no kept layout (its
+    conv2d form would crop): the triple is made as any (exact), nothing is kept."""
     comms, (p0, p1) = pair
-    xs, ws, params = (1, 4, 5, 4), (4, 2, 2, 3), (2, 1, 0, 1, 1, 1, 2)   # groups 2
-    assert not he_kept.fits(p0._engine, "conv2d", xs, ws, params, p0._chunk)
+    xs, ws, params = (1, 2, 5, 4), (2, 3, 2, 2), (2, 1, 2, 1, 0, 0, 1, 1, 1)   # padding 2 > kernel 2 - 1
+    assert not he_kept.fits(p0._engine, "conv_transpose2d", xs, ws, params, p0._chunk)
     got = _both((p0, p1), lambda p: p.get("weight_mask", [ws]).corrected())
     b = got[0][0][0] + got[1][0][0]
     counter = p0.counter - 1
     before = len(p0._kept)
-    got = _both((p0, p1), lambda p: p.get("weight_triple", [xs, ws], "conv2d", (counter, *params)).corrected())
+    got = _both((p0, p1), lambda p: p.get("weight_triple", [xs, ws], "conv_transpose2d",
+                                          (counter, *params)).corrected())
     a, c = got[0][0][0] + got[1][0][0], got[0][0][1] + got[1][0][1]
-    assert torch.equal(c, TRIPLE_OPS["conv2d"](a, b, params)) and len(p0._kept) == before
+    assert torch.equal(c, TRIPLE_OPS["conv_transpose2d"](a, b, params)) and len(p0._kept) == before
 
 
-def _attack(mutate):
+ATTACKED = [("matmul", (1, 64), (64, 10), ()),
+            ("conv1d", (1, 4, 30), (6, 4, 3), (1, 1, 1, 1)),
+            ("conv2d", (1, 4, 6, 5), (6, 2, 3, 3), (1, 1, 1, 1, 1, 1, 2)),          # a stack
+            ("conv_transpose2d", (1, 4, 5, 5), (4, 3, 3, 3), (2, 2, 1, 1, 1, 1, 1, 1, 1)),
+            ("matmul", (1, 768), (768, 768), ())]                                 # column slices
+
+
+def _attack(mutate, layer=ATTACKED[0]):
     """Rank 0's frame carrying its kept B ciphertexts (the first DATA frame of the first
     weight triple) is replaced by mutate(frame, recorded); both parties must raise
     ProtocolError, and neither keeps anything from it."""
     comms, (p0, p1) = _pair()
-    xs, ws = (1, 64), (64, 10)
+    op, xs, ws, params = layer
+    assert he_kept.fits(p0._engine, op, xs, ws, params, p0._chunk), layer
     _both((p0, p1), lambda p: p.get("weight_mask", [ws]).corrected())
     counter = p0.counter - 1
     real = comms[0]._send
@@ -126,7 +143,7 @@ def _attack(mutate):
             tensor = torch.frombuffer(bytearray(mutate(data, frames)), dtype=torch.uint8)
         real(tensor, dst)
     comms[0]._send = evil
-    out = _both((p0, p1), lambda p: p.get("weight_triple", [xs, ws], "matmul", (counter,)).corrected())
+    out = _both((p0, p1), lambda p: p.get("weight_triple", [xs, ws], op, (counter, *params)).corrected())
     assert state["done"]
     for r in range(2):
         assert out[r][0] is None and isinstance(out[r][1], ProtocolError), (r, out[r])
@@ -136,17 +153,19 @@ def _attack(mutate):
     return [str(out[r][1]) for r in range(2)]
 
 
-def test_tampered_kept_weight_message_is_refused_by_both():
+@pytest.mark.parametrize("layer", ATTACKED, ids=lambda x: f"{x[0]}{x[2]}")
+def test_tampered_kept_weight_message_is_refused_by_both(layer):
     def flip(frame, frames):
         b = bytearray(frame)
         b[len(b) // 2] ^= 0x01
         return bytes(b)
-    assert "integrity" in _attack(flip)[1]
+    assert "integrity" in _attack(flip, layer)[1]
 
 
-def test_replayed_kept_weight_message_is_refused_by_both():
+@pytest.mark.parametrize("layer", ATTACKED, ids=lambda x: f"{x[0]}{x[2]}")
+def test_replayed_kept_weight_message_is_refused_by_both(layer):
     """An earlier frame of rank 0 (valid MAC, old sequence number) in place of its kept B."""
-    msgs = _attack(lambda frame, frames: frames[0])
+    msgs = _attack(lambda frame, frames: frames[0], layer)
     assert "replayed" in msgs[1] or "sequence" in msgs[1]
 
 
@@ -202,10 +221,17 @@ def test_kept_layouts_flood_fits_the_noise_room():
     unit = he_pow2.Pow2Unit(he.default_params())
     shapes = [("matmul", (1, 256), (256, 120), ()), ("matmul", (64, 256), (256, 120), ()),
               ("linear", (128, 768), (768, 768), ()), ("conv2d", (1, 1, 28, 28), (6, 1, 5, 5), CONV),
-              ("conv2d", (1, 6, 12, 12), (16, 6, 5, 5), CONV), ("conv2d", (64, 6, 12, 12), (16, 6, 5, 5), CONV)]
+              ("conv2d", (1, 6, 12, 12), (16, 6, 5, 5), CONV), ("conv2d", (64, 6, 12, 12), (16, 6, 5, 5), CONV),
+              # the stacks and reshapes: their sub-layouts' products and A's nonzero coefficients
+              ("conv1d", (4, 16, 200), (32, 16, 5), (1, 2, 1, 1)),
+              ("conv2d", (2, 32, 14, 14), (32, 1, 3, 3), (1, 1, 1, 1, 1, 1, 32)),     # depthwise
+              ("conv2d", (1, 16, 16, 16), (32, 4, 3, 3), (2, 2, 1, 1, 1, 1, 4)),
+              ("conv_transpose2d", (1, 16, 8, 8), (16, 8, 4, 4), (2, 2, 1, 1, 0, 0, 1, 1, 1)),
+              ("matmul", (1, 768), (768, 3072), ()), ("matmul", (32, 768), (768, 768), ())]
     for op, xs, ws, params in shapes:
         plan = he_kept._plan(op, xs, ws, params, he.N)
         if plan is None:
+            assert op in ("linear", "matmul") and xs[0] > 1, (op, xs, ws)   # not kept: costs more
             continue
         enc = plan[0]
         _, nonzero = enc.pairs(0, [None] * enc.kept, [None] * 10 ** 5)
@@ -215,6 +241,19 @@ def test_kept_layouts_flood_fits_the_noise_room():
     bound = unit.noise_bound(1, he_pow2.MAX_TERMS)
     unit.room(unit.params.flood_bits(bound), bound)
     assert he_kept._plan("conv2d", (1, 3, 90, 90), (8, 3, 7, 7), CONV, he.N) is None
+
+
+def test_large_weights_are_kept_in_column_slices_where_that_costs_less():
+    """A weight past KEEP_MAX_CTS kept ciphertexts (BERT-base's 768 x 768 and 768 x 3072) is
+    kept as a stack of column slices, each within KEEP_MAX_CTS, where its work per inference
+    (the cost model's units, the upload over two inferences) is below a fresh A's product:
+    at a few rows, not at BERT's seq 128 (768 ciphertexts back): that one is made as before."""
+    for m, k, n in ((1, 768, 768), (1, 768, 3072), (1, 3072, 768), (8, 768, 768)):
+        enc = he_kept._plan("matmul", (m, k), (k, n), (), he.N)[0]
+        assert isinstance(enc, he_kept._Stack) and enc.sub.kept <= he_kept.KEEP_MAX_CTS
+        assert enc.kept > he_kept.KEEP_MAX_CTS and enc.kept <= he_kept.KEEP_TOTAL_CTS
+        assert he_kept._kept_cost(enc) < he_kept._fresh_cost(m, k, n, he.N), (m, k, n)
+    assert he_kept._plan("matmul", (128, 768), (768, 768), (), he.N) is None
 
 
 def test_a_peer_without_kept_weights_is_refused_at_the_handshake():
