@@ -55,7 +55,7 @@ K = 1 << LOG_K                # LPN secret length
 D = 10                        # nonzeros per row of the local linear code
 N = TREES * LEAVES            # outputs per iteration (870,400)
 BASE = K + TREES * DEPTH      # base COTs an iteration consumes (74,036)
-BLOCK = 1 << 15               # outputs encoded at once (their scratch and the table: about 2 MB)
+BLOCK = 1 << 13               # outputs encoded at once (their scratch: 0.4 MB, beside the 1 MB table)
 GROUP = 512                   # trees expanded per step (524,288 outputs: bounds the working set)
 DESCRIPTION = f"ferret;t={TREES};h={DEPTH};k=2^{LOG_K};d={D};ggm=mmo-aes128"
 _LPN_SEED = hashlib.sha256(b"crypten_lite/v1/ferret-lpn-matrix").digest()      # public
@@ -116,17 +116,9 @@ def _make_indices(step: int, count: int) -> np.ndarray:
 
 
 def _fold(a: np.ndarray) -> np.ndarray:
-    """XOR over axis 0 (a power of two long) by halving: contiguous vector XORs, not a
-    strided reduction."""
-    half = a.shape[0] // 2
-    if half == 0:
-        return a[0].copy()
-    x = a[:half] ^ a[half:]                       # the one allocation; then halved in place
-    while half > 1:
-        h = half // 2
-        np.bitwise_xor(x[:h], x[h:half], out=x[:h])
-        half = h
-    return x[0]
+    """XOR over axis 0: numpy's reduce XORs row after row into one [g, 2] accumulator that
+    stays in L1 (about half the CPU of halving, which writes a half-size temporary first)."""
+    return np.bitwise_xor.reduce(a, axis=0)
 
 
 class SilentCOT:
