@@ -21,6 +21,7 @@ import functools
 from dataclasses import dataclass, field
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from ..comm.communicator import shape_tag, with_tag
@@ -164,6 +165,7 @@ class _Plan:
     monos: list[tuple[int, ...]]      # every mask product the expansion needs
     dealt: list[tuple[int, ...]]      # those the dealer provides (the rest: one owner knows)
     corr: object
+    rows: object = None               # a small job's masks as one numpy array (_mask_rows)
 
 
 def _structure_of(owners: Sequence[int], outputs) -> tuple[list, list, tuple[int, ...]]:
@@ -230,8 +232,22 @@ def xor_polys(jobs) -> list[list[torch.Tensor]]:
 def _open_masked(plans: Sequence[_Plan]) -> list[list[torch.Tensor]]:
     """o_k = x_k ^ m_k for every input of every job, in ONE all-gather."""
     s = current()
-    mine = [p.job.inputs[k].reshape(-1) ^ p.corr[k] for p in plans for k in _sends(p.job, s.rank)]
-    parts = s.comm.all_gather(torch.cat(mine) if mine else torch.zeros(0, dtype=torch.int64))
+    mine, masked, offset = [], [], 0
+    for p in plans:
+        sends = _sends(p.job, s.rank)
+        rows = p.rows = _mask_rows(p) if len(sends) == len(p.job.inputs) else None
+        if rows is None:
+            mine += [p.job.inputs[k].reshape(-1) ^ p.corr[k] for k in sends]
+        else:  # a small job's masks are one array: XORed into the message at once, below
+            mine += [x if x.dim() == 1 else x.reshape(-1) for x in p.job.inputs]
+            masked.append((offset, rows))
+        offset += p.job.inputs[0].numel() * len(sends)
+    message = torch.cat(mine) if mine else torch.zeros(0, dtype=torch.int64)  # a fresh tensor
+    if masked:
+        words = message.numpy()
+        for offset, rows in masked:
+            words[offset:offset + rows.size] ^= rows.reshape(-1)
+    parts = s.comm.all_gather(message)
     expected = [sum(p.job.inputs[0].numel() * len(_sends(p.job, r)) for p in plans)
                 for r in range(s.world_size)]
     wrong = [r for r, part in enumerate(parts) if part.numel() != expected[r]]
@@ -251,11 +267,13 @@ def _open_masked(plans: Sequence[_Plan]) -> list[list[torch.Tensor]]:
         whole = total.numpy() if any(p.job.inputs[0].numel() <= circuits.SMALL_EXPAND_WORDS
                                      for p in plans) else None
         for p in plans:
-            numel = p.job.inputs[0].numel()
-            src = whole if numel <= circuits.SMALL_EXPAND_WORDS else total
-            opened_all.append([src[offset + k * numel:offset + (k + 1) * numel].reshape(tuple(x.shape))
-                               for k, x in enumerate(p.job.inputs)])
-            offset += numel * len(p.job.inputs)
+            numel, k = p.job.inputs[0].numel(), len(p.job.inputs)
+            if numel <= circuits.SMALL_EXPAND_WORDS:  # one [inputs, words] array (eval_polys)
+                opened_all.append(whole[offset:offset + k * numel].reshape(k, numel))
+            else:
+                opened_all.append([total[offset + j * numel:offset + (j + 1) * numel].reshape(tuple(x.shape))
+                                   for j, x in enumerate(p.job.inputs)])
+            offset += numel * k
         return opened_all
     offsets = [0] * s.world_size
     opened_all = []
@@ -292,6 +310,32 @@ def _mask_shares(p: _Plan, rank: int):
     return masks, mono
 
 
+def _mask_rows(p: _Plan):
+    """A small job's mask shares as one numpy [inputs, words] array (Correlation.rows), when
+    every party sends every input and the masks lie in one piece of memory; else None."""
+    if p.job.inputs[0].numel() > circuits.SMALL_EXPAND_WORDS or not hasattr(p.corr, "rows"):
+        return None
+    if getattr(p.job.inputs[0], "is_replicated_share", False):
+        return None
+    return p.corr.rows(0, len(p.job.inputs))
+
+
+def _expand_rows(p: _Plan, opened, rank: int) -> list[torch.Tensor] | None:
+    """circuits.expand_rows of a small job whose opened values are one array (every input
+    sent by every party) and whose masks and dealt monomials are one array each; else None."""
+    masks = p.rows  # made by _open_masked
+    if masks is None:
+        return None
+    p.corr.corrected()
+    k, n = len(p.job.inputs), len(p.dealt)
+    monos = p.corr.rows(k, n) if n else np.zeros((0, masks.shape[1]), dtype=np.int64)
+    if monos is None:
+        return None
+    out = circuits.expand_rows(p.job.outputs, opened, masks, monos, p.dealt, rank == 0)
+    shape = p.job.inputs[0].shape
+    return [torch.from_numpy(row) if len(shape) == 1 else torch.from_numpy(row).view(shape) for row in out]
+
+
 def eval_polys(jobs: Sequence[PolyJob]) -> list[list[torch.Tensor]]:
     """Evaluate every job in ONE round; returns each job's output shares."""
     rank = current().rank
@@ -299,6 +343,12 @@ def eval_polys(jobs: Sequence[PolyJob]) -> list[list[torch.Tensor]]:
     opened_all = _open_masked(plans)
     results = []
     for p, opened in zip(plans, opened_all):
+        if isinstance(opened, np.ndarray):
+            out = _expand_rows(p, opened, rank)
+            if out is not None:
+                results.append(out)
+                continue
+            opened = [row.reshape(tuple(x.shape)) for row, x in zip(opened, p.job.inputs)]
         masks, mono = _mask_shares(p, rank)
         lead = lead_of(p.job.inputs[0])
         results.append(circuits.expand_outputs(p.job.outputs, opened, masks, mono, lead))

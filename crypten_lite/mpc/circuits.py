@@ -250,6 +250,72 @@ def _expansion(terms: tuple[tuple[int, ...], ...]) -> list[tuple[tuple[int, ...]
     return pairs
 
 
+@functools.lru_cache(maxsize=64)
+def _row_plan(outputs: tuple, monos: tuple, lead: bool) -> tuple:
+    """expand_rows' index arrays for one circuit shape (`outputs`: each output's terms as
+    sorted tuples; `monos`: the rows of the monomial shares, in order; `lead`: whether this
+    party adds the public products). The public products of opened values are rows of P:
+    row 0 all ones (the empty product), then every needed product, each the product of an
+    earlier row (its factors but the last) and one opened value, built level by level
+    (`levels`: for each size, the rows of P it fills, their earlier rows and last factors).
+    Each output is the XOR of rows of G, G = (shares gathered) & (P gathered): first the
+    mask shares' rows, then the monomials', then (with `lead`) the public products of whole
+    terms, whose P row is the empty product; `cuts`: where each output's rows start."""
+    pairs = [_expansion(out) for out in outputs]
+    needed = sorted({rest for out in pairs for _, rest in out if rest}, key=lambda r: (len(r), r))
+    row = {(): 0}
+    for r in needed:  # every prefix of a needed product is needed too
+        for j in range(1, len(r)):
+            row.setdefault(r[:j], -1)
+    products = sorted(set(row) | set(needed), key=lambda r: (len(r), r))
+    row = {r: i for i, r in enumerate(products)}
+    levels = []
+    for size in range(1, max((len(r) for r in products), default=0) + 1):
+        rows = [r for r in products if len(r) == size]
+        if rows:
+            levels.append((row[rows[0]], row[rows[-1]] + 1,
+                           np.asarray([row[r[:-1]] for r in rows], dtype=np.intp),
+                           np.asarray([r[-1] for r in rows], dtype=np.intp)))
+    mono_row = {m: i for i, m in enumerate(monos)}
+    gathers, pub_rows, cuts = [], [], []
+    for out in pairs:
+        cuts.append(len(pub_rows))
+        single = [(u[0], row[rest]) for u, rest in out if len(u) == 1]
+        multi = [(mono_row[u], row[rest]) for u, rest in out if len(u) > 1]
+        whole = [row[rest] for u, rest in out if not u] if lead else []
+        gathers.append((np.asarray([a for a, _ in single], dtype=np.intp),
+                        np.asarray([a for a, _ in multi], dtype=np.intp),
+                        np.asarray(whole, dtype=np.intp)))
+        pub_rows += [b for _, b in single] + [b for _, b in multi] + [0] * len(whole)
+    return len(products), levels, gathers, np.asarray(pub_rows, dtype=np.intp), np.asarray(cuts, dtype=np.intp)
+
+
+def expand_rows(outputs: Sequence[Sequence[Sequence[int]]], opened: np.ndarray, masks: np.ndarray,
+                monos: np.ndarray, mono_order: Sequence[tuple[int, ...]], lead: bool) -> np.ndarray:
+    """expand_outputs on whole arrays: `opened` and `masks` [k, words] (input j's opened
+    value and mask share in row j), `monos` [len(mono_order), words] (the share of the
+    product of mono_order[i]'s masks in row i), `lead`: whether this party adds the public
+    products (rank 0). Returns [outputs, words]: the same XORs of the same products as
+    expand_outputs, in a few numpy operations per job whatever its terms (gathers, one AND,
+    one XOR reduction) instead of two per product."""
+    key = tuple(tuple(tuple(sorted(t)) for t in out) for out in outputs)
+    count, levels, gathers, pub_rows, cuts = _row_plan(key, tuple(mono_order), bool(lead))
+    words = opened.shape[1]
+    pub = np.empty((count, words), dtype=np.int64)
+    pub[0] = -1
+    for lo, hi, prev, last in levels:
+        np.bitwise_and(pub.take(prev, 0), opened.take(last, 0), out=pub[lo:hi])
+    g = np.empty((len(pub_rows), words), dtype=np.int64)
+    at = 0
+    for single, multi, whole in gathers:
+        for source, rows in ((masks, single), (monos, multi), (pub, whole)):
+            if len(rows):
+                source.take(rows, 0, out=g[at:at + len(rows)])
+                at += len(rows)
+    g &= pub.take(pub_rows, 0)
+    return np.bitwise_xor.reduceat(g, cuts, 0)
+
+
 def _expand_terms_torch(terms, opened, mask, mono, lead) -> torch.Tensor:
     """expand_terms on torch's operators (large inputs: torch's kernels use every core)."""
     out = torch.zeros_like(lead)

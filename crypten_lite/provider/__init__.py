@@ -19,6 +19,7 @@ import threading
 from collections import OrderedDict
 from typing import Callable
 
+import numpy as np
 import torch
 
 from ..comm.dealer_prefetch import ChunkPuller
@@ -33,11 +34,18 @@ log = logging.getLogger("crypten_lite.provider")
 
 
 class Correlation:
-    """One correlated value: this party's seeded components, corrections fetched on demand."""
+    """One correlated value: this party's seeded components, corrections fetched on demand.
 
-    def __init__(self, parts: list[torch.Tensor], fetch: Callable[[], list[torch.Tensor]] | None):
+    `shapes`: the components' shapes when the seeded ones are one keystream_parts call's
+    parts in order and the corrections one answer's (as Provider.get makes them), so that
+    rows() checks their memory at the ends only."""
+
+    def __init__(self, parts: list[torch.Tensor], fetch: Callable[[], list[torch.Tensor]] | None,
+                 shapes: tuple | None = None):
         self._parts = parts
         self._fetch = fetch
+        self._shapes = shapes
+        self._cut = len(parts)  # components from here on are rank 0's corrections (one answer)
 
     def __getitem__(self, j: int) -> torch.Tensor:
         part = self._parts[j]
@@ -53,8 +61,61 @@ class Correlation:
             self._fetch = None
             n = len(fixes)
             # Corrections replace the last components (c, or rt and msb), in order.
-            self._parts[len(self._parts) - n:] = fixes
+            self._cut = len(self._parts) - n
+            self._parts[self._cut:] = fixes
         return self._parts
+
+    def rows(self, start: int, count: int) -> np.ndarray | None:
+        """Components start .. start + count - 1 (the corrected ones after corrected()) as
+        ONE numpy [count, words] array on their memory, when they are consecutive 1-D parts of
+        equal size of one tensor (a request's keystream, random.keystream_parts, or the
+        dealer's joined corrections, _unjoin); else None. One conversion instead of one per
+        component (a masked polynomial has up to 29)."""
+        parts = self._parts[start:start + count]
+        if self._shapes is None or start < self._cut < start + count:
+            return consecutive_rows(parts)
+        # parts of one split (the seeded ones' or the one answer's) in order, of the shapes
+        # the request gives them: consecutive in one memory if the ends lie as they would
+        words = _equal_words(self._shapes, start, count)
+        if words is None or not parts or parts[0] is None or parts[-1] is None:
+            return None
+        return _rows_of(parts[0], parts[-1], count, words)
+
+
+@functools.lru_cache(maxsize=1024)
+def _equal_words(shapes: tuple, start: int, count: int) -> int | None:
+    """The words of each of components start .. start + count - 1 if all are 1-D of one size."""
+    chosen = shapes[start:start + count]
+    if len(chosen) != count or any(len(shape) != 1 or shape != chosen[0] for shape in chosen):
+        return None
+    return chosen[0][0]
+
+
+def _rows_of(first: torch.Tensor, last: torch.Tensor, count: int, words: int) -> np.ndarray | None:
+    """The [count, words] numpy view from `first` to `last` in their common base's memory,
+    if they lie there as consecutive parts of `words` words would; else None."""
+    base = first._base
+    if (base is None or last._base is not base or first.dim() != 1 or first.numel() != words
+            or last.numel() != words or first.dtype != torch.int64 or not base.is_contiguous()):
+        return None
+    offset = first.storage_offset()
+    if last.storage_offset() != offset + (count - 1) * words:
+        return None
+    offset -= base.storage_offset()
+    return base.numpy().reshape(-1)[offset:offset + count * words].reshape(count, words)
+
+
+def consecutive_rows(parts) -> np.ndarray | None:
+    """`parts` (1-D int64 tensors) as one numpy [len(parts), words] view of their common
+    memory if each is the next `words` words of the same contiguous tensor; else None.
+    Checks every part (parts of unknown origin)."""
+    if not parts or any(part is None for part in parts):
+        return None
+    base, words, start = parts[0]._base, parts[0].numel(), parts[0].storage_offset()
+    if any(part._base is not base or part.dim() != 1 or part.numel() != words
+           or part.storage_offset() != start + j * words for j, part in enumerate(parts)):
+        return None
+    return _rows_of(parts[0], parts[-1], len(parts), words)
 
 
 def _spec(kind: str, op: str, shapes, params) -> tuple:
@@ -157,7 +218,7 @@ class Provider:
         parts = self._derived.pop(request.counter, None)
         if parts is None:
             parts = self._derive(request.counter, kind, op, shapes, params)
-        return Correlation(parts, fetch)
+        return Correlation(parts, fetch, correlations.request_shapes(kind, op, shapes, params))
 
     def _drawn(self, kind: str, op: str, shapes, params) -> tuple[int, int]:
         """(components of a request, how many of them this party draws): rank 0 never draws
