@@ -391,7 +391,7 @@ def cross_many(engine: "he.CrossEngine", cache: dict, chunk: int, items: list) -
     for (key, (enc, prepare, _, _)), item in zip(entries, items):
         pts = unit.ntt_plains(files, enc.plain_rows(prepare(item[2])))
         r = engine._mask_words(enc.mask_shape() + (enc.pos_out.size,), 64)
-        masks = engine._block_masks(unit, r, enc.mask_shape(), enc.pos_out, engine._rand)
+        masks = r[0].reshape(enc.back, -1)    # R at the outputs: the only coefficients sent
         keep = enc.pos_out.tolist()
         for j in range(enc.back):
             pairs, nonzero = enc.pairs(j, cache[key], pts)

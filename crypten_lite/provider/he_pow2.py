@@ -452,7 +452,8 @@ class Pow2Unit:
         With `keep` (the output coefficients, ascending) only c0's coefficients there are sent,
         c1 whole (output extraction: about half the bytes where the outputs are few; the
         owner opens it with open_extracted): every coefficient sent is flooded, re-randomised
-        and masked as before, the others are simply not sent."""
+        and masked as before; the others are neither flooded nor masked (`mask` may then be
+        R at `keep` alone), nor sent."""
         s = he._sealapi()
         bits = self.params.flood_bits(noise_bound)
         self.room(bits, noise_bound)
@@ -468,8 +469,12 @@ class Pow2Unit:
             out = s.Ciphertext()
             self.encryptor.encrypt_zero(out)
         nd = self.n
+        at = slice(None) if keep is None else keep      # c0's coefficients that are sent
+        width = nd if keep is None else len(keep)
+        if keep is not None and mask.size != width:
+            mask = mask[keep]
         words = -(-(bits + 1) // 64)
-        w = rand((words, nd))
+        w = rand((words, width))
         top = bits + 1 - 64 * (words - 1)
         if top < 64:
             w[-1] &= np.uint64((1 << top) - 1)
@@ -477,6 +482,8 @@ class Pow2Unit:
         noise, polys = self._new_ct(2)        # (e_flood + Delta'(mask), 0), written in place
         if polys is None:
             polys = np.zeros((2, len(self.data_moduli), nd), dtype=np.uint64)
+        elif keep is not None:
+            polys[0] = 0                      # c0 is written at `keep` only
         for j, q in enumerate(self.data_moduli):
             mq = np.uint64(q)
             r = words_mod([w[i] for i in range(words)], q)
@@ -485,10 +492,10 @@ class Pow2Unit:
             v = e + shift[j]
             v = np.where(v >= mq, v - mq, v)
             if errors is not None:
-                v = v + errors[0, j].astype(np.uint64)
+                v = v + errors[0, j, at].astype(np.uint64)
                 v = np.where(v >= mq, v - mq, v)
                 polys[1, j] = errors[1, j]
-            polys[0, j] = v
+            polys[0, j, at] = v
         if noise is None:
             noise = files.load(s.Ciphertext, self.ctx, self._ct_bytes(polys.reshape(2, -1)), "flooding term")
         self.evaluator.add_inplace(out, noise)
