@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 import torch
 
+from ..errors import ProtocolError
 from . import correlations
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -56,14 +57,74 @@ def _words(bits: np.ndarray) -> np.ndarray:
     return np.bitwise_or.reduce((bits & np.uint64(1)) << np.arange(64, dtype=np.uint64), axis=-1)
 
 
-def _bit_shares(pv: "PairwiseProvider", r: torch.Tensor) -> torch.Tensor:
-    """Arithmetic shares of r0 XOR r1 for bits r (r - 2 r0 r1)."""
-    return r - 2 * _t(pv.ot_product(_u(r).reshape(-1), 1, 64)).view(r.shape)
+LANES = 2                  # 64-bit products padded by one random OT's 128-bit keys
+
+
+def _free_rots(pv: "PairwiseProvider", sizes: tuple[list[int], list[int]]) -> tuple[list, list]:
+    """Random OTs whose choice bits are the chooser's own, uniform (ot.random_ots_both with
+    free choice: a silent COT's own bits, no derandomizing message): sizes[c] are chooser c's
+    sets; one ot.OTKeys per set, both directions' extensions interleaved."""
+    return pv._ot.random_ots_both(sizes)
+
+
+def _choice(keys, shape) -> torch.Tensor:
+    """The chooser's free choice bits of a set of random OTs as a 0/1 int64 tensor."""
+    return torch.from_numpy(keys.choice.astype(np.int64)).view(shape)
+
+
+def _rot_products(pv: "PairwiseProvider", items: list[tuple]) -> list[np.ndarray]:
+    """Additive shares mod 2^64 of c_j * x_lj from random OTs (keys: ot.OTKeys of m OTs, c
+    the chooser's bits): items (keys, values, lanes) in the same order on both parties,
+    values [lanes, m] uint64 from the non-chooser (None where this party chooses), lanes <=
+    LANES. Each OT's two 128-bit keys pad `lanes` products of its one bit, a 64-bit half each
+    (k_b the keys: the non-chooser sends y = k_0 + x - k_1 and keeps -k_0, the chooser takes
+    k_c + c y), and the keys are dropped: nothing is padded twice. Every correction of this
+    party goes in one message, sent before the peer's is read: one message each way in all.
+    Returns [lanes, m] uint64 per item."""
+    out, send, recv = [], [], []
+    for keys, values, lanes in items:
+        if keys.keys is None or keys.uses or not 1 <= lanes <= LANES:
+            raise ProtocolError(f"party {pv.rank}: random-OT keys already used, or {lanes} "
+                                f"products per OT (at most {LANES})")
+        k, choice = keys.keys, keys.choice
+        keys.keys, keys.choice, keys.uses = None, None, 1
+        if pv.rank == keys.chooser:
+            recv.append((len(out), k[0][:, :lanes].T, choice, lanes, keys.m))
+            out.append(None)
+            continue
+        x = np.ascontiguousarray(values, dtype=np.uint64).reshape(lanes, keys.m)
+        with np.errstate(over="ignore"):
+            send.append((k[0][:, :lanes].T + x - k[1][:, :lanes].T).reshape(-1))
+            out.append(np.uint64(0) - k[0][:, :lanes].T)
+    if send:
+        pv._send_data(np.concatenate(send).tobytes())
+    need = sum(lanes * m for _, _, _, lanes, m in recv)
+    if need:
+        data = pv._recv_data()
+        if len(data) != 8 * need:
+            raise ProtocolError(f"party {pv.rank}: expected {8 * need} bytes of random-OT "
+                                f"corrections, got {len(data)}; the parties are out of step")
+        y_all, at = np.frombuffer(data, dtype=np.uint64), 0
+        for i, kc, choice, lanes, m in recv:
+            y = y_all[at:at + lanes * m].reshape(lanes, m)
+            at += lanes * m
+            with np.errstate(over="ignore"):
+                out[i] = kc + choice.astype(np.uint64) * y
+    return out
 
 
 def _bit(pv: "PairwiseProvider", parts, op, shapes, params):
+    """r0 * r1 on one free-choice random OT per bit (rank 1's share r1 is its choice bit):
+    ra = r - 2 r0 r1."""
     r = parts[0]
-    return [r, _bit_shares(pv, r)]
+    n = r.numel()
+    if n == 0:
+        return [r, r.clone()]
+    (keys,) = _free_rots(pv, ([], [n]))[1]
+    if pv.rank == 1:
+        r = _choice(keys, r.shape)
+    (prod,) = _rot_products(pv, [(keys, _u(r).reshape(1, n) if pv.rank == 0 else None, 1)])
+    return [r, r - 2 * _t(prod[0]).view(r.shape)]
 
 
 def _binary_triple(pv: "PairwiseProvider", parts, op, shapes, params):
@@ -108,12 +169,29 @@ def _trunc_exact(pv: "PairwiseProvider", parts, op, shapes, params):
 
 
 def _bit_mul(pv: "PairwiseProvider", parts, op, shapes, params):
+    """ra = r - 2 r0 r1 and shares of (r0 XOR r1) a: the cross terms r0 * r1 and w0 * rb1
+    (rank 1 chooses with r1) and rb0 * w1 (rank 0 chooses with r0), w = (1 - 2 rb) a. One
+    value per bit (a of r's shape): a free-choice random OT per bit and chooser, each party's
+    r its choice bits, rank 1's two products on one OT's two key halves (2 OTs per element,
+    no flips on the wire); else correlated OTs both ways (ot.products_both, 1 + 2 w per row)."""
     r, a = parts[0], parts[1]
+    n = r.numel()
+    if n and a.numel() == n:
+        mine = _free_rots(pv, ([n], [n]))
+        r = _choice(mine[pv.rank][0], r.shape)
+        w = (1 - 2 * r.expand_as(a)) * a
+        values = [_u(w).reshape(1, n), None] if pv.rank == 1 else \
+            [None, np.stack([_u(r).reshape(n), _u(w).reshape(n)])]
+        first, both = _rot_products(pv, [(mine[0][0], values[0], 1), (mine[1][0], values[1], 2)])
+        rb = r.expand_as(a)
+        ra = r - 2 * _t(both[0]).view(r.shape)
+        with np.errstate(over="ignore"):
+            cross = _t(first[0] + both[1]).view(a.shape)
+        return [r, a, ra, rb * a + cross]
     rb = r.expand_as(a)
     w = (1 - 2 * rb) * a
     # r0 * r1 (ra = r - 2 r0 r1) and w0 * rb1 (rank 1 chooses), rb0 * w1 (rank 0 chooses):
     # correlated OTs both ways at once (ot.products_both: one message each way per step)
-    n = r.numel()
     first, both = pv._ot.products_both(
         (_u(rb if pv.rank == 0 else w).reshape(-1),
          np.concatenate([_u(r).reshape(-1), _u(w if pv.rank == 0 else rb).reshape(-1)])), 64)
@@ -276,7 +354,7 @@ ELEMENT_BYTES: dict[str, Callable] = {
     "trunc": lambda params: 6144,             # 64 bits as words, their products (5.7 KB measured)
     "trunc_exact": lambda params: 6144,
     "binary_monomials": _monomial_bytes,
-    # one (bit) and three (bit_mul) 64-bit OT products per element, OT_BYTES each: so that
+    # one (bit) and at most three (bit_mul) 64-bit OT products per element, OT_BYTES each: so that
     # prefetch makes a plan's small ones of a kind in one exchange (_ot_groups; bit_mul only
     # where its two shapes are alike, (m, 1): otherwise it is made alone, unsliced)
     "bit": lambda params: OT_BYTES,

@@ -211,9 +211,15 @@ def test_prefetch_makes_small_bits_and_bit_muls_in_one_exchange_each(monkeypatch
     assert all(p._ot._silent[d].produced > 0 for p in ps for d in (0, 1))
 
 
-@pytest.mark.parametrize("request_, frame", [(BIT_MUL, 0), (BIT_MUL, 1), (MONOMIALS, 0), (MONOMIALS, 1)])
+BIT = ("bit", "", [(7,)], ())
+WIDE_BIT_MUL = ("bit_mul", "", [(3, 1), (3, 2)], ())
+
+
+@pytest.mark.parametrize("request_, frame", [(BIT_MUL, 0), (BIT, 0), (WIDE_BIT_MUL, 0), (WIDE_BIT_MUL, 1),
+                                             (MONOMIALS, 0), (MONOMIALS, 1)])
 def test_a_tampered_message_of_the_merged_ot_exchanges_is_refused_by_both(monkeypatch, request_, frame):
-    """Rank 0's flips or corrections (bit_mul: ot.products_both) or its packed transfers of a
+    """Rank 0's random-OT corrections (bit, bit_mul: one message), its flips or corrections
+    (a bit_mul of several values per bit: ot.products_both) or its packed transfers of a
     monomial layer (ot.transfer_packed_many), one bit flipped in transit: ProtocolError on
     both parties (no hang, no result), and the channel stays refused."""
     monkeypatch.setattr(ot, "SILENT_MIN", 8)
@@ -325,3 +331,55 @@ def test_prefetch_makes_monomial_groups_of_different_parameters_in_one_exchange(
     assert rows == {"binary_monomials bins": rows["binary_monomials bins"]}
     assert rows["binary_monomials bins"][0] == len(plan)
     assert small["binary_monomials bins"][0] == 4 and small["binary_monomials batch"][0] == 2
+
+
+def test_bit_and_bit_mul_on_free_random_ots(monkeypatch):
+    """bit takes one random OT per element, bit_mul (one value per bit) two: each party's
+    share r is its own choice bits (free choice: no flips), rank 1's two products ride on one
+    OT's two key halves; each party sends one message of corrections, 8 bytes per product;
+    every request combines to its relation; the corrections rank 1 receives and the shares
+    are uniform (chi-square over bytes, 255 dof) and fresh (same request twice: other
+    shares); the random-OT keys cannot pad twice."""
+    from tests.unit.test_pairwise_security import _chi2_bytes
+    from crypten_lite.provider import pairwise_ot_kinds as K
+    monkeypatch.setattr(ot, "SILENT_MIN", 8)
+    comms = _pair()
+    ps = _providers(comms)
+    n = 4096
+    _ok(_both([lambda p=p: p.get("bit_mul", [(8, 1), (8, 1)]).corrected() for p in ps]))  # pools
+    wire = {0: [], 1: []}
+    real = {r: comms[r]._send for r in range(2)}
+    for r in range(2):
+        comms[r]._send = lambda t, dst, r=r: (wire[r].append(t.numpy().tobytes()), real[r](t, dst))[1]
+
+    def run(p, kind, shapes):
+        made = p._ot.made
+        got = [t.clone() for t in p.get(kind, shapes).corrected()]
+        return got, p._ot.made - made
+    for kind, shapes, ots, per in (("bit", [(n,)], n, [8 * n, 0]),
+                                   ("bit_mul", [(n, 1), (n, 1)], 2 * n, [16 * n, 8 * n])):
+        outs = []
+        for _ in range(2):
+            for r in range(2):
+                wire[r].clear()
+            (a, m0), (b, m1) = _ok(_both([lambda p=p: run(p, kind, shapes) for p in ps]))
+            _relation(kind, (), a, b)
+            assert m0 == m1 == ots
+            # one data message of corrections from each sender (header 46 + MAC 32 bytes),
+            # then the acknowledgements; no silent-pool step at these sizes
+            for r in range(2):
+                data = [len(d) - 78 for d in wire[r] if len(d) > 80]
+                assert data == ([per[r]] if per[r] else []), (kind, r, data)
+            body = [d for d in wire[0] if len(d) > 80][0][46:-32]
+            assert _chi2_bytes(np.frombuffer(body, dtype=np.uint8)) < 347
+            assert _chi2_bytes(a[-1].numpy()) < 347 and _chi2_bytes(b[-1].numpy()) < 347
+            outs.append((a, b))
+        assert not torch.equal(outs[0][0][-1], outs[1][0][-1])
+        assert not torch.equal(outs[0][1][0], outs[1][1][0])      # rank 1's r: fresh bits
+    keys = _ok(_both([lambda p=p: p._ot.random_ots_both(([], [16])) for p in ps]))
+    vals = np.arange(16, dtype=np.uint64).reshape(1, 16)
+    _ok(_both([lambda r=r: K._rot_products(ps[r], [(keys[r][1][0], None if r else vals, 1)])
+               for r in range(2)]))
+    again = _both([lambda r=r: K._rot_products(ps[r], [(keys[r][1][0], None if r else vals, 1)])
+                   for r in range(2)])
+    assert all(isinstance(e, ProtocolError) and "already used" in str(e) for _, e in again)
