@@ -125,6 +125,10 @@ class _Matmul:
     def mask_shape(self) -> tuple:
         return (1, self.mb, self.nb)
 
+    def span(self) -> int:
+        """Degrees a returned block's product occupies: [0, A's top + B's top]."""
+        return int(self.pos_a.max() + self.pos_b.max() + 1)
+
     def terms(self) -> int:
         return self.kb
 
@@ -158,6 +162,10 @@ class _Conv:
 
     def mask_shape(self) -> tuple:
         return (self.lay.gblocks, self.lay.oblocks)
+
+    def span(self) -> int:
+        """Degrees a returned block's product occupies (past N where the layout wraps)."""
+        return int(self.lay.nb * self.lay.block + self.pos_w.max())
 
     def terms(self) -> int:
         return self.lay.cblocks
@@ -193,6 +201,9 @@ class _Stack:
 
     def mask_shape(self) -> tuple:
         return (self.parts,) + self.sub.mask_shape()
+
+    def span(self) -> int:
+        return self.sub.span()
 
     def terms(self) -> int:
         return self.sub.terms()
@@ -387,27 +398,80 @@ def cross_many(engine: "he.CrossEngine", cache: dict, chunk: int, items: list) -
         for key, (enc, _) in uploads.items():
             cache[key] = [engine._load_ntt(unit, d) for d in got[at:at + enc.kept]]
             at += enc.kept
-    back, masks_r = [], []
-    for (key, (enc, prepare, _, _)), item in zip(entries, items):
-        pts = unit.ntt_plains(files, enc.plain_rows(prepare(item[2])))
-        r = engine._mask_words(enc.mask_shape() + (enc.pos_out.size,), 64)
-        masks = r[0].reshape(enc.back, -1)    # R at the outputs: the only coefficients sent
-        keep = enc.pos_out.tolist()
-        for j in range(enc.back):
-            pairs, nonzero = enc.pairs(j, cache[key], pts)
-            bound = unit.noise_bound(enc.terms(), nonzero)
-            back.append(unit.finish(files, he._dot(unit, pairs), masks[j], bound, engine._rand, keep))
-        masks_r.append(r)
+    encs = [plan[0] for _, plan in entries]
+    bins = _bins(encs, unit.n)
+    rows, at_row = [], {}               # A's plaintext rows, once per (item, offset)
+    for members in bins:
+        for e, _, off in members:
+            if (e, off) not in at_row:
+                enc, prepare = entries[e][1][0], entries[e][1][1]
+                at_row[(e, off)] = (sum(len(x) for x in rows), enc.plains)
+                rows.append(_shifted(enc.plain_rows(prepare(items[e][2])), off))
+    pts = unit.ntt_plains(files, np.concatenate(rows))
+    rs = [engine._mask_words(enc.mask_shape() + (enc.pos_out.size,), 64)[0].reshape(enc.back, -1)
+          for enc in encs]              # R at the outputs: the only coefficients sent
+    back = []
+    for members in bins:
+        pairs, noise, keep, mask = [], 0, [], []
+        for e, j, off in members:
+            first, count = at_row[(e, off)]
+            got, nonzero = encs[e].pairs(j, cache[entries[e][0]], pts[first:first + count])
+            pairs += got
+            noise += encs[e].terms() * nonzero
+            keep += (encs[e].pos_out + off).tolist()
+            mask.append(rs[e][j])
+        bound = unit.noise_bound(1, noise)
+        back.append(unit.finish(files, he._dot(unit, pairs), np.concatenate(mask), bound, engine._rand, keep))
     engine._send(he.pack(back))
     got = he.unpack(engine._recv(), len(back), "kept-weight product ciphertexts")
-    shares, at = [], 0
-    for (key, (enc, _, _, finish)), r in zip(entries, masks_r):
-        where = enc.pos_out.tolist()
-        mine = enc.out(np.stack([unit.open_extracted(files, d, where) for d in got[at:at + enc.back]]))
-        at += enc.back
+    opened = [np.zeros((enc.back, enc.pos_out.size), dtype=np.uint64) for enc in encs]
+    for members, data in zip(bins, got):
+        keep = np.concatenate([encs[e].pos_out + off for e, _, off in members]).tolist()
+        values, at = unit.open_extracted(files, data, keep), 0
+        for e, j, _ in members:
+            opened[e][j] = values[at:at + encs[e].pos_out.size]
+            at += encs[e].pos_out.size
+    shares = []
+    for (key, (enc, _, _, finish)), mine, r in zip(entries, opened, rs):
         with np.errstate(over="ignore"):
-            shares.append(finish(mine + enc.out(np.uint64(0) - r[0])))
+            shares.append(finish(enc.out(mine - r)))
     return shares
+
+
+def _shifted(rows: np.ndarray, off: int) -> np.ndarray:
+    """The plaintext rows times X^off (their degrees stay below N: _bins placed them so)."""
+    if off == 0:
+        return rows
+    if rows[:, rows.shape[1] - off:].any():
+        raise AssertionError("he_kept: a shifted plaintext would wrap")   # _bins forbids it
+    out = np.zeros_like(rows)
+    out[:, off:] = rows[:, :rows.shape[1] - off]
+    return out
+
+
+def _bins(encs: list, nd: int) -> list[list[tuple[int, int, int]]]:
+    """The returned ciphertexts of an exchange: each the sum of one or several products
+    (item e's returned block j, its plaintext times X^off), [(e, j, off)] per ciphertext.
+    A product occupies degrees [off, off + span) (its output coefficients and the rest of
+    its terms), so products side by side never meet, nor wrap; the noise terms (products x
+    A's nonzero coefficients) of one ciphertext stay within he_pow2.MAX_TERMS, so its flood
+    fits as every returned ciphertext's. First fit by decreasing span, from the public
+    shapes only: the same on both parties. A layout whose terms wrap (span > N) is alone."""
+    units = sorted(((enc.span(), e, j) for e, enc in enumerate(encs) for j in range(enc.back)),
+                   key=lambda u: (-u[0], u[1], u[2]))
+    bins: list = []                     # [degrees used, noise terms, members]
+    for span, e, j in units:
+        _, nonzero = encs[e].pairs(j, [None] * encs[e].kept, [None] * encs[e].plains)
+        noise = encs[e].terms() * nonzero
+        for b in bins:
+            if b[0] + span <= nd and b[1] + noise <= he_pow2.MAX_TERMS:
+                b[2].append((e, j, b[0]))
+                b[0] += span
+                b[1] += noise
+                break
+        else:
+            bins.append([span if span <= nd else nd + 1, noise, [(e, j, 0)]])
+    return [b[2] for b in bins]
 
 
 def cross(engine: "he.CrossEngine", cache: dict, chunk: int, mask_counter: int, op: str,

@@ -354,3 +354,25 @@ def test_output_extraction_opens_exactly_and_sends_only_the_outputs():
     with pytest.raises(ProtocolError):
         u.open_extracted(files, extracted, where[:-1])
     files.close()
+
+
+def test_products_share_returned_ciphertexts_side_by_side():
+    """Products whose spans fit side by side come back summed in one ciphertext (each at its
+    own offset, never meeting nor wrapping, noise within MAX_TERMS): LeNet b1's five kept
+    products in four ciphertexts (conv1's and fc3's together), a depthwise conv's 32 groups
+    in 3; exactness of packed products: test_kept_weight_across_two_inferences (depthwise)
+    and test_prefetch_makes_kept_weight_triples_in_one_exchange (two layers)."""
+    lenet = [("conv2d", (1, 1, 28, 28), (6, 1, 5, 5), (1, 1, 0, 0, 1, 1, 1)),
+             ("conv2d", (1, 6, 12, 12), (16, 6, 5, 5), (1, 1, 0, 0, 1, 1, 1)),
+             ("matmul", (1, 256), (256, 120), ()), ("matmul", (1, 120), (120, 84), ()),
+             ("matmul", (1, 84), (84, 10), ())]
+    encs = [he_kept._plan(op, xs, ws, p, he.N)[0] for op, xs, ws, p in lenet]
+    bins = he_kept._bins(encs, he.N)
+    assert sorted(len(b) for b in bins) == [1, 1, 1, 2] and [(0, 0, 0), (4, 0, 5400)] in bins
+    from crypten_lite.provider import he_pow2
+    for b in bins:
+        assert max(off + encs[e].span() for e, _, off in b) <= he.N
+        assert sum(encs[e].terms() * encs[e].pairs(j, [None] * encs[e].kept, [None] * encs[e].plains)[1]
+                   for e, j, _ in b) <= he_pow2.MAX_TERMS
+    dw = he_kept._plan("conv2d", (2, 32, 14, 14), (32, 1, 3, 3), (1, 1, 1, 1, 1, 1, 32), he.N)[0]
+    assert dw.back == 32 and len(he_kept._bins([dw], he.N)) == 3
