@@ -16,6 +16,7 @@ request's exchange. This module does not import pairwise.py (no import circle).
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Callable
 
 import numpy as np
@@ -246,6 +247,34 @@ def _drive_monomials(pv: "PairwiseProvider", steps: list) -> list:
     return out
 
 
+@functools.lru_cache(maxsize=128)
+def _monomial_plan(owners: tuple, subsets: tuple) -> tuple[frozenset, dict]:
+    """A binary_monomials request's products to make (every subset and its prefixes, the
+    subset less its largest mask, of degree >= 2) and its (top, chooser) sets of random OTs
+    with the transfers (pad bits) each serves: public, the same on both parties (owners are
+    public). A product of masks one party owns is local; a cross term x0 & y1 is chosen by
+    party 1 with its share of the top y, y0 & x1 by party 0. Callers do not modify them."""
+    needed: set[int] = set()
+    for sub in subsets:
+        while sub and sub & (sub - 1) and sub not in needed:
+            needed.add(sub)
+            sub &= ~(1 << (sub.bit_length() - 1))
+    owner = {1 << j: o for j, o in enumerate(owners)}
+    sets: dict[tuple[int, int], int] = {}       # (top, chooser) -> transfers (pad bits) it serves
+    for m in sorted(needed, key=lambda v: (bin(v).count("1"), v)):
+        top = 1 << (m.bit_length() - 1)
+        ox, oy = owner[m & ~top], owner[top]
+        if ox == oy and ox != -1:
+            owner[m] = ox
+            continue
+        if ox != 1 and oy != 0:
+            sets[(top, 1)] = sets.get((top, 1), 0) + 1
+        if ox != 0 and oy != 1:
+            sets[(top, 0)] = sets.get((top, 0), 0) + 1
+        owner[m] = -1
+    return frozenset(needed), sets
+
+
 def _monomial_steps(pv: "PairwiseProvider", parts, params):
     """XOR shares of AND-products of masks, as a generator (yields what it needs from the
     peer: ("ots", sizes) for random_ots_both, then ("layer", items) for each layer's
@@ -264,26 +293,7 @@ def _monomial_steps(pv: "PairwiseProvider", parts, params):
     for j, o in enumerate(owners):
         share = parts[j] if o == -1 or o == pv.rank else torch.zeros_like(parts[j])
         values[1 << j] = (share, o)
-    needed: set[int] = set()
-    for sub in subsets:
-        while sub and sub & (sub - 1) and sub not in needed:
-            needed.add(sub)
-            sub &= ~(1 << (sub.bit_length() - 1))
-    # which (top, chooser) sets of random OTs the layers use (owners are public): all of
-    # them made up front, one IKNP extension per chooser
-    owner = {1 << j: o for j, o in enumerate(owners)}
-    sets: dict[tuple[int, int], int] = {}       # (top, chooser) -> transfers (pad bits) it serves
-    for m in sorted(needed, key=lambda v: (bin(v).count("1"), v)):
-        top = 1 << (m.bit_length() - 1)
-        ox, oy = owner[m & ~top], owner[top]
-        if ox == oy and ox != -1:
-            owner[m] = ox
-            continue
-        if ox != 1 and oy != 0:
-            sets[(top, 1)] = sets.get((top, 1), 0) + 1
-        if ox != 0 and oy != 1:
-            sets[(top, 0)] = sets.get((top, 0), 0) + 1
-        owner[m] = -1
+    needed, sets = _monomial_plan(tuple(owners), tuple(subsets))
     keys: dict[tuple[int, int], object] = {}     # (top, chooser) -> OTKeys
     masks = list(parts[:k])
     # the chooser's value of a top mask (its share, or the mask it owns) is a fresh uniform
@@ -341,11 +351,15 @@ def _monomial_steps(pv: "PairwiseProvider", parts, params):
 
 
 def _monomial_bytes(params) -> int:
-    """binary_monomials' working set per element: the random-OT keys of every (top mask,
-    chooser) (64 OTs of up to 32 bytes each), the transfers' pads and the subsets' words;
-    measured (tracemalloc, relu's k = 2, 4, 7 masks: 7.8, 11.4, 23.3 KB) below 4 KB per mask."""
-    k, _, subsets = correlations._split_monomial_params(params)
-    return 4096 * k + 64 * len(subsets)
+    """binary_monomials' working set per element: 4 KB per (top mask, chooser) set of random
+    OTs (64 OTs per element: their keys, up to 32 bytes an OT, the COTs they come from, the
+    pad rows) and 64 bytes per subset (its words). Measured per party (tracemalloc, a party
+    per process, n = 2000 to 4000 words, a silent-pool step included): k = 7 shared (6
+    sets, 22 subsets) 18.9 KB, k = 4 shared (6 sets, 11 subsets) 21.0 KB, k = 4 owners
+    0, 0, 1, 1 (2 sets) 8.4 KB, k = 2 (2 sets) 6.3 KB; the former 4 KB per mask was short
+    for k = 4 shared (16.9 KB)."""
+    k, owners, subsets = correlations._split_monomial_params(params)
+    return 4096 * len(_monomial_plan(tuple(owners), tuple(subsets))[1]) + 64 * len(subsets)
 
 
 # working set per element of the elementwise OT kinds (bytes; _chunked slices by it)

@@ -319,8 +319,9 @@ def test_prefetch_makes_monomial_groups_of_different_parameters_in_one_exchange(
         got = [[t.clone() for t in p.get(k, s, op, par).corrected()] for k, op, s, par in plan]
         rows = dict(p.by_kind)
         p.by_kind.clear()
-        p.set_chunk_bytes(340_000)        # requests under a quarter, groups under half, the
-        # bins (at most half): [4 masks] alone (133,120 B), then [2 masks, 3 masks] (165,888 B)
+        p.set_chunk_bytes(440_000)        # requests under a quarter, groups under half, the
+        # bins (at most half, 4 KB per random-OT set and element): [4 masks] alone (5 sets,
+        # 165,888 B), then [2 masks, 3 masks] (2 and 3 sets: 66,048 + 99,840 B)
         p.prefetch(plan)
         again = [[t.clone() for t in p.get(k, s, op, par).corrected()] for k, op, s, par in plan]
         return got, again, rows, dict(p.by_kind)
