@@ -131,6 +131,40 @@ def _compressed(body: bytes | bytearray) -> bytes:
     return bytes(out)
 
 
+def pack50(values: np.ndarray) -> bytes:
+    """Residues below 2^50 (every data prime is), 50 bits each: 4 values in 25 bytes, the
+    count padded to a multiple of 4 with zeros (SEAL's zstd leaves about 58 of 64 bits)."""
+    v = np.ascontiguousarray(values, dtype=np.uint64).reshape(-1)
+    if v.size % 4:
+        v = np.concatenate([v, np.zeros(4 - v.size % 4, dtype=np.uint64)])
+    if v.size and int(v.max()) >> 50:
+        raise ValueError("pack50: a value past 50 bits")
+    v = v.reshape(-1, 4)
+    out = np.empty((v.shape[0], 25), dtype=np.uint8)
+    for at, w in ((0, v[:, 0] | (v[:, 1] << np.uint64(50))),
+                  (8, (v[:, 1] >> np.uint64(14)) | (v[:, 2] << np.uint64(36))),
+                  (16, (v[:, 2] >> np.uint64(28)) | (v[:, 3] << np.uint64(22)))):
+        out[:, at:at + 8] = w.astype("<u8").view(np.uint8).reshape(-1, 8)
+    out[:, 24] = (v[:, 3] >> np.uint64(42)).astype(np.uint8)
+    return out.tobytes()
+
+
+def unpack50(data: bytes, count: int, what: str) -> np.ndarray:
+    """pack50's `count` values; a payload of any other size is a ProtocolError."""
+    rows = -(-count // 4)
+    if len(data) != 25 * rows:
+        raise ProtocolError(f"pairwise: {what} from the peer has the wrong size")
+    b = np.frombuffer(data, dtype=np.uint8).reshape(rows, 25)
+    w = [np.ascontiguousarray(b[:, at:at + 8]).view("<u8").reshape(-1).astype(np.uint64) for at in (0, 8, 16)]
+    m = np.uint64((1 << 50) - 1)
+    v = np.empty((rows, 4), dtype=np.uint64)
+    v[:, 0] = w[0] & m
+    v[:, 1] = (w[0] >> np.uint64(50)) | ((w[1] & np.uint64((1 << 36) - 1)) << np.uint64(14))
+    v[:, 2] = (w[1] >> np.uint64(36)) | ((w[2] & np.uint64((1 << 22) - 1)) << np.uint64(28))
+    v[:, 3] = (w[2] >> np.uint64(22)) | (b[:, 24].astype(np.uint64) << np.uint64(42))
+    return v.reshape(-1)[:count]
+
+
 def mulmod(x: np.ndarray, c: int, q: int) -> np.ndarray:
     """x * c mod q for uint64 x < q, a constant c < q < 2^51: the quotient estimated in
     float64 (relative error below 2^-52, so it is off by at most one), the remainder computed
@@ -301,9 +335,11 @@ class Pow2Unit:
         he.check_room(self.data_moduli, 1 << 64, self.n, self.params.mm_return, flood_bits, noise_bound)
 
     # -- owner: encrypt, open
-    def encrypt_rows(self, files: "he._Files", rows: np.ndarray) -> list[bytes]:
+    def encrypt_rows(self, files: "he._Files", rows: np.ndarray, packed: bool = False) -> list[bytes]:
         """Seeded symmetric encryptions of the rows (uint64 [r, N], any 64-bit values) under
-        this party's key: an encryption of zero with Delta'(row) added to c0."""
+        this party's key: an encryption of zero with Delta'(row) added to c0. `packed`: c0 at
+        50 bits a coefficient behind SEAL's fields and seed (the peer reads it with
+        seeded_object), instead of SEAL's zstd save."""
         size = len(self.data_moduli) * self.n
         shifts = self.delta(rows).transpose(1, 0, 2).reshape(len(rows), size)
         cap = _HEAD + 8 * size + 4096
@@ -317,8 +353,25 @@ class Pow2Unit:
             v = c0 + shifts[i].reshape(-1, self.n)
             mods = np.array(self.data_moduli, dtype=np.uint64)[:, None]
             c0[:] = np.where(v >= mods, v - mods, v)
-            out.append(_compressed(body))
+            if packed:
+                tail = bytes(body[_HEAD + 8 * size:])
+                out.append(struct.pack("<H", len(tail)) + bytes(body[:_HEAD]) + tail + pack50(c0))
+            else:
+                out.append(_compressed(body))
         return out
+
+    def seeded_object(self, data: bytes) -> bytes:
+        """A SEAL seeded ciphertext (uncompressed) from encrypt_rows(packed=True)'s bytes;
+        SEAL's load then checks its fields, seed and every coefficient."""
+        size = len(self.data_moduli) * self.n
+        if len(data) < 2 + _HEAD:
+            raise ProtocolError("pairwise: a packed ciphertext from the peer is too short")
+        tail_len = struct.unpack_from("<H", data, 0)[0]
+        at = 2 + _HEAD + tail_len
+        if len(data) < at or struct.unpack_from("<Q", data, 2 + _HEAD - 8)[0] != size:
+            raise ProtocolError("pairwise: a packed ciphertext from the peer is malformed")
+        c0 = unpack50(data[at:], size, "a packed ciphertext")
+        return he._seal_object(b"".join((data[2:2 + _HEAD], c0.astype("<u8").tobytes(), data[2 + _HEAD:at])))
 
     def open(self, files: "he._Files", data: bytes, where: list[int]) -> np.ndarray:
         """v = round(2^64 phase / Q) mod 2^64 at the coefficients `where` (ascending) of a
@@ -336,11 +389,7 @@ class Pow2Unit:
         garbage and only `where` is read."""
         s = he._sealapi()
         level, n, m = self.params.mm_return, self.n, len(where)
-        size = 8 * level * (m + n)
-        body = _body(data, size + 16)
-        if len(body) != size:
-            raise ProtocolError("pairwise: a returned (extracted) ciphertext has the wrong size")
-        vals = np.frombuffer(body, dtype="<u8")
+        vals = unpack50(data, level * (m + n), "a returned (extracted) ciphertext")
         polys = np.zeros((2, level, n), dtype=np.uint64)
         polys[0][:, where] = vals[:level * m].reshape(level, m)
         polys[1] = vals[level * m:].reshape(level, n)
@@ -450,8 +499,8 @@ class Pow2Unit:
         serves both, its e1 joins the flood term's c0 and its e2 is that term's c1; else
         SEAL's encrypt_zero (key level, switched down), and acc leaves NTT form on its own.
         With `keep` (the output coefficients, ascending) only c0's coefficients there are sent,
-        c1 whole (output extraction: about half the bytes where the outputs are few; the
-        owner opens it with open_extracted): every coefficient sent is flooded, re-randomised
+        c1 whole, 50 bits a coefficient (output extraction: about half the bytes where the
+        outputs are few; the owner opens it with open_extracted): every coefficient sent is flooded, re-randomised
         and masked as before; the others are neither flooded nor masked (`mask` may then be
         R at `keep` alone), nor sent."""
         s = he._sealapi()
@@ -512,8 +561,7 @@ class Pow2Unit:
             body = _body(files.dump(out), _HEAD + 16 * level * nd + 4096)
             data = np.frombuffer(body, dtype="<u8", count=2 * level * nd, offset=_HEAD)
         polys = data.reshape(2, level, nd)
-        payload = np.concatenate([polys[0][:, keep].reshape(-1), polys[1].reshape(-1)])
-        return _compressed(bytearray(payload.astype("<u8").tobytes()))
+        return pack50(np.concatenate([polys[0][:, keep].reshape(-1), polys[1].reshape(-1)]))
 
 
 def combine(top: np.ndarray, low: np.ndarray, k: int) -> np.ndarray:

@@ -9,6 +9,7 @@ on both parties."""
 from __future__ import annotations
 
 import os
+import struct
 
 import pytest
 import torch
@@ -376,3 +377,43 @@ def test_products_share_returned_ciphertexts_side_by_side():
                    for e, j, _ in b) <= he_pow2.MAX_TERMS
     dw = he_kept._plan("conv2d", (2, 32, 14, 14), (32, 1, 3, 3), (1, 1, 1, 1, 1, 1, 32), he.N)[0]
     assert dw.back == 32 and len(he_kept._bins([dw], he.N)) == 3
+
+
+def test_packed_kept_ciphertexts_round_trip_and_refuse_bad_payloads():
+    """The kept B goes up at 50 bits a coefficient (encrypt_rows(packed=True), read back by
+    seeded_object): the same ciphertext as SEAL's own save (decrypts to the row exactly); a
+    short payload, a wrong count, or a coefficient at or past its prime (which 50 bits can
+    hold) is a ProtocolError, never a wrong value. pack50 round-trips every 50-bit value."""
+    import numpy as np
+
+    from crypten_lite.provider import he_pow2
+    rng = np.random.default_rng(5)
+    for n in (1, 3, 4, 5, 8193):
+        v = rng.integers(0, 1 << 50, size=n, dtype=np.uint64)
+        v[-1] = (1 << 50) - 1
+        assert np.array_equal(he_pow2.unpack50(he_pow2.pack50(v), n, "t"), v)
+    with pytest.raises(ValueError):
+        he_pow2.pack50(np.array([1 << 50], dtype=np.uint64))
+    u = he_pow2.Pow2Unit(he.default_params())
+    files = he._Files()
+    u.peer_key(files, u.keygen(files))
+    row = rng.integers(0, 1 << 63, size=(1, u.n), dtype=np.uint64)
+    data = u.encrypt_rows(files, row, packed=True)[0]
+    whole = u.encrypt_rows(files, row)[0]
+    assert len(data) < 0.9 * len(whole)
+    ct = files.load(he._sealapi().Ciphertext, u.ctx, u.seeded_object(data), "t")
+    u.evaluator.transform_to_ntt_inplace(ct)
+    one = np.zeros((1, u.n), dtype=np.uint64)
+    one[0, 0] = 1
+    back = u.finish(files, he._dot(u, [(ct, u.ntt_plains(files, one)[0])]), np.zeros(u.n, dtype=np.uint64),
+                    u.noise_bound(1, 1), lambda shape: rng.integers(0, 1 << 63, size=shape, dtype=np.uint64) * 2)
+    assert np.array_equal(u.open(files, back, list(range(u.n))), row[0])
+    tail = struct.unpack_from("<H", data, 0)[0]
+    at = 2 + he_pow2._HEAD + tail
+    q0 = np.array([u.data_moduli[0]], dtype=np.uint64)
+    c0 = he_pow2.unpack50(data[at:], len(u.data_moduli) * u.n, "t")
+    c0[0] = q0[0]                                   # a coefficient equal to its prime
+    for bad in (data[:len(data) - 25], data[:100], data[:at] + he_pow2.pack50(c0)):
+        with pytest.raises(ProtocolError):
+            files.load(he._sealapi().Ciphertext, u.ctx, u.seeded_object(bad), "t")
+    files.close()
