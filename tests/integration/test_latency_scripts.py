@@ -59,3 +59,10 @@ def test_transport_cpu_measures_both_operations():
     assert [r["rank"] for r in rows] == [0, 1]
     for r in rows:
         assert r["exact"] and r["reveal_4_cpu_us"] > 0 and r["transport_16MB_cpu_ms"] > 0
+        if sys.platform.startswith("linux"):  # each thread's share, from the scheduler's count
+            for key in ("reveal_4_threads_us", "transport_16MB_threads_ms"):
+                split = r[key]
+                assert {"main", "grpc_handler"} <= set(split), split
+                assert set(split) <= {"main", "grpc_handler", "grpc_channel", "grpc_event_engine",
+                                      "grpc_server_queue", "other"}, split
+                assert all(v >= 0 for v in split.values()) and split["main"] > 0
