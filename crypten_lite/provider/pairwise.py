@@ -68,7 +68,7 @@ from . import Correlation, Provider, _absolute, _relative, _spec
 from .correlations import TRIPLE_OPS, _conv_params
 from .pairwise_ot_kinds import (ELEMENT_BYTES as _ELEMENT_BYTES, OT_BYTES as _OT_BYTES,  # noqa: F401
                                 _binary_monomials, _binary_triple, _bit, _bit_mul,
-                                _drive_monomials, _monomial_bytes, _monomial_steps, _trunc,
+                                _drive_monomials, STEPS as _STEPS, _trunc,
                                 _trunc_exact)
 
 log = logging.getLogger("crypten_lite.provider")
@@ -584,17 +584,18 @@ class PairwiseProvider(Provider):
         row[2] += self.stats["pairwise_seconds"] - seconds
 
     def _ot_batches(self, groups: list[list[int]]) -> list[tuple]:
-        """prefetch's (maker, plan positions) for the OT groups: binary_monomials groups of
-        different parameters are made together, in bins of at most half the chunk budget
-        (_make_monomial_bins: one exchange, one message per party per layer round for all of
-        them); the other groups one exchange each (_make_ot_batch)."""
+        """prefetch's (maker, plan positions) for the OT groups: groups of the kinds made as
+        generators (_STEPS: binary_monomials, bit, bit_mul), of any parameters, are made
+        together, in bins of at most half the chunk budget (_make_ot_bins: one exchange, one
+        message per party per round for all of them); the other groups one exchange each
+        (_make_ot_batch)."""
         out, bins, size = [], [[]], 0
         for g in groups:
             kind, _, shapes, params = self._plan[g[0]]
-            if kind != "binary_monomials":
+            if kind not in _STEPS:
                 out.append((self._make_ot_batch, g))
                 continue
-            n = sum(math.prod(tuple(self._plan[i][2][0])) for i in g) * _monomial_bytes(params)
+            n = sum(math.prod(tuple(self._plan[i][2][0])) for i in g) * _ELEMENT_BYTES[kind](params)
             if bins[-1] and size + n > self._chunk // 2:
                 bins.append([])
                 size = 0
@@ -604,21 +605,21 @@ class PairwiseProvider(Provider):
             if len(b) == 1:
                 out.append((self._make_ot_batch, b[0]))
             elif b:
-                out.append((lambda start, flat, b=b: self._make_monomial_bins(start, b),
+                out.append((lambda start, flat, b=b: self._make_ot_bins(start, b),
                             [i for g in b for i in g]))
         return sorted(out, key=lambda e: e[1][0])
 
-    def _make_monomial_bins(self, start: int, groups: list[list[int]]) -> None:
-        """Groups of small binary_monomials requests, each group of one parameter set made
-        as one correlation over its concatenated elements (as _make_ot_batch), all groups in
-        one exchange driven in lockstep (_drive_monomials)."""
-        work = [self._joined(start, group) + (self._plan[group[0]][3],) for group in groups]
+    def _make_ot_bins(self, start: int, groups: list[list[int]]) -> None:
+        """Groups of small OT requests (_STEPS' kinds), each group of one kind and parameter
+        set made as one correlation over its concatenated elements (as _make_ot_batch), all
+        groups in one exchange driven in lockstep (_drive_monomials)."""
+        work = [self._joined(start, group) + self._plan[group[0]][::3] for group in groups]
         flat = [start + i for g in groups for i in g]
-        tag = (flat[0], "ot-monomial-bins", [[start + i for i in g] for g in groups])
-        with self._counted("binary_monomials bins", len(flat)):
+        tag = (flat[0], "ot-bins", [[start + i for i in g] for g in groups])
+        with self._counted("ot bins", len(flat)):
             outs = self._exchange(tag, lambda: _drive_monomials(
-                self, [_monomial_steps(self, joined, params) for _, joined, params in work]))
-            for (entries, _, _), out in zip(work, outs):
+                self, [_STEPS[kind](self, joined, params) for _, joined, kind, params in work]))
+            for (entries, _, _, _), out in zip(work, outs):
                 self._unjoin(start, entries, out)
 
     def wait_prefetched(self) -> None:

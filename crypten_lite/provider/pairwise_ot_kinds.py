@@ -61,13 +61,6 @@ def _words(bits: np.ndarray) -> np.ndarray:
 LANES = 2                  # 64-bit products padded by one random OT's 128-bit keys
 
 
-def _free_rots(pv: "PairwiseProvider", sizes: tuple[list[int], list[int]]) -> tuple[list, list]:
-    """Random OTs whose choice bits are the chooser's own, uniform (ot.random_ots_both with
-    free choice: a silent COT's own bits, no derandomizing message): sizes[c] are chooser c's
-    sets; one ot.OTKeys per set, both directions' extensions interleaved."""
-    return pv._ot.random_ots_both(sizes)
-
-
 def _choice(keys, shape) -> torch.Tensor:
     """The chooser's free choice bits of a set of random OTs as a 0/1 int64 tensor."""
     return torch.from_numpy(keys.choice.astype(np.int64)).view(shape)
@@ -115,16 +108,22 @@ def _rot_products(pv: "PairwiseProvider", items: list[tuple]) -> list[np.ndarray
 
 
 def _bit(pv: "PairwiseProvider", parts, op, shapes, params):
-    """r0 * r1 on one free-choice random OT per bit (rank 1's share r1 is its choice bit):
-    ra = r - 2 r0 r1."""
+    """r0 * r1 on one free-choice random OT per bit (_bit_steps, driven alone)."""
+    if parts[0].numel() == 0:
+        return [parts[0], parts[0].clone()]
+    return _drive_monomials(pv, [_bit_steps(pv, parts)])[0]
+
+
+def _bit_steps(pv: "PairwiseProvider", parts):
+    """bit as a generator (_drive_monomials): r0 * r1 on one free-choice random OT per bit,
+    rank 1's share r1 its choice bits; ra = r - 2 r0 r1."""
     r = parts[0]
     n = r.numel()
-    if n == 0:
-        return [r, r.clone()]
-    (keys,) = _free_rots(pv, ([], [n]))[1]
+    made = yield ("ots", ([], [n]), None)
+    keys = made[1][0][0]
     if pv.rank == 1:
         r = _choice(keys, r.shape)
-    (prod,) = _rot_products(pv, [(keys, _u(r).reshape(1, n) if pv.rank == 0 else None, 1)])
+    (prod,) = yield ("arith", [(keys, _u(r).reshape(1, n) if pv.rank == 0 else None, 1)])
     return [r, r - 2 * _t(prod[0]).view(r.shape)]
 
 
@@ -172,23 +171,12 @@ def _trunc_exact(pv: "PairwiseProvider", parts, op, shapes, params):
 def _bit_mul(pv: "PairwiseProvider", parts, op, shapes, params):
     """ra = r - 2 r0 r1 and shares of (r0 XOR r1) a: the cross terms r0 * r1 and w0 * rb1
     (rank 1 chooses with r1) and rb0 * w1 (rank 0 chooses with r0), w = (1 - 2 rb) a. One
-    value per bit (a of r's shape): a free-choice random OT per bit and chooser, each party's
-    r its choice bits, rank 1's two products on one OT's two key halves (2 OTs per element,
-    no flips on the wire); else correlated OTs both ways (ot.products_both, 1 + 2 w per row)."""
+    value per bit (a of r's shape): _bit_mul_steps, driven alone; else correlated OTs both
+    ways (ot.products_both, 1 + 2 w per row)."""
     r, a = parts[0], parts[1]
     n = r.numel()
     if n and a.numel() == n:
-        mine = _free_rots(pv, ([n], [n]))
-        r = _choice(mine[pv.rank][0], r.shape)
-        w = (1 - 2 * r.expand_as(a)) * a
-        values = [_u(w).reshape(1, n), None] if pv.rank == 1 else \
-            [None, np.stack([_u(r).reshape(n), _u(w).reshape(n)])]
-        first, both = _rot_products(pv, [(mine[0][0], values[0], 1), (mine[1][0], values[1], 2)])
-        rb = r.expand_as(a)
-        ra = r - 2 * _t(both[0]).view(r.shape)
-        with np.errstate(over="ignore"):
-            cross = _t(first[0] + both[1]).view(a.shape)
-        return [r, a, ra, rb * a + cross]
+        return _drive_monomials(pv, [_bit_mul_steps(pv, parts)])[0]
     rb = r.expand_as(a)
     w = (1 - 2 * rb) * a
     # r0 * r1 (ra = r - 2 r0 r1) and w0 * rb1 (rank 1 chooses), rb0 * w1 (rank 0 chooses):
@@ -203,46 +191,90 @@ def _bit_mul(pv: "PairwiseProvider", parts, op, shapes, params):
     return [r, a, ra, rb * a + cross]
 
 
+def _bit_mul_steps(pv: "PairwiseProvider", parts):
+    """bit_mul of one value per bit as a generator (_drive_monomials): a free-choice random
+    OT per bit and chooser, each party's r its choice bits, rank 1's two products (r0 * r1,
+    w0 * r1) on one OT's two key halves: 2 OTs per element, no flips on the wire."""
+    r, a = parts[0], parts[1]
+    n = r.numel()
+    made = yield ("ots", ([n], [n]), None)
+    sets = (made[0][0][0], made[1][0][0])
+    r = _choice(sets[pv.rank], r.shape)
+    w = (1 - 2 * r.expand_as(a)) * a
+    values = [_u(w).reshape(1, n), None] if pv.rank == 1 else \
+        [None, np.stack([_u(r).reshape(n), _u(w).reshape(n)])]
+    first, both = yield ("arith", [(sets[0], values[0], 1), (sets[1], values[1], 2)])
+    ra = r - 2 * _t(both[0]).view(r.shape)
+    with np.errstate(over="ignore"):
+        cross = _t(first[0] + both[1]).view(a.shape)
+    return [r, a, ra, r.expand_as(a) * a + cross]
+
+
 def _binary_monomials(pv: "PairwiseProvider", parts, op, shapes, params):
     """XOR shares of AND-products of masks (_monomial_steps, driven alone)."""
     return _drive_monomials(pv, [_monomial_steps(pv, parts, params)])[0]
 
 
 def _drive_monomials(pv: "PairwiseProvider", steps: list) -> list:
-    """Run _monomial_steps generators in lockstep: their random OTs in one
-    ot.random_ots_both call, then, round by round, the next layer of every one still running
-    in one ot.transfer_packed_many (one message per party per round, however many
-    correlations). Both parties run the same generators in the same order. Returns each
-    generator's components."""
+    """Run OT-kind generators (_monomial_steps, _bit_steps, _bit_mul_steps) in lockstep.
+    Each first yields ("ots", sizes, pads): its sets of free-choice random OTs per chooser
+    and, per set, the pad bits to prepare (None: the keys as they are). The sets of all of
+    them are made in calls of ot.random_ots_both of at most the OT chunk (both directions'
+    extensions interleaved), each set prepared as soon as it is made, so that only one
+    call's random-OT keys are alive at a time. Then, round by round, what every generator
+    still running asks for: ("arith", items) of all of them in one _rot_products (one
+    message per party), ("layer", items) in one ot.transfer_packed_many (one message per
+    party), however many correlations. Both parties run the same generators in the same
+    order. Returns each generator's components."""
     out: list = [None] * len(steps)
-    wants = [next(g) for g in steps]                       # ("ots", (sizes0, sizes1))
-    joined = tuple([n for _, sizes in wants for n in sizes[c]] for c in (0, 1))
-    made = pv._ot.random_ots_both(joined)
-    replies, at = [], [0, 0]
-    for _, sizes in wants:
-        mine = []
+    wants = [next(g) for g in steps]                       # ("ots", sizes, pads)
+    made = [([None] * len(w[1][0]), [None] * len(w[1][1])) for w in wants]
+    pending: tuple[list, list] = ([], [])                  # per chooser: (step, set, m, g)
+    budget = max(8, pv._ot.chunk)
+
+    def flush() -> None:
+        got = pv._ot.random_ots_both(tuple([m for _, _, m, _ in pending[c]] for c in (0, 1)))
         for c in (0, 1):
-            mine.append(made[c][at[c]:at[c] + len(sizes[c])])
-            at[c] += len(sizes[c])
-        replies.append(tuple(mine))
+            for (i, j, _, g), keys in zip(pending[c], got[c]):
+                words = None
+                if g:
+                    words = _words8(keys.choice) if keys.choice is not None else None
+                    pv._ot.prepare(keys, g)                # the keys dropped: pad rows only
+                made[i][c][j] = (keys, words)   # words: the chooser's bits of a prepared set
+            pending[c].clear()
+    for i, (_, sizes, pads) in enumerate(wants):
+        for c in (0, 1):
+            for j, m in enumerate(sizes[c]):
+                total = sum(e[2] for e in pending[0]) + sum(e[2] for e in pending[1])
+                if total and total + m > budget:
+                    flush()
+                pending[c].append((i, j, m, None if pads is None else pads[c][j]))
+    if pending[0] or pending[1]:
+        flush()
+    replies = made
     active = list(range(len(steps)))
     while active:
-        layers, still = [], []
+        ariths, layers, still = [], [], []
         for i, reply in zip(active, replies):
             try:
-                _, items = steps[i].send(reply)            # ("layer", items)
+                what, items = steps[i].send(reply)         # ("arith" | "layer", items)
             except StopIteration as done:
                 out[i] = done.value
                 continue
-            layers.append(items)
+            (ariths if what == "arith" else layers).append((i, items))
             still.append(i)
         if not still:
             break
-        shares = pv._ot.transfer_packed_many([item for items in layers for item in items])
-        replies, at = [], 0
-        for items in layers:
-            replies.append(shares[at:at + len(items)])
-            at += len(items)
+        got: dict[int, list] = {}
+        for batch, run in ((ariths, lambda flat: _rot_products(pv, flat)),
+                           (layers, pv._ot.transfer_packed_many)):
+            if not batch:
+                continue
+            shares, at = run([item for _, items in batch for item in items]), 0
+            for i, items in batch:
+                got[i] = shares[at:at + len(items)]
+                at += len(items)
+        replies = [got[i] for i in still]
         active = still
     return out
 
@@ -301,14 +333,15 @@ def _monomial_steps(pv: "PairwiseProvider", parts, params):
     # bits, no derandomizing message) and it replaces the drawn one; both choosers' OTs are
     # made at once, their extensions interleaved (ot.random_ots_both)
     tops = [sorted(t for t, c in sets if c == chooser) for chooser in (0, 1)]
-    made = yield ("ots", tuple([n * 64] * len(tops[c]) for c in (0, 1)))
+    # one pad bit per OT and cross term: the driver prepares each set as it is made
+    made = yield ("ots", tuple([n * 64] * len(tops[c]) for c in (0, 1)),
+                  tuple([sets[(t, c)] for t in tops[c]] for c in (0, 1)))
     for chooser in (0, 1):
-        for t, got in zip(tops[chooser], made[chooser]):
+        for t, (got, words) in zip(tops[chooser], made[chooser]):
             if pv.rank == chooser:
-                word = _t(_words8(got.choice)).view(shape)
+                word = _t(words).view(shape)
                 values[t] = (word, values[t][1])
                 masks[t.bit_length() - 1] = word
-            pv._ot.prepare(got, sets[(t, chooser)])    # one pad bit per OT and cross term
             keys[(t, chooser)] = got
     for degree in range(2, k + 1):
         layer = sorted(m for m in needed if bin(m).count("1") == degree)
@@ -351,15 +384,17 @@ def _monomial_steps(pv: "PairwiseProvider", parts, params):
 
 
 def _monomial_bytes(params) -> int:
-    """binary_monomials' working set per element: 4 KB per (top mask, chooser) set of random
-    OTs (64 OTs per element: their keys, up to 32 bytes an OT, the COTs they come from, the
-    pad rows) and 64 bytes per subset (its words). Measured per party (tracemalloc, a party
-    per process, n = 2000 to 4000 words, a silent-pool step included): k = 7 shared (6
-    sets, 22 subsets) 18.9 KB, k = 4 shared (6 sets, 11 subsets) 21.0 KB, k = 4 owners
-    0, 0, 1, 1 (2 sets) 8.4 KB, k = 2 (2 sets) 6.3 KB; the former 4 KB per mask was short
-    for k = 4 shared (16.9 KB)."""
+    """binary_monomials' working set per element: 768 bytes per (top mask, chooser) set of
+    random OTs (64 OTs per element: the pad rows a set keeps once prepared, its transfers
+    and products), 3 KB for the random-OT keys of the set being made (up to 32 bytes an OT
+    and the COTs they come from: _drive_monomials prepares each set as it is made, so one
+    call's keys are alive at a time) and 64 bytes per subset (its words). Measured per
+    party (tracemalloc, a party per process, the peak of one request of 8000 words, a
+    silent-pool step included; estimate in brackets): k = 7 shared (6 sets, 22 subsets)
+    8.1 KB (9.1), k = 4 shared (6 sets, 11 subsets) 7.9 KB (8.4), k = 4 owners 0, 0, 1, 1
+    (2 sets) 4.4 KB (4.9), k = 2 (2 sets) 4.0 KB (4.7)."""
     k, owners, subsets = correlations._split_monomial_params(params)
-    return 4096 * len(_monomial_plan(tuple(owners), tuple(subsets))[1]) + 64 * len(subsets)
+    return 768 * len(_monomial_plan(tuple(owners), tuple(subsets))[1]) + 3072 + 64 * len(subsets)
 
 
 # working set per element of the elementwise OT kinds (bytes; _chunked slices by it)
@@ -368,9 +403,18 @@ ELEMENT_BYTES: dict[str, Callable] = {
     "trunc": lambda params: 6144,             # 64 bits as words, their products (5.7 KB measured)
     "trunc_exact": lambda params: 6144,
     "binary_monomials": _monomial_bytes,
-    # one (bit) and at most three (bit_mul) 64-bit OT products per element, OT_BYTES each: so that
+    # one (bit) and two (bit_mul, one value per bit) random OTs per element, OT_BYTES each: so that
     # prefetch makes a plan's small ones of a kind in one exchange (_ot_groups; bit_mul only
     # where its two shapes are alike, (m, 1): otherwise it is made alone, unsliced)
     "bit": lambda params: OT_BYTES,
-    "bit_mul": lambda params: 3 * OT_BYTES,
+    "bit_mul": lambda params: 2 * OT_BYTES,
+}
+
+
+# the OT kinds made as generators (_drive_monomials drives several in one exchange); bit_mul
+# only with one value per bit (its grouped requests: _ot_groups joins equal sizes only)
+STEPS: dict[str, Callable] = {
+    "binary_monomials": lambda pv, parts, params: _monomial_steps(pv, parts, params),
+    "bit": lambda pv, parts, params: _bit_steps(pv, parts),
+    "bit_mul": lambda pv, parts, params: _bit_mul_steps(pv, parts),
 }

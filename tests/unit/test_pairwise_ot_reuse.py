@@ -189,10 +189,10 @@ def _relation(kind, params, a, b):
     _check(kind, "", params, a, b)
 
 
-def test_prefetch_makes_small_bits_and_bit_muls_in_one_exchange_each(monkeypatch):
+def test_prefetch_makes_small_bits_and_bit_muls_in_one_exchange(monkeypatch):
     """A plan of small bit and bit_mul requests (and monomials, whose layers go one message
-    per party each): one exchange per kind, every correlation combines to its relation, and
-    with the pools bootstrapped the silent path carries them."""
+    per party each): the groups of both kinds in one exchange (an OT bin), every correlation
+    combines to its relation, and with the pools bootstrapped the silent path carries them."""
     monkeypatch.setattr(ot, "SILENT_MIN", 8)
     plan = [("bit", "", [(4,)], ()), BIT_MUL, ("bit", "", [(6,)], ()),
             ("bit_mul", "", [(3, 1), (3, 1)], ()), MONOMIALS, ("bit_mul", "", [(2, 1), (2, 3)], ())]
@@ -206,7 +206,7 @@ def test_prefetch_makes_small_bits_and_bit_muls_in_one_exchange_each(monkeypatch
     (g0, kinds), (g1, _) = _ok(_both([lambda p=p: run(p) for p in ps]))
     for (kind, _, _, params), a, b in zip(plan, g0, g1):
         _relation(kind, params, a, b)
-    assert kinds["bit batch"][0] == 2 and kinds["bit_mul batch"][0] == 2
+    assert kinds["ot bins"][0] == 4 and "bit batch" not in kinds and "bit_mul batch" not in kinds
     assert kinds["bit_mul"][0] == 2          # the first request, and (2, 1) x (2, 3): alone
     assert all(p._ot._silent[d].produced > 0 for p in ps for d in (0, 1))
 
@@ -319,9 +319,9 @@ def test_prefetch_makes_monomial_groups_of_different_parameters_in_one_exchange(
         got = [[t.clone() for t in p.get(k, s, op, par).corrected()] for k, op, s, par in plan]
         rows = dict(p.by_kind)
         p.by_kind.clear()
-        p.set_chunk_bytes(440_000)        # requests under a quarter, groups under half, the
-        # bins (at most half, 4 KB per random-OT set and element): [4 masks] alone (5 sets,
-        # 165,888 B), then [2 masks, 3 masks] (2 and 3 sets: 66,048 + 99,840 B)
+        p.set_chunk_bytes(176_000)        # requests under a quarter, groups under half, the
+        # bins (at most half; _monomial_bytes, 8 elements a group): [4 masks] alone (5 sets,
+        # 57,344 B), then [2 masks, 3 masks] (2 and 3 sets: 37,376 + 44,544 B)
         p.prefetch(plan)
         again = [[t.clone() for t in p.get(k, s, op, par).corrected()] for k, op, s, par in plan]
         return got, again, rows, dict(p.by_kind)
@@ -329,9 +329,9 @@ def test_prefetch_makes_monomial_groups_of_different_parameters_in_one_exchange(
     for (kind, _, _, params), a, b, c, d in zip(plan, g0, g1, a0, a1):
         _relation(kind, params, a, b)
         _relation(kind, params, c, d)
-    assert rows == {"binary_monomials bins": rows["binary_monomials bins"]}
-    assert rows["binary_monomials bins"][0] == len(plan)
-    assert small["binary_monomials bins"][0] == 4 and small["binary_monomials batch"][0] == 2
+    assert rows == {"ot bins": rows["ot bins"]}
+    assert rows["ot bins"][0] == len(plan)
+    assert small["ot bins"][0] == 4 and small["binary_monomials batch"][0] == 2
 
 
 def test_bit_and_bit_mul_on_free_random_ots(monkeypatch):
@@ -384,3 +384,65 @@ def test_bit_and_bit_mul_on_free_random_ots(monkeypatch):
     again = _both([lambda r=r: K._rot_products(ps[r], [(keys[r][1][0], None if r else vals, 1)])
                    for r in range(2)])
     assert all(isinstance(e, ProtocolError) and "already used" in str(e) for _, e in again)
+
+
+BIN_PLAN = [("bit", "", [(5,)], ()), BIT_MUL, MONOMIALS, ("bit", "", [(3,)], ()),
+            ("bit_mul", "", [(4, 1), (4, 1)], ()), ("binary_monomials", "", [(4,)], MONOMIALS[3])]
+
+
+@pytest.mark.parametrize("frame", [0, 1, 2])     # rank 0 sends 3 data messages here
+def test_a_tampered_message_of_an_ot_bin_is_refused_by_both(monkeypatch, frame):
+    """bit, bit_mul and binary_monomials groups prefetched in one exchange (an OT bin: the
+    random-OT corrections, then the monomial layers' packed transfers); rank 0's k-th data
+    message of it with one bit flipped in transit: ProtocolError on both parties, nothing
+    made; untampered, every request combines to its relation in that one exchange."""
+    monkeypatch.setattr(ot, "SILENT_MIN", 8)
+    comms = _pair()
+    ps = _providers(comms)
+
+    def run(p):
+        p.by_kind.clear()
+        p.prefetch(BIN_PLAN)
+        return [[t.clone() for t in p.get(k, s, op, par).corrected()] for k, op, s, par in BIN_PLAN], dict(p.by_kind)
+    _ok(_both([lambda p=p: p.get("bit_mul", [(2, 1), (2, 1)]).corrected() for p in ps]))   # pools
+    (g0, kinds), (g1, _) = _ok(_both([lambda p=p: run(p) for p in ps]))
+    for (kind, _, _, params), a, b in zip(BIN_PLAN, g0, g1):
+        _relation(kind, params, a, b)
+    assert kinds == {"ot bins": [len(BIN_PLAN), kinds["ot bins"][1], kinds["ot bins"][2]]}
+    real = comms[0]._send
+    count = {"n": 0}
+
+    def evil(tensor, dst):
+        raw = tensor.numpy().tobytes()
+        if raw[5] == 2:                                  # a DATA frame (pairwise header)
+            if count["n"] == frame:
+                b = bytearray(raw)
+                b[len(b) // 2] ^= 0x01
+                tensor = torch.frombuffer(b, dtype=torch.uint8)
+            count["n"] += 1
+        real(tensor, dst)
+    comms[0]._send = evil
+    out = _both([lambda p=p: run(p) for p in ps])
+    for r in range(2):
+        assert out[r][0] is None and isinstance(out[r][1], ProtocolError), (r, out[r])
+
+
+def test_a_monomial_request_takes_64_random_ots_per_word_and_set():
+    """The random OTs of a binary_monomials request are those its (top, chooser) sets need
+    (_monomial_plan, on which _monomial_bytes' estimate rests): 64 per word and set."""
+    from crypten_lite.provider import pairwise_ot_kinds as K
+    ps = _providers(_pair())
+    for params, n in ((MONOMIALS[3], 7), (C.monomial_params([0, 0, 1, 1], [5, 9, 6, 10, 7, 13]), 5),
+                      (C.monomial_params([-1] * 4, [3, 5, 9, 6, 10, 12, 7, 11, 13, 14, 15]), 3)):
+        k, owners, subsets = C._split_monomial_params(params)
+        sets = K._monomial_plan(tuple(owners), tuple(subsets))[1]
+
+        def run(p):
+            made = p._ot.made
+            got = [t.clone() for t in p.get("binary_monomials", [(n,)], "", params).corrected()]
+            return got, p._ot.made - made
+        (a, m0), (b, m1) = _ok(_both([lambda p=p: run(p) for p in ps]))
+        _relation("binary_monomials", params, a, b)
+        assert m0 == m1 == 64 * n * len(sets)
+    assert len(K._monomial_plan((0, 0, 1, 1), (5, 9, 6, 10, 7, 13))[1]) == 2
+    assert len(K._monomial_plan((-1,) * 4, (3, 5, 9, 6, 10, 12, 7, 11, 13, 14, 15))[1]) == 6
