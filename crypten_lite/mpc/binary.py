@@ -235,12 +235,12 @@ def _open_masked(plans: Sequence[_Plan]) -> list[list[torch.Tensor]]:
     mine, masked, offset = [], [], 0
     for p in plans:
         sends = _sends(p.job, s.rank)
-        rows = p.rows = _mask_rows(p) if len(sends) == len(p.job.inputs) else None
-        if rows is None:
+        rows = p.rows = _mask_rows(p)
+        if rows is None or not sends or sends != list(range(sends[0], sends[0] + len(sends))):
             mine += [p.job.inputs[k].reshape(-1) ^ p.corr[k] for k in sends]
         else:  # a small job's masks are one array: XORed into the message at once, below
-            mine += [x if x.dim() == 1 else x.reshape(-1) for x in p.job.inputs]
-            masked.append((offset, rows))
+            mine += [x if x.dim() == 1 else x.reshape(-1) for x in p.job.inputs[sends[0]:sends[-1] + 1]]
+            masked.append((offset, rows[sends[0]:sends[-1] + 1]))
         offset += p.job.inputs[0].numel() * len(sends)
     message = torch.cat(mine) if mine else torch.zeros(0, dtype=torch.int64)  # a fresh tensor
     if masked:
@@ -268,7 +268,7 @@ def _open_masked(plans: Sequence[_Plan]) -> list[list[torch.Tensor]]:
                                      for p in plans) else None
         for p in plans:
             numel, k = p.job.inputs[0].numel(), len(p.job.inputs)
-            if numel <= circuits.SMALL_EXPAND_WORDS:  # one [inputs, words] array (eval_polys)
+            if p.rows is not None:  # one [inputs, words] array (eval_polys: _expand_rows)
                 opened_all.append(whole[offset:offset + k * numel].reshape(k, numel))
             else:
                 opened_all.append([total[offset + j * numel:offset + (j + 1) * numel].reshape(tuple(x.shape))
@@ -311,9 +311,10 @@ def _mask_shares(p: _Plan, rank: int):
 
 
 def _mask_rows(p: _Plan):
-    """A small job's mask shares as one numpy [inputs, words] array (Correlation.rows), when
-    every party sends every input and the masks lie in one piece of memory; else None."""
-    if p.job.inputs[0].numel() > circuits.SMALL_EXPAND_WORDS or not hasattr(p.corr, "rows"):
+    """A small job's mask components (one per input, whoever holds the mask) as one numpy
+    [inputs, words] array (Correlation.rows), when they lie in one piece of memory; else
+    None. Up to circuits.ROW_EXPAND_WORDS words (expand_rows' range)."""
+    if p.job.inputs[0].numel() > circuits.ROW_EXPAND_WORDS or not hasattr(p.corr, "rows"):
         return None
     if getattr(p.job.inputs[0], "is_replicated_share", False):
         return None
@@ -321,8 +322,9 @@ def _mask_rows(p: _Plan):
 
 
 def _expand_rows(p: _Plan, opened, rank: int) -> list[torch.Tensor] | None:
-    """circuits.expand_rows of a small job whose opened values are one array (every input
-    sent by every party) and whose masks and dealt monomials are one array each; else None."""
+    """circuits.expand_rows of a small job whose inputs every party sends (its opened values
+    one array, _open_masked) and whose masks and dealt monomials are one array each; else
+    None (_mask_shares and expand_outputs then)."""
     masks = p.rows  # made by _open_masked
     if masks is None:
         return None

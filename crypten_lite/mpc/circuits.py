@@ -179,6 +179,10 @@ AND2 = [(0, 1)]
 # expand_terms works on numpy views up to this many words per input (where an operator's
 # dispatch outweighs its arithmetic), on torch above (whose kernels use every core).
 SMALL_EXPAND_WORDS = 1 << 11
+# expand_rows (a job on whole arrays) up to this many words per input (binary.eval_polys):
+# above, its gathered copies cost more than expand_outputs' operations (a radix-4 level,
+# one process: 2.3x less CPU at 432 words, 1.3x at 1080, even at 1200-1300, 1.3x more at 1536)
+ROW_EXPAND_WORDS = 1152
 
 
 def monomials(terms: Sequence[Sequence[int]]) -> list[tuple[int, ...]]:
@@ -252,52 +256,54 @@ def _expansion(terms: tuple[tuple[int, ...], ...]) -> list[tuple[tuple[int, ...]
 
 @functools.lru_cache(maxsize=64)
 def _row_plan(outputs: tuple, monos: tuple, lead: bool) -> tuple:
-    """expand_rows' index arrays for one circuit shape (`outputs`: each output's terms as
-    sorted tuples; `monos`: the rows of the monomial shares, in order; `lead`: whether this
-    party adds the public products). The public products of opened values are rows of P:
-    row 0 all ones (the empty product), then every needed product, each the product of an
-    earlier row (its factors but the last) and one opened value, built level by level
-    (`levels`: for each size, the rows of P it fills, their earlier rows and last factors).
-    Each output is the XOR of rows of G, G = (shares gathered) & (P gathered): first the
-    mask shares' rows, then the monomials', then (with `lead`) the public products of whole
-    terms, whose P row is the empty product; `cuts`: where each output's rows start."""
-    pairs = [_expansion(out) for out in outputs]
-    needed = sorted({rest for out in pairs for _, rest in out if rest}, key=lambda r: (len(r), r))
+    """expand_rows' index arrays for one circuit shape and party (`outputs`: each output's
+    terms as sorted tuples; `monos`: the rows of the monomial shares, in order; `lead`:
+    whether this party adds the public products). The public products of opened values are
+    rows of P: row 0 all ones (the empty product), then every needed product, each the
+    product of an earlier row (its factors but the last) and one opened value, built level
+    by level (`levels`: for each size, the rows of P it fills, their earlier rows and last
+    factors). Each output is the XOR of rows of G, G = (shares gathered) & (P gathered):
+    the mask shares' rows, the monomials', then (with `lead`) the public products of whole
+    terms, whose P row is the empty product. `cuts`: where each output's rows start."""
+    mono_row = {m: i for i, m in enumerate(monos)}
+    chosen_all = []
+    for out in outputs:
+        pairs = _expansion(out)
+        chosen_all.append(([(u[0], rest) for u, rest in pairs if len(u) == 1],
+                           [(mono_row[u], rest) for u, rest in pairs if len(u) > 1],
+                           [(None, rest) for u, rest in pairs if not u and lead]))
     row = {(): 0}
-    for r in needed:  # every prefix of a needed product is needed too
-        for j in range(1, len(r)):
-            row.setdefault(r[:j], -1)
-    products = sorted(set(row) | set(needed), key=lambda r: (len(r), r))
+    for chosen in chosen_all:
+        for _, rest in (pair for c in chosen for pair in c):
+            for j in range(1, len(rest) + 1):  # every prefix of a needed product is needed too
+                row.setdefault(rest[:j], -1)
+    products = sorted(row, key=lambda r: (len(r), r))
     row = {r: i for i, r in enumerate(products)}
     levels = []
-    for size in range(1, max((len(r) for r in products), default=0) + 1):
+    for size in range(1, max(map(len, products)) + 1):
         rows = [r for r in products if len(r) == size]
-        if rows:
-            levels.append((row[rows[0]], row[rows[-1]] + 1,
-                           np.asarray([row[r[:-1]] for r in rows], dtype=np.intp),
-                           np.asarray([r[-1] for r in rows], dtype=np.intp)))
-    mono_row = {m: i for i, m in enumerate(monos)}
+        levels.append((row[rows[0]], row[rows[-1]] + 1, np.asarray([row[r[:-1]] for r in rows], dtype=np.intp),
+                       np.asarray([r[-1] for r in rows], dtype=np.intp)))
     gathers, pub_rows, cuts = [], [], []
-    for out in pairs:
+    for single, multi, whole in chosen_all:
         cuts.append(len(pub_rows))
-        single = [(u[0], row[rest]) for u, rest in out if len(u) == 1]
-        multi = [(mono_row[u], row[rest]) for u, rest in out if len(u) > 1]
-        whole = [row[rest] for u, rest in out if not u] if lead else []
         gathers.append((np.asarray([a for a, _ in single], dtype=np.intp),
                         np.asarray([a for a, _ in multi], dtype=np.intp),
-                        np.asarray(whole, dtype=np.intp)))
-        pub_rows += [b for _, b in single] + [b for _, b in multi] + [0] * len(whole)
+                        np.asarray([row[rest] for _, rest in whole], dtype=np.intp)))
+        pub_rows += [row[rest] for _, rest in single + multi] + [0] * len(whole)
     return len(products), levels, gathers, np.asarray(pub_rows, dtype=np.intp), np.asarray(cuts, dtype=np.intp)
 
 
 def expand_rows(outputs: Sequence[Sequence[Sequence[int]]], opened: np.ndarray, masks: np.ndarray,
                 monos: np.ndarray, mono_order: Sequence[tuple[int, ...]], lead: bool) -> np.ndarray:
-    """expand_outputs on whole arrays: `opened` and `masks` [k, words] (input j's opened
-    value and mask share in row j), `monos` [len(mono_order), words] (the share of the
-    product of mono_order[i]'s masks in row i), `lead`: whether this party adds the public
+    """expand_outputs on whole arrays, for inputs XOR-shared by every party: `opened` and
+    `masks` [k, words] (input j's opened value and mask share in row j), `monos`
+    [len(mono_order), words] (the share of the product of mono_order[i]'s masks in row i:
+    every monomial the expansion needs), `lead`: whether this party adds the public
     products (rank 0). Returns [outputs, words]: the same XORs of the same products as
     expand_outputs, in a few numpy operations per job whatever its terms (gathers, one AND,
-    one XOR reduction) instead of two per product."""
+    one XOR reduction) instead of two per product; up to ROW_EXPAND_WORDS words (the
+    gathered copies outgrow the cache above: expand_outputs is faster there)."""
     key = tuple(tuple(tuple(sorted(t)) for t in out) for out in outputs)
     count, levels, gathers, pub_rows, cuts = _row_plan(key, tuple(mono_order), bool(lead))
     words = opened.shape[1]
@@ -307,8 +313,8 @@ def expand_rows(outputs: Sequence[Sequence[Sequence[int]]], opened: np.ndarray, 
         np.bitwise_and(pub.take(prev, 0), opened.take(last, 0), out=pub[lo:hi])
     g = np.empty((len(pub_rows), words), dtype=np.int64)
     at = 0
-    for single, multi, whole in gathers:
-        for source, rows in ((masks, single), (monos, multi), (pub, whole)):
+    for rows_by_source in gathers:
+        for source, rows in zip((masks, monos, pub), rows_by_source):
             if len(rows):
                 source.take(rows, 0, out=g[at:at + len(rows)])
                 at += len(rows)

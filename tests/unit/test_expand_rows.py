@@ -101,3 +101,4 @@ def test_correlation_rows_refuse_what_is_not_one_array():
     assert Correlation(even, None).rows(0, 3).shape == (3, 8)  # no shapes: every part checked
     assert Correlation(even[:2] + [None], lambda: [torch.zeros(8, dtype=torch.int64)],
                        ((8,),) * 3).rows(0, 3) is None
+
