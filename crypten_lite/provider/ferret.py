@@ -20,6 +20,12 @@ other party, the *sender*, holds Delta), semi-honest:
   receiver x = A*u ^ e and M_x = A*M_u ^ v, sender K_x = A*K_u ^ w, so M_x = K_x ^ x*Delta.
 * **Bootstrapping**: the first k + t*h outputs of each iteration are kept as the next
   iteration's base COTs; the very first ones come from IKNP.
+* **Steps made ahead**: after each hand-out, the pending step's local work (the receiver's
+  puncturing, both parties' linear code; its trees already exchanged) runs on a thread, so
+  it fills this party's waits for its peer and the gaps between inferences; the next take
+  joins it (deadline AHEAD_DEADLINE) before the step's one exchange, at the same point of
+  the protocol as without it: the same messages and the same COTs either way
+  (CorrelatedOT.silent_ahead = False turns it off).
 * **Choice bits in bit 0** (emp-ot's form): Delta's bit 0 is 1 (ot.CorrelatedOT.setup, mode
   ferret: 127 uniform bits), the sender's base COTs and leaves have bit 0 cleared and the
   receiver's base COTs carry u there, so bit 0 of the receiver's M_x is x: the code gathers
@@ -42,6 +48,8 @@ from __future__ import annotations
 
 import hashlib
 import struct
+import threading
+
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
@@ -57,6 +65,7 @@ N = TREES * LEAVES            # outputs per iteration (870,400)
 BASE = K + TREES * DEPTH      # base COTs an iteration consumes (74,036)
 BLOCK = 1 << 13               # outputs encoded at once (their scratch: 0.4 MB, beside the 1 MB table)
 GROUP = 512                   # trees expanded per step (524,288 outputs: bounds the working set)
+AHEAD_DEADLINE = 300.0        # seconds a take waits for a step made ahead (tens of ms of work)
 DESCRIPTION = f"ferret;t={TREES};h={DEPTH};k=2^{LOG_K};d={D};ggm=mmo-aes128"
 _LPN_SEED = hashlib.sha256(b"crypten_lite/v1/ferret-lpn-matrix").digest()      # public
 _KEYS = [hashlib.sha256(f"crypten_lite/v1/ferret-ggm-{s}".encode()).digest()[:16] for s in "LR"]
@@ -129,7 +138,7 @@ class SilentCOT:
     the next m COTs: the receiver gets (bits [m] uint8, M [m, 16] uint8), the sender K
     [m, 16] uint8, with M = K ^ bits*Delta. Both parties must call take with the same m's."""
 
-    def __init__(self, ot, direction: int):
+    def __init__(self, ot, direction: int, ahead: bool = True):
         from .ot import _Hash  # the same tweakable correlation-robust hash as IKNP's
         self._ot = ot
         self.direction = direction
@@ -145,6 +154,9 @@ class SilentCOT:
         self._tree = TREES                # next tree of the iteration (TREES: start a new one)
         self._iteration = 0
         self._pending: tuple | None = None   # the next step's trees, already exchanged
+        self.ahead = ahead                # make the pending step's local work on a thread
+        self._ahead: tuple | None = None  # (thread, its result box) of that step
+        self.made_ahead = 0               # steps whose local work a thread made ahead
         self._out: list[tuple] = []       # produced, not yet handed out: (bits | None, vals [m, 2])
         self._have = 0
         self.produced = 0
@@ -194,9 +206,16 @@ class SilentCOT:
         return self._trees(g, keys, tweak, (1 << 61) | self.direction)
 
     def _step(self) -> None:
-        """Encode the next GROUP trees' outputs. Pipelined: the sender expands and sends the
-        trees of the step after this one before encoding this one, and the receiver takes
-        them in after encoding, so neither waits for the other's tree expansion."""
+        """The next GROUP trees' outputs. Pipelined: the sender expands and sends the trees of
+        the step after this one before encoding this one, and the receiver takes them in after
+        encoding, so neither waits for the other's tree expansion. With a step made ahead
+        (_start_ahead), its outputs are joined here and the next step's trees exchanged: the
+        same one exchange per step, at the same point of the protocol, on both parties."""
+        if self._ahead is not None:
+            self._keep(self._join_ahead())
+            nxt = self._position()
+            self._pending = (nxt, self._trees_of(nxt))
+            return
         if self._pending is None:
             where = self._position()
             trees = self._trees_of(where)
@@ -206,6 +225,23 @@ class SilentCOT:
         if not self.receiver:
             nxt = self._position()
             self._pending = (nxt, self._trees_of(nxt))
+        self._keep(self._local(where, trees))
+        if self.receiver:
+            nxt = self._position()
+            self._pending = (nxt, self._trees_of(nxt))
+
+    def _keep(self, made: tuple) -> None:
+        bits, acc, reserve = made
+        if reserve is not None:
+            self._reserve = reserve
+        self._out.append((bits, acc))
+        self._have += acc.shape[0]
+        self.produced += acc.shape[0]
+
+    def _local(self, where: tuple, trees) -> tuple:
+        """A step's work on this party alone (no message, no PRG draw: its trees are already
+        exchanged): the receiver's puncturing and both parties' linear code. Returns (bits |
+        None, values, the next iteration's base COTs | None)."""
         (u, table, tree_bits, tree_vals), first, g, tweak = where
         if self.receiver:
             keys = tree_vals[first:first + g].reshape(-1, 2)
@@ -228,16 +264,48 @@ class SilentCOT:
                 part ^= got64[:e - s]
         # the receiver's bits x = A*u ^ e ride in bit 0 of its values (u's and e's do)
         bits = (acc[:, 0] & _U64(1)).astype(np.uint8) if self.receiver else None
+        reserve = None
         if first == 0:                          # an iteration's first step: the next base COTs
-            self._reserve = (None if bits is None else bits[:BASE].copy(), acc[:BASE].copy())
+            reserve = (None if bits is None else bits[:BASE].copy(), acc[:BASE].copy())
             bits = None if bits is None else bits[BASE:]
             acc = acc[BASE:]
-        self._out.append((bits, acc))
-        self._have += acc.shape[0]
-        self.produced += acc.shape[0]
-        if self.receiver:
-            nxt = self._position()
-            self._pending = (nxt, self._trees_of(nxt))
+        return bits, acc, reserve
+
+    # -- a step made ahead, on a thread of its own --------------------------------------------
+    def _start_ahead(self) -> None:
+        """After a hand-out: make the pending step's local work (_local) on a thread, so that
+        it runs while this party waits for its peer or between inferences, and the next
+        take finds it done. The thread touches only that step's own arrays and this pool's
+        expander and hash, which nothing else uses until _join_ahead has joined it; it sends,
+        receives and draws nothing, so the protocol's messages are the same with it or
+        without it (and so are the outputs)."""
+        if not self.ahead or self._ahead is not None or self._pending is None:
+            return
+        where, trees = self._pending
+        self._pending = None
+        box: dict = {"trees": trees}
+
+        def run():
+            try:
+                box["made"] = self._local(where, trees)
+            except BaseException as e:  # noqa: BLE001 - handed to the joining thread
+                box["error"] = e
+        thread = threading.Thread(target=run, name=f"ferret-ahead-{self.direction}", daemon=True)
+        self._ahead = (thread, box)
+        thread.start()
+
+    def _join_ahead(self) -> tuple:
+        thread, box = self._ahead
+        self._ahead = None
+        thread.join(AHEAD_DEADLINE)
+        if thread.is_alive():
+            raise ProtocolError(f"pairwise silent OT (direction {self.direction}): a step made "
+                                f"ahead did not finish within {AHEAD_DEADLINE:.0f} s; the "
+                                "machine is overloaded or stuck")
+        if "error" in box:
+            raise box["error"]
+        self.made_ahead += 1
+        return box["made"]
 
     def _trees(self, g: int, keys: np.ndarray, tweak: int, domain: int) -> np.ndarray:
         """Sender: g fresh trees; sends their masked level sums and Delta ^ XOR(leaves).
@@ -316,6 +384,7 @@ class SilentCOT:
             pieces.append((b, v.view(np.uint8).reshape(-1, 16)))
             got += v.shape[0]
         self._have -= m
+        self._start_ahead()
         return pieces
 
     def take(self, m: int):

@@ -261,6 +261,9 @@ class CorrelatedOT:
             raise ConfigError(f"pairwise OT: mode {mode!r} is not one of {', '.join(MODES)}")
         self.mode = mode
         self._silent: list = [None, None]             # per direction: ferret.SilentCOT
+        # silent pools make their next step's local work on a thread after each hand-out
+        # (ferret.SilentCOT.ahead; set before the pools are made; the messages are the same)
+        self.silent_ahead = True
         self.rank = rank
         self.chunk = chunk
         self._send, self._recv, self._rand = send, recv, rand
@@ -342,7 +345,7 @@ class CorrelatedOT:
     def _silent_pool(self, d: int):
         if self._silent[d] is None:
             from .ferret import SilentCOT
-            self._silent[d] = SilentCOT(self, d)
+            self._silent[d] = SilentCOT(self, d, ahead=self.silent_ahead)
         return self._silent[d]
 
     def _iknp_receiver(self, choices: np.ndarray) -> np.ndarray:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import queue
+import threading
 
 import numpy as np
 import pytest
@@ -120,7 +121,8 @@ def test_silent_ot_wire_is_uniform_and_carries_no_secret(monkeypatch):
     for table in (pool_s._base[1], pool_r._base[1]):
         for row in table[:: len(table) // 16]:
             assert row.tobytes() not in everything
-    leaves = pool_s._pending[1]                      # the sender's next leaves: never sent
+    # the sender's next leaves (pending, or in the step being made ahead): never sent
+    leaves = pool_s._pending[1] if pool_s._pending is not None else pool_s._ahead[1]["trees"]
     assert leaves[0, 5].tobytes() not in everything
 
 
@@ -261,3 +263,79 @@ def test_hash_in_blocks_matches_one_pass():
     assert np.array_equal(blocks, kept)
     assert np.array_equal(out, h(blocks ^ delta, 5, 9))
     assert not np.array_equal(out, whole)
+
+
+def _seeded_ots(ahead: bool, wire: list):
+    """Two CorrelatedOT objects (mode ferret) whose PRGs are seeded (the same Delta, choice
+    bits and trees on every call), their pools making steps ahead or not; wire gets every
+    message as (rank, bytes)."""
+    boxes = [queue.Queue(), queue.Queue()]
+
+    def make(r):
+        rng = np.random.default_rng(1234 + r)
+
+        def send(data):
+            wire.append((r, bytes(data)))
+            boxes[1 - r].put(data)
+        o = ot.CorrelatedOT(r, send, lambda: boxes[r].get(timeout=60), rng.bytes, mode="ferret")
+        o.silent_ahead = ahead
+        return o
+    pair = [make(0), make(1)]
+    got = _both([p.setup for p in pair])
+    assert got[0][1] is None and got[1][1] is None, got
+    return pair
+
+
+def test_steps_made_ahead_change_neither_messages_nor_cots():
+    """A pool's next step made on a thread after each hand-out (SilentCOT.ahead) gives the
+    same COTs and the same messages, in the same order, as made on demand; and the steps
+    were made ahead (across an iteration boundary: the reserve set by a step made ahead)."""
+    runs = []
+    for ahead in (False, True):
+        wire: list = []
+        pair = _seeded_ots(ahead, wire)
+        outs = []
+        for m in (1000, 600_000, ferret.N, 5000):
+            bits, mine, theirs = _take(pair, 1, m)
+            assert np.array_equal(mine, theirs ^ (bits[:, None] * pair[0]._delta[None, :]))
+            outs.append((bits, mine, theirs))
+        made = [pair[r]._silent[1].made_ahead for r in (0, 1)]
+        assert (min(made) >= 2) if ahead else made == [0, 0], made
+        assert pair[1]._silent[1]._iteration == 3
+        runs.append((wire, outs))
+    (wire0, outs0), (wire1, outs1) = runs
+    assert [(r, len(d)) for r, d in wire0] == [(r, len(d)) for r, d in wire1]
+    assert wire0 == wire1
+    for a, b in zip(outs0, outs1):
+        assert all(np.array_equal(x, y) for x, y in zip(a, b))
+
+
+def test_a_step_made_ahead_that_fails_or_hangs_is_an_error_at_the_next_take(monkeypatch):
+    """The thread's exception is raised by the take that needs its step; a step that does not
+    finish within AHEAD_DEADLINE is a ProtocolError (no wait without a deadline)."""
+    monkeypatch.setattr(ferret, "AHEAD_DEADLINE", 0.2)
+    release = threading.Event()
+    for what in ("fails", "hangs"):
+        pair = _ots()
+        receiver = pair[1]._silent_pool(1)
+        pair[0]._silent_pool(1)
+        own = receiver._local
+
+        def ahead_only(where, trees, own=own, what=what):
+            if not threading.current_thread().name.startswith("ferret-ahead"):
+                return own(where, trees)
+            if what == "fails":
+                raise ValueError("broken step")
+            release.wait(30)
+            return own(where, trees)
+        monkeypatch.setattr(receiver, "_local", ahead_only)
+        _take(pair, 1, 1000)                  # the first step on demand, the next one ahead
+        assert receiver._ahead is not None
+        need = receiver._have + 1
+        got = _both([lambda r=r: pair[r]._silent_pool(1).take(need) for r in range(2)])
+        assert got[0][1] is None, got[0]
+        if what == "fails":
+            assert isinstance(got[1][1], ValueError) and "broken step" in str(got[1][1]), got[1]
+        else:
+            assert isinstance(got[1][1], ProtocolError) and "did not finish" in str(got[1][1]), got[1]
+    release.set()
