@@ -52,6 +52,14 @@ def with_tag(tensor: torch.Tensor, tag: bytes) -> torch.Tensor:
     return out
 
 
+def tag_received(tensor: torch.Tensor, tag: bytes) -> torch.Tensor:
+    """`tensor` itself, carrying `tag`: for a tensor a transport has just made from a received
+    message (nothing else holds it), where with_tag's new tensor object would only cost time.
+    `tag` is bytes of at most MAX_TAG_BYTES (the transport checked the header)."""
+    setattr(tensor, _TAG_ATTR, tag)
+    return tensor
+
+
 def tag_of(tensor: torch.Tensor) -> bytes:
     """The tag `tensor`'s message carries (b"" if none)."""
     return getattr(tensor, _TAG_ATTR, b"")

@@ -58,7 +58,7 @@ from ..config import Config
 from ..errors import CommunicationError, ConfigError
 from ..random import KeyPair, pair_info, subkey
 from . import serde, streamed
-from .communicator import MAX_TAG_BYTES, Communicator, tag_of, with_tag
+from .communicator import MAX_TAG_BYTES, Communicator, tag_of, tag_received
 from .mailbox import Mailbox
 
 log = logging.getLogger("crypten_lite.comm")
@@ -513,8 +513,10 @@ class _Inbox:
 
 
 def _tagged(tensor: torch.Tensor, tag: bytes) -> torch.Tensor:
-    """A received tensor carrying its header's tag (communicator.tag_of)."""
-    return with_tag(tensor, tag) if tag else tensor
+    """A received tensor carrying its header's tag (communicator.tag_of). The tensor was just
+    made from the frame and nothing else holds it, so it carries the tag itself (with_tag's
+    new tensor object is for a caller's tensor); `tag` is bytes, its length checked."""
+    return tag_received(tensor, tag) if tag else tensor
 
 
 class _RawFrame:

@@ -32,7 +32,7 @@ def to_bytes(tensor: torch.Tensor) -> tuple[str, tuple[int, ...], memoryview]:
     if tensor.dtype not in NAMES:
         raise CommunicationError(f"cannot send tensors of dtype {tensor.dtype}")
     t = tensor
-    if t.requires_grad or not t.is_contiguous() or t.device.type != "cpu":
+    if t.requires_grad or not t.is_contiguous() or not t.is_cpu:
         t = t.detach().contiguous().cpu()  # a plain contiguous CPU tensor (the usual) is used as is
     data = memoryview(t.numpy()).cast("B") if t.numel() else memoryview(b"")
     return NAMES[t.dtype], tuple(t.shape), data
@@ -58,7 +58,10 @@ def from_bytes(dtype: str, shape: tuple[int, ...], data: bytes | bytearray) -> t
     if nbytes == 0:
         return torch.zeros(shape, dtype=DTYPES[dtype])
     buffer = data if isinstance(data, bytearray) else bytearray(data)
-    return torch.frombuffer(buffer, dtype=DTYPES[dtype]).view(shape)
+    flat = torch.frombuffer(buffer, dtype=DTYPES[dtype])
+    # a 1-D shape is the flat tensor already (nbytes matched it): view(shape) alone costs
+    # more than the rest of a small message's conversion (torch's argument parsing)
+    return flat if len(shape) == 1 else flat.view(shape)
 
 
 class PayloadBuffer:
