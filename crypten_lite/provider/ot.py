@@ -164,7 +164,8 @@ class _Hash:
         n = 16 * self.BLOCK
         buf = self._scratch
         y_all, tw_all, z_all = (buf[i * n:(i + 1) * n].view(np.uint64).reshape(-1, 2) for i in range(3))
-        tweak = np.empty(self.BLOCK, dtype=np.uint64)
+        tweak = np.empty((min(m, self.BLOCK), 2), dtype=np.uint64)   # j: (first + row, domain)
+        tweak[:, 1] = np.uint64(domain)
         mask = None     # xor tiled to whole rows: an XOR of equal shapes runs numpy's long
         if xor is not None:   # vector loop, a broadcast [2] one 2-long loop per row (1.5x CPU)
             mask = np.tile(np.ascontiguousarray(xor, dtype=np.uint8).view(np.uint64),
@@ -179,9 +180,8 @@ class _Hash:
             # state between calls, and its output buffer needs one block of room)
             self._pi.update_into(x, buf[:16 * c + 16])
             y, tw, z = y_all[:c], tw_all[:c], z_all[:c]
-            np.add(self._iota[:c], np.uint64(first + s), out=tweak[:c])
-            np.bitwise_xor(y[:, 0], tweak[:c], out=tw[:, 0])
-            np.bitwise_xor(y[:, 1], np.uint64(domain), out=tw[:, 1])
+            np.add(self._iota[:c], np.uint64(first + s), out=tweak[:c, 0])
+            np.bitwise_xor(y, tweak[:c], out=tw)      # one XOR of equal shapes, not 2 strided
             self._pi.update_into(buf[n:n + 16 * c], buf[2 * n:2 * n + 16 * c + 16])
             np.bitwise_xor(z, y, out=out[s:s + c])
         return out
