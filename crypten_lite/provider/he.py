@@ -100,7 +100,7 @@ class HEParams:
                 f"t={','.join(map(str, self.plain_primes))};stat={self.stat_bits};"
                 f"flood=c0-uniform;ret={self.return_primes};roles=both-own;conv=direct-cheetah;"
                 f"mm=pow2-64;mmq={','.join(map(str, self.mm_moduli))};mmt={self.mm_t_bits};"
-                f"mmret={self.mm_return}")
+                f"mmret={self.mm_return};mmwire=packed50-extract")
 
     def flood_bits(self, noise_bound: int) -> int:
         """F: the flood e is uniform in [-2^F, 2^F) per coefficient, for an evaluation whose
@@ -424,6 +424,29 @@ def zero_at_data_primes(files: "_Files", ctx, pid, evaluator, pk_ntt, data_modul
     mods = np.array(data_moduli, dtype=np.int64)[None, :, None]
     e = e[:, None, :]
     return z, np.where(e < 0, e + mods, e)       # |e| <= 21: residues in [0, q_i)
+
+
+def encrypt_at(p, files: "_Files", rows: np.ndarray) -> list[bytes]:
+    """p.encrypt_rows, on the Z_2^64 engine packed at 50 bits (read by CrossEngine._load_ntt)."""
+    if hasattr(p, "seeded_object"):
+        return p.encrypt_rows(files, rows, packed=True)
+    return p.encrypt_rows(files, rows)
+
+
+def finish_at(p, files: "_Files", acc, mask: np.ndarray, bound: int, rand: Callable, where: list[int]) -> bytes:
+    """p.finish of a returned ciphertext whose outputs lie at `where`: on the Z_2^64 engine
+    only c0's coefficients there are sent (he_pow2.Pow2Unit.finish keep=, packed at 50
+    bits); a CRT prime's returns whole."""
+    if hasattr(p, "open_extracted"):
+        return p.finish(files, acc, mask, bound, rand, where)
+    return p.finish(files, acc, mask, bound, rand)
+
+
+def open_at(p, files: "_Files", data: bytes, where: list[int]) -> np.ndarray:
+    """p.open of what finish_at returned."""
+    if hasattr(p, "open_extracted"):
+        return p.open_extracted(files, data, where)
+    return p.open(files, data, where)
 
 
 class _Prime:
@@ -944,12 +967,13 @@ class CrossEngine:
             def encrypt(i: int, p: _Prime, rand: Callable) -> list[bytes]:
                 out = []
                 for arr, pos in ((a_blk, pos_a), (b_blk, pos_b)):
-                    out.extend(p.encrypt_rows(self._files, _polys(arr, pos, p.t, nd).reshape(-1, nd)))
+                    out.extend(encrypt_at(p, self._files, _polys(arr, pos, p.t, nd).reshape(-1, nd)))
                 return out
 
             decrypt = self._block_decrypt((bsz, m, n), (mb, nb, mw, nw), pos_out)
             return self._two_way(primes, _Own(encrypt, n_out, decrypt), None)[0]
         r = self._mask_words((bsz, mb, nb, mw * nw), 64)
+        where = pos_out.tolist()
 
         def evaluate(pi: int, p: _Prime, rand: Callable, got: list[bytes]) -> list[bytes]:
             cts_a = [self._load_ntt(p, got[j]) for j in range(n_a)]
@@ -968,7 +992,8 @@ class CrossEngine:
                             ib_ = (bi * kb + kk) * nb + nj
                             pairs += [(cts_a[ia_], pts_b[ib_]), (cts_b[ib_], pts_a[ia_])]
                         acc = _dot(p, pairs)
-                        out.append(p.finish(self._files, acc, masks[(bi * mb + mi) * nb + nj], bound, rand))
+                        out.append(finish_at(p, self._files, acc, masks[(bi * mb + mi) * nb + nj], bound, rand,
+                                             where))
             return out
         self._two_way(primes, None, _Eval(n_a + n_b, evaluate))
         return _unblock(r, (bsz, m, n), (mb, nb, mw, nw))
@@ -986,7 +1011,7 @@ class CrossEngine:
         a_blk = a.reshape(bsz, mb, mw, kb, kw).transpose(0, 1, 3, 2, 4).reshape(bsz, mb, kb, mw * kw)
 
         def encrypt(i: int, p, rand: Callable) -> list[bytes]:
-            return p.encrypt_rows(self._files, _polys(a_blk, pos_a, p.t, nd).reshape(-1, nd))
+            return encrypt_at(p, self._files, _polys(a_blk, pos_a, p.t, nd).reshape(-1, nd))
         decrypt = self._block_decrypt((bsz, m, n), (mb, nb, mw, nw), pos_out)
         return _Own(encrypt, bsz * mb * nb, decrypt), lambda res: res[0]
 
@@ -1003,6 +1028,7 @@ class CrossEngine:
         b_blk = b.reshape(bsz, kb, kw, nb, nw).transpose(0, 1, 3, 2, 4).reshape(bsz, kb, nb, kw * nw)
         r = self._mask_words((bsz, mb, nb, mw * nw), 64)
         n_a = bsz * mb * kb
+        where = pos_out.tolist()
 
         def evaluate(pi: int, p, rand: Callable, got: list[bytes]) -> list[bytes]:
             cts = [self._load_ntt(p, got[j]) for j in range(n_a)]
@@ -1015,11 +1041,15 @@ class CrossEngine:
                     for nj in range(nb):
                         acc = _dot(p, [(cts[(bi * mb + mi) * kb + kk], pts[(bi * kb + kk) * nb + nj])
                                        for kk in range(kb)])
-                        out.append(p.finish(self._files, acc, masks[(bi * mb + mi) * nb + nj], bound, rand))
+                        out.append(finish_at(p, self._files, acc, masks[(bi * mb + mi) * nb + nj], bound, rand,
+                                             where))
             return out
         return _Eval(n_a, evaluate), _unblock(r, (bsz, m, n), (mb, nb, mw, nw))
 
     def _load_ntt(self, p: _Prime, data: bytes):
+        """A ciphertext from the peer (encrypt_at's: packed on the Z_2^64 engine), NTT form."""
+        if hasattr(p, "seeded_object"):
+            data = p.seeded_object(data)
         ct = self._load_ct(p, data)
         p.evaluator.transform_to_ntt_inplace(ct)
         return ct
@@ -1038,7 +1068,7 @@ class CrossEngine:
         where = pos_out.tolist()
 
         def decrypt(i: int, p: _Prime, back: list[bytes]) -> np.ndarray:
-            coeffs = np.stack([p.open(self._files, back[j], where) for j in range(bsz * mb * nb)])
+            coeffs = np.stack([open_at(p, self._files, back[j], where) for j in range(bsz * mb * nb)])
             blk = coeffs.reshape(bsz, mb, nb, mw, nw).transpose(0, 1, 3, 2, 4)
             return blk.reshape(bsz, mb * mw, nb * nw)[:, :m, :n]
         return decrypt

@@ -215,12 +215,12 @@ def conv2d(engine: "he.CrossEngine", x: np.ndarray, w: np.ndarray, dilation: tup
     ws = np.ascontiguousarray(w, dtype=np.uint64)
 
     def encrypt(i: int, p, rand: Callable) -> list[bytes]:
-        return p.encrypt_rows(engine._files, _input_rows(lay, xs, p.t, nd))
+        return he.encrypt_at(p, engine._files, _input_rows(lay, xs, p.t, nd))
 
     where = pos_out.tolist()
 
     def decrypt(i: int, p, got: list[bytes]) -> np.ndarray:
-        coeffs = np.stack([p.open(engine._files, got[j], where) for j in range(back)])
+        coeffs = np.stack([he.open_at(p, engine._files, got[j], where) for j in range(back)])
         return _from_blocks(lay, coeffs)
 
     r = engine._mask_words((lay.gblocks, lay.oblocks, pos_out.size), 64)
@@ -235,7 +235,7 @@ def conv2d(engine: "he.CrossEngine", x: np.ndarray, w: np.ndarray, dilation: tup
             for o in range(lay.oblocks):
                 acc = he._dot(p, [(cts[g * lay.cblocks + c], pts[o * lay.cblocks + c])
                                   for c in range(lay.cblocks)])
-                out.append(p.finish(engine._files, acc, masks[g * lay.oblocks + o], bound, rand))
+                out.append(he.finish_at(p, engine._files, acc, masks[g * lay.oblocks + o], bound, rand, where))
         return out
 
     res = engine._two_way(primes, he._Own(encrypt, back, decrypt), he._Eval(up, evaluate))

@@ -86,13 +86,13 @@ def cross_many(engine: "he.CrossEngine", cache: dict, chunk: int, items: list) -
     if uploads:
         mine = []
         for enc, b in uploads.values():
-            mine += unit.encrypt_rows(files, enc.kept_rows(b), packed=True)
+            mine += he.encrypt_at(unit, files, enc.kept_rows(b))
         engine._send(he.pack(mine))
         got = he.unpack(engine._recv(), sum(enc.kept for enc, _ in uploads.values()),
                         "kept weight ciphertexts")
         at = 0
         for key, (enc, _) in uploads.items():
-            cache[key] = [engine._load_ntt(unit, unit.seeded_object(d)) for d in got[at:at + enc.kept]]
+            cache[key] = [engine._load_ntt(unit, d) for d in got[at:at + enc.kept]]
             at += enc.kept
     encs = [plan[0] for _, plan in entries]
     bins = _bins(encs, unit.n)
