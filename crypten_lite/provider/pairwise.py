@@ -86,9 +86,10 @@ OT_DESCRIPTION = f"iknp;base=co15-ed25519;kappa={ot.KAPPA};hash=tmmo-aes128;prg=
 # the OT exchanges' message pattern (v2: small extensions from a bootstrapped silent pool, a
 # monomial layer's transfers and bit_mul's products one message per party, an acknowledgement
 # back where rank 0 ends an exchange; v3: bit and bit_mul on free-choice random OTs, their
-# corrections one message per party, no flips): a peer on a former pattern is refused at
-# the handshake
-OT_EXCHANGES = "exchanges=v3"
+# corrections one message per party, no flips; v4: a one-sided monomial request made half
+# with its masks reversed, the other party choosing): a peer on a former pattern is refused
+# at the handshake
+OT_EXCHANGES = "exchanges=v4"
 OT_ENV = "CRYPTEN_LITE_PAIRWISE_OT"   # ferret (default: silent OT for large extensions) or iknp
 
 

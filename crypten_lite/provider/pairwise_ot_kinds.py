@@ -211,8 +211,72 @@ def _bit_mul_steps(pv: "PairwiseProvider", parts):
 
 
 def _binary_monomials(pv: "PairwiseProvider", parts, op, shapes, params):
-    """XOR shares of AND-products of masks (_monomial_steps, driven alone)."""
-    return _drive_monomials(pv, [_monomial_steps(pv, parts, params)])[0]
+    """XOR shares of AND-products of masks (_balanced_steps, driven alone)."""
+    return _drive_monomials(pv, [_balanced_steps(pv, parts, params)])[0]
+
+
+def _reversed_params(k: int, owners, subsets) -> tuple:
+    """The same products with the masks in reverse order (mask j as mask k - 1 - j)."""
+    rev = [sum(1 << (k - 1 - j) for j in range(k) if s >> j & 1) for s in subsets]
+    return correlations.monomial_params(list(owners)[::-1], rev)
+
+
+@functools.lru_cache(maxsize=128)
+def _one_sided(params: tuple) -> bool:
+    """Whether every random OT of the request has one chooser and the reversed mask order
+    has the other one alone (masks owned by the parties, e.g. a comparison's first carry
+    level, owners 0, 0, 1, 1: party 1 chooses with its masks, or party 0 with its own)."""
+    k, owners, subsets = correlations._split_monomial_params(params)
+    mine = {c for _, c in _monomial_plan(tuple(owners), tuple(subsets))[1]}
+    _, ro, rs = correlations._split_monomial_params(_reversed_params(k, owners, subsets))
+    theirs = {c for _, c in _monomial_plan(tuple(ro), tuple(rs))[1]}
+    return len(mine) == 1 and theirs == {1 - next(iter(mine))}
+
+
+def _balanced_steps(pv: "PairwiseProvider", parts, params):
+    """_monomial_steps, and where its random OTs all have one chooser (_one_sided), its
+    second half of the words made with the masks in reverse order, whose random OTs the
+    other party chooses: the same products and OT count, each direction's COTs (and the
+    sender's two hashes per OT) about half of them, so neither party does most of the work.
+    Both halves' steps merged into one generator (one ots request, one layer per round)."""
+    k, owners, subsets = correlations._split_monomial_params(params)
+    n = parts[0].numel()
+    if n < 2 or not _one_sided(tuple(params)):
+        return (yield from _monomial_steps(pv, parts, params))
+    h = n // 2
+    flat = [p.reshape(-1) for p in parts]
+    rparams = _reversed_params(k, owners, subsets)
+    gens = [_monomial_steps(pv, [p[:h] for p in flat], params),
+            _monomial_steps(pv, [p[h:] for p in flat[:k]][::-1] + [p[h:] for p in flat[k:]], rparams)]
+    wants = [next(g) for g in gens]
+    made = yield ("ots", tuple(wants[0][1][c] + wants[1][1][c] for c in (0, 1)),
+                  tuple(wants[0][2][c] + wants[1][2][c] for c in (0, 1)))
+    replies = [tuple(made[c][:len(wants[0][1][c])] for c in (0, 1)),
+               tuple(made[c][len(wants[0][1][c]):] for c in (0, 1))]
+    outs: list = [None, None]
+    live = [0, 1]
+    while live:
+        items, still = [], []
+        for i in live:
+            try:
+                _, got = gens[i].send(replies[i])
+            except StopIteration as done:
+                outs[i] = done.value
+                continue
+            items.append(got)
+            still.append(i)
+        if not still:
+            break
+        shares = yield ("layer", [it for got in items for it in got])
+        at = 0
+        for i, got in zip(still, items):
+            replies[i] = shares[at:at + len(got)]
+            at += len(got)
+        live = still
+    first, second = outs
+    second = second[:k][::-1] + second[k:]
+    shape = parts[0].shape
+    return [torch.cat([a.reshape(-1), b.reshape(-1)]).view(shape) for a, b in zip(first, second)]
 
 
 def _drive_monomials(pv: "PairwiseProvider", steps: list) -> list:
@@ -414,7 +478,7 @@ ELEMENT_BYTES: dict[str, Callable] = {
 # the OT kinds made as generators (_drive_monomials drives several in one exchange); bit_mul
 # only with one value per bit (its grouped requests: _ot_groups joins equal sizes only)
 STEPS: dict[str, Callable] = {
-    "binary_monomials": lambda pv, parts, params: _monomial_steps(pv, parts, params),
+    "binary_monomials": lambda pv, parts, params: _balanced_steps(pv, parts, tuple(params)),
     "bit": lambda pv, parts, params: _bit_steps(pv, parts),
     "bit_mul": lambda pv, parts, params: _bit_mul_steps(pv, parts),
 }

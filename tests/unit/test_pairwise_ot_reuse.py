@@ -446,3 +446,34 @@ def test_a_monomial_request_takes_64_random_ots_per_word_and_set():
         assert m0 == m1 == 64 * n * len(sets)
     assert len(K._monomial_plan((0, 0, 1, 1), (5, 9, 6, 10, 7, 13))[1]) == 2
     assert len(K._monomial_plan((-1,) * 4, (3, 5, 9, 6, 10, 12, 7, 11, 13, 14, 15))[1]) == 6
+
+
+def test_a_one_sided_monomial_request_is_split_between_the_choosers(monkeypatch):
+    """A request whose random OTs would all have one chooser (masks owned 0, 0, 1, 1: a
+    comparison's first carry level) is made half as it is, half with the masks reversed (the
+    other party choosing): the same 64 OTs per word and set, both directions alike, every
+    product right; a request of shared masks is not split (both choose already)."""
+    from crypten_lite.provider import pairwise_ot_kinds as K
+    owned = C.monomial_params([0, 0, 1, 1], [5, 9, 6, 10, 7, 13])
+    assert K._one_sided(owned) and not K._one_sided(MONOMIALS[3])
+    ps = _providers(_pair())
+    asked = {0: [], 1: []}
+    for p in ps:
+        real = p._ot.random_ots_both
+
+        def spy(sizes, real=real, r=p.rank):
+            asked[r].append(tuple(sum(s) for s in sizes))
+            return real(sizes)
+        p._ot.random_ots_both = spy
+    for params, n in ((owned, 10), (owned, 7), (MONOMIALS[3], 6)):
+        for r in (0, 1):
+            asked[r].clear()
+        (a, b) = _ok(_both([lambda p=p: [t.clone() for t in p.get("binary_monomials", [(n,)], "", params).corrected()]
+                            for p in ps]))
+        _relation("binary_monomials", params, a, b)
+        d0, d1 = (sum(x[c] for x in asked[0]) for c in (0, 1))
+        assert asked[0] == asked[1]
+        if params is owned:
+            assert (d0, d1) == (2 * 64 * (n - n // 2), 2 * 64 * (n // 2)) or (d0, d1) == (2 * 64 * (n // 2), 2 * 64 * (n - n // 2))
+        else:
+            assert d0 > 0 and d1 > 0
