@@ -69,6 +69,13 @@ def _pad_last(x: torch.Tensor, multiple: int) -> torch.Tensor:
     return torch.cat([x, x.new_zeros(*x.shape[:-1], extra)], -1)
 
 
+@functools.lru_cache(maxsize=8)
+def _lane_shifts(width: int) -> torch.Tensor:
+    """0, width, 2 width, ... < 64 (made once per width: an arange costs a few microseconds,
+    and the lanes are packed and unpacked dozens of times per comparison). Read only."""
+    return torch.arange(0, 64, width, dtype=torch.int64)
+
+
 def pack_lanes(x: torch.Tensor, width: int) -> torch.Tensor:
     """Pack elements holding `width` low bits (width | 64) into full words, in order:
     element j of a word occupies bits [width*j, width*(j+1)). The last word is zero-padded."""
@@ -77,7 +84,7 @@ def pack_lanes(x: torch.Tensor, width: int) -> torch.Tensor:
         return x
     x = _pad_last(x, per)
     x = x.reshape(*x.shape[:-1], -1, per)
-    shifts = torch.arange(0, 64, width, dtype=torch.int64)
+    shifts = _lane_shifts(width)
     # Disjoint bit ranges: the sum is the OR (bit 63 wraps to the sign bit, as it should).
     return (x << shifts).sum(-1)
 
@@ -87,7 +94,7 @@ def unpack_lanes(words: torch.Tensor, width: int, n: int) -> torch.Tensor:
     per = 64 // width
     if per == 1:
         return words[..., :n]
-    shifts = torch.arange(0, 64, width, dtype=torch.int64)
+    shifts = _lane_shifts(width)
     mask = (1 << width) - 1 if width < 64 else -1
     lanes = (words.unsqueeze(-1) >> shifts) & mask
     return lanes.reshape(*words.shape[:-1], -1)[..., :n]
