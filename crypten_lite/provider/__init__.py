@@ -119,9 +119,23 @@ def consecutive_rows(parts) -> np.ndarray | None:
 
 
 def _spec(kind: str, op: str, shapes, params) -> tuple:
-    """A request's public description (kind, op, shapes, params) in one canonical form."""
+    """A request's public description (kind, op, shapes, params) in one canonical form
+    (memoised for hashable arguments: a comparison's requests repeat a few shapes, and a
+    masked polynomial's params are about 30 integers)."""
+    try:
+        return _canonical_spec((kind, op, tuple(shapes), tuple(params)))
+    except TypeError:  # a shape given as a list: not hashable
+        return _spec_of(kind, op, shapes, params)
+
+
+def _spec_of(kind: str, op: str, shapes, params) -> tuple:
     return (str(kind), str(op), tuple(tuple(int(s) for s in shape) for shape in shapes),
             tuple(int(p) for p in params))
+
+
+@functools.lru_cache(maxsize=4096)
+def _canonical_spec(key: tuple) -> tuple:
+    return _spec_of(*key)
 
 
 @functools.lru_cache(maxsize=4096)
