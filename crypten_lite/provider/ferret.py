@@ -157,6 +157,7 @@ class SilentCOT:
         self.ahead = ahead                # make the pending step's local work on a thread
         self._ahead: tuple | None = None  # (thread, its result box) of that step
         self.made_ahead = 0               # steps whose local work a thread made ahead
+        self._closed = False              # close(): no take after it
         self._out: list[tuple] = []       # produced, not yet handed out: (bits | None, vals [m, 2])
         self._have = 0
         self.produced = 0
@@ -294,6 +295,21 @@ class SilentCOT:
         self._ahead = (thread, box)
         thread.start()
 
+    def close(self) -> None:
+        """Wait (deadline AHEAD_DEADLINE) for a step being made ahead and drop it with every
+        COT not handed out, so no thread of this pool outlives the provider's close and
+        nothing made here is used after it. A failed step's error is dropped with it (no take
+        needs it now); a thread past the deadline is a ProtocolError, never a silent leak."""
+        ahead, self._ahead = self._ahead, None
+        self._closed = True
+        self._out, self._have, self._pending = [], 0, None
+        if ahead is None:
+            return
+        ahead[0].join(AHEAD_DEADLINE)
+        if ahead[0].is_alive():
+            raise ProtocolError(f"pairwise silent OT (direction {self.direction}): a step made "
+                                f"ahead did not finish within {AHEAD_DEADLINE:.0f} s of close")
+
     def _join_ahead(self) -> tuple:
         thread, box = self._ahead
         self._ahead = None
@@ -370,6 +386,9 @@ class SilentCOT:
     def take_parts(self, m: int) -> list[tuple]:
         """The next m COTs as the steps made them, without a copy: [(bits [c] uint8 | None,
         vals [c, 16] uint8)] (bits: the receiver's), c summing to m. The caller owns them."""
+        if self._closed:
+            raise ProtocolError(f"pairwise silent OT (direction {self.direction}): the pool is "
+                                "closed (its provider was closed); make a new provider")
         while self._have < m:
             self._step()
         pieces, got = [], 0

@@ -279,6 +279,20 @@ class CorrelatedOT:
         self._pads = _Pads()
         self.made = 0
 
+    def close(self) -> None:
+        """Close the silent pools: a step being made ahead on a thread is joined (deadline
+        ferret.AHEAD_DEADLINE), so no thread outlives the provider; a take after it is a
+        ProtocolError (the pools stay, closed, so none is made anew out of step with the peer)."""
+        errors = []
+        for pool in self._silent:
+            if pool is not None:
+                try:
+                    pool.close()
+                except ProtocolError as e:
+                    errors.append(e)
+        if errors:
+            raise errors[0]
+
     def setup(self) -> None:
         """The 2 x 128 base OTs (once per session, on first use)."""
         if self._ready:

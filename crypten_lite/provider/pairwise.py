@@ -771,7 +771,10 @@ class PairwiseProvider(Provider):
     def close(self) -> None:
         self._ready = {}
         self._kept = {}      # the peer's kept weight ciphertexts (he_kept.py)
-        self._engine.close()
+        try:
+            self._engine.close()
+        finally:
+            self._ot.close()     # joins a silent OT step made ahead on a thread (ferret.py)
 
 
 # ---------------------------------------------------------------------- bilinear ops

@@ -339,3 +339,32 @@ def test_a_step_made_ahead_that_fails_or_hangs_is_an_error_at_the_next_take(monk
         else:
             assert isinstance(got[1][1], ProtocolError) and "did not finish" in str(got[1][1]), got[1]
     release.set()
+
+
+def test_close_joins_a_step_made_ahead_and_refuses_later_takes(monkeypatch):
+    """CorrelatedOT.close (called by PairwiseProvider.close) waits for a step being made
+    ahead, so no ferret-ahead thread outlives it, drops what was not handed out, and a take
+    after it is a ProtocolError (no pool made anew out of step with the peer). The step is
+    held on an Event, so the thread is surely running when close is called."""
+    pair = _ots()
+    release, started = threading.Event(), threading.Event()
+    receiver = pair[1]._silent_pool(1)
+    pair[0]._silent_pool(1)
+    own = receiver._local
+
+    def held(where, trees):
+        if threading.current_thread().name.startswith("ferret-ahead"):
+            started.set()
+            assert release.wait(30)
+        return own(where, trees)
+    monkeypatch.setattr(receiver, "_local", held)
+    _take(pair, 1, 1000)
+    thread = receiver._ahead[0]
+    assert started.wait(30) and thread.is_alive()
+    threading.Timer(0.05, release.set).start()
+    for o in pair:
+        o.close()
+    assert not thread.is_alive() and receiver._ahead is None and receiver._have == 0
+    assert not [t for t in threading.enumerate() if t.name.startswith("ferret-ahead") and t.is_alive()]
+    with pytest.raises(ProtocolError, match="closed"):
+        receiver.take(10)
