@@ -354,6 +354,15 @@ def test_output_extraction_opens_exactly_and_sends_only_the_outputs():
         u.open_extracted(files, extracted[:len(extracted) // 2], where)
     with pytest.raises(ProtocolError):
         u.open_extracted(files, extracted, where[:-1])
+    with pytest.raises(ProtocolError):                  # oversized
+        u.open_extracted(files, extracted + bytes(25), where)
+    level = u.params.mm_return
+    vals = he_pow2.unpack50(extracted, level * (len(where) + nd), "t")
+    for at in (3, level * len(where) + 3):              # a c0 (output) and a c1 coefficient
+        bad = vals.copy()                               # at its prime: 50 bits hold it
+        bad[at] = u.data_moduli[0]
+        with pytest.raises(ProtocolError, match="malformed"):
+            u.open_extracted(files, he_pow2.pack50(bad), where)
     files.close()
 
 
@@ -413,7 +422,17 @@ def test_packed_kept_ciphertexts_round_trip_and_refuse_bad_payloads():
     q0 = np.array([u.data_moduli[0]], dtype=np.uint64)
     c0 = he_pow2.unpack50(data[at:], len(u.data_moduli) * u.n, "t")
     c0[0] = q0[0]                                   # a coefficient equal to its prime
-    for bad in (data[:len(data) - 25], data[:100], data[:at] + he_pow2.pack50(c0)):
+    huge_tail = struct.pack("<H", 65535) + data[2:]
+    for bad in (data[:len(data) - 25], data[:100], data[:at] + he_pow2.pack50(c0), data + bytes(25),
+                huge_tail, b""):
         with pytest.raises(ProtocolError):
             files.load(he._sealapi().Ciphertext, u.ctx, u.seeded_object(bad), "t")
+    # SEAL loads a seeded ciphertext marked NTT form (byte 32 of its fields): the engine's
+    # reader refuses it (else transform_to_ntt would fail outside ProtocolError)
+    flipped = bytearray(data)
+    flipped[2 + 32] = 1
+    engine = he.CrossEngine.__new__(he.CrossEngine)
+    engine._files = files
+    with pytest.raises(ProtocolError, match="wrong form"):
+        engine._load_ntt(u, bytes(flipped))
     files.close()
