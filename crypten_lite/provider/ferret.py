@@ -157,7 +157,7 @@ class SilentCOT:
         self.ahead = ahead                # make the pending step's local work on a thread
         self._ahead: tuple | None = None  # (thread, its result box) of that step
         self.made_ahead = 0               # steps whose local work a thread made ahead
-        self._closed = False              # close(): no take after it
+        self._closed: str | None = None   # why no take may follow (close, a failed step)
         self._out: list[tuple] = []       # produced, not yet handed out: (bits | None, vals [m, 2])
         self._have = 0
         self.produced = 0
@@ -301,7 +301,7 @@ class SilentCOT:
         nothing made here is used after it. A failed step's error is dropped with it (no take
         needs it now); a thread past the deadline is a ProtocolError, never a silent leak."""
         ahead, self._ahead = self._ahead, None
-        self._closed = True
+        self._closed = "the pool is closed (its provider was closed); make a new provider"
         self._out, self._have, self._pending = [], 0, None
         if ahead is None:
             return
@@ -311,9 +311,15 @@ class SilentCOT:
                                 f"ahead did not finish within {AHEAD_DEADLINE:.0f} s of close")
 
     def _join_ahead(self) -> tuple:
+        """The step made ahead's outputs. A step that failed or did not finish leaves this
+        pool out of step with its peer's (which kept that step's COTs), so every later take
+        is refused too, never served COTs that do not match the peer's."""
         thread, box = self._ahead
         self._ahead = None
         thread.join(AHEAD_DEADLINE)
+        if thread.is_alive() or "error" in box:
+            self._closed = ("a step made ahead failed earlier, so this pool is out of step with "
+                            "its peer's; make a new provider")
         if thread.is_alive():
             raise ProtocolError(f"pairwise silent OT (direction {self.direction}): a step made "
                                 f"ahead did not finish within {AHEAD_DEADLINE:.0f} s; the "
@@ -386,9 +392,8 @@ class SilentCOT:
     def take_parts(self, m: int) -> list[tuple]:
         """The next m COTs as the steps made them, without a copy: [(bits [c] uint8 | None,
         vals [c, 16] uint8)] (bits: the receiver's), c summing to m. The caller owns them."""
-        if self._closed:
-            raise ProtocolError(f"pairwise silent OT (direction {self.direction}): the pool is "
-                                "closed (its provider was closed); make a new provider")
+        if self._closed is not None:
+            raise ProtocolError(f"pairwise silent OT (direction {self.direction}): {self._closed}")
         while self._have < m:
             self._step()
         pieces, got = [], 0

@@ -312,7 +312,8 @@ def test_steps_made_ahead_change_neither_messages_nor_cots():
 
 def test_a_step_made_ahead_that_fails_or_hangs_is_an_error_at_the_next_take(monkeypatch):
     """The thread's exception is raised by the take that needs its step; a step that does not
-    finish within AHEAD_DEADLINE is a ProtocolError (no wait without a deadline)."""
+    finish within AHEAD_DEADLINE is a ProtocolError (no wait without a deadline); a take after
+    either is refused (the peer kept that step's COTs: serving on would silently mismatch)."""
     monkeypatch.setattr(ferret, "AHEAD_DEADLINE", 0.2)
     release = threading.Event()
     for what in ("fails", "hangs"):
@@ -338,6 +339,8 @@ def test_a_step_made_ahead_that_fails_or_hangs_is_an_error_at_the_next_take(monk
             assert isinstance(got[1][1], ValueError) and "broken step" in str(got[1][1]), got[1]
         else:
             assert isinstance(got[1][1], ProtocolError) and "did not finish" in str(got[1][1]), got[1]
+        with pytest.raises(ProtocolError, match="out of step"):    # never COTs unlike the peer's
+            receiver.take(10)
     release.set()
 
 
