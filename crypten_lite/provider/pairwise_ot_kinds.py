@@ -90,8 +90,8 @@ def _rot_products(pv: "PairwiseProvider", items: list[tuple]) -> list[np.ndarray
         with np.errstate(over="ignore"):
             send.append((k[0][:, :lanes].T + x - k[1][:, :lanes].T).reshape(-1))
             out.append(np.uint64(0) - k[0][:, :lanes].T)
-    if send:
-        pv._send_data(np.concatenate(send).tobytes())
+    if sum(part.size for part in send):          # nothing at all for empty requests (the
+        pv._send_data(np.concatenate(send).tobytes())   # peer then expects nothing either)
     need = sum(lanes * m for _, _, _, lanes, m in recv)
     if need:
         data = pv._recv_data()
@@ -119,6 +119,8 @@ def _bit_steps(pv: "PairwiseProvider", parts):
     rank 1's share r1 its choice bits; ra = r - 2 r0 r1."""
     r = parts[0]
     n = r.numel()
+    if n == 0:
+        return [r, r.clone()]
     made = yield ("ots", ([], [n]), None)
     keys = made[1][0][0]
     if pv.rank == 1:
@@ -197,6 +199,8 @@ def _bit_mul_steps(pv: "PairwiseProvider", parts):
     w0 * r1) on one OT's two key halves: 2 OTs per element, no flips on the wire."""
     r, a = parts[0], parts[1]
     n = r.numel()
+    if n == 0:
+        return [r, a, r.clone(), a.clone()]
     made = yield ("ots", ([n], [n]), None)
     sets = (made[0][0][0], made[1][0][0])
     r = _choice(sets[pv.rank], r.shape)
@@ -291,7 +295,14 @@ def _drive_monomials(pv: "PairwiseProvider", steps: list) -> list:
     party), however many correlations. Both parties run the same generators in the same
     order. Returns each generator's components."""
     out: list = [None] * len(steps)
-    wants = [next(g) for g in steps]                       # ("ots", sizes, pads)
+    wants, done_ = [], set()
+    for i, g in enumerate(steps):                          # ("ots", sizes, pads)
+        try:
+            wants.append(next(g))
+        except StopIteration as done:                      # nothing to make (no elements)
+            out[i] = done.value
+            done_.add(i)
+            wants.append(("ots", ([], []), None))
     made = [([None] * len(w[1][0]), [None] * len(w[1][1])) for w in wants]
     pending: tuple[list, list] = ([], [])                  # per chooser: (step, set, m, g)
     budget = max(8, pv._ot.chunk)
@@ -315,8 +326,8 @@ def _drive_monomials(pv: "PairwiseProvider", steps: list) -> list:
                 pending[c].append((i, j, m, None if pads is None else pads[c][j]))
     if pending[0] or pending[1]:
         flush()
-    replies = made
-    active = list(range(len(steps)))
+    replies = [made[i] for i in range(len(steps)) if i not in done_]
+    active = [i for i in range(len(steps)) if i not in done_]
     while active:
         ariths, layers, still = [], [], []
         for i, reply in zip(active, replies):

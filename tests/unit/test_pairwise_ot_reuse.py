@@ -477,3 +477,19 @@ def test_a_one_sided_monomial_request_is_split_between_the_choosers(monkeypatch)
             assert (d0, d1) == (2 * 64 * (n - n // 2), 2 * 64 * (n // 2)) or (d0, d1) == (2 * 64 * (n // 2), 2 * 64 * (n - n // 2))
         else:
             assert d0 > 0 and d1 > 0
+
+
+def test_empty_bit_and_bit_mul_requests_in_a_bin(monkeypatch):
+    """Empty bit and bit_mul requests grouped in an OT bin beside real ones: no message for
+    them (the peer expects none), every request combines to its relation."""
+    monkeypatch.setattr(ot, "SILENT_MIN", 8)
+    plan = [("bit", "", [(0,)], ()), ("bit", "", [(0,)], ()), ("bit_mul", "", [(0, 1), (0, 1)], ()),
+            ("bit_mul", "", [(0, 1), (0, 1)], ()), ("bit", "", [(3,)], ()), ("bit", "", [(2,)], ())]
+    ps = _providers(_pair())
+
+    def run(p):
+        p.prefetch(plan)
+        return [[t.clone() for t in p.get(k, s, op, par).corrected()] for k, op, s, par in plan]
+    g0, g1 = _ok(_both([lambda p=p: run(p) for p in ps]))
+    for (kind, _, _, params), a, b in zip(plan, g0, g1):
+        _relation(kind, params, a, b)
