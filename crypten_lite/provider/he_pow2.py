@@ -500,9 +500,11 @@ class Pow2Unit:
         SEAL's encrypt_zero (key level, switched down), and acc leaves NTT form on its own.
         With `keep` (the output coefficients, ascending) only c0's coefficients there are sent,
         c1 whole, 50 bits a coefficient (output extraction: about half the bytes where the
-        outputs are few; the owner opens it with open_extracted): every coefficient sent is flooded, re-randomised
-        and masked as before; the others are neither flooded nor masked (`mask` may then be
-        R at `keep` alone), nor sent."""
+        outputs are few; the owner opens it with open_extracted): every coefficient sent is
+        flooded, re-randomised and masked as before; the others are neither flooded nor masked
+        (`mask` may then be R at `keep` alone), nor sent. That is safe because mod switching
+        and decryption's c0 + c1 s act coefficient by coefficient in c0: what is sent is a
+        projection of the ciphertext flooded everywhere."""
         s = he._sealapi()
         bits = self.params.flood_bits(noise_bound)
         self.room(bits, noise_bound)
@@ -517,6 +519,22 @@ class Pow2Unit:
         else:
             out = s.Ciphertext()
             self.encryptor.encrypt_zero(out)
+        noise, polys = self._flood_term(bits, mask, errors, rand, keep)
+        if noise is None:
+            noise = files.load(s.Ciphertext, self.ctx, self._ct_bytes(polys.reshape(2, -1)), "flooding term")
+        self.evaluator.add_inplace(out, noise)
+        if acc_ntt is not None:
+            self.evaluator.transform_from_ntt_inplace(acc_ntt)
+            self.evaluator.add_inplace(out, acc_ntt)
+        while out.coeff_modulus_size() > self.params.mm_return:
+            self.evaluator.mod_switch_to_next_inplace(out)
+        return files.dump(out) if keep is None else self._extracted(files, out, keep)
+
+    def _flood_term(self, bits: int, mask: np.ndarray, errors: np.ndarray | None, rand: Callable,
+                    keep: list[int] | None) -> tuple:
+        """(e_flood + Delta'(mask) [+ e1], [e2]) at the data primes: (its Ciphertext or None,
+        its polynomials [2, L, N]); e uniform in [-2^bits, 2^bits). With `keep`, c0 is drawn
+        and written at those coefficients only (the others are never sent)."""
         nd = self.n
         at = slice(None) if keep is None else keep      # c0's coefficients that are sent
         width = nd if keep is None else len(keep)
@@ -545,17 +563,12 @@ class Pow2Unit:
                 v = np.where(v >= mq, v - mq, v)
                 polys[1, j] = errors[1, j]
             polys[0, j, at] = v
-        if noise is None:
-            noise = files.load(s.Ciphertext, self.ctx, self._ct_bytes(polys.reshape(2, -1)), "flooding term")
-        self.evaluator.add_inplace(out, noise)
-        if acc_ntt is not None:
-            self.evaluator.transform_from_ntt_inplace(acc_ntt)
-            self.evaluator.add_inplace(out, acc_ntt)
-        while out.coeff_modulus_size() > self.params.mm_return:
-            self.evaluator.mod_switch_to_next_inplace(out)
-        if keep is None:
-            return files.dump(out)
-        level = self.params.mm_return
+        return noise, polys
+
+    def _extracted(self, files: "he._Files", out, keep: list[int]) -> bytes:
+        """A returned ciphertext (mm_return primes) as sent with `keep`: c0 at `keep`, c1
+        whole, packed at 50 bits (open_extracted reads it)."""
+        level, nd = self.params.mm_return, self.n
         data = _ct_data(out, 2, level, nd)
         if data is None:               # not the layout _ct_data knows: SEAL's zstd save
             body = _body(files.dump(out), _HEAD + 16 * level * nd + 4096)
