@@ -298,32 +298,40 @@ def _plan(op: str, a_shape: tuple, b_shape: tuple, params: tuple, nd: int):
         return (enc, lambda x: split_x(_pad(x, padding, padding)), split_w,
                 lambda s: np.ascontiguousarray(s[:, :, ::stride[0], ::stride[1]]))
     if op == "conv_transpose2d" and len(a_shape) == 4 and len(b_shape) == 4 and len(params) == 9:
-        stride, padding, out_pad, dilation, groups = (tuple(params[0:2]), tuple(params[2:4]),
-                                                      tuple(params[4:6]), tuple(params[6:8]), params[8])
-        bsz, cin, h, w = a_shape
-        _, og, kh, kw = b_shape
-        if groups < 1 or cin % groups or b_shape[0] != cin:
-            return None
-        before = (dilation[0] * (kh - 1) - padding[0], dilation[1] * (kw - 1) - padding[1])
-        if min(before) < 0:
-            return None     # padding past the kernel's reach: made as before
-        after = (before[0] + out_pad[0], before[1] + out_pad[1])
-        hu, wu = (h - 1) * stride[0] + 1, (w - 1) * stride[1] + 1
-        x_shape = (bsz, cin, hu + before[0] + after[0], wu + before[1] + after[1])
-        w_shape = (og * groups, cin // groups, kh, kw)
-        got = _conv_plan(x_shape, w_shape, groups, dilation, nd)
-        if got is None:
-            return None
-        enc, split_x, split_w = got
-        cg = cin // groups
-
-        def prepare(x: np.ndarray) -> np.ndarray:
-            up = np.zeros((bsz, cin, hu, wu), dtype=np.uint64)
-            up[:, :, ::stride[0], ::stride[1]] = x
-            return split_x(_pad(up, before, after))
-
-        def weight(wt: np.ndarray) -> np.ndarray:      # [cin, og, kh, kw] -> [cout, cin/g, kh, kw]
-            flipped = wt[:, :, ::-1, ::-1].reshape(groups, cg, og, kh, kw).transpose(0, 2, 1, 3, 4)
-            return split_w(np.ascontiguousarray(flipped.reshape(groups * og, cg, kh, kw)))
-        return enc, prepare, weight, lambda s: s
+        return _conv_transpose_plan(a_shape, b_shape, params, nd)
     return None
+
+
+def _conv_transpose_plan(a_shape: tuple, b_shape: tuple, params: tuple, nd: int):
+    """_plan of a conv_transpose2d: the conv2d (stride 1) of its input spread by the stride
+    (zeros between), padded by dilation * (k - 1) - padding before and that + output_padding
+    after, by its kernel flipped and its in/out channels swapped per group; None where the
+    padding passes the kernel's reach (that conv2d would crop: made as before)."""
+    stride, padding, out_pad, dilation, groups = (tuple(params[0:2]), tuple(params[2:4]),
+                                                  tuple(params[4:6]), tuple(params[6:8]), params[8])
+    bsz, cin, h, w = a_shape
+    _, og, kh, kw = b_shape
+    if groups < 1 or cin % groups or b_shape[0] != cin:
+        return None
+    before = (dilation[0] * (kh - 1) - padding[0], dilation[1] * (kw - 1) - padding[1])
+    if min(before) < 0:
+        return None     # padding past the kernel's reach: made as before
+    after = (before[0] + out_pad[0], before[1] + out_pad[1])
+    hu, wu = (h - 1) * stride[0] + 1, (w - 1) * stride[1] + 1
+    x_shape = (bsz, cin, hu + before[0] + after[0], wu + before[1] + after[1])
+    w_shape = (og * groups, cin // groups, kh, kw)
+    got = _conv_plan(x_shape, w_shape, groups, dilation, nd)
+    if got is None:
+        return None
+    enc, split_x, split_w = got
+    cg = cin // groups
+
+    def prepare(x: np.ndarray) -> np.ndarray:
+        up = np.zeros((bsz, cin, hu, wu), dtype=np.uint64)
+        up[:, :, ::stride[0], ::stride[1]] = x
+        return split_x(_pad(up, before, after))
+
+    def weight(wt: np.ndarray) -> np.ndarray:      # [cin, og, kh, kw] -> [cout, cin/g, kh, kw]
+        flipped = wt[:, :, ::-1, ::-1].reshape(groups, cg, og, kh, kw).transpose(0, 2, 1, 3, 4)
+        return split_w(np.ascontiguousarray(flipped.reshape(groups * og, cg, kh, kw)))
+    return enc, prepare, weight, lambda s: s
