@@ -79,21 +79,7 @@ def cross_many(engine: "he.CrossEngine", cache: dict, chunk: int, items: list) -
         return None
     unit = engine._mm_units()[0]
     files = engine._files
-    uploads: dict = {}                  # once per weight layout: my B up, the peer's B kept
-    for (key, plan), item in zip(entries, items):
-        if key not in cache and key not in uploads:
-            uploads[key] = (plan[0], plan[2](item[3]))
-    if uploads:
-        mine = []
-        for enc, b in uploads.values():
-            mine += he.encrypt_at(unit, files, enc.kept_rows(b))
-        engine._send(he.pack(mine))
-        got = he.unpack(engine._recv(), sum(enc.kept for enc, _ in uploads.values()),
-                        "kept weight ciphertexts")
-        at = 0
-        for key, (enc, _) in uploads.items():
-            cache[key] = [engine._load_ntt(unit, d) for d in got[at:at + enc.kept]]
-            at += enc.kept
+    _upload(engine, unit, cache, entries, items)
     encs = [plan[0] for _, plan in entries]
     bins = _bins(encs, unit.n)
     rows, at_row = [], {}               # A's plaintext rows, once per (item, offset)
@@ -120,6 +106,37 @@ def cross_many(engine: "he.CrossEngine", cache: dict, chunk: int, items: list) -
         back.append(unit.finish(files, he._dot(unit, pairs), np.concatenate(mask), bound, engine._rand, keep))
     engine._send(he.pack(back))
     got = he.unpack(engine._recv(), len(back), "kept-weight product ciphertexts")
+    opened = _open_back(unit, files, encs, bins, got)
+    shares = []
+    for (key, (enc, _, _, finish)), mine, r in zip(entries, opened, rs):
+        with np.errstate(over="ignore"):
+            shares.append(finish(enc.out(mine - r)))
+    return shares
+
+
+def _upload(engine: "he.CrossEngine", unit, cache: dict, entries: list, items: list) -> None:
+    """The B shares of the layouts not kept yet: this party's up in one message (each layout
+    once), the peer's kept in `cache` (NTT form, checked as any ciphertext from the peer)."""
+    uploads: dict = {}
+    for (key, plan), item in zip(entries, items):
+        if key not in cache and key not in uploads:
+            uploads[key] = (plan[0], plan[2](item[3]))
+    if not uploads:
+        return
+    mine = []
+    for enc, b in uploads.values():
+        mine += he.encrypt_at(unit, engine._files, enc.kept_rows(b))
+    engine._send(he.pack(mine))
+    got = he.unpack(engine._recv(), sum(enc.kept for enc, _ in uploads.values()), "kept weight ciphertexts")
+    at = 0
+    for key, (enc, _) in uploads.items():
+        cache[key] = [engine._load_ntt(unit, d) for d in got[at:at + enc.kept]]
+        at += enc.kept
+
+
+def _open_back(unit, files: "he._Files", encs: list, bins: list, got: list) -> list[np.ndarray]:
+    """The peer's returned ciphertexts opened at their products' output coefficients: per
+    item, [its returned blocks, outputs] (op(A, B) + the peer's R there)."""
     opened = [np.zeros((enc.back, enc.pos_out.size), dtype=np.uint64) for enc in encs]
     for members, data in zip(bins, got):
         keep = np.concatenate([encs[e].pos_out + off for e, _, off in members]).tolist()
@@ -127,11 +144,7 @@ def cross_many(engine: "he.CrossEngine", cache: dict, chunk: int, items: list) -
         for e, j, _ in members:
             opened[e][j] = values[at:at + encs[e].pos_out.size]
             at += encs[e].pos_out.size
-    shares = []
-    for (key, (enc, _, _, finish)), mine, r in zip(entries, opened, rs):
-        with np.errstate(over="ignore"):
-            shares.append(finish(enc.out(mine - r)))
-    return shares
+    return opened
 
 
 def _shifted(rows: np.ndarray, off: int) -> np.ndarray:
