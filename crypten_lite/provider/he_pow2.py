@@ -263,8 +263,8 @@ class Pow2Unit:
             raise ConfigError(f"pairwise: SEAL refuses the Z_2^64 parameters: "
                               f"{self.ctx.parameters_error_message()}")
         self.data_moduli = tuple(params.mm_moduli[:-1])
-        if max(self.data_moduli) >= 1 << 51:
-            raise ConfigError("pairwise: the Z_2^64 engine's data primes must be below 2^51 "
+        if max(self.data_moduli) >= 1 << 50:     # the wire packs residues at 50 bits (pack50)
+            raise ConfigError("pairwise: the Z_2^64 engine's data primes must be below 2^50 "
                               f"(got {max(self.data_moduli).bit_length()} bits)")
         self.pid = self.ctx.first_parms_id()
         self.k = params.mm_t_bits

@@ -436,3 +436,15 @@ def test_packed_kept_ciphertexts_round_trip_and_refuse_bad_payloads():
     with pytest.raises(ProtocolError, match="wrong form"):
         engine._load_ntt(u, bytes(flipped))
     files.close()
+
+
+def test_data_primes_past_50_bits_are_refused_at_construction():
+    """The wire packs residues at 50 bits (pack50), so a Z_2^64 engine with a 51-bit data
+    prime is a ConfigError when made, not a ValueError at the first send."""
+    import dataclasses
+
+    from crypten_lite.errors import ConfigError
+    from crypten_lite.provider import he_pow2
+    mods = tuple(m.value() for m in he._sealapi().CoeffModulus.Create(8192, [51, 50, 50, 50, 17]))
+    with pytest.raises(ConfigError, match="below 2\\^50"):
+        he_pow2.Pow2Unit(dataclasses.replace(he.default_params(), mm_moduli=mods))
