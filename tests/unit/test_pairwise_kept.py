@@ -69,6 +69,9 @@ def pair():
     ("conv2d", (2, 6, 7, 7), (6, 1, 3, 3), (2, 2, 1, 1, 1, 1, 6)),      # depthwise, stride 2
     ("conv_transpose2d", (1, 4, 5, 5), (4, 3, 3, 3), (2, 2, 1, 1, 1, 1, 1, 1, 1)),
     ("conv_transpose2d", (2, 4, 4, 3), (4, 2, 2, 3), (1, 2, 0, 1, 0, 1, 1, 2, 2)),  # groups 2
+    # padding exactly at the kernel's reach (nothing before), output_padding allowed by the
+    # dilation (stride 1 on that axis), batch 3 (review: each an edge of the conv2d it becomes)
+    ("conv_transpose2d", (3, 3, 5, 4), (3, 2, 3, 2), (1, 2, 4, 0, 1, 1, 2, 1, 1)),
     ("matmul", (2, 768), (768, 768), ()),         # past KEEP_MAX_CTS: B in column slices
 ])
 def test_kept_weight_across_two_inferences(pair, op, xs, ws, params):
