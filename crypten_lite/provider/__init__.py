@@ -120,22 +120,32 @@ def consecutive_rows(parts) -> np.ndarray | None:
 
 def _spec(kind: str, op: str, shapes, params) -> tuple:
     """A request's public description (kind, op, shapes, params) in one canonical form
-    (memoised for hashable arguments: a comparison's requests repeat a few shapes, and a
-    masked polynomial's params are about 30 integers)."""
+    (memoised: a comparison's requests repeat a few shapes, and a masked polynomial's params
+    are about 30 integers).
+
+    The memo is keyed by canonical forms only (str, tuples of int: immutable), each stored
+    under itself; a request equal to one of them (np.int64, True, torch.Size compare and hash
+    as the ints) is that form. Never keyed by the caller's objects: a tensor hashes by identity
+    and can change in place, so a cache keyed by it answered its old value."""
     try:
-        return _canonical_spec((kind, op, tuple(shapes), tuple(params)))
+        hit = _SPECS.get((kind, op, tuple(shapes), tuple(params)))
     except TypeError:  # a shape given as a list: not hashable
-        return _spec_of(kind, op, shapes, params)
+        hit = None
+    if hit is not None and type(kind) is str and type(op) is str:  # str(kind) is kind
+        return hit
+    spec = _spec_of(kind, op, shapes, params)
+    if len(_SPECS) < _SPECS_MAX:
+        _SPECS[spec] = spec
+    return spec
+
+
+_SPECS: dict = {}  # canonical spec -> itself (see _spec)
+_SPECS_MAX = 4096
 
 
 def _spec_of(kind: str, op: str, shapes, params) -> tuple:
     return (str(kind), str(op), tuple(tuple(int(s) for s in shape) for shape in shapes),
             tuple(int(p) for p in params))
-
-
-@functools.lru_cache(maxsize=4096)
-def _canonical_spec(key: tuple) -> tuple:
-    return _spec_of(*key)
 
 
 @functools.lru_cache(maxsize=4096)

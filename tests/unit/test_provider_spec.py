@@ -28,3 +28,25 @@ def test_spec_refuses_a_non_integer_every_time():
     for _ in range(2):
         with pytest.raises(ValueError):
             _spec("triple", "mul", [("a",)], ())
+
+
+def test_spec_of_a_tensor_changed_in_place_is_its_new_value():
+    # a tensor hashes by identity: a memo keyed by the caller's objects answered the old value
+    t = torch.tensor(3)
+    assert _spec("triple", "mul", [(4,)], (t,))[3] == (3,)
+    t.fill_(5)
+    assert _spec("triple", "mul", [(4,)], (t,))[3] == (5,)
+    shape = torch.tensor(6)
+    assert _spec("triple", "mul", [(shape,)], ())[2] == ((6,),)
+    shape.fill_(7)
+    assert _spec("triple", "mul", [(shape,)], ())[2] == ((7,),)
+
+
+def test_spec_of_a_str_subclass_kind_is_str_of_it():
+    import enum
+
+    class Kind(str, enum.Enum):
+        TRIPLE = "triple"
+
+    _spec("triple", "mul", [(4,)], ())
+    assert _spec(Kind.TRIPLE, "mul", [(4,)], ()) == _spec_of(Kind.TRIPLE, "mul", [(4,)], ())
