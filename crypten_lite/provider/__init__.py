@@ -95,8 +95,11 @@ def _rows_of(first: torch.Tensor, last: torch.Tensor, count: int, words: int) ->
     """The [count, words] numpy view from `first` to `last` in their common base's memory,
     if they lie there as consecutive parts of `words` words would; else None."""
     base = first._base
+    # each end contiguous too: a strided view (base[0:8:2]) has the offsets of a part of
+    # `words` words but not its memory
     if (base is None or last._base is not base or first.dim() != 1 or first.numel() != words
-            or last.numel() != words or first.dtype != torch.int64 or not base.is_contiguous()):
+            or last.numel() != words or first.dtype != torch.int64 or not base.is_contiguous()
+            or not first.is_contiguous() or not last.is_contiguous()):
         return None
     offset = first.storage_offset()
     if last.storage_offset() != offset + (count - 1) * words:
@@ -113,7 +116,8 @@ def consecutive_rows(parts) -> np.ndarray | None:
         return None
     base, words, start = parts[0]._base, parts[0].numel(), parts[0].storage_offset()
     if any(part._base is not base or part.dim() != 1 or part.numel() != words
-           or part.storage_offset() != start + j * words for j, part in enumerate(parts)):
+           or part.storage_offset() != start + j * words or not part.is_contiguous()
+           for j, part in enumerate(parts)):
         return None
     return _rows_of(parts[0], parts[-1], len(parts), words)
 

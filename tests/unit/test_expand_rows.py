@@ -102,3 +102,17 @@ def test_correlation_rows_refuse_what_is_not_one_array():
     assert Correlation(even[:2] + [None], lambda: [torch.zeros(8, dtype=torch.int64)],
                        ((8,),) * 3).rows(0, 3) is None
 
+
+
+def test_rows_refuse_strided_and_expanded_parts():
+    """Parts at the offsets consecutive parts would have but not on their memory: a strided
+    view (every other word) or an expanded one (one word repeated) are not rows of the base."""
+    base = torch.arange(32, dtype=torch.int64)
+    strided = [base[0:8:2], base[4:12:2], base[8:16:2]]
+    assert consecutive_rows(strided) is None
+    assert Correlation(strided, None, ((4,),) * 3).rows(0, 3) is None
+    expanded = [base[0:1].expand(4), base[4:5].expand(4)]
+    assert consecutive_rows(expanded) is None
+    assert Correlation(expanded, None, ((4,),) * 2).rows(0, 2) is None
+    good = list(base[:12].split(4))
+    assert (consecutive_rows(good) == base[:12].numpy().reshape(3, 4)).all()
