@@ -130,23 +130,39 @@ def halves(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     a table lookup per 16 bits (8 compressed bits), whose bytes in order are the 32-bit
     halves of two consecutive words already packed into one word (little-endian): a few
     times less CPU than the shifts and masks. Up to SMALL_EXPAND_WORDS words the lookup runs
-    on numpy views of the same memory (numpy's take on the 16-bit view, no index conversion:
-    about half the CPU of torch's five dispatches at LeNet b1's sizes)."""
+    on numpy views of the same memory (_halves_np: numpy's take on the 16-bit view, about
+    half the CPU of torch's five dispatches at LeNet b1's sizes)."""
+    if x.numel() <= SMALL_EXPAND_WORDS:
+        odd, even = _halves_np(x.contiguous().numpy())
+        return torch.from_numpy(odd), torch.from_numpy(even)
     x = _pad_last(x, 2)
     shape = (*x.shape[:-1], x.shape[-1] // 2)
-    if x.numel() <= SMALL_EXPAND_WORDS:
-        idx = x.contiguous().numpy().reshape(-1).view(np.uint16)
-        return (torch.from_numpy(_LUT_ODD_NP.take(idx).view(np.int64).reshape(shape)),
-                torch.from_numpy(_LUT_EVEN_NP.take(idx).view(np.int64).reshape(shape)))
     idx = x.contiguous().view(-1).view(torch.uint16).to(torch.int32)
     odd, even = _LUT_ODD.index_select(0, idx), _LUT_EVEN.index_select(0, idx)
     return odd.view(torch.int64).view(shape), even.view(torch.int64).view(shape)
+
+
+def _halves_np(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """halves of a contiguous int64 array, on numpy: the 16-bit view's index converted to
+    numpy's index type once for both lookups (take converts a uint16 index on each call)."""
+    if a.shape[-1] % 2:
+        a = np.concatenate([a, np.zeros((*a.shape[:-1], 1), dtype=np.int64)], -1)
+    shape = (*a.shape[:-1], a.shape[-1] // 2)
+    idx = a.reshape(-1).view(np.uint16).astype(np.intp)
+    return (_LUT_ODD_NP.take(idx).view(np.int64).reshape(shape),
+            _LUT_EVEN_NP.take(idx).view(np.int64).reshape(shape))
 
 
 def quarters(x: torch.Tensor, halves_fn=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Bits 4j, 4j+1, 4j+2, 4j+3 of packed groups of width >= 4 (q0, q1, q2, q3), each
     re-packed into full words (a quarter as many). `halves_fn`: an implementation of halves
     (rss_binary passes its table-lookup one)."""
+    if halves_fn is None and x.numel() <= SMALL_EXPAND_WORDS:
+        # the three splits on numpy, converted back once per quarter (not once per split)
+        hi, lo = _halves_np(x.contiguous().numpy())
+        q3, q1 = _halves_np(hi)
+        q2, q0 = _halves_np(lo)
+        return tuple(torch.from_numpy(q) for q in (q0, q1, q2, q3))
     split = halves_fn or halves
     hi, lo = split(x)
     q3, q1 = split(hi)

@@ -379,6 +379,20 @@ def test_halves_numpy_and_torch_paths_agree(words):
         assert torch.equal(lo, circuits.pack_lanes(circuits.compress_even(t), 32))
 
 
+@pytest.mark.parametrize("words", [1, 6, 7, circuits.SMALL_EXPAND_WORDS + 3])
+def test_quarters_numpy_and_torch_paths_agree(words):
+    """quarters splits on numpy up to SMALL_EXPAND_WORDS words (three splits, one conversion
+    back per quarter), through halves above and with a halves_fn: each quarter k is bits
+    4j+k of every element, 16 per element, as compress_even twice and pack_lanes give them,
+    on rows (word counts not a multiple of 4) and a transpose."""
+    x = _rand(torch.Generator().manual_seed(words), 2 * words).view(2, words)
+    for t in (x, x.t()):
+        want = [circuits.pack_lanes(circuits.compress_even(circuits.compress_even(t >> k)), 16)
+                for k in range(4)]
+        for got in (circuits.quarters(t), circuits.quarters(t, halves_fn=circuits.halves)):
+            assert all(torch.equal(g, w) for g, w in zip(got, want))
+
+
 def test_broadcast_shape_is_torchs():
     """correlations.broadcast_shape (memoised) gives torch.broadcast_shapes' shape, and
     incompatible shapes raise torch's error on every call (errors are not memoised)."""
