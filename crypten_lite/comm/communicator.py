@@ -19,7 +19,7 @@ from typing import Sequence
 
 import torch
 
-from ..errors import CommunicationError
+from ..errors import CommunicationError, ProtocolError
 from ..random import canonical
 
 REDUCE_OPS = {
@@ -34,6 +34,14 @@ REDUCE_OPS = {
 # compares it with its own (mpc.primitives.check_agree, mpc.rss._check).
 MAX_TAG_BYTES = 32
 _TAG_ATTR = "_crypten_lite_shape_tag"
+
+
+# The tag of a side channel's error notice (provider pairwise's ERROR frame). It may reach a
+# peer that has already left its exchange (the exchange's last message was the one found
+# tampered), so whatever that peer reads next from the sender may be the online protocol's
+# receive: there it is a ProtocolError (_timed_recv), never a share. Only error notices
+# carry it: no other message's bytes change.
+OFFLINE_ERROR_TAG = b"crypten_lite/offline-error"
 
 
 def shape_tag(shapes) -> bytes:
@@ -131,6 +139,10 @@ class Communicator(abc.ABC):
         finally:
             self._stats["seconds"] += time.perf_counter() - start
         self._stats["bytes_received"] += payload_bytes(tensor)
+        if getattr(tensor, _TAG_ATTR, None) == OFFLINE_ERROR_TAG:
+            raise ProtocolError(f"party {self.rank}: party {src} stopped its offline exchange with "
+                                "an error after this party had finished it (the exchange's last "
+                                f"message was refused there); see party {src}'s output")
         return tensor
 
     def _check_peer(self, peer: int, what: str) -> None:

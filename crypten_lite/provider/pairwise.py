@@ -59,6 +59,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..comm.communicator import OFFLINE_ERROR_TAG, with_tag
 from ..config import Config
 from ..errors import CommunicationError, ConfigError, ProtocolError
 from ..random import PRG, canonical, derive_key, fresh_seed
@@ -173,7 +174,10 @@ class PairwiseProvider(Provider):
     def _send(self, kind: int, payload: bytes) -> None:
         frame = self._frame(kind, payload)
         self.stats["pairwise_bytes_sent"] += len(frame)
-        self._comm._send(torch.frombuffer(bytearray(frame), dtype=torch.uint8), self._peer)
+        tensor = torch.frombuffer(bytearray(frame), dtype=torch.uint8)
+        if kind == ERROR:  # the peer may have left the exchange: marked for its online reads
+            tensor = with_tag(tensor, OFFLINE_ERROR_TAG)
+        self._comm._send(tensor, self._peer)
 
     def _recv(self, expected: int) -> bytes:
         tensor = self._comm._recv(self._peer)
