@@ -1,13 +1,8 @@
 """Provider pairwise's OT kinds: the correlations whose cross products have a bit as one
 factor, made by oblivious transfer (provider/ot.py) between the two parties alone.
 
-    kind              cross terms (rank 0's value x rank 1's value)      by
-    bit               r0 * r1 (then ra = r - 2 r0 r1)                    OT, mod 2^64
-    binary_triple     a0 & b1 ^ a1 & b0, bit by bit                      OT, mod 2
-    trunc(_exact)     r = w0 XOR w1 bit by bit: w0_j * w1_j, 64 bits     OT, mod 2^64
-    bit_mul           r0 * r1, and r0 (1 - 2 r1) a1 + (1 - 2 r0) a0 r1   OT both ways
-    binary_monomials  AND of XOR-shared masks, one AND layer per exchange OT, mod 2: one
-                      random OT per bit of each (top mask, chooser), reused
+bit, binary_triple, trunc(_exact), bit_mul and binary_monomials: their cross terms are the
+OT rows of the table in provider/pairwise.py's docstring (one table, kept there).
 
 Each maker takes the provider (its PRG, its CorrelatedOT `_ot`, its framed channel) and this
 party's derived components; PairwiseProvider (provider/pairwise.py) runs it inside one
