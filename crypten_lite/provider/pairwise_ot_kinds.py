@@ -298,29 +298,7 @@ def _drive_monomials(pv: "PairwiseProvider", steps: list) -> list:
             out[i] = done.value
             done_.add(i)
             wants.append(("ots", ([], []), None))
-    made = [([None] * len(w[1][0]), [None] * len(w[1][1])) for w in wants]
-    pending: tuple[list, list] = ([], [])                  # per chooser: (step, set, m, g)
-    budget = max(8, pv._ot.chunk)
-
-    def flush() -> None:
-        got = pv._ot.random_ots_both(tuple([m for _, _, m, _ in pending[c]] for c in (0, 1)))
-        for c in (0, 1):
-            for (i, j, _, g), keys in zip(pending[c], got[c]):
-                words = None
-                if g:
-                    words = _words8(keys.choice) if keys.choice is not None else None
-                    pv._ot.prepare(keys, g)                # the keys dropped: pad rows only
-                made[i][c][j] = (keys, words)   # words: the chooser's bits of a prepared set
-            pending[c].clear()
-    for i, (_, sizes, pads) in enumerate(wants):
-        for c in (0, 1):
-            for j, m in enumerate(sizes[c]):
-                total = sum(e[2] for e in pending[0]) + sum(e[2] for e in pending[1])
-                if total and total + m > budget:
-                    flush()
-                pending[c].append((i, j, m, None if pads is None else pads[c][j]))
-    if pending[0] or pending[1]:
-        flush()
+    made = _make_sets(pv, wants)
     replies = [made[i] for i in range(len(steps)) if i not in done_]
     active = [i for i in range(len(steps)) if i not in done_]
     while active:
@@ -347,6 +325,37 @@ def _drive_monomials(pv: "PairwiseProvider", steps: list) -> list:
         replies = [got[i] for i in still]
         active = still
     return out
+
+
+def _make_sets(pv: "PairwiseProvider", wants: list) -> list:
+    """The free-choice random OTs every generator asked for (its ("ots", sizes, pads)), in
+    calls of ot.random_ots_both of at most the OT chunk, each set prepared as soon as it is
+    made (one call's keys alive at a time). Returns, per generator and chooser, one
+    (OTKeys, the chooser's bits as words where prepared) per set."""
+    made = [([None] * len(w[1][0]), [None] * len(w[1][1])) for w in wants]
+    pending: tuple[list, list] = ([], [])                  # per chooser: (step, set, m, g)
+    budget = max(8, pv._ot.chunk)
+
+    def flush() -> None:
+        got = pv._ot.random_ots_both(tuple([m for _, _, m, _ in pending[c]] for c in (0, 1)))
+        for c in (0, 1):
+            for (i, j, _, g), keys in zip(pending[c], got[c]):
+                words = None
+                if g:
+                    words = _words8(keys.choice) if keys.choice is not None else None
+                    pv._ot.prepare(keys, g)                # the keys dropped: pad rows only
+                made[i][c][j] = (keys, words)   # words: the chooser's bits of a prepared set
+            pending[c].clear()
+    for i, (_, sizes, pads) in enumerate(wants):
+        for c in (0, 1):
+            for j, m in enumerate(sizes[c]):
+                total = sum(e[2] for e in pending[0]) + sum(e[2] for e in pending[1])
+                if total and total + m > budget:
+                    flush()
+                pending[c].append((i, j, m, None if pads is None else pads[c][j]))
+    if pending[0] or pending[1]:
+        flush()
+    return made
 
 
 @functools.lru_cache(maxsize=128)
