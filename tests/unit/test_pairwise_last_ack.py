@@ -46,29 +46,32 @@ def _run(ps, plan):
     return _both([lambda p=p: one(p) for p in ps])
 
 
-def _online_recv_fails(comms, ps, r):
+def _online_recv_fails(comms, r):
     """Party r's next online receive from its peer (the peer sends its share too) raises."""
-    share = torch.arange(len(b"x" * 8), dtype=torch.int64)
+    share = torch.arange(8, dtype=torch.int64)
     got = _both([lambda q=q: comms[q].exchange({1 - q: share}, [1 - q]) for q in range(2)])
     assert isinstance(got[r][1], ProtocolError), got[r]
     assert "offline" in str(got[r][1]) and f"party {1 - r}" in str(got[r][1])
 
 
-@pytest.mark.parametrize("sender", [0, 1])
-def test_a_tampered_last_acknowledgement_stops_both_parties(monkeypatch, sender):
+@pytest.mark.parametrize("sender, flagged", [(0, False), (1, False), (0, True)])
+def test_a_tampered_last_acknowledgement_stops_both_parties(monkeypatch, sender, flagged):
     """sender 0: rank 0's plain acknowledgement (an OT bin: rank 1's message ends it);
-    sender 1: rank 1's acknowledgement back (a bit alone: rank 0's corrections end it)."""
+    sender 1: rank 1's acknowledgement back (a bit alone: rank 0's corrections end it);
+    flagged: rank 0's acknowledgement saying its data ended the exchange (a bit alone), rank
+    0 then waits for rank 1's and reads the ERROR frame in the exchange."""
     monkeypatch.setattr(ot, "SILENT_MIN", 8)
     comms = _pair()
     ps = _providers(comms)
     _ok(_both([lambda p=p: p.get("bit_mul", [(2, 1), (2, 1)]).corrected() for p in ps]))  # pools
-    plan = BIN_PLAN if sender == 0 else [("bit", "", [(5,)], ())]
-    seen = _tamper_acks(comms[sender], flagged=False)
+    plan = BIN_PLAN if sender == 0 and not flagged else [("bit", "", [(5,)], ())]
+    seen = _tamper_acks(comms[sender], flagged)
     out = _run(ps, plan)
     assert seen["n"] == 1
     detector = 1 - sender
     assert isinstance(out[detector][1], ProtocolError), out[detector]
-    if out[sender][1] is None:           # it had left the exchange: its next read raises
-        _online_recv_fails(comms, ps, sender)
-    else:
+    if flagged:                          # it waited in the exchange
         assert isinstance(out[sender][1], ProtocolError), out[sender]
+    else:                                # it had left the exchange: its next read raises
+        assert out[sender][1] is None, out[sender]
+        _online_recv_fails(comms, sender)
