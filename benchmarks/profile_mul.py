@@ -8,7 +8,10 @@ the message: the one copy of copy-on-send), PRG (AES-CTR keystream of the shares
 triple), packing the opening (the differences x - a, y - b written into the one message:
 torch.sub, formerly torch.cat), truncation, and the Beaver arithmetic with the rest of the
 Python around it. Prints one line per party, milliseconds per product, with the CPU time of
-the party process and its minor page faults per product (unprofiled runs).
+the party process and its minor page faults per product (unprofiled runs), and that CPU time
+split by thread (`cpu_threads_ms`: the main thread, which makes the differences, sums the
+peer's chunks and recombines, against gRPC's threads; the roles and the kernel's count
+they come from are transport_cpu.py's).
 
     python benchmarks/profile_mul.py [--n 1000000] [--profiled 3]
 
@@ -29,6 +32,7 @@ import torch
 import crypten_lite
 from crypten_lite import comm
 from crypten_lite.mpc.launcher import PartyPool
+from transport_cpu import _split, _thread_times  # benchmarks/, the script's own folder
 
 # cProfile entries (function name, file suffix) per category; whatever is left is "beaver+python".
 CATEGORIES = {
@@ -51,15 +55,18 @@ def _party(n: int, profiled: int) -> dict:
     x, y = crypten_lite.cryptensor(a, src=0), crypten_lite.cryptensor(b, src=1)
     with offline.record() as plan:
         x * y
-    online, cpu, faults = [], [], []
+    online, cpu, faults, splits = [], [], [], []
     for _ in range(5):
         offline.prefetch(plan)
         c.barrier()
         before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        threads = _thread_times()
         start, cpu_start = time.perf_counter(), time.process_time()
         x * y
         online.append(time.perf_counter() - start)
         cpu.append(time.process_time() - cpu_start)
+        if threads:
+            splits.append(_split(threads, _thread_times(), 1, 1e-3))
         faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
     profile = cProfile.Profile()
     total = 0.0
@@ -78,6 +85,9 @@ def _party(n: int, profiled: int) -> dict:
            "cpu_ms_median": statistics.median(cpu) * 1e3,
            "minor_page_faults_median": int(statistics.median(faults)),
            "profiled_ms_per_mul": total / profiled * 1e3}
+    if splits:  # each role's median over the unprofiled products
+        out["cpu_threads_ms"] = {role: round(statistics.median(s.get(role, 0.0) for s in splits), 2)
+                                 for role in sorted({r for s in splits for r in s})}
     used = 0.0
     for category, names in CATEGORIES.items():
         seconds = 0.0

@@ -47,6 +47,19 @@ def test_profile_mul_stages_times_every_stage(tmp_path):
     assert "| whole product |" in gen.architecture_mul_stages({}, {}, {"mul_profile": run})
 
 
+def test_profile_mul_splits_cpu_by_thread():
+    # 300,000 elements: a streamed opening (two chunks); one profiled product
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "profile_mul.py"), "--n", "300000",
+                           "--profiled", "1"], capture_output=True, text=True, timeout=600, check=True)
+    rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert [row["rank"] for row in rows] == [0, 1]
+    for row in rows:
+        split = row["cpu_threads_ms"]
+        assert split["main"] > 0 and all(ms >= 0 for ms in split.values()), split
+        assert {"grpc_channel", "grpc_handler"} <= set(split), split  # the transport's own threads
+        assert row["cpu_ms_median"] > 0
+
+
 def _generator():
     import importlib.util
     spec = importlib.util.spec_from_file_location("gen_doc_figures", ROOT / "scripts" / "gen_doc_figures.py")
