@@ -426,19 +426,7 @@ def _monomial_steps(pv: "PairwiseProvider", parts, params):
         layer = sorted(m for m in needed if bin(m).count("1") == degree)
         if not layer:
             continue
-        groups: dict[tuple[int, int], list] = {}  # (top, chooser) -> [(m, sender's operand)]
-        plans = []
-        for m in layer:
-            top = 1 << (m.bit_length() - 1)
-            (x, ox), (y, oy) = values[m & ~top], values[top]
-            if ox == oy and ox != -1:                    # one owner: local
-                plans.append((m, x, y, ox))
-                continue
-            if ox != 1 and oy != 0:                      # x0 & y1: party 1 chooses with y1
-                groups.setdefault((top, 1), []).append((m, x))
-            if ox != 0 and oy != 1:                      # y0 & x1: party 0 chooses with y0
-                groups.setdefault((top, 0), []).append((m, x))
-            plans.append((m, x, y, -1))
+        plans, groups = _layer_plan(layer, values)
         crosses: dict[int, torch.Tensor] = {}
         items = []
         for (top, chooser), members in sorted(groups.items()):
@@ -460,6 +448,26 @@ def _monomial_steps(pv: "PairwiseProvider", parts, params):
             values[m] = (value, owner)
     out = [values[sub][0] if sub & (sub - 1) else values[sub][0].clone() for sub in subsets]
     return masks + out
+
+
+def _layer_plan(layer: list, values: dict) -> tuple[list, dict]:
+    """One AND layer of _monomial_steps: each product m of the layer as (m, x, y, owner) (x
+    its prefix's value, y its top's; owner -1: shared, computed locally where one party owns
+    both), and its cross terms grouped by (top, chooser): [(m, the sender's operand x)]."""
+    groups: dict[tuple[int, int], list] = {}
+    plans = []
+    for m in layer:
+        top = 1 << (m.bit_length() - 1)
+        (x, ox), (y, oy) = values[m & ~top], values[top]
+        if ox == oy and ox != -1:                    # one owner: local
+            plans.append((m, x, y, ox))
+            continue
+        if ox != 1 and oy != 0:                      # x0 & y1: party 1 chooses with y1
+            groups.setdefault((top, 1), []).append((m, x))
+        if ox != 0 and oy != 1:                      # y0 & x1: party 0 chooses with y0
+            groups.setdefault((top, 0), []).append((m, x))
+        plans.append((m, x, y, -1))
+    return plans, groups
 
 
 def _monomial_bytes(params) -> int:
