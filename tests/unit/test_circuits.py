@@ -393,6 +393,20 @@ def test_quarters_numpy_and_torch_paths_agree(words):
             assert all(torch.equal(g, w) for g, w in zip(got, want))
 
 
+@pytest.mark.parametrize("words", [1, 5, circuits.SMALL_EXPAND_WORDS + 3])
+def test_unpack_bits_numpy_and_torch_paths_agree(words):
+    """unpack_bits (numpy's unpackbits up to SMALL_EXPAND_WORDS words) gives every bit as
+    the shifts of a plain loop give it, on rows, a transpose and counts short of, at and
+    inside a word; a count beyond the words gives the bits there are, as unpack_lanes does."""
+    x = _rand(torch.Generator().manual_seed(words), 2 * words).view(2, words)
+    for t in (x, x.t()):
+        width = t.shape[-1]
+        plain = torch.stack([(t >> i) & 1 for i in range(64)], -1).reshape(*t.shape[:-1], -1)
+        for n in sorted({0, 1, 63, 64, 64 * width - 1, 64 * width}):
+            assert torch.equal(circuits.unpack_bits(t, n), plain[..., :n])
+        assert torch.equal(circuits.unpack_bits(t, 64 * width + 5), circuits.unpack_lanes(t, 1, 64 * width + 5))
+
+
 def test_broadcast_shape_is_torchs():
     """correlations.broadcast_shape (memoised) gives torch.broadcast_shapes' shape, and
     incompatible shapes raise torch's error on every call (errors are not memoised)."""
