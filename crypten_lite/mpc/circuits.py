@@ -293,7 +293,8 @@ def _row_plan(outputs: tuple, monos: tuple, lead: bool) -> tuple:
     by level (`levels`: for each size, the rows of P it fills, their earlier rows and last
     factors). Each output is the XOR of rows of G, G = (shares gathered) & (P gathered):
     the mask shares' rows, the monomials', then (with `lead`) the public products of whole
-    terms, whose P row is the empty product. `cuts`: where each output's rows start."""
+    terms, whose P row is the empty product. `cuts`: where each output's rows start (of the
+    outputs in `filled`, where some have no rows)."""
     mono_row = {m: i for i, m in enumerate(monos)}
     chosen_all = []
     for out in outputs:
@@ -320,7 +321,17 @@ def _row_plan(outputs: tuple, monos: tuple, lead: bool) -> tuple:
                         np.asarray([a for a, _ in multi], dtype=np.intp),
                         np.asarray([row[rest] for _, rest in whole], dtype=np.intp)))
         pub_rows += [row[rest] for _, rest in single + multi] + [0] * len(whole)
-    return len(products), levels, gathers, np.asarray(pub_rows, dtype=np.intp), np.asarray(cuts, dtype=np.intp)
+    # an output with no rows on this party (no terms; or only the empty term, which rank 0
+    # alone adds) is 0: reduceat would give an empty segment the next row, so such outputs
+    # leave the cuts and `filled` names the outputs the reduction fills (None: all of them)
+    ends = cuts[1:] + [len(pub_rows)]
+    filled = [i for i, (c, e) in enumerate(zip(cuts, ends)) if e > c]
+    if len(filled) < len(cuts):
+        cuts, filled = [cuts[i] for i in filled], np.asarray(filled, dtype=np.intp)
+    else:
+        filled = None
+    return (len(products), levels, gathers, np.asarray(pub_rows, dtype=np.intp), np.asarray(cuts, dtype=np.intp),
+            filled)
 
 
 def expand_rows(outputs: Sequence[Sequence[Sequence[int]]], opened: np.ndarray, masks: np.ndarray,
@@ -334,7 +345,7 @@ def expand_rows(outputs: Sequence[Sequence[Sequence[int]]], opened: np.ndarray, 
     one XOR reduction) instead of two per product; up to ROW_EXPAND_WORDS words (the
     gathered copies outgrow the cache above: expand_outputs is faster there)."""
     key = tuple(tuple(tuple(sorted(t)) for t in out) for out in outputs)
-    count, levels, gathers, pub_rows, cuts = _row_plan(key, tuple(mono_order), bool(lead))
+    count, levels, gathers, pub_rows, cuts, filled = _row_plan(key, tuple(mono_order), bool(lead))
     words = opened.shape[1]
     pub = np.empty((count, words), dtype=np.int64)
     pub[0] = -1
@@ -348,7 +359,12 @@ def expand_rows(outputs: Sequence[Sequence[Sequence[int]]], opened: np.ndarray, 
                 source.take(rows, 0, out=g[at:at + len(rows)])
                 at += len(rows)
     g &= pub.take(pub_rows, 0)
-    return np.bitwise_xor.reduceat(g, cuts, 0)
+    if filled is None:
+        return np.bitwise_xor.reduceat(g, cuts, 0)
+    out = np.zeros((len(outputs), words), dtype=np.int64)
+    if len(cuts):
+        out[filled] = np.bitwise_xor.reduceat(g, cuts, 0)
+    return out
 
 
 def _expand_terms_torch(terms, opened, mask, mono, lead) -> torch.Tensor:

@@ -1,9 +1,9 @@
 """circuits.expand_rows against expand_outputs for outputs that have no row on a party: an
 output with no terms (0), or only the empty term (the constant 1, added by rank 0 alone).
 np.bitwise_xor.reduceat gives an empty segment the next row (or an IndexError at the end),
-not 0. No protocol's circuit has such an output today (binary.eval_polys' jobs), so this is
-a latent gap: marked xfail (strict: it fails once fixed, to drop the mark) until circuits.py,
-which this reviewer does not edit, zeroes the empty segments (review of issue 32)."""
+not 0, so _row_plan leaves such outputs out of the reduction and expand_rows gives them 0. No
+protocol's circuit has such an output today (binary.eval_polys' jobs): a latent gap found by
+the review of issue 32, fixed."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ import torch
 from crypten_lite.mpc import circuits
 
 
-@pytest.mark.xfail(strict=True, reason="expand_rows: reduceat of an empty segment (circuits.py, issue 32 review)")
 @pytest.mark.parametrize("outputs, lead", [
     ([[()], [(0, 1)]], False), ([[(0, 1)], [()]], False),      # the constant 1 on rank 1
     ([[], [(0, 1)]], True), ([[], [(0, 1)]], False), ([[(0, 1)], []], True), ([[(0, 1)], []], False)])
