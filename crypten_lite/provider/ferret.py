@@ -53,6 +53,7 @@ import threading
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
+from .. import _native
 from ..errors import ProtocolError
 
 TREES = 850                   # t: GGM trees (noise bins) per iteration
@@ -72,7 +73,7 @@ _KEYS = [hashlib.sha256(f"crypten_lite/v1/ferret-ggm-{s}".encode()).digest()[:16
 _U64 = np.uint64
 _CLEAR = ~np.uint64(1)     # bit 0 of a COT value is the receiver's choice bit (Delta's: 1)
 
-if not (GROUP * LEAVES >= BASE and TREES > GROUP):  # pragma: no cover - a constants edit
+if not (GROUP * LEAVES >= BASE and TREES > GROUP and DEPTH >= 2):  # pragma: no cover - a constants edit
     raise ImportError("ferret: an iteration's first step must hold the next base COTs")
 
 
@@ -124,6 +125,22 @@ def _make_indices(step: int, count: int) -> np.ndarray:
     return words.reshape(D, count)
 
 
+def _encode(acc: np.ndarray, table: np.ndarray, rows: np.ndarray, count: int) -> None:
+    """The linear code in numpy: acc[i] ^= XOR_j table[rows[j, i]] (the native lpn_encode's
+    reference), BLOCK outputs at a time (they stay in cache for their D gathers: 25% faster
+    than whole rows)."""
+    index = np.empty(BLOCK, dtype=np.intp)      # scratch: no fresh pages per gather
+    got = np.empty(BLOCK, dtype=np.complex128)
+    got64 = got.view(_U64).reshape(BLOCK, 2)
+    for s in range(0, count, BLOCK):
+        e = min(count, s + BLOCK)
+        part = acc[s:e]
+        for j in range(D):
+            index[:e - s] = rows[j, s:e]
+            table.take(index[:e - s], out=got[:e - s], mode="clip")   # clip: no buffered copy
+            part ^= got64[:e - s]
+
+
 def _fold(a: np.ndarray) -> np.ndarray:
     """XOR over axis 0: numpy's reduce XORs row after row into one [g, 2] accumulator that
     stays in L1 (about half the CPU of halving, which writes a half-size temporary first)."""
@@ -146,7 +163,10 @@ class SilentCOT:
         if not self.receiver and not ot._delta[0] & 1:   # pragma: no cover - ot.setup's job
             raise ProtocolError("pairwise silent OT: Delta's bit 0 must be 1 (CorrelatedOT.setup "
                                 "in mode 'ferret' sets it)")
-        self._expand = _Expander()
+        # the native kernels (crypten_lite/_native: the same bytes), else the numpy path
+        self._aes = _native.aes()         # GGM levels with AES-NI
+        self._kern = _native.kernels()    # the LPN code
+        self._expand = _Expander() if self._aes is None else None
         self._hash = _Hash()
         self._tweak = 0                   # level-OT hash tweaks used so far
         self._reserve: tuple | None = None
@@ -253,16 +273,10 @@ class SilentCOT:
         count = g * LEAVES
         rows = _indices(first // GROUP, count)      # the same public matrix every iteration
         acc = leaves.reshape(count, 2)              # the step's own fresh array
-        index = np.empty(BLOCK, dtype=np.intp)      # scratch: no fresh pages per gather
-        got = np.empty(BLOCK, dtype=np.complex128)
-        got64 = got.view(_U64).reshape(BLOCK, 2)
-        for s in range(0, count, BLOCK):            # a block's outputs stay in cache for its
-            e = min(count, s + BLOCK)               # D gathers (25% faster than whole rows)
-            part = acc[s:e]
-            for j in range(D):
-                index[:e - s] = rows[j, s:e]
-                table.take(index[:e - s], out=got[:e - s], mode="clip")   # clip: no buffered copy
-                part ^= got64[:e - s]
+        if self._kern is not None:
+            self._kern.lpn_encode(acc, table, rows, D)
+        else:
+            _encode(acc, table, rows, count)
         # the receiver's bits x = A*u ^ e ride in bit 0 of its values (u's and e's do)
         bits = (acc[:, 0] & _U64(1)).astype(np.uint8) if self.receiver else None
         reserve = None
@@ -334,17 +348,29 @@ class SilentCOT:
         Leaves [LEAVES, g, 2] (_Expander's layout), bit 0 cleared."""
         nodes = np.frombuffer(self._ot._rand(16 * g), dtype=_U64).reshape(1, g, 2)
         sums = np.empty((g, DEPTH, 2, 2), dtype=_U64)
-        for level in range(DEPTH):
-            nodes = self._expand(nodes)
-            half = nodes.shape[0] // 2
-            sums[:, level, 0] = _fold(nodes[:half])
-            sums[:, level, 1] = _fold(nodes[half:])
-        nodes[:, :, 0] &= _CLEAR
+        if self._aes is not None:       # in place, level sums fused, bit 0 cleared at the end
+            roots, nodes = nodes, np.empty((LEAVES, g, 2), dtype=_U64)
+            nodes[0] = roots[0]
+            folds = np.empty((g, 2, 2), dtype=_U64)
+            for level in range(DEPTH):
+                self._aes.ggm_level(_KEYS[0], _KEYS[1], nodes, 1 << level, g, folds, None,
+                                    level == DEPTH - 1)
+                sums[:, level] = folds
+            total = folds[:, 0] ^ folds[:, 1]       # the leaves' XOR, bit 0 cleared as theirs
+            total[:, 0] &= _CLEAR
+        else:
+            for level in range(DEPTH):
+                nodes = self._expand(nodes)
+                half = nodes.shape[0] // 2
+                sums[:, level, 0] = _fold(nodes[:half])
+                sums[:, level, 1] = _fold(nodes[half:])
+            nodes[:, :, 0] &= _CLEAR
+            total = _fold(nodes)
         kb = keys.view(np.uint8).reshape(-1, 16)
         delta = self._ot._delta
         sums[:, :, 0] ^= self._hash(kb, tweak, domain).reshape(g, DEPTH, 2)
         sums[:, :, 1] ^= self._hash(kb ^ delta, tweak, domain).reshape(g, DEPTH, 2)
-        last = _fold(nodes) ^ delta.view(_U64)
+        last = total ^ delta.view(_U64)
         payload = sums.tobytes() + last.tobytes()
         self.bytes_sent += len(payload)
         self._ot._send(payload)
@@ -372,6 +398,8 @@ class SilentCOT:
         side = b.astype(np.intp)                                  # [g, DEPTH]: off-path sides
         known = sums[rows[:, None], np.arange(DEPTH)[None, :], side] ^ h  # [g, DEPTH, 2]
         alpha = 1 - side
+        if self._aes is not None:
+            return self._puncture_native(known, side, alpha, last, g)
         nodes = np.zeros((2, g, 2), dtype=_U64)
         nodes[side[:, 0], rows] = known[:, 0]
         path = alpha[:, 0].copy()                   # position of the punctured node
@@ -386,6 +414,30 @@ class SilentCOT:
             path = alpha[:, level] * w + path
         nodes[:, :, 0] &= _CLEAR
         nodes[path, rows] = last ^ _fold(nodes)     # the alpha leaf is still 0 here
+        return nodes
+
+    def _puncture_native(self, known, side, alpha, last, g: int) -> np.ndarray:
+        """_puncture's tree walk with the native GGM level (in place; the unknown node's
+        children zeroed and left out of the level sums in C; bit 0 cleared at the last level)."""
+        rows = np.arange(g)
+        nodes = np.empty((LEAVES, g, 2), dtype=_U64)
+        nodes[:2] = 0
+        nodes[side[:, 0], rows] = known[:, 0]
+        path = alpha[:, 0].astype(np.int64)          # position of the punctured node
+        folds = np.empty((g, 2, 2), dtype=_U64)
+        for level in range(1, DEPTH):
+            w = 1 << level
+            final = level == DEPTH - 1
+            self._aes.ggm_level(_KEYS[0], _KEYS[1], nodes, w, g, folds, path, final)
+            s = side[:, level]
+            sibling = known[:, level] ^ folds[rows, s]
+            if final:
+                sibling[:, 0] &= _CLEAR
+            nodes[s * w + path, rows] = sibling
+            path = alpha[:, level] * w + path
+        total = folds[:, 0] ^ folds[:, 1] ^ sibling     # every leaf but alpha (still 0)
+        total[:, 0] &= _CLEAR
+        nodes[path, rows] = last ^ total
         return nodes
 
     # -- hand-out -----------------------------------------------------------------------------

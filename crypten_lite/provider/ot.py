@@ -34,6 +34,7 @@ from typing import Callable
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
+from .. import _native
 from ..errors import ConfigError, ProtocolError
 
 KAPPA = 128                      # base OTs per direction (computational security parameter)
@@ -147,6 +148,7 @@ class _Hash:
         self._pi = Cipher(algorithms.AES(_FIXED_KEY), modes.ECB()).encryptor()
         self._scratch: np.ndarray | None = None
         self._iota = np.arange(self.BLOCK, dtype=np.uint64)
+        self._native = _native.aes()      # AES-NI kernel (crypten_lite/_native), or None
 
     def __call__(self, blocks: np.ndarray, first: int, domain: int,
                  out: np.ndarray | None = None, xor: np.ndarray | None = None) -> np.ndarray:
@@ -157,6 +159,14 @@ class _Hash:
         if out is None:
             out = np.empty((m, 2), dtype=np.uint64)
         if m == 0:
+            return out
+        if self._native is not None:            # the same bytes, natively, without the GIL
+            target = out if out.flags.c_contiguous else np.empty((m, 2), dtype=np.uint64)
+            self._native.tccr(_FIXED_KEY, np.ascontiguousarray(blocks), target, int(first),
+                              int(domain), None if xor is None else
+                              np.ascontiguousarray(xor, dtype=np.uint8))
+            if target is not out:
+                out[...] = target
             return out
         if self._scratch is None:
             self._scratch = np.empty(3 * 16 * self.BLOCK + 16, dtype=np.uint8)

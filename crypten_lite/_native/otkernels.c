@@ -1,0 +1,492 @@
+/* Native loops of provider pairwise's OT extension (crypten_lite/provider/ot.py, ferret.py).
+ *
+ * Byte-identical to the numpy paths they replace (tests/unit/test_pairwise_native.py checks
+ * it on random inputs): numpy stays the reference and the fallback (crypten_lite/_native).
+ *
+ *   aes_ok()                                   AES-NI and SSE4.1 on this CPU (x86-64 only)
+ *   aes_ecb(key, src, out)                     AES-128-ECB (AES-NI; for the tests)
+ *   tccr(key, src, out, first, domain, mask)   out_i = pi(pi(x_i) ^ j_i) ^ pi(x_i),
+ *                                              x_i = src_i [^ mask], j_i = (first + i, domain)
+ *   ggm_level(key_l, key_r, buf, w, g, folds, zero, clear)
+ *                                              one GGM level in place (MMO: pi_s(x) ^ x) and
+ *                                              its left/right XOR sums per tree
+ *   lpn_encode(acc, table, rows)               acc_i ^= XOR_j table[rows[j, i]]
+ *
+ * Every buffer is checked (C-contiguous, writable where written, size, integer format) before
+ * any loop; each loop runs without the GIL. Only the public fixed keys pass through here (the
+ * AES keys are the protocol's public constants): secrets are data, never logged or echoed.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define OTK_AESNI 1
+#include <immintrin.h>
+#define TGT __attribute__((target("aes,sse4.1")))
+#endif
+
+/* ---- buffers ------------------------------------------------------------------------ */
+
+static int get_buf(PyObject *o, Py_buffer *v, int writable, const char *name) {
+    int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(o, v, flags) < 0) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "otkernels: %s must be a C-contiguous%s buffer "
+                     "(a numpy array made with np.ascontiguousarray)", name,
+                     writable ? ", writable" : "");
+        return -1;
+    }
+    return 0;
+}
+
+/* a signed integer format of `size` bytes, native byte order */
+static int int_format(Py_buffer *v, Py_ssize_t size) {
+    const char *f = v->format ? v->format : "B";
+    if (*f == '@' || *f == '=' || *f == '<')
+        f++;
+    if (v->itemsize != size || f[0] == 0 || f[1] != 0)
+        return 0;
+    return strchr("bhilq", f[0]) != NULL;
+}
+
+static int u64_arg(PyObject *o, uint64_t *out, const char *name) {
+    if (!PyLong_Check(o)) {
+        PyErr_Format(PyExc_TypeError, "otkernels: %s must be an int", name);
+        return -1;
+    }
+    unsigned long long x = PyLong_AsUnsignedLongLong(o);
+    if (x == (unsigned long long)-1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "otkernels: %s must be in [0, 2^64)", name);
+        return -1;
+    }
+    *out = (uint64_t)x;
+    return 0;
+}
+
+/* ---- AES-128 with AES-NI ------------------------------------------------------------ */
+
+#ifdef OTK_AESNI
+typedef struct { __m128i k[11]; } aes_key;
+
+TGT static inline __m128i key_step(__m128i key, __m128i gen) {
+    gen = _mm_shuffle_epi32(gen, 0xff);
+    key = _mm_xor_si128(key, _mm_slli_si128(key, 4));
+    key = _mm_xor_si128(key, _mm_slli_si128(key, 4));
+    key = _mm_xor_si128(key, _mm_slli_si128(key, 4));
+    return _mm_xor_si128(key, gen);
+}
+
+#define KEY_ROUND(i, rcon) ks->k[i] = key_step(ks->k[i - 1], _mm_aeskeygenassist_si128(ks->k[i - 1], rcon))
+
+TGT static void aes_expand(const uint8_t *key, aes_key *ks) {
+    ks->k[0] = _mm_loadu_si128((const __m128i *)key);
+    KEY_ROUND(1, 0x01); KEY_ROUND(2, 0x02); KEY_ROUND(3, 0x04); KEY_ROUND(4, 0x08);
+    KEY_ROUND(5, 0x10); KEY_ROUND(6, 0x20); KEY_ROUND(7, 0x40); KEY_ROUND(8, 0x80);
+    KEY_ROUND(9, 0x1b); KEY_ROUND(10, 0x36);
+}
+
+/* n <= 8 blocks through AES at once (the rounds interleaved: AESENC's latency hidden) */
+TGT static inline void aes_n(const aes_key *ks, __m128i *b, int n) {
+    for (int i = 0; i < n; i++)
+        b[i] = _mm_xor_si128(b[i], ks->k[0]);
+    for (int r = 1; r < 10; r++)
+        for (int i = 0; i < n; i++)
+            b[i] = _mm_aesenc_si128(b[i], ks->k[r]);
+    for (int i = 0; i < n; i++)
+        b[i] = _mm_aesenclast_si128(b[i], ks->k[10]);
+}
+
+TGT static void ecb_loop(const aes_key *ks, const uint8_t *src, uint8_t *out, Py_ssize_t m) {
+    __m128i b[8];
+    for (Py_ssize_t s = 0; s < m; s += 8) {
+        int n = (int)(m - s < 8 ? m - s : 8);
+        for (int i = 0; i < n; i++)
+            b[i] = _mm_loadu_si128((const __m128i *)(src + 16 * (s + i)));
+        aes_n(ks, b, n);
+        for (int i = 0; i < n; i++)
+            _mm_storeu_si128((__m128i *)(out + 16 * (s + i)), b[i]);
+    }
+}
+
+TGT static void tccr_loop(const aes_key *ks, const uint8_t *src, uint8_t *out, Py_ssize_t m,
+                          uint64_t first, uint64_t domain, const uint8_t *mask) {
+    __m128i y[8], z[8];
+    __m128i mk = mask ? _mm_loadu_si128((const __m128i *)mask) : _mm_setzero_si128();
+    for (Py_ssize_t s = 0; s < m; s += 8) {
+        int n = (int)(m - s < 8 ? m - s : 8);
+        for (int i = 0; i < n; i++)
+            y[i] = _mm_xor_si128(_mm_loadu_si128((const __m128i *)(src + 16 * (s + i))), mk);
+        aes_n(ks, y, n);
+        for (int i = 0; i < n; i++)    /* tweak j: word 0 first + row (wraps as numpy's), word 1 domain */
+            z[i] = _mm_xor_si128(y[i], _mm_set_epi64x((long long)domain,
+                                                     (long long)(first + (uint64_t)(s + i))));
+        aes_n(ks, z, n);
+        for (int i = 0; i < n; i++)
+            _mm_storeu_si128((__m128i *)(out + 16 * (s + i)), _mm_xor_si128(z[i], y[i]));
+    }
+}
+
+/* One GGM level in place: parents buf[0 .. w*g) ([w, g] nodes) -> children [2w, g]: left of
+ * node i at i, right at w*g + i, child = pi_side(parent) ^ parent. folds[t] = (XOR of tree
+ * t's left children, XOR of its right children), taken before `clear` (which clears bit 0 of
+ * each stored child). zero[t] (optional; scratch: 2g blocks): the parent of tree t whose two
+ * children are stored as 0 and left out of the folds. */
+TGT static void ggm_loop(const aes_key *kl, const aes_key *kr, uint8_t *buf, Py_ssize_t w,
+                         Py_ssize_t g, uint8_t *folds, const int64_t *zero, int clear,
+                         __m128i *scratch) {
+    __m128i *node = (__m128i *)buf, *fold = (__m128i *)folds;
+    Py_ssize_t total = w * g;
+    __m128i cm = clear ? _mm_set_epi64x(-1LL, (long long)~1ULL) : _mm_set1_epi64x(-1LL);
+    for (Py_ssize_t t = 0; t < 2 * g; t++)
+        _mm_storeu_si128(fold + t, _mm_setzero_si128());
+    if (zero) {   /* the children about to be made at the zeroed parents (before overwriting) */
+        for (Py_ssize_t u = 0; u < g; u++) {
+            __m128i p = _mm_loadu_si128(node + zero[u] * g + u), c[2] = {p, p};
+            aes_n(kl, c, 1);
+            aes_n(kr, c + 1, 1);
+            scratch[2 * u] = _mm_xor_si128(c[0], p);
+            scratch[2 * u + 1] = _mm_xor_si128(c[1], p);
+        }
+    }
+    Py_ssize_t t = 0;     /* tree of node s */
+    for (Py_ssize_t s = 0; s < total; s += 4) {
+        int n = (int)(total - s < 4 ? total - s : 4);
+        __m128i p[4] = {0}, l[4] = {0}, r[4] = {0};
+        for (int i = 0; i < n; i++) {
+            p[i] = _mm_loadu_si128(node + s + i);
+            l[i] = p[i];
+            r[i] = p[i];
+        }
+        aes_n(kl, l, n);
+        aes_n(kr, r, n);
+        for (int i = 0; i < n; i++) {
+            __m128i a = _mm_xor_si128(l[i], p[i]), b = _mm_xor_si128(r[i], p[i]);
+            _mm_storeu_si128(fold + 2 * t, _mm_xor_si128(_mm_loadu_si128(fold + 2 * t), a));
+            _mm_storeu_si128(fold + 2 * t + 1, _mm_xor_si128(_mm_loadu_si128(fold + 2 * t + 1), b));
+            _mm_storeu_si128(node + s + i, _mm_and_si128(a, cm));
+            _mm_storeu_si128(node + total + s + i, _mm_and_si128(b, cm));
+            if (++t == g)
+                t = 0;
+        }
+    }
+    if (zero) {
+        for (Py_ssize_t u = 0; u < g; u++) {
+            Py_ssize_t i = zero[u] * g + u;
+            _mm_storeu_si128(fold + 2 * u, _mm_xor_si128(_mm_loadu_si128(fold + 2 * u), scratch[2 * u]));
+            _mm_storeu_si128(fold + 2 * u + 1,
+                             _mm_xor_si128(_mm_loadu_si128(fold + 2 * u + 1), scratch[2 * u + 1]));
+            _mm_storeu_si128(node + i, _mm_setzero_si128());
+            _mm_storeu_si128(node + total + i, _mm_setzero_si128());
+        }
+    }
+}
+#endif
+
+/* ---- Python functions ----------------------------------------------------------------- */
+
+static PyObject *py_aes_ok(PyObject *self, PyObject *args) {
+    (void)self; (void)args;
+#ifdef OTK_AESNI
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("aes") && __builtin_cpu_supports("sse4.1"))
+        Py_RETURN_TRUE;
+#endif
+    Py_RETURN_FALSE;
+}
+
+#ifdef OTK_AESNI
+static int aes_ready(void) {
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("aes") && __builtin_cpu_supports("sse4.1"))
+        return 1;
+    PyErr_SetString(PyExc_RuntimeError, "otkernels: this CPU has no AES-NI; use the numpy path "
+                    "(crypten_lite._native.aes() returns None here)");
+    return 0;
+}
+
+static int key_arg(Py_buffer *v, const char *name) {
+    if (v->len != 16) {
+        PyErr_Format(PyExc_ValueError, "otkernels: %s must be 16 bytes (AES-128), got %zd",
+                     name, v->len);
+        return 0;
+    }
+    return 1;
+}
+#endif
+
+static PyObject *py_aes_ecb(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *ko, *so, *oo;
+    if (!PyArg_ParseTuple(args, "OOO:aes_ecb", &ko, &so, &oo))
+        return NULL;
+#ifdef OTK_AESNI
+    if (!aes_ready())
+        return NULL;
+    Py_buffer k, s, o;
+    if (get_buf(ko, &k, 0, "key") < 0)
+        return NULL;
+    if (get_buf(so, &s, 0, "src") < 0) {
+        PyBuffer_Release(&k);
+        return NULL;
+    }
+    if (get_buf(oo, &o, 1, "out") < 0) {
+        PyBuffer_Release(&k);
+        PyBuffer_Release(&s);
+        return NULL;
+    }
+    PyObject *ret = NULL;
+    if (!key_arg(&k, "key"))
+        goto done;
+    if (s.len % 16 || o.len != s.len) {
+        PyErr_Format(PyExc_ValueError, "otkernels.aes_ecb: src must be whole 16-byte blocks and "
+                     "out the same size (got %zd and %zd bytes)", s.len, o.len);
+        goto done;
+    }
+    aes_key ks;
+    aes_expand((const uint8_t *)k.buf, &ks);
+    Py_BEGIN_ALLOW_THREADS
+    ecb_loop(&ks, (const uint8_t *)s.buf, (uint8_t *)o.buf, s.len / 16);
+    Py_END_ALLOW_THREADS
+    ret = Py_NewRef(Py_None);
+done:
+    PyBuffer_Release(&k);
+    PyBuffer_Release(&s);
+    PyBuffer_Release(&o);
+    return ret;
+#else
+    PyErr_SetString(PyExc_RuntimeError, "otkernels: built without AES-NI (not x86-64)");
+    return NULL;
+#endif
+}
+
+static PyObject *py_tccr(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *ko, *so, *oo, *fo, *dmo, *mo = Py_None;
+    if (!PyArg_ParseTuple(args, "OOOOO|O:tccr", &ko, &so, &oo, &fo, &dmo, &mo))
+        return NULL;
+#ifdef OTK_AESNI
+    uint64_t first, domain;
+    if (!aes_ready() || u64_arg(fo, &first, "first") < 0 || u64_arg(dmo, &domain, "domain") < 0)
+        return NULL;
+    Py_buffer k, s, o, m;
+    int have_m = 0;
+    PyObject *ret = NULL;
+    if (get_buf(ko, &k, 0, "key") < 0)
+        return NULL;
+    if (get_buf(so, &s, 0, "src") < 0) {
+        PyBuffer_Release(&k);
+        return NULL;
+    }
+    if (get_buf(oo, &o, 1, "out") < 0) {
+        PyBuffer_Release(&k);
+        PyBuffer_Release(&s);
+        return NULL;
+    }
+    if (mo != Py_None) {
+        if (get_buf(mo, &m, 0, "mask") < 0)
+            goto done;
+        have_m = 1;
+        if (m.len != 16) {
+            PyErr_Format(PyExc_ValueError, "otkernels.tccr: mask must be 16 bytes, got %zd", m.len);
+            goto done;
+        }
+    }
+    if (!key_arg(&k, "key"))
+        goto done;
+    if (s.len % 16 || o.len != s.len) {
+        PyErr_Format(PyExc_ValueError, "otkernels.tccr: src must be whole 16-byte blocks and out "
+                     "the same size (got %zd and %zd bytes)", s.len, o.len);
+        goto done;
+    }
+    aes_key ks;
+    aes_expand((const uint8_t *)k.buf, &ks);
+    const uint8_t *mask = have_m ? (const uint8_t *)m.buf : NULL;
+    Py_BEGIN_ALLOW_THREADS
+    tccr_loop(&ks, (const uint8_t *)s.buf, (uint8_t *)o.buf, s.len / 16, first, domain, mask);
+    Py_END_ALLOW_THREADS
+    ret = Py_NewRef(Py_None);
+done:
+    if (have_m)
+        PyBuffer_Release(&m);
+    PyBuffer_Release(&k);
+    PyBuffer_Release(&s);
+    PyBuffer_Release(&o);
+    return ret;
+#else
+    PyErr_SetString(PyExc_RuntimeError, "otkernels: built without AES-NI (not x86-64)");
+    return NULL;
+#endif
+}
+
+static PyObject *py_ggm_level(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *klo, *kro, *bo, *fo, *zo;
+    Py_ssize_t w, g;
+    int clear;
+    if (!PyArg_ParseTuple(args, "OOOnnOOp:ggm_level", &klo, &kro, &bo, &w, &g, &fo, &zo, &clear))
+        return NULL;
+#ifdef OTK_AESNI
+    if (!aes_ready())
+        return NULL;
+    if (w < 1 || g < 1 || w > PY_SSIZE_T_MAX / 64 / g) {
+        PyErr_Format(PyExc_ValueError, "otkernels.ggm_level: w and g must be positive (got %zd, %zd)",
+                     w, g);
+        return NULL;
+    }
+    Py_buffer bufs[5];
+    PyObject *objs[5] = {klo, kro, bo, fo, zo};
+    const char *names[5] = {"key_l", "key_r", "buf", "folds", "zero"};
+    int got = 0, n = zo == Py_None ? 4 : 5;
+    PyObject *ret = NULL;
+    __m128i *scratch = NULL;
+    for (; got < n; got++)
+        if (get_buf(objs[got], &bufs[got], got == 2 || got == 3, names[got]) < 0)
+            goto done;
+    if (!key_arg(&bufs[0], "key_l") || !key_arg(&bufs[1], "key_r"))
+        goto done;
+    if (bufs[2].len < 2 * w * g * 16) {
+        PyErr_Format(PyExc_ValueError, "otkernels.ggm_level: buf holds %zd bytes, a level of "
+                     "%zd x %zd nodes needs %zd", bufs[2].len, w, g, 2 * w * g * 16);
+        goto done;
+    }
+    if (bufs[3].len != g * 32) {
+        PyErr_Format(PyExc_ValueError, "otkernels.ggm_level: folds must be %zd bytes ([g, 2, 2] "
+                     "uint64), got %zd", g * 32, bufs[3].len);
+        goto done;
+    }
+    const int64_t *zero = NULL;
+    if (n == 5) {
+        if (!int_format(&bufs[4], 8) || bufs[4].len != g * 8) {
+            PyErr_Format(PyExc_ValueError, "otkernels.ggm_level: zero must be int64 [g = %zd]", g);
+            goto done;
+        }
+        zero = (const int64_t *)bufs[4].buf;
+        for (Py_ssize_t u = 0; u < g; u++)
+            if (zero[u] < 0 || zero[u] >= w) {
+                PyErr_Format(PyExc_ValueError, "otkernels.ggm_level: zero[%zd] = %lld is not a "
+                             "position in [0, %zd)", u, (long long)zero[u], w);
+                goto done;
+            }
+        scratch = PyMem_Malloc(2 * g * sizeof(__m128i));
+        if (!scratch) {
+            PyErr_NoMemory();
+            goto done;
+        }
+    }
+    aes_key kl, kr;
+    aes_expand((const uint8_t *)bufs[0].buf, &kl);
+    aes_expand((const uint8_t *)bufs[1].buf, &kr);
+    Py_BEGIN_ALLOW_THREADS
+    ggm_loop(&kl, &kr, (uint8_t *)bufs[2].buf, w, g, (uint8_t *)bufs[3].buf, zero, clear, scratch);
+    Py_END_ALLOW_THREADS
+    ret = Py_NewRef(Py_None);
+done:
+    PyMem_Free(scratch);
+    for (int i = 0; i < got; i++)
+        PyBuffer_Release(&bufs[i]);
+    return ret;
+#else
+    PyErr_SetString(PyExc_RuntimeError, "otkernels: built without AES-NI (not x86-64)");
+    return NULL;
+#endif
+}
+
+static void lpn_loop(uint64_t *acc, const uint64_t *table, const int32_t *rows, Py_ssize_t n,
+                     Py_ssize_t d) {
+    for (Py_ssize_t i = 0; i < n; i++) {
+        uint64_t a0 = acc[2 * i], a1 = acc[2 * i + 1];
+        for (Py_ssize_t j = 0; j < d; j++) {
+            const uint64_t *e = table + 2 * (Py_ssize_t)rows[j * n + i];
+            a0 ^= e[0];
+            a1 ^= e[1];
+        }
+        acc[2 * i] = a0;
+        acc[2 * i + 1] = a1;
+    }
+}
+
+static int lpn_check(const int32_t *rows, Py_ssize_t count, Py_ssize_t size) {
+    uint32_t bad = 0;
+    for (Py_ssize_t i = 0; i < count; i++)
+        bad |= (uint32_t)rows[i] >= (uint32_t)size;
+    return bad == 0;
+}
+
+static PyObject *py_lpn_encode(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *ao, *to, *ro;
+    Py_ssize_t d;
+    if (!PyArg_ParseTuple(args, "OOOn:lpn_encode", &ao, &to, &ro, &d))
+        return NULL;
+    Py_buffer a, t, r;
+    PyObject *ret = NULL;
+    if (get_buf(ao, &a, 1, "acc") < 0)
+        return NULL;
+    if (get_buf(to, &t, 0, "table") < 0) {
+        PyBuffer_Release(&a);
+        return NULL;
+    }
+    if (get_buf(ro, &r, 0, "rows") < 0) {
+        PyBuffer_Release(&a);
+        PyBuffer_Release(&t);
+        return NULL;
+    }
+    Py_ssize_t n = a.len / 16, size = t.len / 16;
+    if (a.len % 16 || t.len % 16 || d < 0) {
+        PyErr_SetString(PyExc_ValueError, "otkernels.lpn_encode: acc and table must be whole "
+                        "16-byte values and d >= 0");
+        goto done;
+    }
+    if (!int_format(&r, 4) || r.len != 4 * d * n) {
+        PyErr_Format(PyExc_ValueError, "otkernels.lpn_encode: rows must be int32 [d = %zd, n = "
+                     "%zd] (%zd bytes), got %zd bytes", d, n, 4 * d * n, r.len);
+        goto done;
+    }
+    if (((uintptr_t)a.buf | (uintptr_t)t.buf | (uintptr_t)r.buf) & 3) {
+        PyErr_SetString(PyExc_ValueError, "otkernels.lpn_encode: buffers must be 4-byte aligned");
+        goto done;
+    }
+    int ok;
+    Py_BEGIN_ALLOW_THREADS
+    ok = lpn_check((const int32_t *)r.buf, d * n, size);
+    if (ok)
+        lpn_loop((uint64_t *)a.buf, (const uint64_t *)t.buf, (const int32_t *)r.buf, n, d);
+    Py_END_ALLOW_THREADS
+    if (!ok) {
+        PyErr_Format(PyExc_ValueError, "otkernels.lpn_encode: rows hold an index outside the "
+                     "table's %zd values", size);
+        goto done;
+    }
+    ret = Py_NewRef(Py_None);
+done:
+    PyBuffer_Release(&a);
+    PyBuffer_Release(&t);
+    PyBuffer_Release(&r);
+    return ret;
+}
+
+static PyMethodDef methods[] = {
+    {"aes_ok", py_aes_ok, METH_NOARGS, "Whether this CPU has AES-NI and SSE4.1 (x86-64 build)."},
+    {"aes_ecb", py_aes_ecb, METH_VARARGS, "aes_ecb(key16, src, out): AES-128-ECB with AES-NI."},
+    {"tccr", py_tccr, METH_VARARGS,
+     "tccr(key16, src, out, first, domain, mask=None): out_i = pi(pi(x_i) ^ j_i) ^ pi(x_i), "
+     "x_i = src_i ^ mask, j_i = (first + i, domain) as two little-endian uint64."},
+    {"ggm_level", py_ggm_level, METH_VARARGS,
+     "ggm_level(key_l, key_r, buf, w, g, folds, zero, clear): one GGM level in place."},
+    {"lpn_encode", py_lpn_encode, METH_VARARGS,
+     "lpn_encode(acc, table, rows, d): acc[i] ^= XOR_j table[rows[j, i]] (128-bit values)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_otkernels",
+    "Native loops of provider pairwise's OT extension (see crypten_lite/_native).", -1, methods,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__otkernels(void) {
+    return PyModule_Create(&module);
+}
