@@ -38,14 +38,14 @@ class Correlation:
 
     `shapes`: the components' shapes when the seeded ones are one keystream_parts call's
     parts in order and the corrections one answer's (as Provider.get makes them), so that
-    rows() checks their memory at the ends only."""
+    rows() checks their memory at the ends only. Without them (or once a correction shares
+    the seeded parts' memory) rows() checks every part."""
 
     def __init__(self, parts: list[torch.Tensor], fetch: Callable[[], list[torch.Tensor]] | None,
                  shapes: tuple | None = None):
         self._parts = parts
         self._fetch = fetch
         self._shapes = shapes
-        self._cut = len(parts)  # components from here on are rank 0's corrections (one answer)
 
     def __getitem__(self, j: int) -> torch.Tensor:
         part = self._parts[j]
@@ -54,16 +54,21 @@ class Correlation:
                                 "read it through corrected()")
         return part
 
-    def corrected(self) -> list[torch.Tensor]:
-        """All components, rank 0's correcting ones replaced (waits for the dealer once)."""
+    def corrected(self) -> tuple[torch.Tensor, ...]:
+        """All components, rank 0's correcting ones replaced (waits for the dealer once), as
+        a tuple: the caller cannot change this correlation's components by changing it."""
         if self._fetch is not None:
             fixes = self._fetch()
             self._fetch = None
-            n = len(fixes)
             # Corrections replace the last components (c, or rt and msb), in order.
-            self._cut = len(self._parts) - n
-            self._parts[self._cut:] = fixes
-        return self._parts
+            cut = len(self._parts) - len(fixes)
+            seeded = self._parts[0]._base if cut > 0 and self._parts[0] is not None else None
+            if seeded is not None and any(fix._base is seeded or fix is seeded for fix in fixes):
+                # one memory holding seeded parts and corrections not in the order of a
+                # split: only the check of every part (consecutive_rows) may read it as rows
+                self._shapes = None
+            self._parts[cut:] = fixes
+        return tuple(self._parts)
 
     def rows(self, start: int, count: int) -> np.ndarray | None:
         """Components start .. start + count - 1 (the corrected ones after corrected()) as
@@ -72,10 +77,12 @@ class Correlation:
         dealer's joined corrections, _unjoin); else None. One conversion instead of one per
         component (a masked polynomial has up to 29)."""
         parts = self._parts[start:start + count]
-        if self._shapes is None or start < self._cut < start + count:
+        if self._shapes is None:
             return consecutive_rows(parts)
         # parts of one split (the seeded ones' or the one answer's) in order, of the shapes
-        # the request gives them: consecutive in one memory if the ends lie as they would
+        # the request gives them: consecutive in one memory if the ends lie as they would. A
+        # span across the seeded parts and the corrections has its ends in two memories
+        # (_rows_of refuses it); corrected() drops the shapes if they share one.
         words = _equal_words(self._shapes, start, count)
         if words is None or not parts or parts[0] is None or parts[-1] is None:
             return None

@@ -1,0 +1,88 @@
+"""Issue 29's audit tidy-ups: Correlation's components and rows (one check path, corrected()
+a tuple), and a streamed opening that meets the peer's offline ERROR notice (a ProtocolError
+saying the peer's offline exchange failed, as a plain receive says, not "diverged")."""
+
+from __future__ import annotations
+
+import concurrent.futures
+
+import numpy as np
+import pytest
+import torch
+
+from crypten_lite.comm import grpc_comm
+from crypten_lite.comm.communicator import OFFLINE_ERROR_TAG, with_tag
+from crypten_lite.config import Config
+from crypten_lite.errors import ProtocolError
+from crypten_lite.mpc.launcher import free_ports
+from crypten_lite.provider import Correlation
+
+PER = grpc_comm.CHUNK_BYTES // 8  # int64 elements per chunk: above the streaming threshold
+
+
+def test_corrected_is_a_tuple_whose_change_leaves_the_correlation_alone():
+    base = torch.arange(24, dtype=torch.int64)
+    seeded = list(base.split(8))[:2]
+    fix = torch.full((8,), 7, dtype=torch.int64)
+    corr = Correlation(seeded + [None], lambda: [fix], ((8,),) * 3)
+    comps = corr.corrected()
+    assert isinstance(comps, tuple) and len(comps) == 3 and comps[2] is fix
+    with pytest.raises(TypeError):
+        comps[0] = torch.zeros(8, dtype=torch.int64)  # type: ignore[index]
+    assert corr[0] is seeded[0] and corr.corrected()[2] is fix  # fetched once, same parts
+
+
+def test_rows_never_read_a_correction_in_the_seeded_memory_as_a_seeded_part():
+    """A correction that is a view of the seeded parts' memory at another place: rows() of a
+    span across the cut is the components' values or None, never the memory's other words."""
+    base = torch.arange(40, dtype=torch.int64)
+    seeded = list(base[:16].split(8))            # components 0-1 at words 0-15
+    # components 2-3's corrections: 3 where a split would put it, 2 elsewhere in that memory
+    fixes = [base[32:40], base[24:32]]
+    corr = Correlation(seeded + [None, None], lambda: fixes, ((8,),) * 4)
+    comps = corr.corrected()
+    rows = corr.rows(0, 4)
+    # its ends (words 0 and 24) lie as a split's would; words 16-23 are not component 2
+    assert rows is None or all(np.array_equal(rows[j], comps[j].numpy()) for j in range(4))
+    assert corr.rows(0, 2).shape == (2, 8) and corr.rows(2, 2) is None
+    seeded = list(base[:24].split(8))            # components 0-2 at words 0-23
+    adjacent = base[24:32]                       # there where a split would put it: true rows
+    corr = Correlation(list(seeded) + [None], lambda: [adjacent], ((8,),) * 4)
+    comps = corr.corrected()
+    rows = corr.rows(0, 4)
+    assert rows is not None and all(np.array_equal(rows[j], comps[j].numpy()) for j in range(4))
+    other = torch.arange(100, 108, dtype=torch.int64)  # a separate answer: two memories
+    corr = Correlation(list(seeded) + [None], lambda: [other], ((8,),) * 4)
+    corr.corrected()
+    assert corr.rows(0, 4) is None and corr.rows(0, 3).shape == (3, 8)
+
+
+def _pair(timeout: float) -> list[grpc_comm.GrpcCommunicator]:
+    ports = free_ports(2)
+    parties = tuple(f"127.0.0.1:{p}" for p in ports)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        futures = [pool.submit(grpc_comm.GrpcCommunicator,
+                               Config(rank=r, world_size=2, session=f"audit-{ports[0]}",
+                                      timeout=timeout, parties=parties)) for r in range(2)]
+        return [f.result(timeout=120) for f in futures]
+
+
+def test_a_streamed_opening_that_meets_the_peers_error_notice_says_its_exchange_failed():
+    """Party 0 sends its offline ERROR notice (the pairwise channel's tagged uint8 frame) where
+    party 1 runs a streamed opening: party 1 raises the offline ProtocolError naming party 0,
+    not a CommunicationError about diverged programs, and no deadline passes."""
+    comms = _pair(timeout=60)
+    try:
+        notice = with_tag(torch.frombuffer(bytearray(b"\x00" * 64), dtype=torch.uint8),
+                          OFFLINE_ERROR_TAG)
+        comms[0]._send(notice, 1)
+
+        def fill(start, end, out):
+            out.copy_(torch.arange(start, end, dtype=torch.int64))
+
+        with pytest.raises(ProtocolError, match="party 0 stopped its offline exchange") as err:
+            comms[1].sum_streamed((PER,), b"", fill)
+        assert "diverged" not in str(err.value)
+    finally:
+        for c in comms:
+            c.close()
