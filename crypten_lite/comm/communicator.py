@@ -44,6 +44,14 @@ _TAG_ATTR = "_crypten_lite_shape_tag"
 OFFLINE_ERROR_TAG = b"crypten_lite/offline-error"
 
 
+def offline_error(rank: int, src: int) -> ProtocolError:
+    """What a party reads where its peer's ERROR notice (OFFLINE_ERROR_TAG) meets an online
+    receive: the peer's offline exchange failed, not a share or a diverged program."""
+    return ProtocolError(f"party {rank}: party {src} stopped its offline exchange with an error "
+                         "after this party had finished it (the exchange's last message was "
+                         f"refused there); see party {src}'s output")
+
+
 def shape_tag(shapes) -> bytes:
     """16-byte digest of a list of shapes (each of any rank; their order and ranks count)."""
     return hashlib.sha256(canonical("crypten-lite/shapes/v1",
@@ -140,9 +148,7 @@ class Communicator(abc.ABC):
             self._stats["seconds"] += time.perf_counter() - start
         self._stats["bytes_received"] += payload_bytes(tensor)
         if getattr(tensor, _TAG_ATTR, None) == OFFLINE_ERROR_TAG:
-            raise ProtocolError(f"party {self.rank}: party {src} stopped its offline exchange with "
-                                "an error after this party had finished it (the exchange's last "
-                                f"message was refused there); see party {src}'s output")
+            raise offline_error(self.rank, src)
         return tensor
 
     def _check_peer(self, peer: int, what: str) -> None:

@@ -58,7 +58,8 @@ from ..config import Config
 from ..errors import CommunicationError, ConfigError
 from ..random import KeyPair, pair_info, subkey
 from . import serde, streamed
-from .communicator import MAX_TAG_BYTES, Communicator, tag_of, tag_received
+from .communicator import (MAX_TAG_BYTES, OFFLINE_ERROR_TAG, Communicator, offline_error, tag_of,
+                           tag_received)
 from .mailbox import Mailbox
 
 log = logging.getLogger("crypten_lite.comm")
@@ -897,6 +898,8 @@ class GrpcCommunicator(Communicator):
             self._stats["seconds"] += time.perf_counter() - start
         self._stats["bytes_received"] += numel * 8
         if sink.mismatch is not None:
+            if sink.mismatch[2] == OFFLINE_ERROR_TAG:  # the peer's offline exchange failed
+                raise offline_error(self.rank, peer)
             if mismatch is not None:
                 raise mismatch(peer, *sink.mismatch)
             raise CommunicationError(f"party {self.rank}: party {peer} sent a message of shape "
