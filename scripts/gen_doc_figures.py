@@ -53,6 +53,7 @@ from __future__ import annotations
 import argparse
 import copy
 import difflib
+import functools
 import json
 import os
 import pathlib
@@ -116,8 +117,10 @@ def cpu_class() -> str:
     return cap + "_AMX" if cap.startswith("AVX512") and _has_amx() else cap
 
 
+@functools.cache
 def _has_amx() -> bool:
-    """Whether this CPU has AMX tiles (Linux: /proc/cpuinfo's flags; False elsewhere)."""
+    """Whether this CPU has AMX tiles (Linux: /proc/cpuinfo's flags; False elsewhere), read
+    once a process (the CPU does not change under it; cpu_class is asked per figure)."""
     try:
         flags = pathlib.Path("/proc/cpuinfo").read_text()
     except OSError:

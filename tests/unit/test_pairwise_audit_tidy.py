@@ -86,3 +86,28 @@ def test_a_streamed_opening_that_meets_the_peers_error_notice_says_its_exchange_
     finally:
         for c in comms:
             c.close()
+
+
+def test_gen_doc_figures_reads_cpuinfo_once_a_process(monkeypatch):
+    """cpu_class is asked per CPU-dependent figure: the AMX probe reads /proc/cpuinfo once."""
+    import importlib.util
+    import pathlib
+    path = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "gen_doc_figures.py"
+    spec = importlib.util.spec_from_file_location("gen_doc_figures_audit", path)
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    reads = []
+    real = pathlib.Path.read_text
+
+    def counted(self, *a, **k):
+        if str(self) == "/proc/cpuinfo":
+            reads.append(1)
+            return " fpu amx_tile amx_int8 "
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(pathlib.Path, "read_text", counted)
+    gen._has_amx.cache_clear()
+    first = [gen.cpu_class() for _ in range(5)]
+    assert len(reads) <= 1 and len(set(first)) == 1
+    assert gen._has_amx() is True and len(reads) == 1
+    gen._has_amx.cache_clear()
