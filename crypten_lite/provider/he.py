@@ -63,6 +63,7 @@ MAX_PRIMES = 5
 DATA_BITS = (60, 60, 60)       # the ciphertexts' modulus (180 bits)
 SPECIAL_BITS = 38              # key level only: 218 bits in all
 STAT_BITS = 40
+UPLOAD_WIRE = "ntt-seeded-v1"  # the Z_2^64 engine's ciphertexts to the peer (he_upload.py)
 FRESH_NOISE = 21               # |e| of a fresh encryption: SEAL's 6 sigma (19.2) + the rounding of q m / t
 RETURN_PRIMES = 1              # results come back at one 60-bit prime (_room checks the noise)
 THREADS_ENV = "CRYPTEN_LITE_HE_THREADS"   # threads (one prime each); default 4
@@ -100,7 +101,7 @@ class HEParams:
                 f"t={','.join(map(str, self.plain_primes))};stat={self.stat_bits};"
                 f"flood=c0-uniform;ret={self.return_primes};roles=both-own;conv=direct-cheetah;"
                 f"mm=pow2-64;mmq={','.join(map(str, self.mm_moduli))};mmt={self.mm_t_bits};"
-                f"mmret={self.mm_return};mmwire=packed50-extract")
+                f"mmret={self.mm_return};mmwire=packed50-extract;mmup={UPLOAD_WIRE}")
 
     def flood_bits(self, noise_bound: int) -> int:
         """F: the flood e is uniform in [-2^F, 2^F) per coefficient, for an evaluation whose
@@ -427,9 +428,10 @@ def zero_at_data_primes(files: "_Files", ctx, pid, evaluator, pk_ntt, data_modul
 
 
 def encrypt_at(p, files: "_Files", rows: np.ndarray) -> list[bytes]:
-    """p.encrypt_rows, on the Z_2^64 engine packed at 50 bits (read by CrossEngine._load_ntt)."""
-    if hasattr(p, "seeded_object"):
-        return p.encrypt_rows(files, rows, packed=True)
+    """p.encrypt_rows; on the Z_2^64 engine in NTT form (he_upload.py, read by
+    CrossEngine._load_ntt)."""
+    if hasattr(p, "encrypt_ntt"):
+        return p.encrypt_ntt(files, rows)
     return p.encrypt_rows(files, rows)
 
 
@@ -1047,9 +1049,10 @@ class CrossEngine:
         return _Eval(n_a, evaluate), _unblock(r, (bsz, m, n), (mb, nb, mw, nw))
 
     def _load_ntt(self, p: _Prime, data: bytes):
-        """A ciphertext from the peer (encrypt_at's: packed on the Z_2^64 engine), NTT form."""
-        if hasattr(p, "seeded_object"):
-            data = p.seeded_object(data)
+        """A ciphertext from the peer (encrypt_at's: NTT form already on the Z_2^64 engine,
+        he_upload.py), NTT form."""
+        if hasattr(p, "load_ntt"):
+            return p.load_ntt(self._files, data)
         ct = self._load_ct(p, data)
         p.evaluator.transform_to_ntt_inplace(ct)
         return ct

@@ -8,10 +8,10 @@ plaintext lift and its decryptor, and this engine bypasses all three:
 - the context: ring degree N = 8192, q = four 50-bit data primes + an 18-bit special prime
   (218 bits: the HE standard's 128-bit bound at N = 8192, ternary secret), t = 2^T_BITS for
   SEAL only (below every data prime);
-- the owner's operand A (any 64-bit values): a seeded symmetric encryption of zero whose c0
-  is shifted, in SEAL's serialization, by Delta'(A) = round(q A / 2^64) mod each q_i
-  (exact in numpy: q = Qh 2^64 + Ql, so Delta'(A) = Qh A + round(Ql A / 2^64)); the phase
-  is q/2^64 A + e + rho, |rho| <= 1/2;
+- the owner's operand A (any 64-bit values): a seeded symmetric encryption whose phase is
+  e + Delta'(A), Delta'(A) = round(q A / 2^64) mod each q_i (exact in numpy: q = Qh 2^64 +
+  Ql, so Delta'(A) = Qh A + round(Ql A / 2^64)), i.e. q/2^64 A + e + rho, |rho| <= 1/2;
+  made and sent in NTT form (he_upload.py: the evaluator multiplies it without an NTT);
 - the evaluator's operand B: NTT-form plaintexts of B's centred residues mod each q_i (|B|
   <= 2^63), made by SEAL's NTT on a ciphertext whose polynomials are those residues; the
   product's phase is q/2^64 (A B mod 2^64) + (e + rho) B mod q (q A B / 2^64 differs from
@@ -274,6 +274,7 @@ class Pow2Unit:
         self._ql = np.uint64(q & (_M64 - 1))
         self._scale = s.Plaintext(format(1 << (64 - self.k), "x"))   # 2^(64-k) < t / 2
         self._noise_template: bytes | None = None
+        self._up = None                 # he_upload.Uploads, made at first use
         self.encryptor = self.sym = self.decryptor = self.secret_key = self.pk_ntt = None
 
     # -- keys
@@ -335,14 +336,14 @@ class Pow2Unit:
         he.check_room(self.data_moduli, 1 << 64, self.n, self.params.mm_return, flood_bits, noise_bound)
 
     # -- owner: encrypt, open
-    def encrypt_rows(self, files: "he._Files", rows: np.ndarray, packed: bool = False) -> list[bytes]:
+    def encrypt_rows(self, files: "he._Files", rows: np.ndarray) -> list[bytes]:
         """Seeded symmetric encryptions of the rows (uint64 [r, N], any 64-bit values) under
-        this party's key: an encryption of zero with Delta'(row) added to c0. `packed`: c0 at
-        50 bits a coefficient behind SEAL's fields and seed (the peer reads it with
-        seeded_object), instead of SEAL's zstd save."""
+        this party's key, as SEAL saves them (zstd): an encryption of zero with Delta'(row)
+        added to c0 (tests, benchmarks; what goes to the peer is encrypt_ntt's)."""
         size = len(self.data_moduli) * self.n
         shifts = self.delta(rows).transpose(1, 0, 2).reshape(len(rows), size)
         cap = _HEAD + 8 * size + 4096
+        mods = np.array(self.data_moduli, dtype=np.uint64)[:, None]
         out = []
         for i in range(len(rows)):
             body = _body(files.dump(self.sym.encrypt_zero_symmetric()), cap)
@@ -351,27 +352,24 @@ class Pow2Unit:
                                   "(TenSEAL 0.3.x with SEAL 4.x)")
             c0 = np.frombuffer(body, dtype="<u8", count=size, offset=_HEAD).reshape(-1, self.n)
             v = c0 + shifts[i].reshape(-1, self.n)
-            mods = np.array(self.data_moduli, dtype=np.uint64)[:, None]
             c0[:] = np.where(v >= mods, v - mods, v)
-            if packed:
-                tail = bytes(body[_HEAD + 8 * size:])
-                out.append(struct.pack("<H", len(tail)) + bytes(body[:_HEAD]) + tail + pack50(c0))
-            else:
-                out.append(_compressed(body))
+            out.append(_compressed(body))
         return out
 
-    def seeded_object(self, data: bytes) -> bytes:
-        """A SEAL seeded ciphertext (uncompressed) from encrypt_rows(packed=True)'s bytes;
-        SEAL's load then checks its fields, seed and every coefficient."""
-        size = len(self.data_moduli) * self.n
-        if len(data) < 2 + _HEAD:
-            raise ProtocolError("pairwise: a packed ciphertext from the peer is too short")
-        tail_len = struct.unpack_from("<H", data, 0)[0]
-        at = 2 + _HEAD + tail_len
-        if len(data) < at or struct.unpack_from("<Q", data, 2 + _HEAD - 8)[0] != size:
-            raise ProtocolError("pairwise: a packed ciphertext from the peer is malformed")
-        c0 = unpack50(data[at:], size, "a packed ciphertext")
-        return he._seal_object(b"".join((data[2:2 + _HEAD], c0.astype("<u8").tobytes(), data[2 + _HEAD:at])))
+    def encrypt_ntt(self, files: "he._Files", rows: np.ndarray) -> list[bytes]:
+        """The rows encrypted under this party's key in NTT form, as sent to the peer
+        (he_upload.py: a seed and c0 at 50 bits; the peer reads them with load_ntt)."""
+        return self._uploads().encrypt(files, rows)
+
+    def load_ntt(self, files: "he._Files", data: bytes):
+        """The peer's encrypt_ntt output as an NTT-form Ciphertext (he_upload.py)."""
+        return self._uploads().load(files, data)
+
+    def _uploads(self):
+        if self._up is None:
+            from .he_upload import Uploads
+            self._up = Uploads(self)
+        return self._up
 
     def open(self, files: "he._Files", data: bytes, where: list[int]) -> np.ndarray:
         """v = round(2^64 phase / Q) mod 2^64 at the coefficients `where` (ascending) of a
@@ -442,21 +440,35 @@ class Pow2Unit:
     # -- evaluator: plaintexts, finish
     def ntt_plains(self, files: "he._Files", rows: np.ndarray) -> list:
         """NTT-form plaintexts (for multiply_plain) of the rows (uint64 [r, N], read as
-        centred 64-bit integers); None for an all-zero row. Up to 16 rows are NTT'd in one
-        SEAL call as the polynomials of one ciphertext."""
+        centred 64-bit integers); None for an all-zero row."""
         s = he._sealapi()
         nl = len(self.data_moduli) * self.n
         out: list = [None] * len(rows)
         live = [i for i in range(len(rows)) if rows[i].any()]
-        for start in range(0, len(live), _MAX_SIZE):
-            idx = live[start:start + _MAX_SIZE]
-            shape = (max(2, len(idx)), nl)
+        if not live:
+            return out
+        data = self.ntt_rows(files, self.centred(rows[live]).transpose(1, 0, 2))
+        for j, i in enumerate(live):
+            raw = he._seal_object(struct.pack("<4QQd", *self.pid, nl, 1.0) + he._seal_array(data[j].reshape(-1)))
+            out[i] = files.load(s.Plaintext, self.ctx, raw, "plaintext")
+        return out
+
+    def ntt_rows(self, files: "he._Files", polys: np.ndarray) -> np.ndarray:
+        """The NTT form of polynomials given by their residues at the data primes ([r, L, N],
+        each below its prime): up to 16 NTT'd in one SEAL call as the polynomials of one
+        ciphertext, written and read in its memory (_ct_data), else through a file."""
+        s = he._sealapi()
+        nl = len(self.data_moduli) * self.n
+        out = np.empty(polys.shape, dtype=np.uint64)
+        for start in range(0, len(polys), _MAX_SIZE):
+            part = polys[start:start + _MAX_SIZE]
+            shape = (max(2, len(part)), nl)
             ct, view = self._new_ct(shape[0])
             if view is None:           # not the layout _ct_data knows: through a file
                 view = np.zeros(shape, dtype=np.uint64)
             view = view.reshape(shape)
-            view[:len(idx)] = self.centred(rows[idx]).transpose(1, 0, 2).reshape(len(idx), nl)
-            if len(idx) == 1:
+            view[:len(part)] = part.reshape(len(part), nl)
+            if len(part) == 1:
                 view[1] = 1            # SEAL refuses to NTT a ciphertext whose c1 is zero
             if ct is None:
                 ct = files.load(s.Ciphertext, self.ctx, self._ct_bytes(view), "plaintext rows")
@@ -465,10 +477,7 @@ class Pow2Unit:
             if data is None:           # not the layout _ct_data knows: SEAL's zstd save
                 body = _body(files.dump(ct), _HEAD + 8 * view.size + 4096)
                 data = np.frombuffer(body, dtype="<u8", count=view.size, offset=_HEAD)
-            data = data.reshape(shape)
-            for j, i in enumerate(idx):
-                raw = he._seal_object(struct.pack("<4QQd", *self.pid, nl, 1.0) + he._seal_array(data[j]))
-                out[i] = files.load(s.Plaintext, self.ctx, raw, "plaintext")
+            out[start:start + len(part)] = data.reshape(shape)[:len(part)].reshape(part.shape)
         return out
 
     def _new_ct(self, size: int) -> tuple:

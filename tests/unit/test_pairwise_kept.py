@@ -392,13 +392,15 @@ def test_products_share_returned_ciphertexts_side_by_side():
 
 
 def test_packed_kept_ciphertexts_round_trip_and_refuse_bad_payloads():
-    """The kept B goes up at 50 bits a coefficient (encrypt_rows(packed=True), read back by
-    seeded_object): the same ciphertext as SEAL's own save (decrypts to the row exactly); a
-    short payload, a wrong count, or a coefficient at or past its prime (which 50 bits can
-    hold) is a ProtocolError, never a wrong value. pack50 round-trips every 50-bit value."""
+    """What goes to the peer (a kept B, a fresh A) is an NTT-form encryption (he_upload.py:
+    a seed and c0 at 50 bits a coefficient, read back by load_ntt without any NTT): the
+    product of what load_ntt gives with a plaintext decrypts to the row exactly, and it is
+    smaller than SEAL's own zstd save; a short payload, a wrong count, or a coefficient at or
+    past its prime (which 50 bits can hold) is a ProtocolError, never a wrong value. pack50
+    round-trips every 50-bit value."""
     import numpy as np
 
-    from crypten_lite.provider import he_pow2
+    from crypten_lite.provider import he_pow2, he_upload
     rng = np.random.default_rng(5)
     for n in (1, 3, 4, 5, 8193):
         v = rng.integers(0, 1 << 50, size=n, dtype=np.uint64)
@@ -410,34 +412,27 @@ def test_packed_kept_ciphertexts_round_trip_and_refuse_bad_payloads():
     files = he._Files()
     u.peer_key(files, u.keygen(files))
     row = rng.integers(0, 1 << 63, size=(1, u.n), dtype=np.uint64)
-    data = u.encrypt_rows(files, row, packed=True)[0]
+    row[0, :4] = [0, 1, (1 << 64) - 1, 1 << 63]
+    data = u.encrypt_ntt(files, row)[0]
     whole = u.encrypt_rows(files, row)[0]
-    assert len(data) < 0.9 * len(whole)
-    ct = files.load(he._sealapi().Ciphertext, u.ctx, u.seeded_object(data), "t")
-    u.evaluator.transform_to_ntt_inplace(ct)
+    assert len(data) == he_upload.SEED_BYTES + 25 * len(u.data_moduli) * u.n // 4 < 0.9 * len(whole)
+    ct = u.load_ntt(files, data)
+    assert ct.is_ntt_form() and ct.size() == 2
     one = np.zeros((1, u.n), dtype=np.uint64)
     one[0, 0] = 1
     back = u.finish(files, he._dot(u, [(ct, u.ntt_plains(files, one)[0])]), np.zeros(u.n, dtype=np.uint64),
                     u.noise_bound(1, 1), lambda shape: rng.integers(0, 1 << 63, size=shape, dtype=np.uint64) * 2)
     assert np.array_equal(u.open(files, back, list(range(u.n))), row[0])
-    tail = struct.unpack_from("<H", data, 0)[0]
-    at = 2 + he_pow2._HEAD + tail
-    q0 = np.array([u.data_moduli[0]], dtype=np.uint64)
+    at = he_upload.SEED_BYTES
     c0 = he_pow2.unpack50(data[at:], len(u.data_moduli) * u.n, "t")
-    c0[0] = q0[0]                                   # a coefficient equal to its prime
-    huge_tail = struct.pack("<H", 65535) + data[2:]
-    for bad in (data[:len(data) - 25], data[:100], data[:at] + he_pow2.pack50(c0), data + bytes(25),
-                huge_tail, b""):
+    for where in (0, u.n - 1, 3 * u.n + 7):          # a coefficient equal to its prime
+        bad = c0.copy()
+        bad[where] = u.data_moduli[where // u.n]
+        with pytest.raises(ProtocolError, match="malformed"):
+            u.load_ntt(files, data[:at] + he_pow2.pack50(bad))
+    for bad in (data[:len(data) - 25], data[:100], data[:at], data + bytes(25), b""):
         with pytest.raises(ProtocolError):
-            files.load(he._sealapi().Ciphertext, u.ctx, u.seeded_object(bad), "t")
-    # SEAL loads a seeded ciphertext marked NTT form (byte 32 of its fields): the engine's
-    # reader refuses it (else transform_to_ntt would fail outside ProtocolError)
-    flipped = bytearray(data)
-    flipped[2 + 32] = 1
-    engine = he.CrossEngine.__new__(he.CrossEngine)
-    engine._files = files
-    with pytest.raises(ProtocolError, match="wrong form"):
-        engine._load_ntt(u, bytes(flipped))
+            u.load_ntt(files, bad)
     files.close()
 
 
