@@ -30,24 +30,14 @@ import sys
 import time
 
 
-def _record_plan() -> list:
-    import torch
+# LeNet b1's private model and plan (shared with profile_lenet.py and profile_lenet_calls.py)
+LENET_MODEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "profile_lenet_model.py")
 
-    import crypten_lite
-    from crypten_lite import comm, nn
-    from crypten_lite.models import lenet
-    from crypten_lite.mpc import offline
-    c = comm.get()
-    torch.manual_seed(11)  # test data only: the bench's seed for LeNet b1
-    model = lenet().eval()
-    image = torch.randn(1, 1, 28, 28)
-    private = nn.from_pytorch(model if c.rank == 0 else None, torch.zeros(1, 1, 28, 28), src=0)
-    private.encrypt(src=0)
-    private.eval()
-    x = crypten_lite.cryptensor(image if c.rank == 1 else None, src=1)
-    private(x).get_plain_text()
-    with offline.record() as plan:
-        private(x).get_plain_text()
+
+def _record_plan() -> list:
+    import runpy
+    lenet_b1 = runpy.run_path(LENET_MODEL)  # by path: a party process cannot import benchmarks/
+    plan = lenet_b1["recorded_plan"](lenet_b1["private_lenet_b1"]())
     return [[k, o, [list(s) for s in sh], list(p)] for k, o, sh, p in plan]
 
 

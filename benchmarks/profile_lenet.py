@@ -39,6 +39,9 @@ import time
 
 from crypten_lite.mpc.launcher import PartyPool
 
+# LeNet b1's private model and plan (shared with profile_lenet_calls.py and dealer_plan_cpu.py)
+LENET_MODEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "profile_lenet_model.py")
+
 # Parts of the main thread's CPU: the first prefix that a function's file contains wins.
 PARTS = [("comm (framing, mailbox, exchange)", ("crypten_lite/comm/",)),
          ("binary circuits (comparisons: MSB, max)", ("mpc/binary.py", "mpc/circuits.py", "mpc/convert.py",
@@ -68,26 +71,14 @@ def _party(n: int) -> dict:
     import cProfile
     import pstats
 
-    import torch
+    import runpy
 
-    import crypten_lite
-    from crypten_lite import comm, nn
-    from crypten_lite.models import lenet
     from crypten_lite.mpc import offline
     from crypten_lite.session import current
-    c = comm.get()
-    torch.manual_seed(11)  # test data only: the bench's seed for LeNet b1
-    model = lenet().eval()
-    image = torch.randn(1, 1, 28, 28)
-    private = nn.from_pytorch(model if c.rank == 0 else None, torch.zeros(1, 1, 28, 28), src=0)
-    private.encrypt(src=0)
-    private.eval()
-    x = crypten_lite.cryptensor(image if c.rank == 1 else None, src=1)
-    with torch.no_grad():
-        want = model(image)
-    private(x).get_plain_text()  # the first inference masks the fixed weights
-    with offline.record() as plan:
-        private(x).get_plain_text()
+    lenet_b1 = runpy.run_path(LENET_MODEL)  # by path: a party process cannot import benchmarks/
+    setup = lenet_b1["private_lenet_b1"]()   # its first inference masks the fixed weights
+    c, private, x, want = setup["comm"], setup["private"], setup["x"], setup["want"]
+    plan = lenet_b1["recorded_plan"](setup)
     parts_ms: dict[str, list[float]] = {}
     provider = current().provider
 

@@ -1,7 +1,7 @@
 """LeNet batch 1's run, per function: cProfile's call counts (deterministic) and CPU per inference.
 
 Two real party processes and the dealer (PartyPool, gRPC) load LeNet as
-benchmarks/profile_lenet.py does, record the plan of one inference, then profile --n
+benchmarks/profile_lenet.py does (benchmarks/profile_lenet_model.py), record the plan of one inference, then profile --n
 inferences (each after its own offline.prefetch) with cProfile on the main thread's CPU clock.
 For each party it prints the calls per inference (Python and C; those of torch's C
 functions; those of numpy-named builtins), the --top functions by own CPU (microseconds per
@@ -18,25 +18,17 @@ import time
 
 from crypten_lite.mpc.launcher import PartyPool
 
+LENET_MODEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "profile_lenet_model.py")
+
 
 def _party(n, top):
-    import torch
+    import runpy
 
-    import crypten_lite
-    from crypten_lite import comm, nn
-    from crypten_lite.models import lenet
     from crypten_lite.mpc import offline
-    c = comm.get()
-    torch.manual_seed(11)
-    model = lenet().eval()
-    image = torch.randn(1, 1, 28, 28)
-    private = nn.from_pytorch(model if c.rank == 0 else None, torch.zeros(1, 1, 28, 28), src=0)
-    private.encrypt(src=0)
-    private.eval()
-    x = crypten_lite.cryptensor(image if c.rank == 1 else None, src=1)
-    private(x).get_plain_text()
-    with offline.record() as plan:
-        private(x).get_plain_text()
+    lenet_b1 = runpy.run_path(LENET_MODEL)  # by path: a party process cannot import benchmarks/
+    setup = lenet_b1["private_lenet_b1"]()
+    c, private, x = setup["comm"], setup["private"], setup["x"]
+    plan = lenet_b1["recorded_plan"](setup)
     prof = cProfile.Profile(time.thread_time)
     for i in range(n + 1):
         c.barrier()
@@ -46,8 +38,7 @@ def _party(n, top):
         y = private(x).get_plain_text()
         if i:
             prof.disable()
-    with torch.no_grad():
-        max_error = float((y - model(image)).abs().max())
+    max_error = float((y - setup["want"]).abs().max())
     st = pstats.Stats(prof).stats
     rows = []
     calls = torchc = numpyc = 0

@@ -111,3 +111,25 @@ def test_gen_doc_figures_reads_cpuinfo_once_a_process(monkeypatch):
     assert len(reads) <= 1 and len(set(first)) == 1
     assert gen._has_amx() is True and len(reads) == 1
     gen._has_amx.cache_clear()
+
+
+def test_the_lenet_profiles_share_one_setup_that_party_processes_load_by_path():
+    """benchmarks/dealer_plan_cpu.py's plan job (the LeNet b1 setup of profile_lenet*.py, in
+    benchmarks/profile_lenet_model.py) runs in real party processes, which cannot import
+    benchmarks/: the plan is one inference's, the same on both parties."""
+    import importlib.util
+    import pathlib
+
+    from crypten_lite.mpc.launcher import PartyPool
+    bench = pathlib.Path(__file__).resolve().parents[2] / "benchmarks"
+    for name in ("profile_lenet.py", "profile_lenet_calls.py", "dealer_plan_cpu.py"):
+        text = (bench / name).read_text()
+        assert "profile_lenet_model.py" in text and "lenet()" not in text, name
+    spec = importlib.util.spec_from_file_location("dealer_plan_cpu_audit", bench / "dealer_plan_cpu.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    with PartyPool(2, timeout=120) as pool:
+        plans = pool.run(script._record_plan)
+    assert plans[0] == plans[1] and len(plans[0]) > 10
+    kinds = {k for k, *_ in plans[0]}
+    assert {"weight_triple", "binary_monomials"} <= kinds and "weight_mask" not in kinds  # masked before
