@@ -458,19 +458,21 @@ class PairwiseProvider(Provider):
                     self._ready[start + i] = [parts[0], parts[0] * parts[0] + c]
 
     def _weight_groups(self) -> list[list[int]]:
-        """Plan positions of the weight triples whose B is kept already (he_kept.py: a
-        loaded model's later inference), in groups whose ciphertexts fit the chunk budget:
-        each group is one exchange (every product back in one message each way, one
-        acknowledgement), where each triple alone pays its own. Public shapes and the kept
-        entries only: the same on both parties."""
+        """Plan positions of the weight triples with a kept layout (he_kept.py), in groups
+        whose ciphertexts fit the chunk budget: each group is one exchange (the B shares not
+        kept yet up in one message each way, every product back in one, one
+        acknowledgement), where each triple alone pays its own (a fresh model's first
+        inference: LeNet's five layers, three messages from each party instead of fifteen,
+        and products of several layers side by side in one returned ciphertext). Public
+        shapes and the kept entries only: the same on both parties."""
         cache = self._kept
         groups, current = [], []
         for i, (kind, op, shapes, params) in enumerate(self._plan):
             if kind != "weight_triple":
                 continue
             item = (params[0], op, tuple(shapes[0]), tuple(shapes[1]), tuple(params[1:]))
-            if item not in cache or not he_kept.keeps(self._engine, cache, self._chunk, [item]):
-                continue   # a B sent now: alone (its upload and products pipelined per triple)
+            if not he_kept.keeps(self._engine, cache, self._chunk, [item]):
+                continue   # no kept layout, or past the budget alone: made as any triple
             if current and not he_kept.keeps(self._engine, cache, self._chunk,
                                              [it for _, it in current] + [item]):
                 groups.append([j for j, _ in current])

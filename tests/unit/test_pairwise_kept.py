@@ -217,6 +217,36 @@ def test_prefetch_makes_kept_weight_triples_in_one_exchange():
         p.close()
 
 
+def test_prefetch_makes_a_fresh_models_weight_triples_in_one_exchange():
+    """A model's first inference (no B kept yet): the plan's weight triples go in one
+    exchange too (party 0 sends its B shares of both layers in one message, the products in
+    one, one acknowledgement: three frames, where each triple alone sent three), the B shares
+    are kept for the next inference, and every triple is exact."""
+    comms, ps = _pair()
+    layers = [("matmul", (1, 64), (64, 10), ()), ("conv2d", (1, 1, 8, 8), (2, 1, 3, 3), CONV),
+              ("matmul", (1, 84), (84, 10), ())]
+    masks = []
+    for op, xs, ws, params in layers:
+        got = _both(ps, lambda p: p.get("weight_mask", [ws]).corrected())
+        masks.append((ps[0].counter - 1, got[0][0][0] + got[1][0][0]))
+    _both(ps, lambda p: p.get("triple", [(1, 8), (8, 3)], "matmul").corrected())   # the HE keys
+    plan = [("weight_triple", op, [xs, ws], (counter, *params))
+            for (op, xs, ws, params), (counter, _) in zip(layers, masks)]
+    plan.append(plan[0])                 # the same layer twice: its B goes up once
+    frames = ps[0]._seq_out
+    got = _both(ps, lambda p: p.prefetch(plan))
+    assert got[0][1] is None and got[1][1] is None, got
+    assert ps[0]._seq_out - frames == 3 and ps[0].by_kind["weight_triple batch"][0] == 4
+    assert all(sum(k[0] == counter for k in p._kept) == 1 for p in ps for counter, _ in masks)
+    for (op, xs, ws, params), (counter, b) in zip(layers + layers[:1], masks + masks[:1]):
+        got = _both(ps, lambda p: p.get("weight_triple", [xs, ws], op, (counter, *params)).corrected())
+        a, c = got[0][0][0] + got[1][0][0], got[0][0][1] + got[1][0][1]
+        assert torch.equal(c, TRIPLE_OPS[op](a, b, params)), op
+    assert ps[0].stats["prefetched"] == 4
+    for p in ps:
+        p.close()
+
+
 def test_kept_layouts_flood_fits_the_noise_room():
     """The returned ciphertext's noise is the kept B's encryption error times A's plaintext:
     every kept layout keeps products x A's nonzero coefficients within he_pow2.MAX_TERMS, so
