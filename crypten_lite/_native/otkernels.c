@@ -10,7 +10,8 @@
  *   ggm_level(key_l, key_r, buf, w, g, folds, zero, clear)
  *                                              one GGM level in place (MMO: pi_s(x) ^ x) and
  *                                              its left/right XOR sums per tree
- *   lpn_encode(acc, table, rows)               acc_i ^= XOR_j table[rows[j, i]]
+ *   lpn_encode(acc, table, rows, d)            acc_i ^= XOR_j table[rows[j, i]]
+ *   transpose(src, k, nb, stride, out)         the bit-matrix transpose of ot.transpose
  *
  * Every buffer is checked (C-contiguous, writable where written, size, integer format) before
  * any loop; each loop runs without the GIL. Only the public fixed keys pass through here (the
@@ -505,6 +506,70 @@ done:
     return ret;
 }
 
+/* bit-matrix transpose: src k rows of `stride` bytes (the first nb used), k a multiple of 8
+ * -> out [8 nb, k / 8]: out row r, byte c, bit a = src row 8c + a, byte r / 8, bit r % 8
+ * (ot.transpose's layout; each 8x8 block by Hacker's Delight's three delta swaps) */
+static inline uint64_t t8x8(uint64_t x) {
+    uint64_t t;
+    t = (x ^ (x >> 7)) & 0x00AA00AA00AA00AAULL;
+    x = x ^ t ^ (t << 7);
+    t = (x ^ (x >> 14)) & 0x0000CCCC0000CCCCULL;
+    x = x ^ t ^ (t << 14);
+    t = (x ^ (x >> 28)) & 0x00000000F0F0F0F0ULL;
+    return x ^ t ^ (t << 28);
+}
+
+static void transpose_loop(const uint8_t *src, Py_ssize_t k, Py_ssize_t nb, Py_ssize_t stride,
+                           uint8_t *out) {
+    Py_ssize_t kb = k / 8;
+    for (Py_ssize_t j0 = 0; j0 < nb; j0 += 512) {      /* a tile of columns: output in cache */
+        Py_ssize_t j1 = nb - j0 < 512 ? nb : j0 + 512;
+        for (Py_ssize_t c = 0; c < kb; c++) {
+            const uint8_t *r = src + 8 * c * stride;
+            for (Py_ssize_t j = j0; j < j1; j++) {
+                uint64_t x = 0;
+                for (int a = 0; a < 8; a++)
+                    x |= (uint64_t)r[a * stride + j] << (8 * a);
+                x = t8x8(x);
+                uint8_t *o = out + 8 * j * kb + c;
+                for (int b = 0; b < 8; b++)
+                    o[b * kb] = (uint8_t)(x >> (8 * b));
+            }
+        }
+    }
+}
+
+static PyObject *py_transpose(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *so, *oo;
+    Py_ssize_t k, nb, stride;
+    if (!PyArg_ParseTuple(args, "OnnnO:transpose", &so, &k, &nb, &stride, &oo))
+        return NULL;
+    Py_buffer s, o;
+    PyObject *ret = NULL;
+    if (get_buf(so, &s, 0, "src") < 0)
+        return NULL;
+    if (get_buf(oo, &o, 1, "out") < 0) {
+        PyBuffer_Release(&s);
+        return NULL;
+    }
+    if (k < 0 || k % 8 || nb < 0 || stride < nb || (stride && k > PY_SSIZE_T_MAX / stride)
+        || s.len != k * stride || o.len != nb * k) {
+        PyErr_Format(PyExc_ValueError, "otkernels.transpose: src must be k = %zd rows (a multiple "
+                     "of 8) of stride %zd >= nb = %zd bytes (%zd bytes, got %zd), out 8 nb x k / 8 "
+                     "bytes (got %zd)", k, stride, nb, k * stride, s.len, o.len);
+        goto done;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    transpose_loop((const uint8_t *)s.buf, k, nb, stride, (uint8_t *)o.buf);
+    Py_END_ALLOW_THREADS
+    ret = Py_NewRef(Py_None);
+done:
+    PyBuffer_Release(&s);
+    PyBuffer_Release(&o);
+    return ret;
+}
+
 static PyMethodDef methods[] = {
     {"aes_ok", py_aes_ok, METH_NOARGS, "Whether this CPU has AES-NI and SSE4.1 (x86-64 build)."},
     {"aes_ecb", py_aes_ecb, METH_VARARGS, "aes_ecb(key16, src, out): AES-128-ECB with AES-NI."},
@@ -515,6 +580,9 @@ static PyMethodDef methods[] = {
      "ggm_level(key_l, key_r, buf, w, g, folds, zero, clear): one GGM level in place."},
     {"lpn_encode", py_lpn_encode, METH_VARARGS,
      "lpn_encode(acc, table, rows, d): acc[i] ^= XOR_j table[rows[j, i]] (128-bit values)."},
+    {"transpose", py_transpose, METH_VARARGS,
+     "transpose(src, k, nb, stride, out): bit-matrix transpose, k rows of stride bytes (nb used) "
+     "-> out [8 nb, k / 8]."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -117,7 +117,24 @@ _M1, _M2, _M3 = (np.uint64(0x00AA00AA00AA00AA), np.uint64(0x0000CCCC0000CCCC),
 _TILE = 4096   # transpose: byte columns per tile
 
 
-def transpose(rows: np.ndarray) -> np.ndarray:
+def transpose(rows: np.ndarray, cols: int | None = None) -> np.ndarray:
+    """[128, m/8] bytes (row i = bit i of every OT) -> [m, 16] bytes (row j = OT j's 128 bits);
+    in general [k, nb] -> [8 nb, k/8]. With `cols`, only the first `cols` bytes of each row
+    (rows then C-contiguous): natively (crypten_lite/_native) without a copy of the columns."""
+    kern = _native.kernels()
+    if kern is not None:
+        rows = np.ascontiguousarray(rows, dtype=np.uint8)
+        k, stride = rows.shape
+        nb = stride if cols is None else cols
+        out = np.empty((8 * nb, k // 8), dtype=np.uint8)
+        kern.transpose(rows, k, nb, stride, out)
+        return out
+    if cols is not None:
+        rows = np.ascontiguousarray(rows[:, :cols])
+    return _transpose(rows)
+
+
+def _transpose(rows: np.ndarray) -> np.ndarray:
     """[128, m/8] bytes (row i = bit i of every OT) -> [m, 16] bytes (row j = OT j's 128 bits).
 
     Each 8x8 bit block is one uint64 (byte a = row 8I + a, bit b = column 8J + b), transposed
@@ -128,7 +145,7 @@ def transpose(rows: np.ndarray) -> np.ndarray:
     if nb > _TILE:
         out = np.empty((nb * 8, k // 8), dtype=np.uint8)
         for s in range(0, nb, _TILE):
-            out[s * 8:min(nb, s + _TILE) * 8] = transpose(rows[:, s:s + _TILE])
+            out[s * 8:min(nb, s + _TILE) * 8] = _transpose(rows[:, s:s + _TILE])
         return out
     x = np.ascontiguousarray(rows.reshape(k // 8, 8, nb).transpose(0, 2, 1))
     x = x.view(np.uint64).reshape(k // 8, nb)
@@ -630,8 +647,8 @@ class CorrelatedOT:
                 src = k if b == 0 else self._hash(k.view(np.uint8).reshape(-1, 16), 0,
                                                   (1 << 63) | (1 << 62) | b)
                 take = -(-min(128, bits - 128 * b) // 8)    # only the key bytes that are used
-                cols = np.ascontiguousarray(src).view(np.uint8).reshape(keys.m, 16)[:, :take]
-                blocks.append(transpose(np.ascontiguousarray(cols)))
+                blocks.append(transpose(np.ascontiguousarray(src).view(np.uint8).reshape(keys.m, 16),
+                                        take))
             rows.append(np.concatenate(blocks)[:bits].copy())
         if self.rank == keys.chooser:
             keys.rows = (rows[0], np.packbits(keys.choice, bitorder="little"))

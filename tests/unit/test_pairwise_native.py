@@ -264,3 +264,22 @@ def test_env_var_forces_numpy_and_a_missing_build_falls_back_logged(monkeypatch,
     assert h._native is None
     blocks = _rand(16 * 9).reshape(9, 16)
     assert h(blocks, 0, 1).shape == (9, 2)
+
+
+def test_transpose_is_byte_identical_to_numpy():
+    k = _kernels()
+    for rows, nb in ((8, 1), (16, 3), (128, 1), (128, 513), (128, 4097), (1 << 12, 16), (8, 0)):
+        a = _rand(rows * nb).reshape(rows, nb)
+        assert np.array_equal(ot.transpose(a), ot._transpose(a) if nb else
+                              np.empty((0, rows // 8), np.uint8)), (rows, nb)
+    keys = _rand(16 * 4096).reshape(4096, 16)
+    for take in (1, 2, 7, 16):       # prepare's use: the first `take` bytes of each 16
+        want = ot._transpose(np.ascontiguousarray(keys[:, :take]))
+        assert np.array_equal(ot.transpose(keys, take), want), take
+    out = np.empty((8, 2), dtype=np.uint8)
+    with pytest.raises(ValueError, match="multiple"):
+        k.transpose(_rand(12), 12, 1, 1, np.empty((8, 1), np.uint8))
+    with pytest.raises(ValueError, match="stride"):
+        k.transpose(_rand(16), 16, 2, 1, out)
+    with pytest.raises(ValueError, match="got"):
+        k.transpose(_rand(16), 16, 1, 1, np.empty((8, 3), np.uint8))
