@@ -90,6 +90,7 @@ def prefetch(plan: list, wait: bool = True, store: str | None = None,
     store = os.environ.get(STORE_ENV, "") if store is None else store
     if store:
         provider = _pairwise(s, "prefetch")
+        _refuse_session_masks(plan, "prefetch")
         error, store_id = None, ""
         try:
             store_id = provider.load_store(plan, store, key_file)
@@ -160,6 +161,7 @@ def make_store(plan: list, store: str, key_file: str | None = None) -> str:
     None of the stored correlations is used in this session. See provider/store.py."""
     s = current()
     provider = _pairwise(s, "make_store")
+    _refuse_session_masks(plan, "make_store")
     prefetch(plan, store="")
     error, store_id = None, ""
     try:
@@ -168,6 +170,24 @@ def make_store(plan: list, store: str, key_file: str | None = None) -> str:
         error = _store_error(s, store, e)
     _agree(s, "make_store", store_id, error)
     return store_id
+
+
+def _refuse_session_masks(plan: list, what: str) -> None:
+    """An offline store outlives its session, so its plan may not hold a fixed-weight product
+    whose weight mask was drawn before the recording (a weight_triple naming the mask by its
+    counter, not by its plan position): that triple is C = A B for the making session's B,
+    and a later session masks its weights afresh, so stored it would give wrong results. Every
+    party holds the same plan (prefetch checks it), so every party refuses it alike."""
+    bound = sum(1 for entry in plan if entry[0] == "weight_triple" and entry[3] and entry[3][0] >= 0)
+    if bound:
+        raise ConfigError(
+            f"offline.{what}: the plan holds {bound} fixed-weight products whose weight masks "
+            "were drawn before the recording (a later forward of an already masked model); a "
+            "later session masks its weights afresh, so stored correlations for them would be "
+            "wrong. To store a model's inference, record the FIRST forward of a freshly loaded "
+            "model (its plan draws the masks too), make_store that plan, and in the later "
+            "session prefetch it from the store before the model's first forward "
+            "(docs/protocols.md, \"Offline stores\")")
 
 
 def _pairwise(s, what: str):
