@@ -122,6 +122,130 @@ TGT static inline void aes_4x2(const aes_key *ka, const aes_key *kb, __m128i *b)
     b[6] = _mm_aesenclast_si128(b6, l); b[7] = _mm_aesenclast_si128(b7, l);
 }
 
+/* ---- the same with VAES (AVX-512: 4 blocks per instruction), where the CPU has it ---- */
+
+#define TGT5 __attribute__((target("aes,sse4.1,avx512f,vaes")))
+typedef struct { __m512i k[11]; } aes_key4;
+
+TGT5 static void key4(const aes_key *ks, aes_key4 *k4) {
+    for (int r = 0; r < 11; r++)
+        k4->k[r] = _mm512_broadcast_i32x4(ks->k[r]);
+}
+
+/* b[0..1] under key a, b[2..3] under key b (a == b: 16 blocks under one key) */
+TGT5 static inline void aes16(const aes_key4 *ka, const aes_key4 *kb, __m512i *b) {
+    __m512i b0 = _mm512_xor_si512(b[0], ka->k[0]), b1 = _mm512_xor_si512(b[1], ka->k[0]);
+    __m512i b2 = _mm512_xor_si512(b[2], kb->k[0]), b3 = _mm512_xor_si512(b[3], kb->k[0]);
+#pragma GCC unroll 9
+    for (int r = 1; r < 10; r++) {
+        b0 = _mm512_aesenc_epi128(b0, ka->k[r]);
+        b1 = _mm512_aesenc_epi128(b1, ka->k[r]);
+        b2 = _mm512_aesenc_epi128(b2, kb->k[r]);
+        b3 = _mm512_aesenc_epi128(b3, kb->k[r]);
+    }
+    b[0] = _mm512_aesenclast_epi128(b0, ka->k[10]);
+    b[1] = _mm512_aesenclast_epi128(b1, ka->k[10]);
+    b[2] = _mm512_aesenclast_epi128(b2, kb->k[10]);
+    b[3] = _mm512_aesenclast_epi128(b3, kb->k[10]);
+}
+
+/* tccr_loop's first m - m % 16 blocks, 16 at a time; returns the blocks done */
+TGT5 static Py_ssize_t tccr_wide(const aes_key *ks, const uint8_t *src, uint8_t *out,
+                                 Py_ssize_t m, uint64_t first, uint64_t domain,
+                                 const uint8_t *mask) {
+    aes_key4 k4;
+    key4(ks, &k4);
+    __m512i mk = mask ? _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)mask))
+                      : _mm512_setzero_si512();
+    __m512i y[4], z[4];
+    Py_ssize_t s = 0;
+    for (; s + 16 <= m; s += 16) {
+        for (int q = 0; q < 4; q++)
+            y[q] = _mm512_xor_si512(_mm512_loadu_si512(src + 16 * (s + 4 * q)), mk);
+        aes16(&k4, &k4, y);
+        for (int q = 0; q < 4; q++) {
+            long long f = (long long)(first + (uint64_t)(s + 4 * q)), d = (long long)domain;
+            z[q] = _mm512_xor_si512(y[q], _mm512_set_epi64(d, f + 3, d, f + 2, d, f + 1, d, f));
+        }
+        aes16(&k4, &k4, z);
+        for (int q = 0; q < 4; q++)
+            _mm512_storeu_si512(out + 16 * (s + 4 * q), _mm512_xor_si512(z[q], y[q]));
+    }
+    return s;
+}
+
+/* ggm_loop's children and folds for trees [0, g - g % 8) of every position, 8 trees at a
+ * time; acc: 2g blocks (left sums, then right sums), zeroed by the caller */
+TGT5 static void ggm_wide(const aes_key *kl, const aes_key *kr, __m128i *node, Py_ssize_t w,
+                          Py_ssize_t g, __m128i *acc, int clear) {
+    aes_key4 l4, r4;
+    key4(kl, &l4);
+    key4(kr, &r4);
+    Py_ssize_t total = w * g, g8 = g - g % 8;
+    __m512i cm = clear ? _mm512_set_epi64(-1LL, (long long)~1ULL, -1LL, (long long)~1ULL, -1LL,
+                                          (long long)~1ULL, -1LL, (long long)~1ULL)
+                       : _mm512_set1_epi64(-1LL);
+    for (Py_ssize_t p = 0; p < w; p++) {
+        __m128i *row = node + p * g;
+        for (Py_ssize_t t = 0; t < g8; t += 8) {
+            __m512i par[2], b[4];
+            par[0] = _mm512_loadu_si512(row + t);
+            par[1] = _mm512_loadu_si512(row + t + 4);
+            b[0] = par[0]; b[1] = par[1]; b[2] = par[0]; b[3] = par[1];
+            aes16(&l4, &r4, b);
+            for (int q = 0; q < 2; q++) {
+                __m512i a = _mm512_xor_si512(b[q], par[q]), c = _mm512_xor_si512(b[2 + q], par[q]);
+                __m128i *al = acc + t + 4 * q, *ar = acc + g + t + 4 * q;
+                _mm512_storeu_si512(al, _mm512_xor_si512(_mm512_loadu_si512(al), a));
+                _mm512_storeu_si512(ar, _mm512_xor_si512(_mm512_loadu_si512(ar), c));
+                _mm512_storeu_si512(row + t + 4 * q, _mm512_and_si512(a, cm));
+                _mm512_storeu_si512(row + total + t + 4 * q, _mm512_and_si512(c, cm));
+            }
+        }
+    }
+}
+
+static int wide_ok = -1;     /* VAES + AVX-512F on this CPU (set_wide may turn it off) */
+
+static int use_wide(void) {
+    if (wide_ok < 0) {
+        __builtin_cpu_init();
+        wide_ok = __builtin_cpu_supports("vaes") && __builtin_cpu_supports("avx512f");
+    }
+    return wide_ok;
+}
+
+/* nodes [s0, s1) of one level (tree of s0: t0, the trees following on) with 128-bit AES */
+TGT static void ggm_narrow(const aes_key *kl, const aes_key *kr, __m128i *node, Py_ssize_t total,
+                           Py_ssize_t s0, Py_ssize_t s1, Py_ssize_t t0, __m128i *fold, __m128i cm) {
+    Py_ssize_t t = t0;
+    for (Py_ssize_t s = s0; s < s1; s += 4) {
+        int n = (int)(s1 - s < 4 ? s1 - s : 4);
+        __m128i p[4], l[8], *r = l + 4;
+        for (int i = n; i < 4; i++)     /* a short tail: lanes not used (no uninitialized read) */
+            p[i] = l[i] = r[i] = _mm_setzero_si128();
+        for (int i = 0; i < n; i++) {
+            p[i] = _mm_loadu_si128(node + s + i);
+            l[i] = p[i];
+            r[i] = p[i];
+        }
+        if (n == 4) {
+            aes_4x2(kl, kr, l);
+        } else {
+            aes_n(kl, l, n);
+            aes_n(kr, r, n);
+        }
+        for (int i = 0; i < n; i++) {
+            __m128i a = _mm_xor_si128(l[i], p[i]), b = _mm_xor_si128(r[i], p[i]);
+            _mm_storeu_si128(fold + 2 * t, _mm_xor_si128(_mm_loadu_si128(fold + 2 * t), a));
+            _mm_storeu_si128(fold + 2 * t + 1, _mm_xor_si128(_mm_loadu_si128(fold + 2 * t + 1), b));
+            _mm_storeu_si128(node + s + i, _mm_and_si128(a, cm));
+            _mm_storeu_si128(node + total + s + i, _mm_and_si128(b, cm));
+            t++;
+        }
+    }
+}
+
 TGT static void ecb_loop(const aes_key *ks, const uint8_t *src, uint8_t *out, Py_ssize_t m) {
     __m128i b[8];
     for (Py_ssize_t s = 0; s < m; s += 8) {
@@ -141,7 +265,8 @@ TGT static void tccr_loop(const aes_key *ks, const uint8_t *src, uint8_t *out, P
                           uint64_t first, uint64_t domain, const uint8_t *mask) {
     __m128i y[8], z[8];
     __m128i mk = mask ? _mm_loadu_si128((const __m128i *)mask) : _mm_setzero_si128();
-    for (Py_ssize_t s = 0; s < m; s += 8) {
+    Py_ssize_t s0 = use_wide() ? tccr_wide(ks, src, out, m, first, domain, mask) : 0;
+    for (Py_ssize_t s = s0; s < m; s += 8) {
         int n = (int)(m - s < 8 ? m - s : 8);
         for (int i = 0; i < n; i++)
             y[i] = _mm_xor_si128(_mm_loadu_si128((const __m128i *)(src + 16 * (s + i))), mk);
@@ -183,33 +308,20 @@ TGT static void ggm_loop(const aes_key *kl, const aes_key *kr, uint8_t *buf, Py_
             scratch[2 * u + 1] = _mm_xor_si128(c[1], p);
         }
     }
-    Py_ssize_t t = 0;     /* tree of node s */
-    for (Py_ssize_t s = 0; s < total; s += 4) {
-        int n = (int)(total - s < 4 ? total - s : 4);
-        __m128i p[4], l[8], *r = l + 4;
-        for (int i = n; i < 4; i++)     /* a short tail: lanes not used (no uninitialized read) */
-            p[i] = l[i] = r[i] = _mm_setzero_si128();
-        for (int i = 0; i < n; i++) {
-            p[i] = _mm_loadu_si128(node + s + i);
-            l[i] = p[i];
-            r[i] = p[i];
-        }
-        if (n == 4) {
-            aes_4x2(kl, kr, l);
-        } else {
-            aes_n(kl, l, n);
-            aes_n(kr, r, n);
-        }
-        for (int i = 0; i < n; i++) {
-            __m128i a = _mm_xor_si128(l[i], p[i]), b = _mm_xor_si128(r[i], p[i]);
-            _mm_storeu_si128(fold + 2 * t, _mm_xor_si128(_mm_loadu_si128(fold + 2 * t), a));
-            _mm_storeu_si128(fold + 2 * t + 1, _mm_xor_si128(_mm_loadu_si128(fold + 2 * t + 1), b));
-            _mm_storeu_si128(node + s + i, _mm_and_si128(a, cm));
-            _mm_storeu_si128(node + total + s + i, _mm_and_si128(b, cm));
-            if (++t == g)
-                t = 0;
+    Py_ssize_t g8 = 0;    /* trees [0, g8) of every position made by ggm_wide */
+    if (use_wide() && g >= 8) {
+        __m128i *acc = scratch + 2 * g;
+        for (Py_ssize_t u = 0; u < 2 * g; u++)
+            acc[u] = _mm_setzero_si128();
+        ggm_wide(kl, kr, node, w, g, acc, clear);
+        g8 = g - g % 8;
+        for (Py_ssize_t u = 0; u < g8; u++) {
+            fold[2 * u] = acc[u];
+            fold[2 * u + 1] = acc[g + u];
         }
     }
+    for (Py_ssize_t p = 0; g8 < g && p < w; p++)
+        ggm_narrow(kl, kr, node, total, p * g + g8, p * g + g, g8, fold, cm);
     if (zero) {
         for (Py_ssize_t u = 0; u < g; u++) {
             Py_ssize_t i = zero[u] * g + u;
@@ -221,6 +333,8 @@ TGT static void ggm_loop(const aes_key *kl, const aes_key *kr, uint8_t *buf, Py_
         }
     }
 }
+
+
 #endif
 
 /* ---- Python functions ----------------------------------------------------------------- */
@@ -408,11 +522,11 @@ static PyObject *py_ggm_level(PyObject *self, PyObject *args) {
                              "position in [0, %zd)", u, (long long)zero[u], w);
                 goto done;
             }
-        scratch = PyMem_Malloc(2 * g * sizeof(__m128i));
-        if (!scratch) {
-            PyErr_NoMemory();
-            goto done;
-        }
+    }
+    scratch = PyMem_Malloc(4 * g * sizeof(__m128i));   /* zeroed children, wide sums */
+    if (!scratch) {
+        PyErr_NoMemory();
+        goto done;
     }
     aes_key kl, kr;
     aes_expand((const uint8_t *)bufs[0].buf, &kl);
@@ -570,6 +684,21 @@ done:
     return ret;
 }
 
+static PyObject *py_set_wide(PyObject *self, PyObject *arg) {
+    (void)self;
+    int want = PyObject_IsTrue(arg);
+    if (want < 0)
+        return NULL;
+#ifdef OTK_AESNI
+    int was = use_wide();
+    __builtin_cpu_init();
+    wide_ok = want && __builtin_cpu_supports("vaes") && __builtin_cpu_supports("avx512f");
+    return PyBool_FromLong(was);
+#else
+    Py_RETURN_FALSE;
+#endif
+}
+
 static PyMethodDef methods[] = {
     {"aes_ok", py_aes_ok, METH_NOARGS, "Whether this CPU has AES-NI and SSE4.1 (x86-64 build)."},
     {"aes_ecb", py_aes_ecb, METH_VARARGS, "aes_ecb(key16, src, out): AES-128-ECB with AES-NI."},
@@ -580,6 +709,9 @@ static PyMethodDef methods[] = {
      "ggm_level(key_l, key_r, buf, w, g, folds, zero, clear): one GGM level in place."},
     {"lpn_encode", py_lpn_encode, METH_VARARGS,
      "lpn_encode(acc, table, rows, d): acc[i] ^= XOR_j table[rows[j, i]] (128-bit values)."},
+    {"set_wide", py_set_wide, METH_O,
+     "set_wide(flag): use VAES (AVX-512) where the CPU has it (default) or 128-bit AES-NI "
+     "only (the tests' check of both); returns the previous setting."},
     {"transpose", py_transpose, METH_VARARGS,
      "transpose(src, k, nb, stride, out): bit-matrix transpose, k rows of stride bytes (nb used) "
      "-> out [8 nb, k / 8]."},
