@@ -133,3 +133,16 @@ def test_the_lenet_profiles_share_one_setup_that_party_processes_load_by_path():
     assert plans[0] == plans[1] and len(plans[0]) > 10
     kinds = {k for k, *_ in plans[0]}
     assert {"weight_triple", "binary_monomials"} <= kinds and "weight_mask" not in kinds  # masked before
+
+
+def test_pairwise_compose_commands_in_the_docs_are_the_files_own():
+    """docs/deployment.md's commands for docker-compose.pairwise.yml are those its header
+    gives (Docker is not run here: test_pairwise_deploy.py checks the services)."""
+    import pathlib
+    root = pathlib.Path(__file__).resolve().parents[2]
+    header = (root / "docker-compose.pairwise.yml").read_text()
+    lines = [line.split("#")[0].strip() for line in (root / "docs" / "deployment.md").read_text().splitlines()
+             if "docker-compose.pairwise.yml" in line and line.startswith("docker compose")]
+    assert len(lines) == 2, lines       # up and down
+    for line in lines:
+        assert f"#   {line}\n" in header, line
