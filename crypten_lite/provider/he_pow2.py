@@ -272,6 +272,7 @@ class Pow2Unit:
         q = math.prod(self.data_moduli)
         self._qh = [(q >> 64) % m for m in self.data_moduli]
         self._ql = np.uint64(q & (_M64 - 1))
+        self._inv64 = [pow(_M64 % m, -1, m) for m in self.data_moduli]   # 2^-64 mod q_i
         self._scale = s.Plaintext(format(1 << (64 - self.k), "x"))   # 2^(64-k) < t / 2
         self._noise_template: bytes | None = None
         self._up = None                 # he_upload.Uploads, made at first use
@@ -298,16 +299,21 @@ class Pow2Unit:
 
     # -- arithmetic
     def delta(self, a: np.ndarray) -> np.ndarray:
-        """round(q a / 2^64) mod each data prime, [L, *a.shape], for uint64 a."""
+        """round(q a / 2^64) mod each data prime, [L, *a.shape], for uint64 a. Exactly, from
+        one 64-bit product: with X = q a + 2^63 and r = X mod 2^64 = (Ql a + 2^63) mod 2^64,
+        round(q a / 2^64) = (X - r) / 2^64, and X = 2^63 mod q_i, so it is (2^63 - r) 2^-64
+        mod q_i (2^63 - r is u = (2^63 - r) mod 2^64, less 2^64 where r > 2^63)."""
         a = np.ascontiguousarray(a, dtype=np.uint64)
         with np.errstate(over="ignore"):
-            lo = a * self._ql
-            frac = he._mulhi(a, self._ql) + (lo >= np.uint64(1 << 63)).astype(np.uint64)
+            r = a * self._ql + np.uint64(1 << 63)
+            u = np.uint64(1 << 63) - r
+        wrap = r > np.uint64(1 << 63)
         out = np.empty((len(self.data_moduli),) + a.shape, dtype=np.uint64)
         for i, m in enumerate(self.data_moduli):
             mm = np.uint64(m)
-            v = mulmod(a % mm, self._qh[i], m) + frac % mm
-            out[i] = np.where(v >= mm, v - mm, v)
+            v = (u % mm).view(np.int64) - np.where(wrap, np.int64(_M64 % m), np.int64(0))
+            v = np.where(v < 0, v + np.int64(m), v).view(np.uint64)
+            out[i] = mulmod(v, self._inv64[i], m)
         return out
 
     def centred(self, b: np.ndarray) -> np.ndarray:

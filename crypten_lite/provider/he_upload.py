@@ -32,6 +32,8 @@ the evaluator, against 2 + 4 before.
 
 from __future__ import annotations
 
+import struct
+
 import numpy as np
 
 from .. import random as crandom
@@ -45,18 +47,17 @@ _MAX_SIZE = 16                   # polynomials NTT'd in one SEAL call (a ciphert
 
 
 def expand(seed: bytes, moduli: tuple[int, ...], n: int) -> np.ndarray:
-    """c1 [L, n]: uniform mod each q_i (< 2^50), from the seed's AES-256-CTR keystream: per
+    """c1 [L, n]: uniform mod each q_i (< 2^51), from the seed's AES-256-CTR keystream: per
     prime a stream of 64-bit words masked to the prime's bit length, the words below the
     prime kept in order (rejection sampling), until n are kept. Public and deterministic:
     the owner and the evaluator expand the same."""
-    prg = crandom.PRG(seed, domain=0x7570)
     out = np.empty((len(moduli), n), dtype=np.uint64)
     for i, q in enumerate(moduli):
         mask = np.uint64((1 << q.bit_length()) - 1)
-        got, have = [], 0
-        counter = 0
+        got, have, counter = [], 0, 0
         while have < n:
-            w = prg.draw((n + 64,), counter=(i << 32) | counter).numpy().view(np.uint64) & mask
+            nonce = struct.pack("<HHQ", 0x7570, i, counter)
+            w = np.frombuffer(crandom.random_bytes(seed, nonce, 8 * (n + 64)), dtype="<u8") & mask
             w = w[w < np.uint64(q)]
             got.append(w)
             have += w.size
@@ -107,27 +108,25 @@ class Uploads:
         """The rows (uint64 [r, N], any 64-bit values) encrypted under this party's key in NTT
         form, each as seed + pack50(c0)."""
         from .he_pow2 import pack50
-        unit, nl = self.unit, len(self.moduli)
+        unit, nl, r = self.unit, len(self.moduli), len(rows)
         s = self._secret()
         prg = crandom.PRG(crandom.fresh_seed(), domain=0x6f776e)
-        e = _noise(prg, (len(rows), self.n))
+        e = _noise(prg, (r, self.n))
         shifts = unit.delta(rows)                      # [L, r, N]
-        polys = np.empty((len(rows), nl, self.n), dtype=np.uint64)
-        for i in range(nl):
-            v = shifts[i] + np.where(e < 0, e + self.moduli[i], e).astype(np.uint64)
-            polys[:, i] = np.where(v >= self._mods[i], v - self._mods[i], v)
+        polys = np.empty((r, nl, self.n), dtype=np.uint64)
+        for i, q in enumerate(self.moduli):            # e + Delta'(row) mod q_i
+            v = shifts[i].view(np.int64) + e
+            v = np.where(v < 0, v + q, v)
+            polys[:, i] = np.where(v >= q, v - q, v).view(np.uint64)
         ntt = unit.ntt_rows(files, polys)              # [r, L, N]
-        seeds = prg.draw((len(rows), SEED_BYTES // 8)).numpy().view(np.uint64)
-        out = []
-        for j in range(len(rows)):
-            seed = seeds[j].tobytes()
-            a = expand(seed, self.moduli, self.n)
-            c0 = np.empty((nl, self.n), dtype=np.uint64)
-            for i, q in enumerate(self.moduli):
-                v = ntt[j, i] + (np.uint64(q) - mulmod_vec(a[i], s[i], q))
-                c0[i] = np.where(v >= np.uint64(q), v - np.uint64(q), v)
-            out.append(seed + pack50(c0))
-        return out
+        seeds = [prg.draw((SEED_BYTES // 8,)).numpy().tobytes() for _ in range(r)]
+        a = np.stack([expand(seed, self.moduli, self.n) for seed in seeds])
+        for i, q in enumerate(self.moduli):            # c0 = NTT(e + Delta'(row)) - a s
+            v = ntt[:, i].view(np.int64) - mulmod_vec(a[:, i], s[i], q).view(np.int64)
+            ntt[:, i] = np.where(v < 0, v + q, v).view(np.uint64)
+        packed = pack50(ntt)
+        size = len(packed) // r                        # L N a multiple of 4: rows apart
+        return [seeds[j] + packed[j * size:(j + 1) * size] for j in range(r)]
 
     def load(self, files: "he._Files", data: bytes):
         """The peer's encrypt() output as a SEAL Ciphertext in NTT form (for multiply_plain);

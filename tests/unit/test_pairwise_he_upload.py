@@ -204,3 +204,20 @@ def test_a_peer_on_the_former_upload_wire_is_refused_at_the_handshake():
     _, got = _providers((PairwiseProvider, Former))
     for r in range(2):
         assert isinstance(got[r][1], ProtocolError) and "parameters differ" in str(got[r][1]), got[r]
+
+
+def test_delta_is_round_q_a_over_2_64_exactly(unit):
+    """Pow2Unit.delta (from one 64-bit product, (2^63 - r) 2^-64 mod q_i) against Python's
+    integers, at the edges of a and of r = (Ql a + 2^63) mod 2^64 (0, 1, 2^63, 2^64 - 1)."""
+    import math
+    u, _ = unit
+    q = math.prod(u.data_moduli)
+    inv = pow(q % (1 << 64), -1, 1 << 64)                # q is odd
+    a = np.random.default_rng(11).integers(0, 1 << 64, size=(2, 4096), dtype=np.uint64)
+    edges = [0, 1, 2, (1 << 63) - 1, 1 << 63, (1 << 63) + 1, (1 << 64) - 1]
+    edges += [(r - (1 << 63)) * inv % (1 << 64) for r in (0, 1, 1 << 63, (1 << 63) + 1, (1 << 64) - 1)]
+    a[0, :len(edges)] = edges
+    got = u.delta(a)
+    for i, m in enumerate(u.data_moduli):
+        want = [((q * x + (1 << 63)) >> 64) % m for x in a.reshape(-1).tolist()]
+        assert got[i].reshape(-1).tolist() == want, i
