@@ -47,20 +47,25 @@ _MAX_SIZE = 16                   # polynomials NTT'd in one SEAL call (a ciphert
 
 
 def expand(seed: bytes, moduli: tuple[int, ...], n: int) -> np.ndarray:
-    """c1 [L, n]: uniform mod each q_i (< 2^51), from the seed's AES-256-CTR keystream: per
-    prime a stream of 64-bit words masked to the prime's bit length, the words below the
-    prime kept in order (rejection sampling), until n are kept. Public and deterministic:
-    the owner and the evaluator expand the same."""
+    """c1 [L, n]: uniform mod each q_i (< 2^51), from the seed's AES-256-CTR keystream (one
+    draw for every prime, n + 64 words each; a prime short of n words below it draws more
+    from a nonce of its own): each prime's words masked to its bit length, those below the
+    prime kept in order (rejection sampling). Public and deterministic: the owner and the
+    evaluator expand the same."""
+    per = n + 64
+    words = crandom.keystream_ring(seed, struct.pack("<HHQ", 0x7570, 0, 0), (len(moduli) * per,),
+                                   len(moduli) * per).numpy().view(np.uint64)
     out = np.empty((len(moduli), n), dtype=np.uint64)
     for i, q in enumerate(moduli):
         mask = np.uint64((1 << q.bit_length()) - 1)
-        got, have, counter = [], 0, 0
-        while have < n:
-            nonce = struct.pack("<HHQ", 0x7570, i, counter)
-            w = np.frombuffer(crandom.random_bytes(seed, nonce, 8 * (n + 64)), dtype="<u8") & mask
-            w = w[w < np.uint64(q)]
-            got.append(w)
-            have += w.size
+        w = words[i * per:(i + 1) * per] & mask
+        got = [w[w < np.uint64(q)]]
+        have, counter = got[0].size, 0
+        while have < n:                  # never at the engine's primes (each rejects < 2^-29)
+            more = crandom.keystream_ring(seed, struct.pack("<HHQ", 0x7570, 1 + i, counter), (per,), per)
+            w = more.numpy().view(np.uint64) & mask
+            got.append(w[w < np.uint64(q)])
+            have += got[-1].size
             counter += 1
         out[i] = np.concatenate(got)[:n] if len(got) > 1 else got[0][:n]
     return out

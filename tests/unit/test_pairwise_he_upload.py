@@ -76,6 +76,10 @@ def test_seed_expansion_is_deterministic_below_each_prime_and_uniform():
         assert int(a[i].max()) < q
         # 64 equal buckets of [0, q): chi-square with 63 dof, 0.9999 quantile about 117
         assert _chi2((a[i].astype(np.float64) / q * 64).astype(np.int64), 64) < 117
+    # small moduli reject often: the refills from each prime's own nonce, still uniform
+    small = he_upload.expand(seed, (5, 17), 20000)
+    assert np.array_equal(small, he_upload.expand(seed, (5, 17), 20000))
+    assert _chi2(small[0].astype(np.int64), 5) < 30 and _chi2(small[1].astype(np.int64), 17) < 60
 
 
 def test_noise_is_seals_centred_binomial():
