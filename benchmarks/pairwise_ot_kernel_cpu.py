@@ -20,6 +20,16 @@ One JSON line per repeat and a median line (ms per 1M OTs, per role) with the lo
 
 PYTHONPATH=<a checkout of another commit> measures that commit with this same script (the
 A/B of an optimisation: alternate the two, a few pairs, and compare the medians).
+CRYPTEN_LITE_NATIVE=0 measures the numpy path of this tree (crypten_lite/_native: the native
+kernels off).
+
+``--kernels`` instead times each native kernel against the numpy code it replaces on one
+thread (thread CPU, best of --repeat, ms): the TCCR hash of 1M blocks, one step's GGM trees
+(512 trees of depth 10, level sums), one step's LPN code (524,288 outputs), prepare's
+transpose of 1M keys' first byte and IKNP's 128 x 1M transpose; the AES ones with VAES and
+with 128-bit AES-NI only where the CPU has VAES.
+
+    python benchmarks/pairwise_ot_kernel_cpu.py --kernels --repeat 7
 """
 
 from __future__ import annotations
@@ -73,13 +83,85 @@ def _both(fns):
     return res, cpu
 
 
+def _best(fn, repeat: int) -> float:
+    best = float("inf")
+    for _ in range(repeat):
+        t = time.thread_time()
+        fn()
+        best = min(best, time.thread_time() - t)
+    return round(1e3 * best, 2)
+
+
+def kernels(repeat: int) -> None:
+    """Each native kernel against its numpy reference, one thread (ms, best of `repeat`)."""
+    from crypten_lite import _native
+    from crypten_lite.provider import ferret, ot
+    k = _native.kernels()
+    if k is None:
+        raise SystemExit(f"pairwise_ot_kernel_cpu --kernels: {_native.describe()}")
+    rng = np.random.default_rng(7)
+    m, g = 1 << 20, ferret.GROUP
+    blocks = rng.integers(0, 256, size=(m, 16), dtype=np.uint8)
+    out = np.empty((m, 2), dtype=np.uint64)
+    os.environ[_native.ENV] = "0"
+    ref_hash = ot._Hash()
+    del os.environ[_native.ENV]
+    rows = ferret._indices(0, g * ferret.LEAVES)
+    table = rng.integers(0, 1 << 63, size=(ferret.K, 2), dtype=np.uint64).view(np.complex128).reshape(-1)
+    acc = np.zeros((g * ferret.LEAVES, 2), dtype=np.uint64)
+    roots = rng.integers(0, 1 << 63, size=(1, g, 2), dtype=np.uint64)
+
+    def ggm_numpy():
+        exp, nodes = ferret._Expander(), roots
+        for _ in range(ferret.DEPTH):
+            nodes = exp(nodes)
+            half = nodes.shape[0] // 2
+            ferret._fold(nodes[:half]), ferret._fold(nodes[half:])
+
+    def ggm_native():
+        nodes = np.empty((ferret.LEAVES, g, 2), dtype=np.uint64)
+        nodes[0] = roots[0]
+        folds = np.empty((g, 2, 2), dtype=np.uint64)
+        for level in range(ferret.DEPTH):
+            k.ggm_level(ferret._KEYS[0], ferret._KEYS[1], nodes, 1 << level, g, folds, None,
+                        level == ferret.DEPTH - 1)
+    iknp = rng.integers(0, 256, size=(128, m // 8), dtype=np.uint8)
+    row = {"numpy": {
+        "tccr_1M": _best(lambda: ref_hash(blocks, 0, 1, out=out), repeat),
+        "ggm_512_trees": _best(ggm_numpy, repeat),
+        "lpn_524288": _best(lambda: ferret._encode(acc, table, rows, acc.shape[0]), repeat),
+        "transpose_1M_x_1B": _best(lambda: ot._transpose(np.ascontiguousarray(blocks[:, :1])), repeat),
+        "transpose_128_x_1M": _best(lambda: ot._transpose(iknp), repeat)}}
+    widths = [True, False] if _native.aes() is not None and k.set_wide(True) else [False]
+    for wide in widths:
+        name = "native_vaes" if wide else "native_aesni"
+        if _native.aes() is not None:
+            k.set_wide(wide)
+        row[name] = {
+            "tccr_1M": _best(lambda: k.tccr(ot._FIXED_KEY, blocks, out, 0, 1), repeat)
+            if _native.aes() is not None else None,
+            "ggm_512_trees": _best(ggm_native, repeat) if _native.aes() is not None else None,
+            "lpn_524288": _best(lambda: k.lpn_encode(acc, table, rows, ferret.D), repeat),
+            "transpose_1M_x_1B": _best(lambda: ot.transpose(blocks, 1), repeat),
+            "transpose_128_x_1M": _best(lambda: ot.transpose(iknp), repeat)}
+    if _native.aes() is not None:
+        k.set_wide(True)
+    print(json.dumps({"kernels_ms": row, "repeat": repeat, "path": _native.describe(),
+                      "load_average_1min": round(os.getloadavg()[0], 1)}))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--m", type=int, default=1 << 20, help="OTs per measurement (multiple of 8)")
     parser.add_argument("--bits", type=int, default=8, help="prepare: pad bits per OT")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--label", default="")
+    parser.add_argument("--kernels", action="store_true",
+                        help="time each native kernel against its numpy code instead")
     args = parser.parse_args()
+    if args.kernels:
+        kernels(args.repeat)
+        return
     from crypten_lite.provider import ferret
     p = _pair()
     _both([p[0].setup, p[1].setup])
