@@ -8,11 +8,13 @@ hot loops of provider/ot.py and provider/ferret.py byte for byte as their numpy 
   AES-128 with AES-NI, 8 blocks in flight;
 * ``ggm_level``: one level of the GGM trees (MMO under the two fixed keys) in place, fused
   with the level's left/right XOR sums (ferret.SilentCOT._trees and _puncture);
-* ``lpn_encode``: the local linear code (ferret.SilentCOT._local), no AES.
+* ``lpn_encode``: the local linear code (ferret.SilentCOT._local), no AES;
+* ``transpose``: ot.transpose's bit-matrix transpose (IKNP, CorrelatedOT.prepare), no AES.
 
-Each loop runs without the GIL (a pool's step made ahead then overlaps the main thread for
-real). Where the CPU has no AES-NI (or is not x86-64) only ``lpn_encode`` is native and the
-AES goes through `cryptography` as before.
+The AES kernels use VAES (AVX-512, 16 blocks in flight) where the CPU has it, else 128-bit
+AES-NI. Each loop runs without the GIL (a pool's step made ahead then overlaps the main thread
+for real). Where the CPU has no AES-NI (or is not x86-64) only ``lpn_encode`` and
+``transpose`` are native and the AES goes through `cryptography` as before.
 
 ``CRYPTEN_LITE_NATIVE=0`` forces the numpy path (read when a hash or a silent-OT pool is made:
 the A/B of the kernels in one tree, and the tests of both paths).
@@ -66,5 +68,6 @@ def describe() -> str:
     if mod is None:
         return f"numpy (native kernels not built: {_state.get('why')})"
     if not mod.aes_ok():
-        return "native LPN code; AES through cryptography (no AES-NI on this CPU)"
-    return "native (AES-NI hash, GGM trees, LPN code)"
+        return "native LPN code and transpose; AES through cryptography (no AES-NI on this CPU)"
+    aes = "VAES (AVX-512)" if mod.set_wide(None) else "AES-NI"
+    return f"native ({aes} hash and GGM trees, LPN code, transpose)"

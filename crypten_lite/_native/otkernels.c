@@ -444,6 +444,10 @@ done:
 
 static PyObject *py_set_wide(PyObject *self, PyObject *arg) {
     (void)self;
+#ifdef OTK_AESNI
+    if (arg == Py_None)          /* a query: the setting in force */
+        return PyBool_FromLong(use_wide());
+#endif
     int want = PyObject_IsTrue(arg);
     if (want < 0)
         return NULL;
@@ -469,7 +473,7 @@ static PyMethodDef methods[] = {
      "lpn_encode(acc, table, rows, d): acc[i] ^= XOR_j table[rows[j, i]] (128-bit values)."},
     {"set_wide", py_set_wide, METH_O,
      "set_wide(flag): use VAES (AVX-512) where the CPU has it (default) or 128-bit AES-NI "
-     "only (the tests' check of both); returns the previous setting."},
+     "only (the tests' check of both); returns the previous setting (None: only returns it)."},
     {"transpose", py_transpose, METH_VARARGS,
      "transpose(src, k, nb, stride, out): bit-matrix transpose, k rows of stride bytes (nb used) "
      "-> out [8 nb, k / 8]."},
