@@ -10,7 +10,7 @@
  *   ggm_level(key_l, key_r, buf, w, g, folds, zero, clear)
  *                                              one GGM level in place (MMO: pi_s(x) ^ x) and
  *                                              its left/right XOR sums per tree
- *   lpn_encode(acc, table, rows, d)            acc_i ^= XOR_j table[rows[j, i]]
+ *   lpn_encode(acc, table, rows, d, bits)      acc_i ^= XOR_j table[rows[j, i]] (bits: bit 0)
  *   transpose(src, k, nb, stride, out)         the bit-matrix transpose of ot.transpose
  *
  *   set_wide(flag)                             VAES on (default, where the CPU has it) / off
@@ -283,10 +283,17 @@ done:
 #endif
 }
 
-/* four outputs at a time (40 independent table loads in flight: 25% faster than one) */
-static void lpn_loop(uint64_t *acc, const uint64_t *table, const int32_t *rows, Py_ssize_t n,
-                     Py_ssize_t d) {
+/* four outputs at a time (40 independent table loads in flight: 25% faster than one). An
+ * index outside the table reads entry 0 instead, and acc is zeroed at the end (the caller
+ * raises): no read outside the table, no pass of its own over rows. bits (optional): bit 0
+ * of each output's first word. */
+#define LPN_IDX(x, u) do { u = (uint32_t)(x); if (u >= size) { bad = 1; u = 0; } } while (0)
+
+static int lpn_loop(uint64_t *acc, const uint64_t *table, const int32_t *rows, Py_ssize_t n,
+                    Py_ssize_t d, uint32_t size, uint8_t *bits) {
     Py_ssize_t i = 0;
+    int bad = 0;
+    uint32_t u0, u1, u2, u3;
 #ifdef __SSE2__
     __m128i *a = (__m128i *)acc;
     const __m128i *t = (const __m128i *)table;
@@ -295,43 +302,52 @@ static void lpn_loop(uint64_t *acc, const uint64_t *table, const int32_t *rows, 
         __m128i x2 = _mm_loadu_si128(a + i + 2), x3 = _mm_loadu_si128(a + i + 3);
         for (Py_ssize_t j = 0; j < d; j++) {
             const int32_t *r = rows + j * n + i;
-            x0 = _mm_xor_si128(x0, _mm_loadu_si128(t + r[0]));
-            x1 = _mm_xor_si128(x1, _mm_loadu_si128(t + r[1]));
-            x2 = _mm_xor_si128(x2, _mm_loadu_si128(t + r[2]));
-            x3 = _mm_xor_si128(x3, _mm_loadu_si128(t + r[3]));
+            LPN_IDX(r[0], u0);
+            LPN_IDX(r[1], u1);
+            LPN_IDX(r[2], u2);
+            LPN_IDX(r[3], u3);
+            x0 = _mm_xor_si128(x0, _mm_loadu_si128(t + u0));
+            x1 = _mm_xor_si128(x1, _mm_loadu_si128(t + u1));
+            x2 = _mm_xor_si128(x2, _mm_loadu_si128(t + u2));
+            x3 = _mm_xor_si128(x3, _mm_loadu_si128(t + u3));
         }
         _mm_storeu_si128(a + i, x0);
         _mm_storeu_si128(a + i + 1, x1);
         _mm_storeu_si128(a + i + 2, x2);
         _mm_storeu_si128(a + i + 3, x3);
+        if (bits) {
+            bits[i] = (uint8_t)(_mm_cvtsi128_si32(x0) & 1);
+            bits[i + 1] = (uint8_t)(_mm_cvtsi128_si32(x1) & 1);
+            bits[i + 2] = (uint8_t)(_mm_cvtsi128_si32(x2) & 1);
+            bits[i + 3] = (uint8_t)(_mm_cvtsi128_si32(x3) & 1);
+        }
     }
 #endif
     for (; i < n; i++) {
         uint64_t a0 = acc[2 * i], a1 = acc[2 * i + 1];
         for (Py_ssize_t j = 0; j < d; j++) {
-            const uint64_t *e = table + 2 * (Py_ssize_t)rows[j * n + i];
-            a0 ^= e[0];
-            a1 ^= e[1];
+            LPN_IDX(rows[j * n + i], u0);
+            a0 ^= table[2 * (Py_ssize_t)u0];
+            a1 ^= table[2 * (Py_ssize_t)u0 + 1];
         }
         acc[2 * i] = a0;
         acc[2 * i + 1] = a1;
+        if (bits)
+            bits[i] = (uint8_t)(a0 & 1);
     }
-}
-
-static int lpn_check(const int32_t *rows, Py_ssize_t count, Py_ssize_t size) {
-    uint32_t bad = 0;
-    for (Py_ssize_t i = 0; i < count; i++)
-        bad |= (uint32_t)rows[i] >= (uint32_t)size;
-    return bad == 0;
+    if (bad)
+        memset(acc, 0, (size_t)n * 16);
+    return !bad;
 }
 
 static PyObject *py_lpn_encode(PyObject *self, PyObject *args) {
     (void)self;
-    PyObject *ao, *to, *ro;
+    PyObject *ao, *to, *ro, *bo = Py_None;
     Py_ssize_t d;
-    if (!PyArg_ParseTuple(args, "OOOn:lpn_encode", &ao, &to, &ro, &d))
+    if (!PyArg_ParseTuple(args, "OOOn|O:lpn_encode", &ao, &to, &ro, &d, &bo))
         return NULL;
-    Py_buffer a, t, r;
+    Py_buffer a, t, r, bb;
+    int have_b = 0;
     PyObject *ret = NULL;
     if (get_buf(ao, &a, 1, "acc") < 0)
         return NULL;
@@ -359,19 +375,35 @@ static PyObject *py_lpn_encode(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "otkernels.lpn_encode: buffers must be 4-byte aligned");
         goto done;
     }
+    if (size > 0xFFFFFFFFLL) {
+        PyErr_SetString(PyExc_ValueError, "otkernels.lpn_encode: table over 2^32 values");
+        goto done;
+    }
+    if (bo != Py_None) {
+        if (get_buf(bo, &bb, 1, "bits") < 0)
+            goto done;
+        have_b = 1;
+        if (bb.len != n || bb.itemsize != 1) {
+            PyErr_Format(PyExc_ValueError, "otkernels.lpn_encode: bits must be %zd bytes (uint8, "
+                         "one per output), got %zd", n, bb.len);
+            goto done;
+        }
+    }
     int ok;
+    uint8_t *bits = have_b ? (uint8_t *)bb.buf : NULL;
     Py_BEGIN_ALLOW_THREADS
-    ok = lpn_check((const int32_t *)r.buf, d * n, size);
-    if (ok)
-        lpn_loop((uint64_t *)a.buf, (const uint64_t *)t.buf, (const int32_t *)r.buf, n, d);
+    ok = lpn_loop((uint64_t *)a.buf, (const uint64_t *)t.buf, (const int32_t *)r.buf, n, d,
+                  (uint32_t)size, bits);
     Py_END_ALLOW_THREADS
     if (!ok) {
         PyErr_Format(PyExc_ValueError, "otkernels.lpn_encode: rows hold an index outside the "
-                     "table's %zd values", size);
+                     "table's %zd values (acc zeroed)", size);
         goto done;
     }
     ret = Py_NewRef(Py_None);
 done:
+    if (have_b)
+        PyBuffer_Release(&bb);
     PyBuffer_Release(&a);
     PyBuffer_Release(&t);
     PyBuffer_Release(&r);
@@ -470,7 +502,8 @@ static PyMethodDef methods[] = {
     {"ggm_level", py_ggm_level, METH_VARARGS,
      "ggm_level(key_l, key_r, buf, w, g, folds, zero, clear): one GGM level in place."},
     {"lpn_encode", py_lpn_encode, METH_VARARGS,
-     "lpn_encode(acc, table, rows, d): acc[i] ^= XOR_j table[rows[j, i]] (128-bit values)."},
+     "lpn_encode(acc, table, rows, d, bits=None): acc[i] ^= XOR_j table[rows[j, i]] (128-bit "
+     "values); bits[i] = bit 0 of acc[i] after it."},
     {"set_wide", py_set_wide, METH_O,
      "set_wide(flag): use VAES (AVX-512) where the CPU has it (default) or 128-bit AES-NI "
      "only (the tests' check of both); returns the previous setting (None: only returns it)."},

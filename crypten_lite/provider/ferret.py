@@ -273,12 +273,13 @@ class SilentCOT:
         count = g * LEAVES
         rows = _indices(first // GROUP, count)      # the same public matrix every iteration
         acc = leaves.reshape(count, 2)              # the step's own fresh array
+        # the receiver's bits x = A*u ^ e ride in bit 0 of its values (u's and e's do)
         if self._kern is not None:
-            self._kern.lpn_encode(acc, table, rows, D)
+            bits = np.empty(count, dtype=np.uint8) if self.receiver else None
+            self._kern.lpn_encode(acc, table, rows, D, bits)
         else:
             _encode(acc, table, rows, count)
-        # the receiver's bits x = A*u ^ e ride in bit 0 of its values (u's and e's do)
-        bits = (acc[:, 0] & _U64(1)).astype(np.uint8) if self.receiver else None
+            bits = (acc[:, 0] & _U64(1)).astype(np.uint8) if self.receiver else None
         reserve = None
         if first == 0:                          # an iteration's first step: the next base COTs
             reserve = (None if bits is None else bits[:BASE].copy(), acc[:BASE].copy())

@@ -162,8 +162,10 @@ def test_lpn_encode_is_byte_identical_to_numpy():
         acc = np.frombuffer(os.urandom(16 * count), dtype=np.uint64).reshape(count, 2).copy()
         want = acc.copy()
         ferret._encode(want, table, rows, count)
-        k.lpn_encode(acc, table, rows, ferret.D)
+        bits = np.full(count, 7, dtype=np.uint8)
+        k.lpn_encode(acc, table, rows, ferret.D, bits)
         assert np.array_equal(acc, want), count
+        assert np.array_equal(bits, (want[:, 0] & np.uint64(1)).astype(np.uint8)), count
     acc = np.zeros((5, 2), dtype=np.uint64)
     k.lpn_encode(acc, table, np.zeros((0, 5), dtype=np.int32), 0)     # d = 0: unchanged
     assert not acc.any()
@@ -176,8 +178,12 @@ def test_bad_buffers_are_type_or_value_errors():
     rows = np.zeros((2, 8), dtype=np.int32)
     with pytest.raises(ValueError, match="outside the table"):
         k.lpn_encode(acc, table, np.full((2, 8), 16, dtype=np.int32), 2)
+    acc[:] = 5
     with pytest.raises(ValueError, match="outside the table"):
         k.lpn_encode(acc, table, np.full((2, 8), -1, dtype=np.int32), 2)
+    assert not acc.any()                                      # no partial result left
+    with pytest.raises(ValueError, match="bits"):
+        k.lpn_encode(acc, table, rows, 2, np.empty(7, dtype=np.uint8))
     with pytest.raises(ValueError, match="int32"):
         k.lpn_encode(acc, table, rows.astype(np.int64), 2)
     with pytest.raises(ValueError, match="int32"):
