@@ -299,7 +299,12 @@ class Pow2Unit:
 
     # -- arithmetic
     def delta(self, a: np.ndarray) -> np.ndarray:
-        """round(q a / 2^64) mod each data prime, [L, *a.shape], for uint64 a. Exactly, from
+        """round(q a / 2^64) mod each data prime, [L, *a.shape], for uint64 a (0 at a's zeros:
+        computed at its nonzeros only where they are fewer than half, _at_nonzero)."""
+        return _at_nonzero(self._delta, a, len(self.data_moduli))
+
+    def _delta(self, a: np.ndarray) -> np.ndarray:
+        """delta of every element. Exactly, from
         one 64-bit product: with X = q a + 2^63 and r = X mod 2^64 = (Ql a + 2^63) mod 2^64,
         round(q a / 2^64) = (X - r) / 2^64, and X = 2^63 mod q_i, so it is (2^63 - r) 2^-64
         mod q_i (2^63 - r is u = (2^63 - r) mod 2^64, less 2^64 where r > 2^63)."""
@@ -317,7 +322,11 @@ class Pow2Unit:
         return out
 
     def centred(self, b: np.ndarray) -> np.ndarray:
-        """b's centred representative (|b| <= 2^63) mod each data prime, [L, *b.shape]."""
+        """b's centred representative (|b| <= 2^63) mod each data prime, [L, *b.shape] (0 at
+        b's zeros: computed at its nonzeros only where they are fewer than half)."""
+        return _at_nonzero(self._centred, b, len(self.data_moduli))
+
+    def _centred(self, b: np.ndarray) -> np.ndarray:
         b = np.ascontiguousarray(b, dtype=np.uint64)
         neg = b >= np.uint64(1 << 63)
         with np.errstate(over="ignore"):
@@ -590,6 +599,21 @@ class Pow2Unit:
             data = np.frombuffer(body, dtype="<u8", count=2 * level * nd, offset=_HEAD)
         polys = data.reshape(2, level, nd)
         return pack50(np.concatenate([polys[0][:, keep].reshape(-1), polys[1].reshape(-1)]))
+
+
+def _at_nonzero(fn: Callable, a: np.ndarray, levels: int) -> np.ndarray:
+    """fn(a) ([levels, *a.shape], fn(0) = 0) for uint64 a: where fewer than half of a's
+    elements are nonzero (a kept conv kernel's rows, a batch-1 linear layer's plaintexts),
+    fn of those alone, scattered into zeros; else fn(a)."""
+    a = np.ascontiguousarray(a, dtype=np.uint64)
+    flat = a.reshape(-1)
+    nz = np.flatnonzero(flat)
+    if 2 * nz.size >= flat.size:
+        return fn(a)
+    out = np.zeros((levels, flat.size), dtype=np.uint64)
+    if nz.size:
+        out[:, nz] = fn(flat[nz])
+    return out.reshape((levels,) + a.shape)
 
 
 def combine(top: np.ndarray, low: np.ndarray, k: int) -> np.ndarray:

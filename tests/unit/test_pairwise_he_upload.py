@@ -225,3 +225,19 @@ def test_delta_is_round_q_a_over_2_64_exactly(unit):
     for i, m in enumerate(u.data_moduli):
         want = [((q * x + (1 << 63)) >> 64) % m for x in a.reshape(-1).tolist()]
         assert got[i].reshape(-1).tolist() == want, i
+
+
+def test_delta_and_centred_of_sparse_rows_match_the_dense_computation(unit):
+    """Rows mostly zero (a conv kernel's kept rows, a batch-1 linear layer's plaintexts) are
+    computed at their nonzeros only: the same values as every element computed, all-zero
+    rows included."""
+    u, _ = unit
+    rng = np.random.default_rng(13)
+    for fraction in (0.0, 0.01, 0.3, 0.49, 0.5, 0.9):
+        rows = rng.integers(1, 1 << 64, size=(3, 512), dtype=np.uint64)
+        rows[rng.random(rows.shape) >= fraction] = 0
+        rows[0, :3] = [(1 << 64) - 1, 1 << 63, 1]
+        assert np.array_equal(u.delta(rows), u._delta(rows)), fraction
+        assert np.array_equal(u.centred(rows), u._centred(rows)), fraction
+    zero = np.zeros((2, 64), dtype=np.uint64)
+    assert not u.delta(zero).any() and not u.centred(zero).any() and u.delta(zero).shape == (4, 2, 64)
