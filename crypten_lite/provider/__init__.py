@@ -68,7 +68,9 @@ class Correlation:
                 # split: only the check of every part (consecutive_rows) may read it as rows
                 self._shapes = None
             self._parts[cut:] = fixes
-        return tuple(self._parts)
+        if type(self._parts) is not tuple:   # complete from here on: kept as the tuple returned
+            self._parts = tuple(self._parts)
+        return self._parts
 
     def rows(self, start: int, count: int) -> np.ndarray | None:
         """Components start .. start + count - 1 (the corrected ones after corrected()) as
