@@ -250,8 +250,8 @@ TGT static void ggm_loop(const aes_key *kl, const aes_key *kr, uint8_t *buf, Py_
         ggm_wide(kl, kr, node, w, g, acc, clear);
         g8 = g - g % 8;
         for (Py_ssize_t u = 0; u < g8; u++) {
-            fold[2 * u] = acc[u];
-            fold[2 * u + 1] = acc[g + u];
+            _mm_storeu_si128(fold + 2 * u, acc[u]);        /* folds: the caller's, any alignment */
+            _mm_storeu_si128(fold + 2 * u + 1, acc[g + u]);
         }
     }
     for (Py_ssize_t p = 0; g8 < g && p < w; p++)

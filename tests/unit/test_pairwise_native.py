@@ -297,3 +297,28 @@ def test_transpose_is_byte_identical_to_numpy():
         k.transpose(_rand(16), 16, 2, 1, out)
     with pytest.raises(ValueError, match="got"):
         k.transpose(_rand(16), 16, 1, 1, np.empty((8, 3), np.uint8))
+
+
+def test_kernels_take_buffers_at_any_alignment(wide):
+    """Buffers at an odd address (a uint8 array's slice from byte 1) give the same results."""
+    k = _aes()
+    g, levels = 9, 3
+
+    def odd(n):
+        return np.zeros(n + 1, dtype=np.uint8)[1:]
+    roots = _rand(16 * g)
+    for bufs in ((np.zeros((16 * g) << levels, np.uint8), np.zeros(32 * g, np.uint8)),
+                 (odd((16 * g) << levels), odd(32 * g))):
+        buf, folds = bufs
+        buf[:16 * g] = roots
+        for level in range(levels):
+            k.ggm_level(ferret._KEYS[0], ferret._KEYS[1], buf, 1 << level, g, folds, None, False)
+        got = (buf.copy(), folds.copy())
+        if bufs[0].ctypes.data % 16 == 0:
+            want = got
+    assert all(np.array_equal(a, b) for a, b in zip(got, want))
+    src, out = odd(16 * 37), odd(16 * 37)
+    src[:] = _rand(16 * 37)
+    k.tccr(ot._FIXED_KEY, src, out, 3, 4)
+    assert np.array_equal(out.view(np.uint64).reshape(-1, 2),
+                          ot._Hash()(np.ascontiguousarray(src).reshape(37, 16), 3, 4))
