@@ -974,6 +974,10 @@ def main(argv: list[str] | None = None) -> int:
         protocol = resolve_protocol(args.parties, args.protocol)
     except ConfigError as e:
         parser.error(str(e))
+    if protocol == "additive" and args.provider == "pairwise" and args.parties != 2:
+        parser.error(f"--provider pairwise (no dealer) runs exactly 2 parties, got --parties "
+                     f"{args.parties}: use --parties 2, or for {args.parties} parties the dealer "
+                     "provider (--provider dealer)" + (" or --protocol rss" if args.parties == 3 else ""))
     tls_dir = ""
     if args.tls:
         import tempfile
@@ -986,8 +990,8 @@ def main(argv: list[str] | None = None) -> int:
     out = sys.stdout if args.out == "-" else open(args.out, "a")
     for row in rows:
         out.write(json.dumps(row) + "\n")
-    print(f"{'workload':18} {'parties':>7} {'protocol':>8} {'median s':>9} {'rounds':>7} "
-          f"{'MB sent/party':>14} {'dealer MB':>9} {'max err':>9} {'peak MB/party':>13}", file=sys.stderr)
+    print(f"{'workload':18} {'parties':>7} {'protocol':>8} {'median s':>9} {'offline s':>9} {'rounds':>7} "
+          f"{'MB sent/party':>14} {'corr MB':>9} {'max err':>9} {'peak MB/party':>13}", file=sys.stderr)
     for r in rows:
         if "error" in r:
             status = r["error"] if "missing" in r else f"error: {r['error'][:80]}"
@@ -995,8 +999,11 @@ def main(argv: list[str] | None = None) -> int:
             continue
         dealer_mb = (r["online_dealer_bytes"] + r["offline_dealer_bytes"]) / 1e6
         print(f"{r['workload']:18} {r['parties']:>7} {r['protocol']:>8} {r['seconds_median']:>9.3f} "
-              f"{r['rounds']:>7} {max(r['bytes_sent_per_party']) / 1e6:>14.3f} {dealer_mb:>9.2f} "
+              f"{r.get('offline_seconds', 0.0):>9.3f} {r['rounds']:>7} {max(r['bytes_sent_per_party']) / 1e6:>14.3f} {dealer_mb:>9.2f} "
               f"{r['max_error']:>9.2e} {max(r.get('peak_memory_mb_per_party') or [0]):>13.0f}", file=sys.stderr)
+    print("(median s: the online run; offline s: its offline phase; corr MB: correlation bytes "
+          "party 0 received, from the dealer or, under pairwise, from the other party; the JSON "
+          "lines give both parties' offline bytes)", file=sys.stderr)
     for r in rows:
         if "gb_per_s" in r:
             ratio = f", {r['times_raw_tcp']:.2f}x raw TCP's time" if "times_raw_tcp" in r else ""

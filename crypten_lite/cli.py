@@ -55,15 +55,18 @@ def _launch(args: argparse.Namespace) -> int:
               "randomness; --protocol rss needs none (no dealer, no TFP): drop --provider",
               file=sys.stderr)
         return 2
+    chosen = "--provider pairwise" if args.provider else "CRYPTEN_LITE_PROVIDER=pairwise"
     args.provider = args.provider or os.environ.get("CRYPTEN_LITE_PROVIDER") or "dealer"
     if args.provider not in PROVIDER_CHOICES:
         print(f"crypten-lite launch: CRYPTEN_LITE_PROVIDER={args.provider!r} is not one of "
-              f"{', '.join(PROVIDER_CHOICES)}", file=sys.stderr)
+              f"{', '.join(PROVIDER_CHOICES)}: set it to one of them, or unset it for the "
+              "dealer", file=sys.stderr)
         return 2
     if args.provider == "pairwise" and args.n != 2:
-        print(f"crypten-lite launch: --provider pairwise (no dealer: the two parties make the "
-              f"correlations with homomorphic encryption) runs exactly 2 parties, got -n {args.n}",
-              file=sys.stderr)
+        rss = " or --protocol rss (3 parties, no dealer either)" if args.n == 3 else ""
+        print(f"crypten-lite launch: {chosen} (no dealer: the two parties make the correlations "
+              f"with homomorphic encryption and OT) runs exactly 2 parties, got -n {args.n}: use -n 2, or for {args.n} "
+              f"parties the dealer provider (--provider dealer){rss}", file=sys.stderr)
         return 2
     if not os.path.exists(args.script):
         print(f"crypten-lite launch: no such script {args.script!r}", file=sys.stderr)

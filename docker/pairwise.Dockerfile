@@ -5,5 +5,7 @@
 ARG BASE=crypten-lite:latest
 FROM ${BASE}
 USER root
-RUN pip install "tenseal>=0.3.16" "pynacl>=1.5"
+# The versions this tree is tested with (a TenSEAL other than provider/he_pow2.py's
+# LAYOUT_CHECKED_TENSEAL takes the slower serialized path for ciphertext reads).
+RUN pip install "tenseal==0.3.18" "pynacl==1.6.2"
 USER mpc

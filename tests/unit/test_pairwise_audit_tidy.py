@@ -146,3 +146,70 @@ def test_pairwise_compose_commands_in_the_docs_are_the_files_own():
     assert len(lines) == 2, lines       # up and down
     for line in lines:
         assert f"#   {line}\n" in header, line
+
+
+def test_launch_and_bench_refuse_pairwise_beyond_two_parties_saying_what_to_do(tmp_path):
+    import os
+    import subprocess
+    import sys
+    script = tmp_path / "s.py"
+    script.write_text("print('ran')\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CRYPTEN_LITE_")}
+
+    def cli(*args, **more):
+        return subprocess.run([sys.executable, "-m", "crypten_lite.cli", *args], env={**env, **more},
+                              capture_output=True, text=True, timeout=120)
+    flag = cli("launch", "-n", "3", "--provider", "pairwise", str(script))
+    assert flag.returncode == 2 and "ran" not in flag.stdout
+    assert "--provider pairwise" in flag.stderr and "use -n 2" in flag.stderr and "--protocol rss" in flag.stderr
+    envd = cli("launch", "-n", "4", str(script), CRYPTEN_LITE_PROVIDER="pairwise")
+    assert envd.returncode == 2 and "CRYPTEN_LITE_PROVIDER=pairwise" in envd.stderr
+    assert "--provider dealer" in envd.stderr and "rss" not in envd.stderr
+    unknown = cli("launch", "-n", "2", str(script), CRYPTEN_LITE_PROVIDER="cheetah")
+    assert unknown.returncode == 2 and "unset it" in unknown.stderr
+    bench = cli("bench", "--provider", "pairwise", "--parties", "3", "--only", "mul_4")
+    assert bench.returncode == 2 and "Traceback" not in bench.stderr
+    assert "use --parties 2" in bench.stderr and "--protocol rss" in bench.stderr
+
+
+def test_pairwise_image_pins_a_tenseal_whose_layout_is_checked():
+    import pathlib
+    import re
+
+    from crypten_lite.provider import he_pow2
+    text = (pathlib.Path(__file__).resolve().parents[2] / "docker" / "pairwise.Dockerfile").read_text()
+    pinned = re.findall(r'"tenseal==([0-9.]+)"', text)
+    assert pinned and pinned[0] in he_pow2.LAYOUT_CHECKED_TENSEAL, pinned
+
+
+def test_no_raw_secret_key_words_of_the_elementwise_engine_on_the_wire():
+    """test_pairwise_security looks for a window of SEAL's own (compressed) save of each key;
+    here the key's raw words (NTT form, each data prime) are looked for too, over a two-block
+    mul, a matmul and a ReLU's OT correlations, in everything either party sent."""
+    pytest.importorskip("tenseal")
+    pytest.importorskip("nacl")
+    from tests.unit import test_pairwise_security as sec
+    from two_party_threads import record_sends, stop_recording
+    comms = sec._pair()
+    p0, p1 = sec._providers(comms)
+    try:
+        sent = record_sends(comms)
+        try:
+            jobs = [("triple", "mul", ((9000,), (9000,)), ()), ("triple", "matmul", ((8, 16), (16, 4)), ()),
+                    ("bit", "", ((64,),), ())]
+            out = sec._both([lambda p=p: [sec._get(p, k, op, s, par) for k, op, s, par in jobs] for p in (p0, p1)])
+        finally:
+            stop_recording(comms)
+        assert out[0][1] is None and out[1][1] is None, out
+        wire = b"".join(sent[0] + sent[1])
+        assert len(wire) > 100_000
+        for p in (p0, p1):
+            for prime in p._engine._primes:
+                key = prime.secret_key.data()
+                n = 8192
+                words = np.fromiter(map(key.data, range(3 * n)), dtype=np.uint64, count=3 * n)
+                for start in (100, n + 100, 2 * n + 100):
+                    assert words[start:start + 8].astype("<u8").tobytes() not in wire
+    finally:
+        for p in (p0, p1):
+            p.close()
