@@ -1,6 +1,10 @@
-"""Issue 29's audit tidy-ups: Correlation's components and rows (one check path, corrected()
-a tuple), and a streamed opening that meets the peer's offline ERROR notice (a ProtocolError
-saying the peer's offline exchange failed, as a plain receive says, not "diverged")."""
+"""Issue 29's audit tidy-ups and small fixes: Correlation's components and rows (one check
+path, corrected() a tuple); a streamed opening that meets the peer's offline ERROR notice (a
+ProtocolError saying the peer's offline exchange failed, as a plain receive says, not
+"diverged"); gen_doc_figures' AMX probe read once; the LeNet profiles' shared setup loaded by
+path in party processes; the pairwise compose commands of the docs; launch's and bench's
+refusals of pairwise beyond two parties; the pinned TenSEAL of the pairwise image; the
+elementwise HE engine's raw secret-key words never on the wire."""
 
 from __future__ import annotations
 
