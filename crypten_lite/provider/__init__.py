@@ -38,14 +38,17 @@ class Correlation:
 
     `shapes`: the components' shapes when the seeded ones are one keystream_parts call's
     parts in order and the corrections one answer's (as Provider.get makes them), so that
-    rows() checks their memory at the ends only. Without them (or once a correction shares
-    the seeded parts' memory) rows() checks every part."""
+    rows() checks their memory at the ends only, for a span within one of the two (before
+    `_cut`, or from it on); without shapes, or across the cut, it checks every part. (One
+    attribute instead of the two, dropping the shapes when a correction shares the seeded
+    parts' memory, costs a look at every correction: about 2 us a correlation.)"""
 
     def __init__(self, parts: list[torch.Tensor], fetch: Callable[[], list[torch.Tensor]] | None,
                  shapes: tuple | None = None):
         self._parts = parts
         self._fetch = fetch
         self._shapes = shapes
+        self._cut = len(parts)  # components from here on are rank 0's corrections (one answer)
 
     def __getitem__(self, j: int) -> torch.Tensor:
         part = self._parts[j]
@@ -61,13 +64,8 @@ class Correlation:
             fixes = self._fetch()
             self._fetch = None
             # Corrections replace the last components (c, or rt and msb), in order.
-            cut = len(self._parts) - len(fixes)
-            seeded = self._parts[0]._base if cut > 0 and self._parts[0] is not None else None
-            if seeded is not None and any(fix._base is seeded or fix is seeded for fix in fixes):
-                # one memory holding seeded parts and corrections not in the order of a
-                # split: only the check of every part (consecutive_rows) may read it as rows
-                self._shapes = None
-            self._parts[cut:] = fixes
+            self._cut = len(self._parts) - len(fixes)
+            self._parts[self._cut:] = fixes
         if type(self._parts) is not tuple:   # complete from here on: kept as the tuple returned
             self._parts = tuple(self._parts)
         return self._parts
@@ -79,12 +77,10 @@ class Correlation:
         dealer's joined corrections, _unjoin); else None. One conversion instead of one per
         component (a masked polynomial has up to 29)."""
         parts = self._parts[start:start + count]
-        if self._shapes is None:
+        if self._shapes is None or start < self._cut < start + count:
             return consecutive_rows(parts)
         # parts of one split (the seeded ones' or the one answer's) in order, of the shapes
-        # the request gives them: consecutive in one memory if the ends lie as they would. A
-        # span across the seeded parts and the corrections has its ends in two memories
-        # (_rows_of refuses it); corrected() drops the shapes if they share one.
+        # the request gives them: consecutive in one memory if the ends lie as they would
         words = _equal_words(self._shapes, start, count)
         if words is None or not parts or parts[0] is None or parts[-1] is None:
             return None
