@@ -258,11 +258,15 @@ def _pad(x: np.ndarray, before: tuple, after: tuple) -> np.ndarray:
     return np.pad(x, ((0, 0), (0, 0), (before[0], after[0]), (before[1], after[1])))
 
 
+@functools.lru_cache(maxsize=1024)
 def _plan(op: str, a_shape: tuple, b_shape: tuple, params: tuple, nd: int):
     """(encoding, prepare(a): A in the encoding's layout, weight(b): B as the kept operand,
     finish(share): the op's output), or None where this product is not kept. conv1d is a
     conv2d of height 1; conv_transpose2d the conv2d of its stride-dilated, padded input by
-    its flipped, channel-swapped kernel; groups and weights past KEEP_MAX_CTS are _Stacks."""
+    its flipped, channel-swapped kernel; groups and weights past KEEP_MAX_CTS are _Stacks.
+    Cached (public shapes in, encodings that never change out): provider pairwise asks it
+    for every weight triple of a plan several times (_weight_groups, he_kept._entries), and
+    each encoding's positions cost a few hundred microseconds to lay out."""
     if op in ("matmul", "linear") and len(b_shape) == 2 and len(a_shape) >= 1:
         k, n = (b_shape if op == "matmul" else b_shape[::-1])
         if a_shape[-1] != k:
