@@ -43,7 +43,6 @@ from . import he
 VERSION = he.UPLOAD_WIRE         # named in the handshake (he.HEParams.describe's mmup=)
 SEED_BYTES = 32
 _CBD_BITS = 21                   # SEAL's centred binomial noise: 21 bits minus 21 bits
-_MAX_SIZE = 16                   # polynomials NTT'd in one SEAL call (a ciphertext's size cap)
 
 
 def expand(seed: bytes, moduli: tuple[int, ...], n: int) -> np.ndarray:
