@@ -10,6 +10,9 @@ hot loops of provider/ot.py and provider/ferret.py byte for byte as their numpy 
   with the level's left/right XOR sums (ferret.SilentCOT._trees and _puncture);
 * ``lpn_encode``: the local linear code (ferret.SilentCOT._local), no AES;
 * ``transpose``: ot.transpose's bit-matrix transpose (IKNP, CorrelatedOT.prepare), no AES.
+* ``tccr_rows``: ``tccr`` fused with prepare's transpose (tccrrows.h): a set's pad rows
+  written as its OTs are hashed (ot.CorrelatedOT.random_ots_both's ``pads``), the [m, 16]
+  keys never stored and read back.
 
 The AES kernels use VAES (AVX-512, 16 blocks in flight) where the CPU has it, else 128-bit
 AES-NI. Each loop runs without the GIL (a pool's step made ahead then overlaps the main thread

@@ -12,6 +12,8 @@
  *                                              its left/right XOR sums per tree
  *   lpn_encode(acc, table, rows, d, bits)      acc_i ^= XOR_j table[rows[j, i]] (bits: bit 0)
  *   transpose(src, k, nb, stride, out)         the bit-matrix transpose of ot.transpose
+ *   tccr_rows(key, src, rows, first, domain, mask, col, nrows)
+ *                                              tccr fused with prepare's transpose (tccrrows.h)
  *
  *   set_wide(flag)                             VAES on (default, where the CPU has it) / off
  *
@@ -474,6 +476,8 @@ done:
     return ret;
 }
 
+#include "tccrrows.h"   /* tccr fused with the transpose (uses t8x8, tccr_loop) */
+
 static PyObject *py_set_wide(PyObject *self, PyObject *arg) {
     (void)self;
 #ifdef OTK_AESNI
@@ -510,6 +514,9 @@ static PyMethodDef methods[] = {
     {"transpose", py_transpose, METH_VARARGS,
      "transpose(src, k, nb, stride, out): bit-matrix transpose, k rows of stride bytes (nb used) "
      "-> out [8 nb, k / 8]."},
+    {"tccr_rows", py_tccr_rows, METH_VARARGS,
+     "tccr_rows(key16, src, rows, first, domain, mask, col, nrows): tccr's hashes, bit r of "
+     "hash i written to rows[r] at bit col + i (r < nrows <= 128; rows [nrows, W] bytes)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -535,15 +535,20 @@ class CorrelatedOT:
             except StopIteration as done:
                 return done.value
 
-    def random_ots_both(self, sizes: tuple[list[int], list[int]]) -> tuple[list, list]:
+    def random_ots_both(self, sizes: tuple[list[int], list[int]],
+                        pads: tuple[list, list] | None = None) -> tuple[list, list]:
         """Free-choice random OTs (random_ot's `free`) for both choosers at once: sizes[c] are
-        chooser c's sets; returns one OTKeys per set, per chooser. The two directions'
+        chooser c's sets; returns one OTKeys per set, per chooser. pads[c] (optional): per
+        set the pad bits to prepare (None or 0: the keys as they are); those sets come back
+        as prepare(keys, bits) leaves them (the same bytes; with the native kernel hashed
+        straight into their pad rows, _fused_sets). The two directions'
         extensions alternate chunk by chunk (the same order on both parties), so each party is
         in turn the COT sender of one and the receiver of the other: neither waits through a
         whole direction for the other's heavier side (the sender's two hashes per OT)."""
         self.setup()
-        runs = [self._random_ot_chunks(None, sum(sizes[c]), c, True) if sizes[c] else None
-                for c in (0, 1)]
+        fused = [self._fused_sets(sizes[c], pads[c] if pads else None, c) for c in (0, 1)]
+        runs = [self._random_ot_chunks(None, sum(sizes[c]), c, True, fused[c]) if sizes[c]
+                else None for c in (0, 1)]
         whole: list = [None, None]
         while any(r is not None for r in runs):
             for c in (0, 1):
@@ -553,10 +558,76 @@ class CorrelatedOT:
                     next(runs[c])
                 except StopIteration as done:
                     whole[c], runs[c] = done.value, None
-        return tuple(self._split(whole[c], sizes[c]) if sizes[c] else [] for c in (0, 1))
+        out = tuple(self._split(whole[c], sizes[c]) if sizes[c] else [] for c in (0, 1))
+        for c in (0, 1):
+            done = {j: rows for _, _, j, _, rows in fused[c]}
+            for j, keys in enumerate(out[c]):
+                g = pads[c][j] if pads else None
+                if j in done:                           # hashed straight into its pad rows
+                    self._prepared(keys, g, done[j])
+                elif g:
+                    self.prepare(keys, g)
+        return out
 
-    def _random_ot_chunks(self, mine: np.ndarray | None, m: int, chooser: int, free: bool):
-        """random_ot's work, one extension (chunk) per step of the generator; returns OTKeys."""
+    def _fused_sets(self, sizes: list[int], pads: list | None, chooser: int) -> list[tuple]:
+        """The sets of one chooser whose pad rows (prepare's, <= 128 bits) the native hash
+        writes directly as their OTs are made (tccr_rows: no [m, 16] keys stored and read
+        back): (first OT, end, set, bits, (rows0, rows1 or None)) in order; [] without the
+        native kernel (the keys hashed, then prepare: the same bytes)."""
+        if not pads or self._hash._native is None:
+            return []
+        out, at = [], 0
+        for j, (m, g) in enumerate(zip(sizes, pads)):
+            if g and 1 <= g <= 128 and m and m % 8 == 0:
+                rows = tuple(np.zeros((g, m // 8), dtype=np.uint8)
+                             for _ in range(1 if self.rank == chooser else 2))
+                out.append((at, at + m, j, g, rows))
+            at += m
+        return out
+
+    def _prepared(self, keys: OTKeys, g: int, rows: tuple) -> None:
+        """prepare's end state for a set whose pad rows were hashed in directly."""
+        if self.rank == keys.chooser:
+            keys.rows = (rows[0], np.packbits(keys.choice, bitorder="little"))
+        else:
+            rows[1][...] ^= rows[0]
+            keys.rows = (rows[0], rows[1])
+        keys.keys, keys.choice, keys.offset, keys.bits = None, None, 0, g
+
+    def _hash_piece(self, src: np.ndarray, first: int, d: int, at: int, outs: tuple,
+                    fused: list, pos: list) -> None:
+        """Hash the OTs at .. at + c (src [c, 16]; tweak first + i of OT i) into `outs` (the
+        keys: outs[1] under Delta, the sender's), except where a fused set covers them: there
+        straight into its pad rows. pos[0]: the first fused set not yet passed."""
+        c = src.shape[0]
+        end, u = at + c, at
+        while u < end:
+            while pos[0] < len(fused) and fused[pos[0]][1] <= u:
+                pos[0] += 1
+            seg = fused[pos[0]] if pos[0] < len(fused) else None
+            if seg is None or seg[0] >= end:
+                v, rows = end, None
+            elif seg[0] > u:
+                v, rows = seg[0], None
+            else:
+                v, rows = min(seg[1], end), seg[4]
+            part = src[u - at:v - at]
+            for k, out in enumerate(outs):
+                mask = None if k == 0 else self._delta
+                if rows is None:
+                    self._hash(part, first + u, d, out=out[u:v], xor=mask)
+                else:
+                    self._hash._native.tccr_rows(
+                        _FIXED_KEY, np.ascontiguousarray(part), rows[k], first + u, d,
+                        None if mask is None else np.ascontiguousarray(mask, dtype=np.uint8),
+                        u - seg[0], seg[3])
+            u = v
+
+    def _random_ot_chunks(self, mine: np.ndarray | None, m: int, chooser: int, free: bool,
+                          fused: list | None = None):
+        """random_ot's work, one extension (chunk) per step of the generator; returns OTKeys.
+        `fused`: _fused_sets' sets, hashed straight into their pad rows (random_ots_both)."""
+        fused, pos = fused or [], [0]
         self.setup()
         d = chooser
         choosing = self.rank == chooser
@@ -577,16 +648,14 @@ class CorrelatedOT:
                 for bits, t in pieces:
                     c = bits.shape[0]
                     choice[at:at + c] = bits
-                    self._hash(t, first + at, d, out=keys0[at:at + c])
+                    self._hash_piece(t, first, d, at, (keys0,), fused, pos)
                     at += c
             else:
                 pieces = self._free_sender_parts(size) if free else [self._extend_sender(size)]
                 at = start
                 for q in pieces:
-                    c = q.shape[0]
-                    self._hash(q, first + at, d, out=keys0[at:at + c])
-                    self._hash(q, first + at, d, out=keys1[at:at + c], xor=self._delta)
-                    at += c
+                    self._hash_piece(q, first, d, at, (keys0, keys1), fused, pos)
+                    at += q.shape[0]
             yield
         self.made += m
         if choosing:

@@ -42,12 +42,6 @@ def _bits(words: torch.Tensor) -> np.ndarray:
     return (w >> np.arange(64, dtype=np.uint64)) & np.uint64(1)
 
 
-def _words8(bits: np.ndarray) -> np.ndarray:
-    """[n * 64] uint8 bits (bit 0 of each used; bit j of word i at i * 64 + j) -> [n] uint64
-    words."""
-    return np.packbits(bits & 1, bitorder="little").view(np.uint64)
-
-
 def _words(bits: np.ndarray) -> np.ndarray:
     """[n, 64] bits (only bit 0 of each entry used) -> [n] words."""
     return np.bitwise_or.reduce((bits & np.uint64(1)) << np.arange(64, dtype=np.uint64), axis=-1)
@@ -336,15 +330,15 @@ def _make_sets(pv: "PairwiseProvider", wants: list) -> list:
     pending: tuple[list, list] = ([], [])                  # per chooser: (step, set, m, g)
     budget = max(8, pv._ot.chunk)
 
-    def flush() -> None:
-        got = pv._ot.random_ots_both(tuple([m for _, _, m, _ in pending[c]] for c in (0, 1)))
+    def flush() -> None:                # prepared sets: the keys dropped, pad rows only
+        got = pv._ot.random_ots_both(tuple([m for _, _, m, _ in pending[c]] for c in (0, 1)),
+                                     tuple([g for _, _, _, g in pending[c]] for c in (0, 1)))
         for c in (0, 1):
             for (i, j, _, g), keys in zip(pending[c], got[c]):
-                words = None
-                if g:
-                    words = _words8(keys.choice) if keys.choice is not None else None
-                    pv._ot.prepare(keys, g)                # the keys dropped: pad rows only
-                made[i][c][j] = (keys, words)   # words: the chooser's bits of a prepared set
+                words = None                    # the chooser's bits of a prepared set as words:
+                if g and pv._ot.rank == c:      # its packed choice row (_words8's bytes)
+                    words = keys.rows[1].view(np.uint64).copy()
+                made[i][c][j] = (keys, words)
             pending[c].clear()
     for i, (_, sizes, pads) in enumerate(wants):
         for c in (0, 1):

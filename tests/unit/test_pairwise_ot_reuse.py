@@ -461,9 +461,9 @@ def test_a_one_sided_monomial_request_is_split_between_the_choosers(monkeypatch)
     for p in ps:
         real = p._ot.random_ots_both
 
-        def spy(sizes, real=real, r=p.rank):
+        def spy(sizes, pads=None, real=real, r=p.rank):
             asked[r].append(tuple(sum(s) for s in sizes))
-            return real(sizes)
+            return real(sizes, pads)
         p._ot.random_ots_both = spy
     for params, n in ((owned, 10), (owned, 7), (MONOMIALS[3], 6)):
         for r in (0, 1):
