@@ -77,12 +77,14 @@ def _measure(run: Callable[[], tuple[torch.Tensor, torch.Tensor]], plan_name: st
     _reset_peak_memory()
     if plan is not None:
         c.reset_communication_stats()
-        before = _dealer_bytes(provider)
+        before, sent_before = _dealer_bytes(provider), _pairwise_sent(provider)
         start = time.perf_counter()
         offline.prefetch(plan)
         offline_seconds = time.perf_counter() - start
         offline_dealer = _dealer_bytes(provider) - before
-        offline_sent = c.get_communication_stats()["bytes_sent"]
+        # what this party sent: the plan's messages, and under pairwise its offline messages to
+        # the other party (their own channel, counted by the provider)
+        offline_sent = c.get_communication_stats()["bytes_sent"] + _pairwise_sent(provider) - sent_before
     c.barrier()
     c.reset_communication_stats()
     dealer_before = _dealer_bytes(provider)
@@ -130,6 +132,11 @@ def _peak_memory_bytes() -> int:
         pass
     import resource
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _pairwise_sent(provider) -> int:
+    """Bytes of offline messages this party sent to the other party (provider pairwise; 0 else)."""
+    return int((getattr(provider, "stats", None) or {}).get("pairwise_bytes_sent", 0))
 
 
 def _dealer_bytes(provider) -> int:
@@ -936,6 +943,9 @@ def default_workloads(large: bool = False) -> list[str]:
     return [w for w in WORKLOADS if large or w not in LARGE]
 
 
+PROVIDERS = ("dealer", "pairwise", "tfp")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``crypten-lite bench``."""
     parser = argparse.ArgumentParser(prog="crypten-lite bench", description=__doc__,
@@ -946,10 +956,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="sharing scheme: additive (any number of parties, with --provider) or "
                              "rss (exactly 3 parties, no dealer); default CRYPTEN_LITE_PROTOCOL, "
                              "else additive")
-    parser.add_argument("--provider", choices=("dealer", "pairwise", "tfp"), default="dealer",
-                        help="additive protocol's correlated randomness: dealer process (default), "
+    parser.add_argument("--provider", choices=PROVIDERS, default=None,
+                        help="additive protocol's correlated randomness: dealer process, "
                              "pairwise (2 parties, no dealer: homomorphic encryption and OT) or tfp "
-                             "(INSECURE, party 0 deals); ignored under rss")
+                             "(INSECURE, party 0 deals); default CRYPTEN_LITE_PROVIDER, else dealer; "
+                             "ignored under rss")
     parser.add_argument("--tls", action="store_true", help="run with mutual TLS (fresh certificates)")
     parser.add_argument("--only", action="append", choices=sorted(WORKLOADS), metavar="NAME",
                         help="run only this workload (repeatable); one of: " + ", ".join(sorted(WORKLOADS)))
@@ -974,6 +985,12 @@ def main(argv: list[str] | None = None) -> int:
         protocol = resolve_protocol(args.parties, args.protocol)
     except ConfigError as e:
         parser.error(str(e))
+    if args.provider is None:     # as launch does: the environment's provider, else the dealer
+        env = os.environ.get("CRYPTEN_LITE_PROVIDER", "")
+        if env and env not in PROVIDERS:
+            parser.error(f"CRYPTEN_LITE_PROVIDER={env!r} is not one of {', '.join(PROVIDERS)}: set it "
+                         "to one of them, or unset it and pass --provider")
+        args.provider = env or "dealer"
     if protocol == "additive" and args.provider == "pairwise" and args.parties != 2:
         parser.error(f"--provider pairwise (no dealer) runs exactly 2 parties, got --parties "
                      f"{args.parties}: use --parties 2, or for {args.parties} parties the dealer "

@@ -27,6 +27,8 @@ def test_served_queries_reuse_the_loaded_model(provider):
         # every correlation of a later query came in its offline phase: none fetched online
         # (the dealer sends party 1's only as seeds: its offline bytes may be 0)
         assert all(p["dealer_bytes"] == 0 for p in r) and r[0]["offline_dealer_bytes"] > 0
+        if provider == "pairwise":   # its offline messages to the other party count as sent
+            assert all(p["offline_bytes_sent"] > 100_000 for p in r)
     if provider == "dealer":   # the same plan, the same correlation bytes (pairwise's silent
         # OT pools send their trees where their steps fall, so its bytes move by a step)
         assert later[0][0]["offline_dealer_bytes"] == later[1][0]["offline_dealer_bytes"]
