@@ -586,6 +586,9 @@ def make(config: Config, comm=None) -> Provider:
     if config.provider == "tfp":
         return TfpProvider(config)
     if config.provider == "pairwise":
+        from . import he, ot
         from .pairwise import PairwiseProvider
+        he._sealapi()   # TenSEAL (SEAL) and PyNaCl (the base OTs) checked before anything is
+        ot._sodium()    # made or exchanged (PyNaCl's was raised only at the first OT)
         return PairwiseProvider(config, comm)
     return DealerProvider(config)
