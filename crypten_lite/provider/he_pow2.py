@@ -462,38 +462,45 @@ class Pow2Unit:
         live = [i for i in range(len(rows)) if rows[i].any()]
         if not live:
             return out
-        data = self.ntt_rows(files, self.centred(rows[live]).transpose(1, 0, 2))
-        for j, i in enumerate(live):
-            raw = he._seal_object(struct.pack("<4QQd", *self.pid, nl, 1.0) + he._seal_array(data[j].reshape(-1)))
-            out[i] = files.load(s.Plaintext, self.ctx, raw, "plaintext")
+        for start, data in self._ntt_batches(files, self.centred(rows[live]).transpose(1, 0, 2)):
+            for j in range(len(data)):
+                raw = he._seal_object(struct.pack("<4QQd", *self.pid, nl, 1.0) + he._seal_array(data[j].reshape(-1)))
+                out[live[start + j]] = files.load(s.Plaintext, self.ctx, raw, "plaintext")
         return out
 
     def ntt_rows(self, files: "he._Files", polys: np.ndarray) -> np.ndarray:
         """The NTT form of polynomials given by their residues at the data primes ([r, L, N],
-        each below its prime): up to 16 NTT'd in one SEAL call as the polynomials of one
-        ciphertext, written and read in its memory (_ct_data), else through a file."""
+        each below its prime), [r, L, N]."""
+        out = np.empty(polys.shape, dtype=np.uint64)
+        for start, data in self._ntt_batches(files, polys):
+            out[start:start + len(data)] = data
+        return out
+
+    def _ntt_batches(self, files: "he._Files", polys: np.ndarray):
+        """(first row, their NTT form [k, L, N]) for up to 16 rows of `polys` at a time, NTT'd
+        in one SEAL call as the polynomials of one ciphertext, written and read in its memory
+        (_ct_data), else through a file. Each view is valid until the next batch."""
         s = he._sealapi()
         nl = len(self.data_moduli) * self.n
-        out = np.empty(polys.shape, dtype=np.uint64)
         for start in range(0, len(polys), _MAX_SIZE):
             part = polys[start:start + _MAX_SIZE]
             shape = (max(2, len(part)), nl)
             ct, view = self._new_ct(shape[0])
             if view is None:           # not the layout _ct_data knows: through a file
                 view = np.zeros(shape, dtype=np.uint64)
-            view = view.reshape(shape)
-            view[:len(part)] = part.reshape(len(part), nl)
+            view = view.reshape((shape[0],) + part.shape[1:])
+            view[:len(part)] = part
             if len(part) == 1:
                 view[1] = 1            # SEAL refuses to NTT a ciphertext whose c1 is zero
             if ct is None:
-                ct = files.load(s.Ciphertext, self.ctx, self._ct_bytes(view), "plaintext rows")
+                ct = files.load(s.Ciphertext, self.ctx, self._ct_bytes(view.reshape(shape)), "plaintext rows")
             self.evaluator.transform_to_ntt_inplace(ct)
             data = _ct_data(ct, shape[0], len(self.data_moduli), self.n)
             if data is None:           # not the layout _ct_data knows: SEAL's zstd save
                 body = _body(files.dump(ct), _HEAD + 8 * view.size + 4096)
                 data = np.frombuffer(body, dtype="<u8", count=view.size, offset=_HEAD)
-            out[start:start + len(part)] = data.reshape(shape)[:len(part)].reshape(part.shape)
-        return out
+            yield start, data.reshape((shape[0],) + part.shape[1:])[:len(part)]
+            del ct
 
     def _new_ct(self, size: int) -> tuple:
         """(a zero data-level Ciphertext of `size` polynomials, not NTT form, and a writable
@@ -607,9 +614,9 @@ def _at_nonzero(fn: Callable, a: np.ndarray, levels: int) -> np.ndarray:
     fn of those alone, scattered into zeros; else fn(a)."""
     a = np.ascontiguousarray(a, dtype=np.uint64)
     flat = a.reshape(-1)
-    nz = np.flatnonzero(flat)
-    if 2 * nz.size >= flat.size:
+    if 2 * np.count_nonzero(flat) >= flat.size:
         return fn(a)
+    nz = np.flatnonzero(flat)
     out = np.zeros((levels, flat.size), dtype=np.uint64)
     if nz.size:
         out[:, nz] = fn(flat[nz])
