@@ -570,11 +570,12 @@ class PairwiseProvider(Provider):
         return entries, joined
 
     def _unjoin(self, start: int, entries: list, out: list[torch.Tensor]) -> None:
-        """Each request of a joined group gets its own range of the made components."""
+        """Each request of a joined group gets its own range of the made components: views
+        (no copy; the ranges are disjoint, so each request's memory is its own)."""
         offset = 0
         for i, shape, _ in entries:
             n = math.prod(shape)
-            self._ready[start + i] = [o[offset:offset + n].reshape(shape).clone() for o in out]
+            self._ready[start + i] = [o[offset:offset + n].reshape(shape) for o in out]
             offset += n
 
     @contextlib.contextmanager

@@ -31,6 +31,12 @@ def _u(t: torch.Tensor) -> np.ndarray:
     return t.detach().contiguous().clone().numpy().view(np.uint64)
 
 
+def _v(t: torch.Tensor) -> np.ndarray:
+    """A ring tensor's elements as uint64 on its memory where contiguous (no copy): only for
+    reading into a new array (np.stack, np.concatenate), never written."""
+    return t.detach().contiguous().numpy().view(np.uint64)
+
+
 def _t(a: np.ndarray, shape=None) -> torch.Tensor:
     out = torch.from_numpy(np.ascontiguousarray(a).view(np.int64).copy())
     return out.view(shape) if shape is not None else out
@@ -336,8 +342,9 @@ def _make_sets(pv: "PairwiseProvider", wants: list) -> list:
         for c in (0, 1):
             for (i, j, _, g), keys in zip(pending[c], got[c]):
                 words = None                    # the chooser's bits of a prepared set as words:
-                if g and pv._ot.rank == c:      # its packed choice row (_words8's bytes)
-                    words = keys.rows[1].view(np.uint64).copy()
+                if g and pv._ot.rank == c:      # its packed choice row, a read-only view (the
+                    words = keys.rows[1].view(np.uint64)    # steps copy it: _t)
+                    words.flags.writeable = False
                 made[i][c][j] = (keys, words)
             pending[c].clear()
     for i, (_, sizes, pads) in enumerate(wants):
@@ -426,7 +433,7 @@ def _monomial_steps(pv: "PairwiseProvider", parts, params):
         for (top, chooser), members in sorted(groups.items()):
             sender = None
             if pv.rank != chooser:   # x's words as bytes are its bits packed (OT i*64 + j: bit j of word i)
-                sender = np.stack([_u(x).reshape(-1).view(np.uint8) for _, x in members])
+                sender = np.stack([_v(x).reshape(-1).view(np.uint8) for _, x in members])
             items.append((keys[(top, chooser)], sender, len(members)))
         # the layer's transfers of both choosers in one message per party (sent at once,
         # with the same round's layers of the other correlations driven alongside)
