@@ -4,8 +4,10 @@ A ``weight_triple`` (provider/correlations.py) has a fresh A per inference and t
 FIXED weight mask B (one ``weight_mask`` counter per weight layout, mpc/fixed.py). Its cross
 terms op(a0, b1) + op(a1, b0) were made as any triple's: each party encrypted its fresh A and
 the peer multiplied by its B as plaintext. Here instead each party encrypts its own B share
-once (seeded symmetric BFV under its own key, the Z_2^64 engine of he_pow2.py) and sends it;
-the peer keeps those ciphertexts (NTT form) for as long as the provider lives. Per inference
+once (seeded symmetric BFV under its own key, the Z_2^64 engine of he_pow2.py, made in NTT
+form by he_upload.py) and sends it; the peer keeps those ciphertexts (NTT form, as received:
+no NTT) for as long as the provider lives. A plan's weight triples go in one exchange
+(provider pairwise's _weight_groups), fresh ones too: their B shares up in one message. Per inference
 a party only encodes its fresh A as NTT plaintexts, multiplies the kept ciphertexts of the
 peer's B by them, floods, re-randomises (a fresh public-key encryption of zero under the
 peer's key), masks with R uniform mod 2^64 and switches down (Pow2Unit.finish, as every
