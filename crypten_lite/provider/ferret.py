@@ -8,7 +8,8 @@ other party, the *sender*, holds Delta), semi-honest:
 
 * **LPN secret**: k base COTs: the receiver has bits u and M_u = K_u ^ u*Delta, the sender K_u.
 * **Regular noise by a GGM-tree punctured PRF** (single-point COT, one per bin of 2^h
-  outputs, t bins): the sender expands a fresh root seed into 2^h leaves w (PRG: fixed-key
+  outputs, t bins): the sender expands a fresh root seed (from its roots stream: AES-256-CTR
+  under a seed drawn once from its PRG, read in step order) into 2^h leaves w (PRG: fixed-key
   AES in MMO form, G(s) = (pi_L(s) ^ s, pi_R(s) ^ s)), and for each level l sends the XOR of
   its left children and of its right children, each masked by one base COT's hash
   (H(K), H(K ^ Delta)); the receiver, whose base-COT choice bit b_l picks the off-path
@@ -21,7 +22,8 @@ other party, the *sender*, holds Delta), semi-honest:
 * **Bootstrapping**: the first k + t*h outputs of each iteration are kept as the next
   iteration's base COTs; the very first ones come from IKNP.
 * **Steps made ahead**: after each hand-out, the pending step's local work (the receiver's
-  puncturing, both parties' linear code; its trees already exchanged) runs on a thread, so
+  puncturing, both parties' linear code; its trees already exchanged), and the sender's
+  expansion of the step after it (sent by the next take), run on a thread, so
   it fills this party's waits for its peer and the gaps between inferences; the next take
   joins it (deadline AHEAD_DEADLINE) before the step's one exchange, at the same point of
   the protocol as without it: the same messages and the same COTs either way
@@ -168,6 +170,11 @@ class SilentCOT:
         self._kern = _native.kernels()    # the LPN code
         self._expand = _Expander() if self._aes is None else None
         self._hash = _Hash()
+        # the sender's tree roots: AES-256-CTR under a seed drawn once from this party's PRG,
+        # a stream of its own, so the next step's trees can be expanded ahead on the thread
+        # (_start_ahead) in the order a step made on demand draws them (the same roots)
+        self._roots = None if self.receiver else Cipher(
+            algorithms.AES(bytes(ot._rand(32))), modes.CTR(bytes(16))).encryptor()
         self._tweak = 0                   # level-OT hash tweaks used so far
         self._reserve: tuple | None = None
         self._base: tuple | None = None   # this iteration's (u bits, M_u or K_u, tree bits, tree keys)
@@ -177,6 +184,7 @@ class SilentCOT:
         self.ahead = ahead                # make the pending step's local work on a thread
         self._ahead: tuple | None = None  # (thread, its result box) of that step
         self.made_ahead = 0               # steps whose local work a thread made ahead
+        self.grown_ahead = 0              # the sender's steps whose trees a thread expanded
         self._closed: str | None = None   # why no take may follow (close, a failed step)
         self._out: list[tuple] = []       # produced, not yet handed out: (bits | None, vals [m, 2])
         self._have = 0
@@ -218,13 +226,18 @@ class SilentCOT:
         self._tweak += g * DEPTH
         return self._base, first, g, tweak
 
-    def _trees_of(self, where: tuple):
-        """Sender: expand and send a step's trees (leaves kept); receiver: receive them."""
+    def _trees_of(self, where: tuple, expanded: tuple | None = None):
+        """Sender: expand (or take `expanded`, _grow's made ahead) and send a step's trees
+        (leaves kept); receiver: receive them."""
         base, first, g, tweak = where
         keys = base[3][first:first + g].reshape(-1, 2)
         if self.receiver:
             return self._receive(g)
-        return self._trees(g, keys, tweak, (1 << 61) | self.direction)
+        return self._trees(g, keys, tweak, (1 << 61) | self.direction, expanded)
+
+    def _next_g(self) -> int:
+        """The tree count of the step _position will give next (no state changed)."""
+        return min(GROUP, TREES - (0 if self._tree >= TREES else self._tree))
 
     def _step(self) -> None:
         """The next GROUP trees' outputs. Pipelined: the sender expands and sends the trees of
@@ -233,9 +246,10 @@ class SilentCOT:
         (_start_ahead), its outputs are joined here and the next step's trees exchanged: the
         same one exchange per step, at the same point of the protocol, on both parties."""
         if self._ahead is not None:
-            self._keep(self._join_ahead())
+            made, expanded = self._join_ahead()
+            self._keep(made)
             nxt = self._position()
-            self._pending = (nxt, self._trees_of(nxt))
+            self._pending = (nxt, self._trees_of(nxt, expanded))
             return
         if self._pending is None:
             where = self._position()
@@ -300,10 +314,15 @@ class SilentCOT:
         where, trees = self._pending
         self._pending = None
         box: dict = {"trees": trees}
+        g_next = None if self.receiver else self._next_g()
 
         def run():
             try:
                 box["made"] = self._local(where, trees)
+                # the sender: the next step's trees (roots from its own stream, drawn in step
+                # order: the thread is the stream's only user until joined); sent on the
+                # main thread by the take that needs them, at the same point as ever
+                box["expanded"] = None if g_next is None else self._grow(g_next)
             except BaseException as e:  # noqa: BLE001 - handed to the joining thread
                 box["error"] = e
         thread = threading.Thread(target=run, name=f"ferret-ahead-{self.direction}", daemon=True)
@@ -342,12 +361,34 @@ class SilentCOT:
         if "error" in box:
             raise box["error"]
         self.made_ahead += 1
-        return box["made"]
+        self.grown_ahead += box["expanded"] is not None
+        return box["made"], box["expanded"]
 
-    def _trees(self, g: int, keys: np.ndarray, tweak: int, domain: int) -> np.ndarray:
-        """Sender: g fresh trees; sends their masked level sums and Delta ^ XOR(leaves).
-        Leaves [LEAVES, g, 2] (_Expander's layout), bit 0 cleared."""
-        nodes = np.frombuffer(self._ot._rand(16 * g), dtype=_U64).reshape(1, g, 2)
+    def _trees(self, g: int, keys: np.ndarray, tweak: int, domain: int,
+               expanded: tuple | None = None) -> np.ndarray:
+        """Sender: g fresh trees (or `expanded`, _grow's made ahead); sends their masked
+        level sums and Delta ^ XOR(leaves). Leaves [LEAVES, g, 2] (_Expander's layout), bit 0
+        cleared."""
+        if expanded is None:
+            expanded = self._grow(g)
+        nodes, sums, total = expanded
+        if nodes.shape[1] != g:         # pragma: no cover - _next_g and _position disagree
+            raise ProtocolError(f"pairwise silent OT (direction {self.direction}): trees "
+                                f"expanded ahead for {nodes.shape[1]} trees, the step has {g}")
+        kb = keys.view(np.uint8).reshape(-1, 16)
+        delta = self._ot._delta
+        sums[:, :, 0] ^= self._hash(kb, tweak, domain).reshape(g, DEPTH, 2)
+        sums[:, :, 1] ^= self._hash(kb, tweak, domain, xor=delta).reshape(g, DEPTH, 2)
+        last = total ^ delta.view(_U64)
+        payload = sums.tobytes() + last.tobytes()
+        self.bytes_sent += len(payload)
+        self._ot._send(payload)
+        return nodes
+
+    def _grow(self, g: int) -> tuple:
+        """Sender: g trees from fresh roots (the roots stream): (leaves [LEAVES, g, 2], bit 0
+        cleared; level sums [g, DEPTH, 2, 2]; the leaves' XOR [g, 2]). Sends and hashes nothing."""
+        nodes = np.frombuffer(self._roots.update(bytes(16 * g)), dtype=_U64).reshape(1, g, 2)
         sums = np.empty((g, DEPTH, 2, 2), dtype=_U64)
         if self._aes is not None:       # in place, level sums fused, bit 0 cleared at the end
             roots, nodes = nodes, np.empty((LEAVES, g, 2), dtype=_U64)
@@ -367,15 +408,7 @@ class SilentCOT:
                 sums[:, level, 1] = _fold(nodes[half:])
             nodes[:, :, 0] &= _CLEAR
             total = _fold(nodes)
-        kb = keys.view(np.uint8).reshape(-1, 16)
-        delta = self._ot._delta
-        sums[:, :, 0] ^= self._hash(kb, tweak, domain).reshape(g, DEPTH, 2)
-        sums[:, :, 1] ^= self._hash(kb ^ delta, tweak, domain).reshape(g, DEPTH, 2)
-        last = total ^ delta.view(_U64)
-        payload = sums.tobytes() + last.tobytes()
-        self.bytes_sent += len(payload)
-        self._ot._send(payload)
-        return nodes
+        return nodes, sums, total
 
     def _receive(self, g: int) -> bytes:
         """Receiver: one step's level messages, checked for length."""

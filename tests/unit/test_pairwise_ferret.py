@@ -287,9 +287,9 @@ def _seeded_ots(ahead: bool, wire: list):
 
 
 def test_steps_made_ahead_change_neither_messages_nor_cots():
-    """A pool's next step made on a thread after each hand-out (SilentCOT.ahead) gives the
-    same COTs and the same messages, in the same order, as made on demand; and the steps
-    were made ahead (across an iteration boundary: the reserve set by a step made ahead)."""
+    """A pool's next step made on a thread after each hand-out (SilentCOT.ahead), and the
+    sender's trees of the step after it expanded there, give the same COTs and the same
+    messages, in the same order, as made on demand; and the steps were made ahead (across an iteration boundary: the reserve set by a step made ahead)."""
     runs = []
     for ahead in (False, True):
         wire: list = []
@@ -301,6 +301,9 @@ def test_steps_made_ahead_change_neither_messages_nor_cots():
             outs.append((bits, mine, theirs))
         made = [pair[r]._silent[1].made_ahead for r in (0, 1)]
         assert (min(made) >= 2) if ahead else made == [0, 0], made
+        # the sender's next trees expanded on the thread too (its roots stream, step order)
+        grown = [pair[r]._silent[1].grown_ahead for r in (0, 1)]
+        assert grown == ([made[0], 0] if ahead else [0, 0]), (grown, made)
         assert pair[1]._silent[1]._iteration == 3
         runs.append((wire, outs))
     (wire0, outs0), (wire1, outs1) = runs
