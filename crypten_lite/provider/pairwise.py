@@ -571,12 +571,12 @@ class PairwiseProvider(Provider):
 
     def _unjoin(self, start: int, entries: list, out: list[torch.Tensor]) -> None:
         """Each request of a joined group gets its own range of the made components: views
-        (no copy; the ranges are disjoint, so each request's memory is its own)."""
-        offset = 0
-        for i, shape, _ in entries:
-            n = math.prod(shape)
-            self._ready[start + i] = [o[offset:offset + n].reshape(shape) for o in out]
-            offset += n
+        (no copy; the ranges are disjoint, so each request's memory is its own), cut by one
+        split per component, reshaped only where the request is not 1-D."""
+        sizes = [math.prod(shape) for _, shape, _ in entries]
+        cut = [o.reshape(-1).split(sizes) for o in out]
+        for k, (i, shape, _) in enumerate(entries):
+            self._ready[start + i] = [c[k] if len(shape) == 1 else c[k].view(shape) for c in cut]
 
     @contextlib.contextmanager
     def _counted(self, name: str, count: int) -> Iterator[None]:
