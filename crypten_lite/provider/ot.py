@@ -764,13 +764,19 @@ class CorrelatedOT:
         for keys, start, g, nb, choosing in plan:
             keys.offset = start + g                  # claimed before any message: never reused
         results: list = [None] * len(items)
+        masked = np.empty(sum(g * nb for _, _, g, nb, choosing in plan if not choosing),
+                          dtype=np.uint8)            # the one message, XORed straight into it
+        at = 0
         for i, ((keys, start, g, nb, choosing), (_, values, _)) in enumerate(zip(plan, items)):
             if not choosing:
                 first, second = keys.rows
-                out_parts.append((second[start:start + g] ^ values).reshape(-1))
+                np.bitwise_xor(second[start:start + g], values,
+                               out=masked[at:at + g * nb].reshape(g, nb))
+                at += g * nb
+                out_parts.append(i)
                 results[i] = first[start:start + g].copy()
         if out_parts:
-            self._send(np.concatenate(out_parts).tobytes())
+            self._send(masked.tobytes())
         need = sum(g * nb for _, _, g, nb, choosing in plan if choosing)
         if need:
             data = self._recv()
@@ -784,7 +790,9 @@ class CorrelatedOT:
                     first, second = keys.rows
                     y = y_all[at:at + g * nb].reshape(g, nb)
                     at += g * nb
-                    results[i] = first[start:start + g] ^ (y & second)
+                    share = np.bitwise_and(y, second)
+                    share ^= first[start:start + g]
+                    results[i] = share
         return results
 
     def transfer(self, keys: OTKeys, values: np.ndarray | None, g: int) -> np.ndarray:
