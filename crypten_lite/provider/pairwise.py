@@ -326,8 +326,9 @@ class PairwiseProvider(Provider):
         self._plan = [_absolute(_spec(*entry), start) for entry in plan]
         self._plan_start = start
         self._drop_prefetched()
-        weights = [_work(shapes) for _, _, shapes, _ in self._plan]
-        progress = _Progress(weights, self.stats, self.rank)
+        work = [_work(kind, op, shapes, params) for kind, op, shapes, params in self._plan]
+        weights = [w for _, w in work]
+        progress = _Progress(weights, self.stats, self.rank, classes=[c for c, _ in work])
         self._progress = progress
         done = units = 0
         try:
@@ -338,15 +339,15 @@ class PairwiseProvider(Provider):
                 make(start, group)
                 done += len(group)
                 units += sum(weights[i] for i in group)
-                progress.step(done, units)
+                progress.step(done, units, group)
             for i, (kind, op, shapes, params) in enumerate(self._plan):
                 if start + i in self._ready:
                     continue
-                progress.current = weights[i]
+                progress.current, progress.current_class = weights[i], work[i][0]
                 self._ready[start + i] = self._make(start + i, kind, op, shapes, params)
                 done += 1
                 units += weights[i]
-                progress.step(done, units)
+                progress.step(done, units, [i])
         finally:
             self._progress = None
             progress.done()
@@ -931,7 +932,15 @@ def chunk_bytes() -> int:
     return max(1, int(value * (1 << 20)))
 
 
-def _work(shapes) -> int:
-    """A correlation's share of a plan's work, for the progress line's time left: the
-    elements of its operands (an estimate; the exchanged bytes grow with them)."""
-    return max(1, sum(math.prod(tuple(s)) for s in shapes))
+def _work(kind: str, op: str, shapes, params) -> tuple[str, int]:
+    """A correlation's class and weight for the progress line's time left
+    (pairwise_progress.PRIOR_US): an OT kind by its working set (_ELEMENT_BYTES, about its
+    OTs: a binary_monomials word is 64 bits of work per (mask, chooser) set, a bit_mul element
+    one OT), an HE correlation by its operands' elements."""
+    per = _ELEMENT_BYTES.get(kind)
+    if per is not None:
+        return f"ot/{kind}", max(1, math.prod(tuple(shapes[0])) * per(params))
+    elements = max(1, sum(math.prod(tuple(s)) for s in shapes))
+    if (kind == "triple" and op == "mul") or kind == "square":
+        return "he-elementwise", elements
+    return "he-product", elements

@@ -33,6 +33,11 @@ def progress_wanted(rank: int) -> bool:
 PRIOR_US = {"ot": 0.0015, "he-elementwise": 2.0, "he-product": 20.0}
 
 
+def _prior(cls: str) -> float:
+    """A class's prior microseconds per unit: "ot/<kind>" is timed per kind, priced as "ot"."""
+    return PRIOR_US.get(cls.split("/")[0], 1.0)
+
+
 class _Progress:
     """One stderr line for a long offline phase: correlations made, MB exchanged, MB/s and the
     time left. Redrawn at most once a second, also while one large correlation is being
@@ -106,7 +111,7 @@ class _Progress:
                  for c in self.class_total if self.class_units[c]}
         if not timed:             # no step named its items: the whole phase's rate
             return f"{elapsed / units * (self.total_units - units):.0f} s left"
-        done_prior = sum(self.class_units[c] * PRIOR_US.get(c, 1.0) for c in timed)
+        done_prior = sum(self.class_units[c] * _prior(c) for c in timed)
         per_prior = sum(self.class_seconds[c] for c in timed) / max(done_prior, 1e-12)
         left = 0.0
         for c, total in self.class_total.items():
@@ -114,7 +119,7 @@ class _Progress:
             if c == self.current_class:
                 rest -= self.inside * self.current
             rest = max(rest, 0)
-            left += rest * (timed[c] if c in timed else per_prior * PRIOR_US.get(c, 1.0))
+            left += rest * (timed[c] if c in timed else per_prior * _prior(c))
         if self.last is not None:   # the step under way has run since the last one ended
             left = max(left - (time.perf_counter() - self.last) * (self.inside == 0.0), 0.0)
         return f"{left:.0f} s left"

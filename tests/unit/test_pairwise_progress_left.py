@@ -62,3 +62,33 @@ def test_without_classes_the_phase_rate(clock, capsys):
     bar.step(1, 10)
     assert _left(bar, capsys) == pytest.approx(3.0)
     bar.done()
+
+
+def _relu_plan(n):
+    import crypten_lite
+    from crypten_lite import bench
+    from crypten_lite.mpc import offline
+    with offline.record() as plan:
+        crypten_lite.cryptensor(bench._data(7, n, scale=10), src=0).relu()
+    return [tuple(e[:4]) for e in plan]
+
+
+def test_relu_plan_weighs_the_monomials_not_the_many_bit_mul_elements():
+    """A relu's plan (recorded, dealer pool): its bit_mul requests have three times the
+    elements of its binary_monomials, but about an eighth of the OT work; the weights follow
+    the work (by elements, the time left of relu 1M read about 10x too high)."""
+    import math
+
+    from crypten_lite.provider.pairwise import _work
+    from tests.conftest import get_pool
+    plan = get_pool(2).run(_relu_plan, 4096)[0]
+    by_kind: dict[str, list[int]] = {}
+    for kind, op, shapes, params in plan:
+        cls, w = _work(kind, op, shapes, params)
+        assert cls == f"ot/{kind}"
+        e = by_kind.setdefault(kind, [0, 0])
+        e[0] += w
+        e[1] += sum(math.prod(tuple(s)) for s in shapes)
+    assert set(by_kind) == {"binary_monomials", "bit_mul"}
+    assert by_kind["bit_mul"][1] > 2 * by_kind["binary_monomials"][1]     # elements
+    assert by_kind["binary_monomials"][0] > 5 * by_kind["bit_mul"][0]     # work
