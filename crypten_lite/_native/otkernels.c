@@ -49,6 +49,39 @@ static int get_buf(PyObject *o, Py_buffer *v, int writable, const char *name) {
     return 0;
 }
 
+/* Acquire n buffers in order (a name starting with '+' is written to); on a failure release
+   the ones acquired, so the caller returns NULL holding none. */
+static int get_bufs(int n, PyObject *const objs[], Py_buffer *const bufs[], const char *const names[]) {
+    for (int i = 0; i < n; i++) {
+        int writable = names[i][0] == '+';
+        if (get_buf(objs[i], bufs[i], writable, names[i] + writable) < 0) {
+            while (i-- > 0)
+                PyBuffer_Release(bufs[i]);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static void release_bufs(int n, Py_buffer *const bufs[]) {
+    for (int i = 0; i < n; i++)
+        PyBuffer_Release(bufs[i]);
+}
+
+/* The hashes' optional 16-byte mask (None: no mask); *have is set once it is held. */
+static int mask_arg(PyObject *mo, Py_buffer *m, int *have, const char *fn) {
+    if (mo == Py_None)
+        return 0;
+    if (get_buf(mo, m, 0, "mask") < 0)
+        return -1;
+    *have = 1;
+    if (m->len != 16) {
+        PyErr_Format(PyExc_ValueError, "otkernels.%s: mask must be 16 bytes, got %zd", fn, m->len);
+        return -1;
+    }
+    return 0;
+}
+
 /* a signed integer format of `size` bytes, native byte order */
 static int int_format(Py_buffer *v, Py_ssize_t size) {
     const char *f = v->format ? v->format : "B";
@@ -117,17 +150,11 @@ static PyObject *py_aes_ecb(PyObject *self, PyObject *args) {
     if (!aes_ready())
         return NULL;
     Py_buffer k, s, o;
-    if (get_buf(ko, &k, 0, "key") < 0)
+    PyObject *objs[] = {ko, so, oo};
+    Py_buffer *const bufs[] = {&k, &s, &o};
+    static const char *const names[] = {"key", "src", "+out"};
+    if (get_bufs(3, objs, bufs, names) < 0)
         return NULL;
-    if (get_buf(so, &s, 0, "src") < 0) {
-        PyBuffer_Release(&k);
-        return NULL;
-    }
-    if (get_buf(oo, &o, 1, "out") < 0) {
-        PyBuffer_Release(&k);
-        PyBuffer_Release(&s);
-        return NULL;
-    }
     PyObject *ret = NULL;
     if (!key_arg(&k, "key"))
         goto done;
@@ -143,9 +170,7 @@ static PyObject *py_aes_ecb(PyObject *self, PyObject *args) {
     Py_END_ALLOW_THREADS
     ret = Py_NewRef(Py_None);
 done:
-    PyBuffer_Release(&k);
-    PyBuffer_Release(&s);
-    PyBuffer_Release(&o);
+    release_bufs(3, bufs);
     return ret;
 #else
     PyErr_SetString(PyExc_RuntimeError, "otkernels: built without AES-NI (not x86-64)");
@@ -165,26 +190,13 @@ static PyObject *py_tccr(PyObject *self, PyObject *args) {
     Py_buffer k, s, o, m;
     int have_m = 0;
     PyObject *ret = NULL;
-    if (get_buf(ko, &k, 0, "key") < 0)
+    PyObject *objs[] = {ko, so, oo};
+    Py_buffer *const bufs[] = {&k, &s, &o};
+    static const char *const names[] = {"key", "src", "+out"};
+    if (get_bufs(3, objs, bufs, names) < 0)
         return NULL;
-    if (get_buf(so, &s, 0, "src") < 0) {
-        PyBuffer_Release(&k);
-        return NULL;
-    }
-    if (get_buf(oo, &o, 1, "out") < 0) {
-        PyBuffer_Release(&k);
-        PyBuffer_Release(&s);
-        return NULL;
-    }
-    if (mo != Py_None) {
-        if (get_buf(mo, &m, 0, "mask") < 0)
-            goto done;
-        have_m = 1;
-        if (m.len != 16) {
-            PyErr_Format(PyExc_ValueError, "otkernels.tccr: mask must be 16 bytes, got %zd", m.len);
-            goto done;
-        }
-    }
+    if (mask_arg(mo, &m, &have_m, "tccr") < 0)
+        goto done;
     if (!key_arg(&k, "key"))
         goto done;
     if (s.len % 16 || o.len != s.len) {
@@ -202,9 +214,7 @@ static PyObject *py_tccr(PyObject *self, PyObject *args) {
 done:
     if (have_m)
         PyBuffer_Release(&m);
-    PyBuffer_Release(&k);
-    PyBuffer_Release(&s);
-    PyBuffer_Release(&o);
+    release_bufs(3, bufs);
     return ret;
 #else
     PyErr_SetString(PyExc_RuntimeError, "otkernels: built without AES-NI (not x86-64)");
@@ -351,17 +361,11 @@ static PyObject *py_lpn_encode(PyObject *self, PyObject *args) {
     Py_buffer a, t, r, bb;
     int have_b = 0;
     PyObject *ret = NULL;
-    if (get_buf(ao, &a, 1, "acc") < 0)
+    PyObject *objs[] = {ao, to, ro};
+    Py_buffer *const bufs[] = {&a, &t, &r};
+    static const char *const names[] = {"+acc", "table", "rows"};
+    if (get_bufs(3, objs, bufs, names) < 0)
         return NULL;
-    if (get_buf(to, &t, 0, "table") < 0) {
-        PyBuffer_Release(&a);
-        return NULL;
-    }
-    if (get_buf(ro, &r, 0, "rows") < 0) {
-        PyBuffer_Release(&a);
-        PyBuffer_Release(&t);
-        return NULL;
-    }
     Py_ssize_t n = a.len / 16, size = t.len / 16;
     if (a.len % 16 || t.len % 16 || d < 0) {
         PyErr_SetString(PyExc_ValueError, "otkernels.lpn_encode: acc and table must be whole "
@@ -406,9 +410,7 @@ static PyObject *py_lpn_encode(PyObject *self, PyObject *args) {
 done:
     if (have_b)
         PyBuffer_Release(&bb);
-    PyBuffer_Release(&a);
-    PyBuffer_Release(&t);
-    PyBuffer_Release(&r);
+    release_bufs(3, bufs);
     return ret;
 }
 
@@ -453,12 +455,11 @@ static PyObject *py_transpose(PyObject *self, PyObject *args) {
         return NULL;
     Py_buffer s, o;
     PyObject *ret = NULL;
-    if (get_buf(so, &s, 0, "src") < 0)
+    PyObject *objs[] = {so, oo};
+    Py_buffer *const bufs[] = {&s, &o};
+    static const char *const names[] = {"src", "+out"};
+    if (get_bufs(2, objs, bufs, names) < 0)
         return NULL;
-    if (get_buf(oo, &o, 1, "out") < 0) {
-        PyBuffer_Release(&s);
-        return NULL;
-    }
     if (k < 0 || k % 8 || nb < 0 || stride < nb || (stride && k > PY_SSIZE_T_MAX / stride)
         || s.len != k * stride || o.len != nb * k) {
         PyErr_Format(PyExc_ValueError, "otkernels.transpose: src must be k = %zd rows (a multiple "
@@ -471,8 +472,7 @@ static PyObject *py_transpose(PyObject *self, PyObject *args) {
     Py_END_ALLOW_THREADS
     ret = Py_NewRef(Py_None);
 done:
-    PyBuffer_Release(&s);
-    PyBuffer_Release(&o);
+    release_bufs(2, bufs);
     return ret;
 }
 

@@ -61,27 +61,13 @@ static PyObject *py_tccr_rows(PyObject *self, PyObject *args) {
     Py_buffer k, s, o, m;
     int have_m = 0;
     PyObject *ret = NULL;
-    if (get_buf(ko, &k, 0, "key") < 0)
+    PyObject *objs[] = {ko, so, ro};
+    Py_buffer *const bufs[] = {&k, &s, &o};
+    static const char *const names[] = {"key", "src", "+rows"};
+    if (get_bufs(3, objs, bufs, names) < 0)
         return NULL;
-    if (get_buf(so, &s, 0, "src") < 0) {
-        PyBuffer_Release(&k);
-        return NULL;
-    }
-    if (get_buf(ro, &o, 1, "rows") < 0) {
-        PyBuffer_Release(&k);
-        PyBuffer_Release(&s);
-        return NULL;
-    }
-    if (mo != Py_None) {
-        if (get_buf(mo, &m, 0, "mask") < 0)
-            goto done;
-        have_m = 1;
-        if (m.len != 16) {
-            PyErr_Format(PyExc_ValueError, "otkernels.tccr_rows: mask must be 16 bytes, got %zd",
-                         m.len);
-            goto done;
-        }
-    }
+    if (mask_arg(mo, &m, &have_m, "tccr_rows") < 0)
+        goto done;
     if (!key_arg(&k, "key"))
         goto done;
     Py_ssize_t n = s.len / 16, w = nrows > 0 ? o.len / nrows : 0;
@@ -108,9 +94,7 @@ static PyObject *py_tccr_rows(PyObject *self, PyObject *args) {
 done:
     if (have_m)
         PyBuffer_Release(&m);
-    PyBuffer_Release(&k);
-    PyBuffer_Release(&s);
-    PyBuffer_Release(&o);
+    release_bufs(3, bufs);
     return ret;
 #else
     (void)ko; (void)so; (void)ro; (void)fo; (void)dmo; (void)mo; (void)col; (void)nrows;
