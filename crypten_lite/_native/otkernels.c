@@ -372,6 +372,15 @@ static PyObject *py_lpn_encode(PyObject *self, PyObject *args) {
                         "16-byte values and d >= 0");
         goto done;
     }
+    if (n && d > PY_SSIZE_T_MAX / 4 / n) {      /* 4 d n would overflow: no buffer is that long */
+        PyErr_Format(PyExc_ValueError, "otkernels.lpn_encode: d = %zd rows of n = %zd indices "
+                     "is past any buffer's size", d, n);
+        goto done;
+    }
+    if (size == 0 && d && n) {                   /* no entry 0 to read for a bad index */
+        PyErr_SetString(PyExc_ValueError, "otkernels.lpn_encode: the table is empty");
+        goto done;
+    }
     if (!int_format(&r, 4) || r.len != 4 * d * n) {
         PyErr_Format(PyExc_ValueError, "otkernels.lpn_encode: rows must be int32 [d = %zd, n = "
                      "%zd] (%zd bytes), got %zd bytes", d, n, 4 * d * n, r.len);
