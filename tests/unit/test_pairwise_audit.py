@@ -30,8 +30,9 @@ def test_comparison_suite_under_pairwise(pw, fn):
 
 def test_functions_suite_under_pairwise(pw):
     """test_functions' own assertions (2-party branch: softmax in 25 rounds, as the dealer).
-    Its misc functions (12 s under pairwise, the correlations made on demand) use no kind of
-    correlation that softmax and rounding do not, so they are left to the dealer's run."""
+    Its misc functions (12 s under pairwise, the correlations made on demand) add only the
+    probabilistic truncation pair ("trunc") to the kinds softmax and rounding use, whose
+    relation tests/protocol/test_pairwise_provider.py checks; they are left to the dealer's run."""
     functions.test_softmax(pw)
     functions.test_rounding_is_exact(pw)
 
