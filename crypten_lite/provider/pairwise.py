@@ -773,7 +773,12 @@ class PairwiseProvider(Provider):
         return self._ot.product(mine, chooser, width)
 
     def bilinear(self, op: str, a: torch.Tensor, b: torch.Tensor, p) -> torch.Tensor:
-        """Share of op(a0, b1) + op(a1, b0) (a, b: this party's operands)."""
+        """Share of op(a0, b1) + op(a1, b0) (a, b: this party's operands). An empty operand
+        (shapes are public: both parties take this branch) makes the zero product, with
+        nothing to exchange: the HE packing of an empty operand failed and left the channel
+        refusing every later request."""
+        if a.numel() == 0 or b.numel() == 0:
+            return torch.zeros(correlations.triple_shape(op, a.shape, b.shape, tuple(p)), dtype=torch.int64)
         return _CROSS[op](self, a, b, tuple(p))
 
     def close(self) -> None:
