@@ -113,6 +113,8 @@ class Uploads:
         form, each as seed + pack50(c0)."""
         from .he_pow2 import pack50
         unit, nl, r = self.unit, len(self.moduli), len(rows)
+        if r == 0:
+            return []
         s = self._secret()
         prg = crandom.PRG(crandom.fresh_seed(), domain=0x6f776e)
         e = _noise(prg, (r, self.n))

@@ -241,3 +241,9 @@ def test_delta_and_centred_of_sparse_rows_match_the_dense_computation(unit):
         assert np.array_equal(u.centred(rows), u._centred(rows)), fraction
     zero = np.zeros((2, 64), dtype=np.uint64)
     assert not u.delta(zero).any() and not u.centred(zero).any() and u.delta(zero).shape == (4, 2, 64)
+
+
+def test_no_rows_encrypt_to_no_ciphertexts(unit):
+    """Zero rows: no ciphertext (the noise draw's shape divided by zero rows before)."""
+    u, files = unit
+    assert list(u.encrypt_ntt(files, np.zeros((0, u.n), dtype=np.uint64))) == []
