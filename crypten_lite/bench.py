@@ -865,6 +865,9 @@ def run(names: list[str], parties: int, provider: str, repeat: int, tls_dir: str
                    "cpu_model": machine,
                    # how this party ran its large ring products: torch's int64 ops or float64 limbs
                    "ring_gemm": first[0].get("ring_gemm")}
+            if provider == "pairwise" and protocol == "additive":   # which OT loops the parties ran
+                from . import _native
+                row["ot_kernel"] = _native.describe()
             settings = inherited_settings()   # e.g. CRYPTEN_LITE_TRUNCATION=exact, as the parties ran
             if settings:
                 row["settings"] = settings

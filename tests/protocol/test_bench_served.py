@@ -32,3 +32,13 @@ def test_served_queries_reuse_the_loaded_model(provider):
     if provider == "dealer":   # the same plan, the same correlation bytes (pairwise's silent
         # OT pools send their trees where their steps fall, so its bytes move by a step)
         assert later[0][0]["offline_dealer_bytes"] == later[1][0]["offline_dealer_bytes"]
+
+
+def test_pairwise_rows_name_the_ot_path_the_parties_ran(monkeypatch):
+    """A pairwise bench row says which OT loops ran (native kernels or numpy); the numpy
+    path forced by CRYPTEN_LITE_NATIVE=0 is named so (the launcher passes it to the parties)."""
+    from crypten_lite import _native
+    monkeypatch.setenv("CRYPTEN_LITE_NATIVE", "0")
+    row = bench.run(["mul_4"], 2, "pairwise", 1)[0]
+    assert row["ot_kernel"] == _native.describe() == "numpy (CRYPTEN_LITE_NATIVE=0)"
+    assert "ot_kernel" not in bench.run(["mul_4"], 2, "dealer", 1)[0]
