@@ -224,12 +224,17 @@ def test_bad_buffers_are_type_or_value_errors():
         k.ggm_level(key, key, buf, 0, 3, folds, None, False)
 
 
-def _run(native: bool, monkeypatch, sizes):
-    from tests.unit.test_pairwise_ferret import _seeded_ots, _take
+def use_native(native: bool, monkeypatch) -> None:
+    """The native kernels (the default) or the numpy path (CRYPTEN_LITE_NATIVE=0)."""
     if native:
         monkeypatch.delenv(_native.ENV, raising=False)
     else:
         monkeypatch.setenv(_native.ENV, "0")
+
+
+def _run(native: bool, monkeypatch, sizes):
+    from tests.unit.test_pairwise_ferret import _seeded_ots, _take
+    use_native(native, monkeypatch)
     wire: list = []
     pair = _seeded_ots(False, wire)
     outs = []

@@ -101,11 +101,9 @@ PADS = ([3, None, 14, 1, None, 2], [128, 130, 6])     # 130: two blocks (prepare
 
 def _made(native: bool, monkeypatch, fused: bool):
     from tests.unit.test_pairwise_ferret import _seeded_ots
+    from tests.unit.test_pairwise_native import use_native
     from tests.unit.test_pairwise_security import _both
-    if native:
-        monkeypatch.delenv(_native.ENV, raising=False)
-    else:
-        monkeypatch.setenv(_native.ENV, "0")
+    use_native(native, monkeypatch)
     wire: list = []
     pair = _seeded_ots(False, wire)
     assert (pair[0]._hash._native is not None) == native

@@ -12,16 +12,8 @@ import pytest
 
 pytest.importorskip("tenseal")
 
-from crypten_lite.provider import he, he_pow2, he_upload  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def unit():
-    u = he_pow2.Pow2Unit(he.default_params())
-    files = he._Files()
-    u.peer_key(files, u.keygen(files))
-    yield u, files
-    files.close()
+from crypten_lite.provider import he, he_pow2, he_upload  # noqa: E402,F401
+from tests.unit.test_pairwise_he_upload import unit  # noqa: E402,F401 (the engine fixture)
 
 
 def _noise_of(u, files, data: bytes, row: np.ndarray) -> np.ndarray:
